@@ -1,0 +1,51 @@
+"""Typed, picklable exceptions: misuse and faults, never outcomes.
+
+Outcomes of puts and gets are RocketMQ status enums (`rmq_mp.status`). Exceptions are for
+what a caller did wrong or what is broken on disk. Every class keeps its constructor
+arguments in ``args`` so instances cross process boundaries through pickle unchanged.
+"""
+
+from __future__ import annotations
+
+
+class StoreError(Exception):
+    """Base of every error rmq-mp raises on purpose."""
+
+
+class ConfigError(StoreError):
+    """`conf/broker.conf` (or a programmatic override) names an unknown key or a value the
+    store cannot run with. The message names the property and, for a misspelling, the closest
+    valid name (RocketMQ ignores such keys silently: issue #2260)."""
+
+
+class StoreLockedError(StoreError):
+    """Another process holds the store's `lock` file: RocketMQ's "Lock failed,MQ already
+    started"."""
+
+
+class CorruptFileError(StoreError):
+    """A store file cannot be used as it is and recovery must not guess: a CommitLog or
+    ConsumeQueue file that is not the last one has the wrong size, or a name that is not an
+    offset."""
+
+
+class CorruptRecordError(StoreError):
+    """Bytes at a CommitLog position are not a valid record (bad magic, size or CRC) when the
+    caller asked for that exact record. Scans report and count torn tails instead of raising."""
+
+
+class ConfigFileError(StoreError):
+    """A `config/*.json` file and its `.bak` are both missing or unparseable where the caller
+    required content."""
+
+
+class MessageNotFoundError(StoreError):
+    """A lookup by commit-log offset or msgId points outside the stored range."""
+
+
+class InvalidMessageIdError(StoreError):
+    """A msgId string is not 32 (IPv4) or 56 (IPv6) hexadecimal characters."""
+
+
+class StoreReadOnlyError(StoreError):
+    """A write was attempted on a store opened read-only."""
