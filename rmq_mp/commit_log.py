@@ -1,0 +1,158 @@
+"""CommitLog: the message log over a MappedFileQueue. Log logic only, no services.
+
+Mirrors the data half of RocketMQ's `CommitLog` (rocketmq-format.md §2, §3.4, §7.3): appending an
+encoded record (with the end-of-file blank and the roll to the next file), reading a record at a
+physical offset, and walking records for recovery and reput. The flush, commit and reput
+services that RocketMQ hides inside this class live in `workers/`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from rmq_mp import record
+from rmq_mp.errors import MessageNotFoundError
+from rmq_mp.mapped_file import MappedFile
+from rmq_mp.mapped_file_queue import MappedFileQueue
+from rmq_mp.message import MessageExt
+from rmq_mp.reporter import Reporter
+from rmq_mp.status import AppendMessageStatus
+
+
+@dataclass(frozen=True, slots=True)
+class AppendMessageResult:
+    """RocketMQ's AppendMessageResult, reduced to what callers use."""
+
+    status: AppendMessageStatus
+    phy_offset: int = -1
+    wrote_bytes: int = 0
+
+
+class CommitLog:
+    """Records of every topic in arrival order, in segments of ``mapped_file_size`` bytes."""
+
+    def __init__(
+        self,
+        store_dir: Path,
+        mapped_file_size: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
+        delay_level_ms: list[int] | None = None,
+    ) -> None:
+        self.mfq = MappedFileQueue(store_dir, mapped_file_size, writable=writable, reporter=reporter)
+        self.mapped_file_size = mapped_file_size
+        self.reporter = reporter
+        self.delay_level_ms = delay_level_ms or record.DEFAULT_DELAY_LEVEL_MS
+
+    def load(self) -> None:
+        self.mfq.load()
+
+    def close(self) -> None:
+        self.mfq.close()
+
+    # ------------------------------------------------------------------ offsets
+
+    def min_offset(self) -> int:
+        """First stored phy offset (0 for an empty log)."""
+        first = self.mfq.first_file()
+        return first.file_from_offset if first else 0
+
+    def max_offset(self) -> int:
+        """End of readable records."""
+        return self.mfq.max_offset()
+
+    def roll_next_file(self, phy_offset: int) -> int:
+        """Start of the file after the one holding ``phy_offset``."""
+        return phy_offset + self.mapped_file_size - phy_offset % self.mapped_file_size
+
+    # ------------------------------------------------------------------ append
+
+    def append(self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int) -> AppendMessageResult:
+        """Append one encoded record (the caller holds the put lock). Closes a file that cannot take
+        it with a blank record and retries once in the next file (`doAppend` + END_OF_FILE)."""
+        size = len(encoded)
+        if size + record.END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
+            return AppendMessageResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+        for _ in range(2):
+            mf = self.mfq.get_last_mapped_file(0)
+            if mf is None:
+                return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
+            pos = mf.wrote_position
+            max_blank = mf.file_size - pos
+            if size + record.END_FILE_MIN_BLANK_LENGTH > max_blank:
+                mf.fill(pos, record.encode_blank(max_blank))
+                mf.wrote_position = mf.committed_position = mf.file_size
+                continue
+            phy_offset = mf.file_from_offset + pos
+            record.patch_record(encoded, 0, queue_offset=queue_offset, phy_offset=phy_offset,
+                                store_timestamp=store_timestamp, sys_flag=sys_flag)  # fmt: skip
+            mf.append(encoded)
+            mf.last_store_timestamp = store_timestamp
+            return AppendMessageResult(AppendMessageStatus.PUT_OK, phy_offset, size)
+        return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
+
+    # ------------------------------------------------------------------ read
+
+    def _file_for(self, phy_offset: int) -> MappedFile:
+        mf = self.mfq.find_mapped_file_by_offset(phy_offset)
+        if mf is None or phy_offset - mf.file_from_offset >= mf.read_position:
+            raise MessageNotFoundError(
+                f"commit-log offset {phy_offset} is outside [{self.min_offset()}, {self.max_offset()})"
+            )
+        return mf
+
+    def look_message_by_offset(self, phy_offset: int) -> MessageExt:
+        """Decode the record starting at ``phy_offset`` (`lookMessageByOffset`)."""
+        mf = self._file_for(phy_offset)
+        pos = phy_offset - mf.file_from_offset
+        return record.decode_message(mf.buf, pos, mf.read_position, file_position=phy_offset)
+
+    def check_at(self, phy_offset: int, *, check_crc: bool = False) -> record.DispatchRequest:
+        """Validate the record at ``phy_offset`` without decoding its body."""
+        mf = self._file_for(phy_offset)
+        return record.check_record(mf.buf, phy_offset - mf.file_from_offset, mf.read_position,
+                                   check_crc=check_crc, delay_level_ms=self.delay_level_ms)  # fmt: skip
+
+    def store_timestamp_at(self, phy_offset: int, size: int) -> int:
+        """STORETIMESTAMP of the record at ``phy_offset`` (`pickupStoreTimestamp`); -1 if gone."""
+        try:
+            mf = self._file_for(phy_offset)
+        except MessageNotFoundError:
+            return -1
+        pos = phy_offset - mf.file_from_offset
+        if pos + size > mf.read_position:
+            return -1
+        (sys_flag,) = record._INT.unpack_from(mf.buf, pos + record.POS_SYS_FLAG)
+        (ts,) = record._LONG.unpack_from(mf.buf, pos + record.store_timestamp_position(sys_flag))
+        return int(ts)
+
+    def iter_dispatch(
+        self, from_offset: int, *, check_crc: bool, end_offset: int | None = None
+    ) -> Iterator[tuple[int, record.DispatchRequest]]:
+        """Walk records from ``from_offset`` to ``end_offset`` (default: the readable end), rolling
+        over blank records. Yields (phy offset, request); stops after the first failure, which is
+        yielded too so the caller can decide (recovery cuts, reput skips or waits)."""
+        end = self.max_offset() if end_offset is None else end_offset
+        offset = from_offset
+        while offset < end:
+            mf = self.mfq.find_mapped_file_by_offset(offset)
+            if mf is None:
+                return
+            pos = offset - mf.file_from_offset
+            limit = min(mf.read_position, end - mf.file_from_offset)
+            if pos >= limit:
+                if mf.read_position < mf.file_size:
+                    return
+                offset = self.roll_next_file(offset)
+                continue
+            req = record.check_record(mf.buf, pos, limit, check_crc=check_crc, delay_level_ms=self.delay_level_ms)
+            yield offset, req
+            if not req.success:
+                return
+            offset = self.roll_next_file(offset) if req.size == 0 else offset + req.size
+
+    def flush(self) -> bool:
+        return self.mfq.flush()

@@ -1,0 +1,257 @@
+"""ConsumeQueue: per topic/queue index of 20-byte entries into the CommitLog.
+
+Entry layout (rocketmq-format.md §4.1), big-endian, entry N at byte N*20 of the queue:
+
+    off size field
+      0    8 commit-log phy offset (long)
+      8    4 record total size (int)
+     12    8 tags code (long): Java hash of TAGS, or delivery time for delayed messages
+
+A queue that starts above offset 0 has its first file padded with pre-blank entries
+``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4).
+"""
+
+from __future__ import annotations
+
+import logging
+import struct
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from rmq_mp.mapped_file import MappedFile
+from rmq_mp.mapped_file_queue import MappedFileQueue
+from rmq_mp.reporter import Reporter
+
+if TYPE_CHECKING:
+    from rmq_mp.commit_log import CommitLog
+
+log = logging.getLogger(__name__)
+
+CQ_STORE_UNIT_SIZE = 20
+PRE_BLANK_SIZE = 0x7FFFFFFF
+_ENTRY = struct.Struct(">qiq")
+_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+
+
+def effective_file_size(configured: int) -> int:
+    """`getMappedFileSizeConsumeQueue`: rounded up to a whole number of entries."""
+    return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+
+
+def _valid_entry_count(mf: MappedFile, limit: int) -> tuple[int, int]:
+    """(entries before the first invalid one within ``limit`` bytes, phy end of the last valid)."""
+    count = min(limit, len(mf.buf)) // CQ_STORE_UNIT_SIZE
+    if count == 0:
+        return 0, -1
+    entries = np.frombuffer(mf.buf, dtype=_ENTRY_DTYPE, count=count)
+    try:
+        bad = np.flatnonzero((entries["phy"] < 0) | (entries["size"] <= 0))
+        valid = int(bad[0]) if bad.size else count
+        end = int(entries["phy"][valid - 1]) + int(entries["size"][valid - 1]) if valid else -1
+    finally:
+        del entries
+    return valid, end
+
+
+class ConsumeQueue:
+    """One queue's entries under ``root/<topic>/<queue_id>/``."""
+
+    def __init__(
+        self, topic: str, queue_id: int, root: Path, mapped_file_size: int, *, writable: bool, reporter: Reporter
+    ) -> None:
+        self.topic = topic
+        self.queue_id = queue_id
+        self.mapped_file_size = mapped_file_size
+        self.mfq = MappedFileQueue(root / topic / str(queue_id), mapped_file_size, writable=writable,
+                                   reporter=reporter)  # fmt: skip
+        self.reporter = reporter
+        self.max_physic_offset = -1
+        """End (phy offset + size) of the last entry written; duplicate dispatch stops below it."""
+        self.min_logic_offset = 0
+        """Byte position of the first entry still served."""
+
+    def load(self) -> None:
+        self.mfq.load()
+
+    def close(self) -> None:
+        self.mfq.close()
+
+    # ------------------------------------------------------------------ recovery
+
+    def recover(self) -> None:
+        """Keep entries up to the first invalid one, from the third-last file (§8.4)."""
+        files = self.mfq.files
+        if not files:
+            return
+        index = max(0, len(files) - 3)
+        process_offset = files[index].file_from_offset
+        for mf in files[index:]:
+            valid, end = _valid_entry_count(mf, mf.read_position)
+            process_offset = mf.file_from_offset + valid * CQ_STORE_UNIT_SIZE
+            if end >= 0:
+                self.max_physic_offset = end
+            if valid * CQ_STORE_UNIT_SIZE < self.mapped_file_size:
+                break
+        last = files[-1]
+        garbage_end = last.file_from_offset + last.last_nonzero(max(0, process_offset - last.file_from_offset))
+        if garbage_end > process_offset:
+            self.reporter.report("cq-entries-dropped", str(self.mfq.store_dir), process_offset, garbage_end,
+                                 "invalid entry; everything after it dropped")  # fmt: skip
+        self.mfq.truncate_dirty_files(process_offset)
+
+    def truncate_dirty_logic_files(self, phy_offset: int) -> int:
+        """Drop entries that point at or beyond ``phy_offset`` (the recovered commit-log end).
+
+        Returns how many entries were dropped."""
+        dropped = 0
+        self.max_physic_offset = -1
+        while self.mfq.files:
+            mf = self.mfq.files[-1]
+            valid, _ = _valid_entry_count(mf, mf.wrote_position)
+            keep = 0
+            while keep < valid:
+                phy, size, _tags = _ENTRY.unpack_from(mf.buf, keep * CQ_STORE_UNIT_SIZE)
+                if phy + (0 if size == PRE_BLANK_SIZE else size) > phy_offset:
+                    break
+                keep += 1
+            dropped += valid - keep
+            if keep == 0:
+                self.mfq.delete_last_file()
+                continue
+            cut = keep * CQ_STORE_UNIT_SIZE
+            mf.set_positions(cut)
+            if self.mfq.writable:
+                mf.zero_tail(cut)
+            if keep:
+                phy, size, _tags = _ENTRY.unpack_from(mf.buf, cut - CQ_STORE_UNIT_SIZE)
+                self.max_physic_offset = phy + size
+            break
+        if dropped:
+            self.reporter.report("cq-entries-truncated", str(self.mfq.store_dir), 0, dropped,
+                                 f"entries pointing at or beyond commit-log end {phy_offset}")  # fmt: skip
+        return dropped
+
+    def correct_min_offset(self, min_phy_offset: int) -> None:
+        """First entry of the first file that still points into the commit log (pre-blanks skipped)."""
+        first = self.mfq.first_file()
+        if first is None:
+            return
+        valid, _ = _valid_entry_count(first, first.read_position)
+        for i in range(valid):
+            phy, size, _tags = _ENTRY.unpack_from(first.buf, i * CQ_STORE_UNIT_SIZE)
+            if size != PRE_BLANK_SIZE and phy >= min_phy_offset:
+                self.min_logic_offset = max(self.min_logic_offset, first.file_from_offset + i * CQ_STORE_UNIT_SIZE)
+                return
+
+    # ------------------------------------------------------------------ write
+
+    def put_message_position_info(self, *, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
+        """Append the entry for ``queue_offset``; idempotent under re-dispatch (§4.3)."""
+        if phy_offset + size <= self.max_physic_offset:
+            return True
+        expect = queue_offset * CQ_STORE_UNIT_SIZE
+        was_empty = not self.mfq.files
+        mf = self.mfq.get_last_mapped_file(expect)
+        if mf is None:
+            return False
+        if was_empty and queue_offset != 0 and mf.wrote_position == 0:
+            self.min_logic_offset = expect
+            self.mfq.flushed_where = self.mfq.committed_where = expect
+            self._fill_pre_blank(mf, expect)
+        if queue_offset != 0:
+            current = mf.file_from_offset + mf.wrote_position
+            if expect < current:
+                return True
+            if expect != current:
+                log.warning("[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
+                            expect, current, self.topic, self.queue_id)  # fmt: skip
+        self.max_physic_offset = phy_offset + size
+        return mf.append(_ENTRY.pack(phy_offset, size, tags_code)) >= 0
+
+    def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
+        blank = _ENTRY.pack(0, PRE_BLANK_SIZE, 0)
+        for _ in range(until_where % self.mapped_file_size // CQ_STORE_UNIT_SIZE):
+            mf.append(blank)
+
+    # ------------------------------------------------------------------ read
+
+    def min_offset_in_queue(self) -> int:
+        return self.min_logic_offset // CQ_STORE_UNIT_SIZE
+
+    def max_offset_in_queue(self) -> int:
+        """The next queue offset to be written."""
+        return self.mfq.max_offset() // CQ_STORE_UNIT_SIZE
+
+    def entries(self, queue_offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` (phy offset, size, tags code) from ``queue_offset``, within one file
+        (RocketMQ's `getIndexBuffer` slice)."""
+        position = queue_offset * CQ_STORE_UNIT_SIZE
+        if position < self.min_logic_offset:
+            return []
+        mf = self.mfq.find_mapped_file_by_offset(position)
+        if mf is None:
+            return []
+        start = position - mf.file_from_offset
+        stop = min(mf.read_position, start + max_count * CQ_STORE_UNIT_SIZE)
+        return [_ENTRY.unpack_from(mf.buf, p) for p in range(start, stop, CQ_STORE_UNIT_SIZE)]
+
+    def get_entry(self, queue_offset: int) -> tuple[int, int, int] | None:
+        found = self.entries(queue_offset, 1)
+        return found[0] if found else None
+
+    def last_entry_end(self) -> int:
+        """phy offset + size of the last entry (-1 for an empty queue)."""
+        max_offset = self.max_offset_in_queue()
+        if max_offset <= self.min_offset_in_queue():
+            return -1
+        entry = self.get_entry(max_offset - 1)
+        return entry[0] + entry[1] if entry else -1
+
+    def offset_in_queue_by_time(self, timestamp_ms: int, commit_log: CommitLog) -> int:
+        """`getOffsetInQueueByTime`: binary search on store times (§4.4).
+
+        Deviation: the file is chosen by the store time of its last entry, not the file's mtime,
+        which copying a store (or a backup restore) rewrites."""
+        min_phy = commit_log.min_offset()
+        candidates = [mf for mf in self.mfq.files if mf.read_position > 0]
+        if not candidates:
+            return 0
+        chosen = candidates[-1]
+        for mf in candidates:
+            phy, size, _ = _ENTRY.unpack_from(mf.buf, mf.read_position - CQ_STORE_UNIT_SIZE)
+            if commit_log.store_timestamp_at(phy, size) >= timestamp_ms:
+                chosen = mf
+                break
+        low = max(0, self.min_logic_offset - chosen.file_from_offset)
+        high = chosen.read_position - CQ_STORE_UNIT_SIZE
+        left = right = target = -1
+        left_time = right_time = -1
+        while high >= low:
+            mid = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+            phy, size, _ = _ENTRY.unpack_from(chosen.buf, mid)
+            if phy < min_phy or size == PRE_BLANK_SIZE:
+                low = mid + CQ_STORE_UNIT_SIZE
+                continue
+            store_time = commit_log.store_timestamp_at(phy, size)
+            if store_time < 0:
+                return 0
+            if store_time == timestamp_ms:
+                target = mid
+                break
+            if store_time > timestamp_ms:
+                high, right, right_time = mid - CQ_STORE_UNIT_SIZE, mid, store_time
+            else:
+                low, left, left_time = mid + CQ_STORE_UNIT_SIZE, mid, store_time
+        if target < 0:
+            if left_time < 0:
+                target = right
+            elif right_time < 0:
+                target = left
+            else:
+                target = right if timestamp_ms - left_time > right_time - timestamp_ms else left
+        return (chosen.file_from_offset + max(target, 0)) // CQ_STORE_UNIT_SIZE
+
+    def flush(self) -> bool:
+        return self.mfq.flush()

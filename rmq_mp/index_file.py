@@ -1,0 +1,233 @@
+"""IndexFile: a fixed-size hash index from message keys to commit-log offsets.
+
+Layout (rocketmq-format.md §5.1), big-endian:
+
+    header, 40 bytes: beginTimestamp:long endTimestamp:long beginPhyOffset:long
+                      endPhyOffset:long hashSlotCount:int indexCount:int (starts at 1)
+    hash slots:       hashSlotNum ints at 40 + slot*4 = number of the newest entry (0 = empty)
+    entries:          indexNum x 20 bytes at 40 + hashSlotNum*4 + n*20:
+                      keyHash:int phyOffset:long timeDiff:int (seconds since beginTimestamp)
+                      prevIndex:int (older entry of the same slot, 0 = end of chain)
+
+Entry 0 is never used. Chains run newest to oldest, so lookups return newest first. Mirrors
+`IndexFile` and `IndexHeader`; `truncate` is rmq-mp's: after a crash, entries pointing past the
+recovered commit log are cut (slots rewound along their chains) instead of destroying the whole
+file as RocketMQ does (#3868, #8007).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from rmq_mp.message import index_key_hash
+from rmq_mp.reporter import Reporter
+
+INDEX_HEADER_SIZE = 40
+HASH_SLOT_SIZE = 4
+INDEX_ENTRY_SIZE = 20
+_HEADER = struct.Struct(">qqqqii")
+_ENTRY = struct.Struct(">iqii")
+_SLOT = struct.Struct(">i")
+_INT_MAX = 0x7FFFFFFF
+
+
+def index_file_size(hash_slot_num: int, index_num: int) -> int:
+    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_ENTRY_SIZE
+
+
+class IndexFile:
+    """One index file; header values are cached and written through on every put."""
+
+    def __init__(self, path: Path, hash_slot_num: int, index_num: int, *, writable: bool, reporter: Reporter,
+                 create: bool = False, seed_end_phy_offset: int = 0, seed_end_timestamp: int = 0) -> None:  # fmt: skip
+        self.path = path
+        self.hash_slot_num = hash_slot_num
+        self.index_num = index_num
+        self.file_size = index_file_size(hash_slot_num, index_num)
+        self.writable = writable
+        self.reporter = reporter
+        flags = (os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)) if writable else os.O_RDONLY
+        fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(fd).st_size
+            if create:
+                os.ftruncate(fd, self.file_size)
+                actual = self.file_size
+            elif writable and actual != self.file_size:
+                os.ftruncate(fd, self.file_size)
+            length = self.file_size if writable else min(actual, self.file_size)
+            self._mm: mmap.mmap | None = (
+                mmap.mmap(fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ) if length else None
+            )
+        finally:
+            os.close(fd)
+        self._intact_bytes = actual
+        if length >= INDEX_HEADER_SIZE:
+            (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
+             self.hash_slot_count, self.index_count) = _HEADER.unpack_from(self._buf, 0)  # fmt: skip
+        else:
+            self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
+            self.hash_slot_count = self.index_count = 0
+        self.index_count = max(self.index_count, 1)
+        if create and seed_end_phy_offset > 0:
+            self.begin_phy_offset = self.end_phy_offset = seed_end_phy_offset
+            self.begin_timestamp = self.end_timestamp = seed_end_timestamp
+            self._write_header()
+
+    @property
+    def _buf(self) -> bytes:
+        return self._mm if self._mm is not None else b""  # type: ignore[return-value]
+
+    def _slots_end(self) -> int:
+        return INDEX_HEADER_SIZE + self.hash_slot_num * HASH_SLOT_SIZE
+
+    def _entry_pos(self, n: int) -> int:
+        return self._slots_end() + n * INDEX_ENTRY_SIZE
+
+    def _write_header(self) -> None:
+        if self._mm is not None and self.writable:
+            _HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
+                              self.end_phy_offset, self.hash_slot_count, self.index_count)  # fmt: skip
+
+    def is_full(self) -> bool:
+        return self.index_count >= self.index_num
+
+    def entry_count(self) -> int:
+        """Keys stored (entry 0 is never used)."""
+        return self.index_count - 1
+
+    # ------------------------------------------------------------------ write
+
+    def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
+        """`putKey`: False when the file is full."""
+        assert self._mm is not None and self.writable
+        if self.index_count >= self.index_num:
+            return False
+        key_hash = index_key_hash(key)
+        slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+        (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
+        if slot_value <= 0 or slot_value > self.index_count:
+            slot_value = 0
+        if self.begin_timestamp <= 0:
+            time_diff = 0
+        else:
+            time_diff = min(max(int((store_timestamp - self.begin_timestamp) / 1000), 0), _INT_MAX)
+        _ENTRY.pack_into(self._mm, self._entry_pos(self.index_count), key_hash, phy_offset, time_diff, slot_value)
+        _SLOT.pack_into(self._mm, slot_pos, self.index_count)
+        if self.index_count <= 1:
+            self.begin_phy_offset = phy_offset
+            self.begin_timestamp = store_timestamp
+        if slot_value == 0:
+            self.hash_slot_count += 1
+        self.index_count += 1
+        self.end_phy_offset = phy_offset
+        self.end_timestamp = store_timestamp
+        self._write_header()
+        return True
+
+    # ------------------------------------------------------------------ read
+
+    def is_time_matched(self, begin: int, end: int) -> bool:
+        """`isTimeMatched`: the file's [begin, end] timestamps overlap the query's."""
+        return (
+            (begin < self.begin_timestamp and end > self.end_timestamp)
+            or self.begin_timestamp <= begin <= self.end_timestamp
+            or self.begin_timestamp <= end <= self.end_timestamp
+        )
+
+    def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
+        """Offsets of entries whose hash equals ``key``'s within [begin, end], newest first.
+        Candidates only: different keys can share a hash, callers verify the record."""
+        buf = self._buf
+        key_hash = index_key_hash(key)
+        slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+        if slot_pos + HASH_SLOT_SIZE > len(buf) or self.index_count <= 1:
+            return []
+        (current,) = _SLOT.unpack_from(buf, slot_pos)
+        found: list[int] = []
+        for _ in range(self.index_count):  # bound: a corrupt chain can never loop forever
+            if current <= 0 or current >= self.index_count or len(found) >= max_num:
+                break
+            pos = self._entry_pos(current)
+            if pos + INDEX_ENTRY_SIZE > len(buf):
+                break
+            hash_read, phy, time_diff, prev = _ENTRY.unpack_from(buf, pos)
+            if time_diff < 0:
+                break
+            time_read = self.begin_timestamp + time_diff * 1000
+            if hash_read == key_hash and begin <= time_read <= end:
+                found.append(phy)
+            if prev <= 0 or prev > self.index_count or prev == current or time_read < begin:
+                break
+            current = prev
+        return found
+
+    def entries(self) -> list[tuple[int, int, int, int]]:
+        """Every stored entry (keyHash, phyOffset, timeDiff, prevIndex), oldest first."""
+        return [_ENTRY.unpack_from(self._buf, self._entry_pos(n)) for n in range(1, self.index_count)]
+
+    # ------------------------------------------------------------------ recovery
+
+    def intact_entry_limit(self) -> int:
+        """Entries wholly inside the bytes the file really had (a cut file loses its tail)."""
+        return max(0, (self._intact_bytes - self._slots_end()) // INDEX_ENTRY_SIZE)
+
+    def truncate(self, valid_phy_end: int, store_time_of: Callable[[int], int]) -> int:
+        """Keep entries below ``valid_phy_end`` that were wholly on disk; rewind slots; returns
+        the number dropped. ``store_time_of(phy)`` restores the exact end timestamp."""
+        assert self.writable and self._mm is not None
+        limit = min(self.index_count, max(1, self.intact_entry_limit()))
+        new_count = limit
+        for n in range(1, limit):
+            _h, phy, _t, _p = _ENTRY.unpack_from(self._mm, self._entry_pos(n))
+            if phy >= valid_phy_end:
+                new_count = n
+                break
+        dropped = self.index_count - new_count
+        if dropped <= 0:
+            return 0
+        for n in range(self.index_count - 1, new_count - 1, -1):
+            pos = self._entry_pos(n)
+            key_hash, _phy, _t, prev = _ENTRY.unpack_from(self._mm, pos)
+            slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+            (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
+            if slot_value == n:
+                _SLOT.pack_into(self._mm, slot_pos, prev if prev < new_count else 0)
+        start = self._entry_pos(new_count)
+        stop = self._entry_pos(self.index_count)
+        self._mm[start:stop] = bytes(stop - start)
+        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            self.hash_slot_count = int(np.count_nonzero(slots))
+        finally:
+            del slots
+        self.index_count = new_count
+        if new_count > 1:
+            _h, phy, _t, _p = _ENTRY.unpack_from(self._mm, self._entry_pos(new_count - 1))
+            self.end_phy_offset = phy
+            self.end_timestamp = max(store_time_of(phy), self.begin_timestamp)
+        else:
+            self.end_phy_offset, self.end_timestamp = self.begin_phy_offset, self.begin_timestamp
+        self._write_header()
+        self.reporter.report("index-entries-truncated", str(self.path), new_count, new_count + dropped,
+                             f"entries beyond commit-log end {valid_phy_end} or beyond the file's bytes")  # fmt: skip
+        return dropped
+
+    def flush(self) -> None:
+        if self._mm is not None and self.writable:
+            self._mm.flush()
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+
+    def destroy(self) -> None:
+        self.close()
+        self.path.unlink(missing_ok=True)

@@ -1,0 +1,142 @@
+"""MappedFile: one fixed-size segment file, memory-mapped, with RocketMQ's three positions.
+
+Mirrors `MappedFile` (rocketmq-format.md §7.2). ``wrote_position`` is where the next append goes,
+``committed_position`` how much of it readers may see (equal to wrote when there is no transient
+pool buffer), ``flushed_position`` how much is known durable. Unlike RocketMQ 4.9.8, a failed
+fsync raises and leaves ``flushed_position`` where it was (issue #2706).
+
+Reads never hand out memoryviews of the map (they would pin it); callers unpack straight from
+``buf`` with ``struct.unpack_from`` or slice copies.
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+OS_PAGE_SIZE = 4096
+
+
+def offset_to_file_name(offset: int) -> str:
+    """`UtilAll.offset2FileName`: 20-digit zero-padded decimal."""
+    return f"{offset:020d}"
+
+
+class MappedFile:
+    """A segment named by its first offset. Open an existing file or create a new one."""
+
+    def __init__(self, path: Path, file_size: int, *, writable: bool, create: bool = False) -> None:
+        self.path = path
+        self.file_size = file_size
+        self.file_from_offset = int(path.name)
+        self.writable = writable
+        flags = (os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)) if writable else os.O_RDONLY
+        self._fd = os.open(path, flags, 0o644)
+        try:
+            actual = os.fstat(self._fd).st_size
+            if create:
+                os.ftruncate(self._fd, file_size)
+                actual = file_size
+            self.actual_size = actual
+            """Bytes the file really has; less than ``file_size`` only for a short file opened
+            read-only (a writable store repairs it first)."""
+            length = min(actual, file_size)
+            self._mm: mmap.mmap | None = (
+                mmap.mmap(self._fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+                if length
+                else None
+            )
+        except BaseException:
+            os.close(self._fd)
+            raise
+        self.wrote_position = 0
+        self.committed_position = 0
+        self.flushed_position = 0
+        self.last_store_timestamp = 0
+
+    @classmethod
+    def extend(cls, path: Path, file_size: int) -> None:
+        """Grow a short segment to its configured size with zeros (repair of a torn creation)."""
+        fd = os.open(path, os.O_RDWR)
+        try:
+            os.ftruncate(fd, file_size)
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+    @property
+    def buf(self) -> Any:
+        """The mapped bytes (empty for a zero-length file opened read-only)."""
+        return self._mm if self._mm is not None else b""
+
+    @property
+    def read_position(self) -> int:
+        return self.committed_position
+
+    def is_full(self) -> bool:
+        return self.wrote_position == self.file_size
+
+    def set_positions(self, position: int) -> None:
+        """Recovery's cut: all three positions to ``position``."""
+        self.wrote_position = self.committed_position = self.flushed_position = position
+
+    def append(self, data: bytes | bytearray) -> int:
+        """Copy ``data`` at the write position; returns that position, or -1 if it does not fit."""
+        pos = self.wrote_position
+        end = pos + len(data)
+        if end > self.file_size or self._mm is None:
+            return -1
+        self._mm[pos:end] = data
+        self.wrote_position = self.committed_position = end
+        return pos
+
+    def fill(self, pos: int, data: bytes) -> None:
+        """Write ``data`` at ``pos`` without moving positions (blank records, header patches)."""
+        assert self._mm is not None and pos + len(data) <= self.file_size
+        self._mm[pos : pos + len(data)] = data
+
+    def zero_tail(self, pos: int) -> None:
+        """Zero ``[pos, file_size)`` so bytes dropped by recovery can never be read again."""
+        if self._mm is not None and pos < self.file_size:
+            self._mm[pos:] = bytes(self.file_size - pos)
+
+    def last_nonzero(self, start: int) -> int:
+        """One past the last non-zero byte at or after ``start`` (``start`` if all zero)."""
+        if self._mm is None:
+            return start
+        end = len(self._mm)
+        while end > start:  # backwards in 1 MiB chunks: the common tail is all zeros
+            begin = max(start, end - (1 << 20))
+            kept = len(self._mm[begin:end].rstrip(b"\0"))
+            if kept:
+                return begin + kept
+            end = begin
+        return start
+
+    def flush(self) -> int:
+        """Force written bytes to disk (fdatasync covers MAP_SHARED pages on Linux).
+
+        Raises OSError on failure with ``flushed_position`` unchanged."""
+        target = self.read_position
+        if target > self.flushed_position and self._mm is not None:
+            os.fdatasync(self._fd)
+            self.flushed_position = target
+        return self.flushed_position
+
+    def close(self) -> None:
+        if self._mm is not None:
+            self._mm.close()
+            self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
+
+    def destroy(self) -> None:
+        """Close and delete the file."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+
+    def __repr__(self) -> str:
+        return f"MappedFile({self.path.name}, wrote={self.wrote_position}, flushed={self.flushed_position})"

@@ -1,0 +1,233 @@
+"""Message values and the small encodings RocketMQ hangs off them.
+
+Mirrors `Message`, `MessageExt`, `MessageDecoder` (properties string, msgId),
+`MessageClientIDSetter` (UNIQ_KEY) and `MessageExtBrokerInner.tagsString2tagsCode`
+(rocketmq-format.md §2.5-§2.7). Nothing here knows the record layout: that is `record.py`.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import itertools
+import os
+import random
+import struct
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+
+from rmq_mp.errors import InvalidMessageIdError
+
+NAME_VALUE_SEPARATOR = "\x01"
+PROPERTY_SEPARATOR = "\x02"
+KEY_SEPARATOR = " "
+
+# MessageConst property names used by the store.
+PROPERTY_KEYS = "KEYS"
+PROPERTY_TAGS = "TAGS"
+PROPERTY_WAIT_STORE_MSG_OK = "WAIT"
+PROPERTY_DELAY_TIME_LEVEL = "DELAY"
+PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX = "UNIQ_KEY"
+PROPERTY_REAL_TOPIC = "REAL_TOPIC"
+PROPERTY_REAL_QUEUE_ID = "REAL_QID"
+PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
+PROPERTY_PRODUCER_GROUP = "PGROUP"
+PROPERTY_CLUSTER = "CLUSTER"
+
+SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+# MessageSysFlag (rocketmq-format.md §2.3).
+COMPRESSED_FLAG = 0x1
+MULTI_TAGS_FLAG = 0x2
+TRANSACTION_NOT_TYPE = 0x0
+TRANSACTION_PREPARED_TYPE = 0x4
+TRANSACTION_COMMIT_TYPE = 0x8
+TRANSACTION_ROLLBACK_TYPE = 0xC
+BORNHOST_V6_FLAG = 0x10
+STOREHOSTADDRESS_V6_FLAG = 0x20
+
+Host = tuple[str, int]
+"""An address as (ip text, port). IPv6 text is accepted in any form and produced in Java's
+uncompressed form (``2001:db8:0:1:0:0:0:5``), as ``InetAddress.getHostAddress`` prints it."""
+
+
+def transaction_type(sys_flag: int) -> int:
+    """`MessageSysFlag.getTransactionValue`: the two transaction bits."""
+    return sys_flag & TRANSACTION_ROLLBACK_TYPE
+
+
+def is_dispatchable(sys_flag: int) -> bool:
+    """Only NOT and COMMIT transaction types get a ConsumeQueue entry and a queue offset."""
+    return transaction_type(sys_flag) in (TRANSACTION_NOT_TYPE, TRANSACTION_COMMIT_TYPE)
+
+
+def properties_to_string(properties: Mapping[str, str]) -> str:
+    """`messageProperties2String`: ``name\\x01value\\x02`` per entry, last separator dropped."""
+    return PROPERTY_SEPARATOR.join(
+        f"{name}{NAME_VALUE_SEPARATOR}{value}" for name, value in properties.items() if value is not None
+    )
+
+
+def string_to_properties(text: str) -> dict[str, str]:
+    """`string2messageProperties`: keep chunks with a non-empty name and a non-empty value."""
+    result: dict[str, str] = {}
+    for chunk in text.split(PROPERTY_SEPARATOR):
+        sep = chunk.find(NAME_VALUE_SEPARATOR)
+        if len(chunk) >= 3 and 0 < sep < len(chunk) - 1:
+            result[chunk[:sep]] = chunk[sep + 1 :]
+    return result
+
+
+def java_string_hash(text: str) -> int:
+    """Java `String.hashCode()`: ``31*h + c`` over UTF-16 code units, signed 32-bit."""
+    h = 0
+    for (unit,) in struct.iter_unpack(">H", text.encode("utf-16-be")):
+        h = (31 * h + unit) & 0xFFFFFFFF
+    return h - 0x100000000 if h & 0x80000000 else h
+
+
+def tags_code(tags: str | None) -> int:
+    """`tagsString2tagsCode`: 0 for no tags, else the tags' Java hash code."""
+    return java_string_hash(tags) if tags else 0
+
+
+def index_key_hash(key: str) -> int:
+    """`IndexFile.indexKeyHashMethod`: abs(hashCode), and 0 for Integer.MIN_VALUE."""
+    h = abs(java_string_hash(key))
+    return 0 if h > 0x7FFFFFFF else h
+
+
+def parse_host(host: Host | str) -> tuple[bytes, int]:
+    """(ip bytes, port) of an address given as a tuple or ``ip:port`` / ``[ip6]:port`` text."""
+    if isinstance(host, str):
+        text, _, port_text = host.rpartition(":")
+        host = (text.strip("[]"), int(port_text))
+    ip_text, port = host
+    return ipaddress.ip_address(ip_text).packed, port
+
+
+def format_ip(ip: bytes) -> str:
+    """Java's `getHostAddress`: dotted quad, or eight lower-case hex groups, no `::`."""
+    if len(ip) == 4:
+        return ".".join(str(b) for b in ip)
+    return ":".join(f"{g:x}" for g in struct.unpack(">8H", ip))
+
+
+def format_host(host: Host) -> str:
+    """``a.b.c.d:port`` or ``[h:h:h:h:h:h:h:h]:port`` as RocketMQ's tools print hosts."""
+    ip, port = host
+    return f"[{ip}]:{port}" if ":" in ip else f"{ip}:{port}"
+
+
+def create_message_id(store_ip: bytes, store_port: int, phy_offset: int) -> str:
+    """`MessageDecoder.createMessageId`: hex of store ip, port (int), commit-log offset (long)."""
+    return (store_ip + struct.pack(">iq", store_port, phy_offset)).hex().upper()
+
+
+def decode_message_id(msg_id: str) -> tuple[Host, int]:
+    """`MessageDecoder.decodeMessageId`: ((store ip, port), commit-log offset)."""
+    if len(msg_id) not in (32, 56):
+        raise InvalidMessageIdError(f"msgId must be 32 or 56 hex characters, got {len(msg_id)}: {msg_id!r}")
+    try:
+        raw = bytes.fromhex(msg_id)
+    except ValueError as exc:
+        raise InvalidMessageIdError(f"msgId is not hexadecimal: {msg_id!r}") from exc
+    ip_len = 4 if len(raw) == 16 else 16
+    port, phy_offset = struct.unpack_from(">iq", raw, ip_len)
+    return (format_ip(raw[:ip_len]), port), phy_offset
+
+
+class UniqueIdGenerator:
+    """`MessageClientIDSetter`: UNIQ_KEY = hex(ip ‖ pid:short ‖ seed:int ‖ ms since month start:int
+    ‖ counter:short), 32 upper-case hex characters for an IPv4 client. Increasing per process."""
+
+    def __init__(self, ip: str = "127.0.0.1") -> None:
+        self._prefix = ipaddress.ip_address(ip).packed + struct.pack(
+            ">Hi", os.getpid() & 0xFFFF, random.getrandbits(31)
+        )
+        self._counter = itertools.count()
+        self._month_start_ms = 0
+        self._next_month_ms = 0
+
+    def _roll_month(self, now_ms: int) -> None:
+        now = datetime.fromtimestamp(now_ms / 1000)
+        start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
+        nxt = start.replace(year=start.year + (start.month == 12), month=start.month % 12 + 1)
+        self._month_start_ms = int(start.timestamp() * 1000)
+        self._next_month_ms = int(nxt.timestamp() * 1000)
+
+    def next_id(self) -> str:
+        now_ms = int(time.time() * 1000)
+        if now_ms >= self._next_month_ms:
+            self._roll_month(now_ms)
+        tail = struct.pack(">iH", now_ms - self._month_start_ms, next(self._counter) & 0xFFFF)
+        return (self._prefix + tail).hex().upper()
+
+
+@dataclass(slots=True, kw_only=True)
+class Message:
+    """What a producer hands to the store (RocketMQ's MessageExtBrokerInner, minus what the
+    store assigns: queue offset, commit-log offset, store timestamp)."""
+
+    topic: str
+    body: bytes = b""
+    flag: int = 0
+    properties: dict[str, str] = field(default_factory=dict)
+    queue_id: int = 0
+    sys_flag: int = 0
+    born_timestamp: int = 0
+    born_host: Host = ("127.0.0.1", 0)
+    store_host: Host | None = None
+    reconsume_times: int = 0
+    prepared_transaction_offset: int = 0
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> list[str]:
+        return split_keys(self.properties.get(PROPERTY_KEYS))
+
+
+def split_keys(keys: str | None) -> list[str]:
+    """Index keys of a KEYS property: split on single spaces, empty words skipped."""
+    return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
+
+
+@dataclass(slots=True, kw_only=True)
+class MessageExt:
+    """A stored record, every field as decoded (RocketMQ's MessageExt)."""
+
+    store_size: int
+    magic_code: int
+    body_crc: int
+    queue_id: int
+    flag: int
+    queue_offset: int
+    commit_log_offset: int
+    sys_flag: int
+    born_timestamp: int
+    born_host: Host
+    store_timestamp: int
+    store_host: Host
+    reconsume_times: int
+    prepared_transaction_offset: int
+    body: bytes
+    topic: str
+    properties: dict[str, str]
+    msg_id: str
+    file_position: int = -1
+
+    @property
+    def tags(self) -> str | None:
+        return self.properties.get(PROPERTY_TAGS)
+
+    @property
+    def keys(self) -> str | None:
+        return self.properties.get(PROPERTY_KEYS)
+
+    @property
+    def uniq_key(self) -> str | None:
+        return self.properties.get(PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)

@@ -1,0 +1,397 @@
+"""MessageStore: a store directory opened as a library, the read API and an in-process writer.
+
+Mirrors the data side of `DefaultMessageStore`: open (lock, load, recover, abort marker), put
+through the same CommitLog code the service's producers use, and the reads RocketMQ offers
+(getMessage, lookMessageByOffset, viewMessageById, queryMessage, getOffsetInQueueByTime). In this
+library form dispatch runs inline after each put; the service moves it to the reput worker.
+
+``read_only=True`` opens any store, a crashed one or one on a read-only medium included, without
+taking the lock or writing a byte: recovery's analysis runs in memory only.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import TracebackType
+
+from rmq_mp import message as m
+from rmq_mp import record
+from rmq_mp.checkpoint import StoreCheckpoint
+from rmq_mp.commit_log import CommitLog
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.dispatch import Dispatcher
+from rmq_mp.errors import MessageNotFoundError, StoreLockedError, StoreReadOnlyError
+from rmq_mp.index_service import IndexService
+from rmq_mp.paths import StorePaths
+from rmq_mp.recovery import RecoveryReport, recover
+from rmq_mp.reporter import Reporter
+from rmq_mp.status import AppendMessageStatus, GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+
+log = logging.getLogger(__name__)
+
+MAX_TIMESTAMP = (1 << 63) - 1
+
+
+def java_string_order(text: str) -> bytes:
+    """Sort key giving Java's String.compareTo order (UTF-16 code units)."""
+    return text.encode("utf-16-be")
+
+
+@dataclass(frozen=True, slots=True)
+class QueueStatus:
+    """One queue's offsets, as mqadmin topicStatus shows them."""
+
+    topic: str
+    queue_id: int
+    min_offset: int
+    max_offset: int
+    last_update_timestamp: int
+
+
+class MessageStore:
+    """A store directory. Use `MessageStore.open`; close it (or use ``with``) to shut down cleanly."""
+
+    def __init__(self, config: MessageStoreConfig, *, read_only: bool) -> None:
+        self.config = config
+        self.writable = not read_only
+        self.paths = StorePaths.of(config.store_path_root_dir, config.store_path_commit_log or None)
+        self.reporter = Reporter()
+        self.delay_level_ms = record.parse_delay_levels(config.message_delay_level)
+        self.commit_log = CommitLog(self.paths.commit_log, config.mapped_file_size_commit_log,
+                                    writable=self.writable, reporter=self.reporter,
+                                    delay_level_ms=self.delay_level_ms)  # fmt: skip
+        self.consume_queues: dict[str, dict[int, ConsumeQueue]] = {}
+        self.index_service = (
+            IndexService(self.paths.index, config.max_hash_slot_num, config.max_index_num, writable=self.writable,
+                         reporter=self.reporter, max_msgs_num_batch=config.max_msgs_num_batch)  # fmt: skip
+            if config.message_index_enable
+            else None
+        )
+        self.checkpoint = StoreCheckpoint(self.paths.checkpoint, writable=self.writable)
+        self.dispatcher = Dispatcher(self.find_consume_queue, self.index_service, self.checkpoint)
+        self.topic_queue_table: dict[tuple[str, int], int] = {}
+        self.store_host: m.Host = (config.broker_ip1, config.listen_port)
+        self.recovery: RecoveryReport | None = None
+        self._put_lock = threading.Lock()
+        self._lock_fd = -1
+        self._closed = False
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @classmethod
+    def open(
+        cls, store_dir: str | Path | None = None, config: MessageStoreConfig | None = None, *, read_only: bool = False
+    ) -> MessageStore:
+        """Open (creating if needed, unless read-only) and recover the store at ``store_dir``."""
+        config = config or MessageStoreConfig()
+        if store_dir is not None:
+            config = config.replace(store_path_root_dir=str(store_dir))
+        store = cls(config, read_only=read_only)
+        try:
+            store._start()
+        except BaseException:
+            store._release()
+            raise
+        return store
+
+    def _start(self) -> None:
+        root = self.paths.root
+        if self.writable:
+            root.mkdir(parents=True, exist_ok=True)
+            self._take_lock()
+        last_exit_ok = not self.paths.abort.exists()
+        self.commit_log.load()
+        self._load_consume_queues()
+        if self.index_service is not None:
+            self.index_service.load()
+        self.recovery = recover(self, last_exit_ok=last_exit_ok)
+        if self.writable:
+            self._flush_all()
+            self.paths.abort.touch()
+            _fsync_dir(root)
+
+    def _take_lock(self) -> None:
+        """`lock` file: exclusive flock, content ``lock`` (RocketMQ writes the same 4 bytes)."""
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise StoreLockedError(
+                f"store {self.paths.root} is already open in another process (lock file {self.paths.lock})"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, b"lock", 0)
+        os.fsync(fd)
+        self._lock_fd = fd
+
+    def _load_consume_queues(self) -> None:
+        cq_root = self.paths.consume_queue
+        if not cq_root.is_dir():
+            return
+        for topic_dir in sorted(cq_root.iterdir()):
+            if not topic_dir.is_dir():
+                continue
+            for queue_dir in sorted(topic_dir.iterdir()):
+                if not queue_dir.name.isdigit():
+                    log.warning("ignoring %s: not a queue id", queue_dir)
+                    continue
+                cq = self._new_consume_queue(topic_dir.name, int(queue_dir.name))
+                cq.load()
+
+    def _new_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = ConsumeQueue(topic, queue_id, self.paths.consume_queue, self.config.mapped_file_size_consume_queue,
+                          writable=self.writable, reporter=self.reporter)  # fmt: skip
+        self.consume_queues.setdefault(topic, {})[queue_id] = cq
+        return cq
+
+    def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, created empty (no file until the first entry) when new."""
+        cq = self.consume_queues.get(topic, {}).get(queue_id)
+        return cq if cq is not None else self._new_consume_queue(topic, queue_id)
+
+    def all_consume_queues(self) -> list[ConsumeQueue]:
+        return [cq for queues in self.consume_queues.values() for cq in queues.values()]
+
+    def destroy_consume_queues(self) -> None:
+        """No commit log left: every queue goes (RocketMQ's `destroyLogics`)."""
+        for cq in self.all_consume_queues():
+            while cq.mfq.files:
+                cq.mfq.delete_last_file()
+        self.consume_queues.clear()
+
+    def recover_topic_queue_table(self) -> None:
+        """`recoverTopicQueueTable`: next queue offset per queue, and min offsets corrected."""
+        min_phy = self.commit_log.min_offset()
+        self.topic_queue_table = {}
+        for cq in self.all_consume_queues():
+            self.topic_queue_table[(cq.topic, cq.queue_id)] = cq.max_offset_in_queue()
+            cq.correct_min_offset(min_phy)
+
+    def flush(self) -> None:
+        """Force the commit log, queues, index and checkpoint to disk."""
+        if self.writable:
+            self._flush_all()
+
+    def _flush_all(self) -> None:
+        self.commit_log.flush()
+        for cq in self.all_consume_queues():
+            cq.flush()
+        if self.index_service is not None:
+            self.index_service.flush()
+        last = self.commit_log.mfq.last_file()
+        if last is not None and last.last_store_timestamp:
+            self.checkpoint.physic_msg_timestamp = last.last_store_timestamp
+        if self.index_service is not None and self.index_service.files:
+            self.checkpoint.index_msg_timestamp = self.index_service.files[-1].end_timestamp
+        self.checkpoint.flush()
+
+    def close(self) -> None:
+        """Clean shutdown: flush everything, remove `abort`, release the lock."""
+        if self._closed:
+            return
+        try:
+            if self.writable:
+                self._flush_all()
+                self.paths.abort.unlink(missing_ok=True)
+                _fsync_dir(self.paths.root)
+        finally:
+            self._release()
+
+    def _release(self) -> None:
+        self._closed = True
+        self.commit_log.close()
+        for cq in self.all_consume_queues():
+            cq.close()
+        if self.index_service is not None:
+            self.index_service.close()
+        if self._lock_fd >= 0:
+            os.close(self._lock_fd)
+            self._lock_fd = -1
+
+    def __enter__(self) -> MessageStore:
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:  # fmt: skip
+        self.close()
+
+    # ------------------------------------------------------------------ write
+
+    def put_message(self, message: m.Message) -> PutMessageResult:
+        """Append one message and dispatch it (RocketMQ's putMessage + reput, in-process)."""
+        if not self.writable:
+            raise StoreReadOnlyError(f"store {self.paths.root} is open read-only")
+        if self._closed:
+            return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
+        problem = record.validate_message(message, max_message_size=self.config.max_message_size)
+        if problem is not None:
+            return PutMessageResult(problem[0], reason=problem[1])
+        if not message.born_timestamp:
+            message.born_timestamp = int(time.time() * 1000)
+        store_host = message.store_host or self.store_host
+        encoded = record.encode_record(message, store_host)
+        (sys_flag,) = record._INT.unpack_from(encoded, record.POS_SYS_FLAG)
+        dispatchable = m.is_dispatchable(sys_flag)
+        with self._put_lock:
+            key = (message.topic, message.queue_id)
+            queue_offset = self.topic_queue_table.get(key, 0) if dispatchable else 0
+            store_timestamp = int(time.time() * 1000)
+            result = self.commit_log.append(encoded, sys_flag=sys_flag, queue_offset=queue_offset,
+                                            store_timestamp=store_timestamp)  # fmt: skip
+            if result.status is not AppendMessageStatus.PUT_OK:
+                status = (
+                    PutMessageStatus.MESSAGE_ILLEGAL
+                    if result.status is AppendMessageStatus.MESSAGE_SIZE_EXCEEDED
+                    else PutMessageStatus.UNKNOWN_ERROR
+                )
+                return PutMessageResult(status, reason=f"append failed: {result.status.name}")
+            if dispatchable:
+                self.topic_queue_table[key] = queue_offset + 1
+            self.dispatcher.dispatch(
+                record.DispatchRequest(
+                    size=result.wrote_bytes, success=True, topic=message.topic, queue_id=message.queue_id,
+                    phy_offset=result.phy_offset,
+                    tags_code=record.cq_tags_code(message.topic, message.properties, store_timestamp,
+                                                  self.delay_level_ms),
+                    store_timestamp=store_timestamp, queue_offset=queue_offset,
+                    keys=message.properties.get(m.PROPERTY_KEYS, ""),
+                    uniq_key=message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
+                    sys_flag=sys_flag, prepared_transaction_offset=message.prepared_transaction_offset,
+                    properties=message.properties,
+                )
+            )  # fmt: skip
+        store_ip, store_port = m.parse_host(store_host)
+        return PutMessageResult(
+            PutMessageStatus.PUT_OK,
+            msg_id=m.create_message_id(store_ip, store_port, result.phy_offset),
+            queue_offset=queue_offset,
+            phy_offset=result.phy_offset,
+            wrote_bytes=result.wrote_bytes,
+            msg_num=1,
+            store_timestamp=store_timestamp,
+        )
+
+    # ------------------------------------------------------------------ read
+
+    def min_phy_offset(self) -> int:
+        return self.commit_log.min_offset()
+
+    def max_phy_offset(self) -> int:
+        return self.commit_log.max_offset()
+
+    def topics(self) -> list[str]:
+        """Topics with at least one queue, in Java string order."""
+        return sorted(self.consume_queues, key=java_string_order)
+
+    def queue_status(self, topic: str) -> list[QueueStatus]:
+        """Per-queue min/max offsets and the store time of the newest message."""
+        result = []
+        for queue_id in sorted(self.consume_queues.get(topic, {})):
+            cq = self.consume_queues[topic][queue_id]
+            max_offset = cq.max_offset_in_queue()
+            last = cq.get_entry(max_offset - 1) if max_offset > cq.min_offset_in_queue() else None
+            last_update = self.commit_log.store_timestamp_at(last[0], last[1]) if last else 0
+            result.append(QueueStatus(topic, queue_id, cq.min_offset_in_queue(), max_offset, max(last_update, 0)))
+        return result
+
+    def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32) -> GetMessageResult:
+        """`getMessage` without tag filtering: statuses and next offset as RocketMQ computes them."""
+        cq = self.consume_queues.get(topic, {}).get(queue_id)
+        if cq is None:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        min_offset, max_offset = cq.min_offset_in_queue(), cq.max_offset_in_queue()
+        if max_offset == 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
+        if offset < min_offset:
+            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
+        if offset == max_offset:
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+        if offset > max_offset:
+            next_offset = min_offset if min_offset == 0 else max_offset
+            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
+        entries = cq.entries(offset, max(16000 // 20, max_msgs))
+        if not entries:
+            next_file = offset + cq.mapped_file_size // 20 - offset % (cq.mapped_file_size // 20)
+            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, next_file, min_offset, max_offset)
+        status = GetMessageStatus.NO_MATCHED_MESSAGE
+        messages: list[m.MessageExt] = []
+        total_bytes = 0
+        min_phy = self.commit_log.min_offset()
+        scanned = 0
+        for phy, size, _tags in entries:
+            if messages and (
+                len(messages) >= min(max_msgs, self.config.max_transfer_count_on_message_in_memory)
+                or total_bytes + size > self.config.max_transfer_bytes_on_message_in_memory
+            ):
+                break
+            scanned += 1
+            if size == PRE_BLANK_SIZE:
+                continue
+            if phy < min_phy:
+                if not messages:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            try:
+                messages.append(self.commit_log.look_message_by_offset(phy))
+            except MessageNotFoundError:
+                if not messages:
+                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
+                continue
+            total_bytes += size
+            status = GetMessageStatus.FOUND
+        return GetMessageResult(status, offset + scanned, min_offset, max_offset, messages)
+
+    def look_message_by_offset(self, phy_offset: int) -> m.MessageExt:
+        """The record at a commit-log offset; MessageNotFoundError / CorruptRecordError otherwise."""
+        return self.commit_log.look_message_by_offset(phy_offset)
+
+    def view_message_by_id(self, msg_id: str) -> m.MessageExt:
+        """The record an offset msgId names (`viewMessageById`)."""
+        _host, phy_offset = m.decode_message_id(msg_id)
+        return self.commit_log.look_message_by_offset(phy_offset)
+
+    def query_message(
+        self, topic: str, key: str, max_num: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+    ) -> list[m.MessageExt]:
+        """Messages of ``topic`` whose UNIQ_KEY or one of whose KEYS equals ``key``, newest first,
+        store time within [begin, end] at second granularity. Each index hit is checked against
+        its record, so a hash collision never returns another key's message (RocketMQ #3613)."""
+        if self.index_service is None:
+            return []
+        found = []
+        for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
+            try:
+                msg = self.commit_log.look_message_by_offset(phy)
+            except (MessageNotFoundError, record.CorruptRecordError):
+                continue
+            if msg.topic == topic and (msg.uniq_key == key or key in m.split_keys(msg.keys)):
+                found.append(msg)
+        return found
+
+    def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        cq = self.consume_queues.get(topic, {}).get(queue_id)
+        return cq.offset_in_queue_by_time(timestamp_ms, self.commit_log) if cq else 0
+
+    def iter_messages(self, from_offset: int | None = None) -> Iterator[m.MessageExt]:
+        """Every record in commit-log order (blank records skipped), stopping at the valid end."""
+        start = self.commit_log.min_offset() if from_offset is None else from_offset
+        for phy, req in self.commit_log.iter_dispatch(start, check_crc=False):
+            if req.success and req.size > 0:
+                yield self.commit_log.look_message_by_offset(phy)
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
