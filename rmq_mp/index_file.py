@@ -34,6 +34,7 @@ INDEX_ENTRY_SIZE = 20
 _HEADER = struct.Struct(">qqqqii")
 _ENTRY = struct.Struct(">iqii")
 _SLOT = struct.Struct(">i")
+_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 _INT_MAX = 0x7FFFFFFF
 
 
@@ -183,30 +184,21 @@ class IndexFile:
         the number dropped. ``store_time_of(phy)`` restores the exact end timestamp."""
         assert self.writable and self._mm is not None
         limit = min(self.index_count, max(1, self.intact_entry_limit()))
-        new_count = limit
-        for n in range(1, limit):
-            _h, phy, _t, _p = _ENTRY.unpack_from(self._mm, self._entry_pos(n))
-            if phy >= valid_phy_end:
-                new_count = n
-                break
+        if limit == self.index_count and self.end_phy_offset < valid_phy_end:
+            return 0  # the common case: nothing cut, nothing beyond the end
+        entries = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=limit - 1, offset=self._entry_pos(1))
+        try:
+            beyond = np.flatnonzero(entries["phy"] >= valid_phy_end)
+        finally:
+            del entries
+        new_count = int(beyond[0]) + 1 if beyond.size else limit
         dropped = self.index_count - new_count
         if dropped <= 0:
             return 0
-        for n in range(self.index_count - 1, new_count - 1, -1):
-            pos = self._entry_pos(n)
-            key_hash, _phy, _t, prev = _ENTRY.unpack_from(self._mm, pos)
-            slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
-            (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
-            if slot_value == n:
-                _SLOT.pack_into(self._mm, slot_pos, prev if prev < new_count else 0)
         start = self._entry_pos(new_count)
         stop = self._entry_pos(self.index_count)
         self._mm[start:stop] = bytes(stop - start)
-        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
-        try:
-            self.hash_slot_count = int(np.count_nonzero(slots))
-        finally:
-            del slots
+        self._rebuild_slots(new_count)
         self.index_count = new_count
         if new_count > 1:
             _h, phy, _t, _p = _ENTRY.unpack_from(self._mm, self._entry_pos(new_count - 1))
@@ -218,6 +210,21 @@ class IndexFile:
         self.reporter.report("index-entries-truncated", str(self.path), new_count, new_count + dropped,
                              f"entries beyond commit-log end {valid_phy_end} or beyond the file's bytes")  # fmt: skip
         return dropped
+
+    def _rebuild_slots(self, entry_count: int) -> None:
+        """Point every slot at its newest surviving entry. Dropped entries may be unreadable (a
+        cut file), so slots are recomputed from the survivors, whose ``prev`` links only point
+        to older entries and so stay intact."""
+        assert self._mm is not None
+        survivors = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=entry_count - 1, offset=self._entry_pos(1))
+        heads = np.zeros(self.hash_slot_num, dtype=np.int64)
+        try:
+            np.maximum.at(heads, survivors["hash"].astype(np.int64) % self.hash_slot_num,
+                          np.arange(1, entry_count, dtype=np.int64))  # fmt: skip
+        finally:
+            del survivors
+        self._mm[INDEX_HEADER_SIZE : self._slots_end()] = heads.astype(">i4").tobytes()
+        self.hash_slot_count = int(np.count_nonzero(heads))
 
     def flush(self) -> None:
         if self._mm is not None and self.writable:

@@ -28,7 +28,7 @@ from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue
 from rmq_mp.dispatch import Dispatcher
-from rmq_mp.errors import MessageNotFoundError, StoreLockedError, StoreReadOnlyError
+from rmq_mp.errors import CorruptFileError, CorruptRecordError, MessageNotFoundError, StoreLockedError, StoreReadOnlyError
 from rmq_mp.index_service import IndexService
 from rmq_mp.paths import StorePaths
 from rmq_mp.recovery import RecoveryReport, recover
@@ -80,6 +80,8 @@ class MessageStore:
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
+        self.rebuild_consume_queues = False
+        """Set when a damaged queue was discarded: recovery re-dispatches the whole log."""
         self._put_lock = threading.Lock()
         self._lock_fd = -1
         self._closed = False
@@ -145,7 +147,21 @@ class MessageStore:
                     log.warning("ignoring %s: not a queue id", queue_dir)
                     continue
                 cq = self._new_consume_queue(topic_dir.name, int(queue_dir.name))
-                cq.load()
+                try:
+                    cq.load()
+                except CorruptFileError as exc:
+                    if not self.writable:
+                        raise
+                    self._discard_consume_queue(cq, str(exc))
+
+    def _discard_consume_queue(self, cq: ConsumeQueue, reason: str) -> None:
+        """A queue whose files cannot be trusted is derived data: remove it and have recovery
+        rebuild it from the commit log (RocketMQ refuses to start instead)."""
+        cq.close()
+        for path in sorted(cq.mfq.store_dir.iterdir()):
+            self.reporter.report("cq-file-discarded", str(path), 0, path.stat().st_size, reason)
+            path.unlink()
+        self.rebuild_consume_queues = True
 
     def _new_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(topic, queue_id, self.paths.consume_queue, self.config.mapped_file_size_consume_queue,
@@ -371,7 +387,7 @@ class MessageStore:
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
             try:
                 msg = self.commit_log.look_message_by_offset(phy)
-            except (MessageNotFoundError, record.CorruptRecordError):
+            except (MessageNotFoundError, CorruptRecordError):
                 continue
             if msg.topic == topic and (msg.uniq_key == key or key in m.split_keys(msg.keys)):
                 found.append(msg)

@@ -26,7 +26,10 @@ A file that cannot take the next record ends with a BLANK record: TOTALSIZE = by
 file, then the blank magic; only those 8 bytes are written (§2.8).
 
 Validation on read follows `CommitLog.checkMessageAndReturnSize` (§2.10), plus the 5.x rule that
-a record running past the readable end is torn (invalid), never read beyond.
+a record running past the readable end is torn (invalid), never read beyond. Because the body CRC
+covers only the body, a record whose tail was zeroed by a torn write can pass RocketMQ's checks;
+rmq-mp also rejects an empty or NUL-containing topic and an all-zero properties area, which no
+producer writes and which a zeroed tail always produces.
 
 CRC: `zlib.crc32` is used, not crcmod. Measured with `python -m bench.crc` on this machine:
 zlib is about 3x faster on 100-byte bodies and 6-12x faster on 4 KiB (crcmod's C extension
@@ -217,6 +220,9 @@ class DispatchRequest:
     prepared_transaction_offset: int = 0
     properties: dict[str, str] = field(default_factory=dict)
     reason: str = ""
+    ends_in_nul: bool = False
+    """The properties end in a NUL byte: what a torn, zero-filled record tail looks like. Only
+    meaningful for the last record of the log (recovery drops it there)."""
 
 
 BLANK = DispatchRequest(0, True)
@@ -248,6 +254,7 @@ class _Fields:
     body_length: int
     topic: str
     properties_text: str
+    ends_in_nul: bool
 
 
 def _parse(buf: Any, pos: int, limit: int) -> _Fields:
@@ -282,19 +289,26 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
         else:
             (topic_len,) = struct.unpack_from(">H", buf, p)
             p += 2
-        topic = bytes(buf[p : p + topic_len]).decode("utf-8")
+        topic_bytes = bytes(buf[p : p + topic_len])
+        if not topic_bytes or b"\0" in topic_bytes:
+            raise _Invalid("empty topic or NUL in topic: a zeroed (torn) record tail")
+        topic = topic_bytes.decode("utf-8")
         p += topic_len
         (props_len,) = _SHORT.unpack_from(buf, p)
         p += 2
         if props_len < 0 or p + props_len > end:
             raise _Invalid(f"PROPLEN {props_len} does not fit in the record")
-        props = bytes(buf[p : p + props_len]).decode("utf-8")
+        props_bytes = bytes(buf[p : p + props_len])
+        if props_bytes and not props_bytes.strip(b"\0"):
+            raise _Invalid("properties are all zero bytes: a zeroed (torn) record tail")
+        props = props_bytes.decode("utf-8")
+        ends_in_nul = props_bytes.endswith(b"\0")
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise _Invalid(f"malformed record: {exc}") from exc
     return _Fields(
         total, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts, born_ip, born_port,
         store_ts, store_ip, _INT.unpack_from(buf, pos + _store_host_port_pos(sys_flag))[0], reconsume,
-        prepared, body_start, body_len, topic, props,
+        prepared, body_start, body_len, topic, props, ends_in_nul,
     )  # fmt: skip
 
 
@@ -354,6 +368,7 @@ def check_record(
         sys_flag=f.sys_flag,
         prepared_transaction_offset=f.prepared_transaction_offset,
         properties=properties,
+        ends_in_nul=f.ends_in_nul,
     )
 
 

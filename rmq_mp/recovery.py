@@ -67,10 +67,17 @@ def _find_valid_end(store: MessageStore, start_offset: int) -> int:
     """First pass: offset just past the last valid record, reporting what lies beyond it."""
     commit_log = store.commit_log
     valid_end = start_offset
+    last: tuple[int, record.DispatchRequest] | None = None
     for phy, req in commit_log.iter_dispatch(start_offset, check_crc=store.config.check_crc_on_recover):
         if req.success:
+            if req.size:
+                last = (phy, req)
             valid_end = commit_log.roll_next_file(phy) if req.size == 0 else phy + req.size
             continue
+        if last is not None and last[1].ends_in_nul and last[0] + last[1].size == valid_end:
+            # The final record's properties end in NUL: its tail was zero-filled by a torn write.
+            _report_dropped(store, last[0], "last record's properties end in zero bytes: a torn tail")
+            return last[0]
         _report_dropped(store, phy, req.reason)
         break
     return valid_end
@@ -116,18 +123,30 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
     if max_phy_of_cq >= end or not last_exit_ok:
         cq_dropped = sum(cq.truncate_dirty_logic_files(end) for cq in store.all_consume_queues())
     index_dropped = 0
+    index_damaged = False
     if store.index_service is not None and store.writable:
         before = store.reporter.count("index-entries-truncated")
+        removed_before = store.reporter.count("index-file-removed")
         store.index_service.recover(end, lambda phy: commit_log.store_timestamp_at(phy, 1))
         index_dropped = store.reporter.count("index-entries-truncated") - before
+        index_damaged = bool(index_dropped) or store.reporter.count("index-file-removed") > removed_before
 
-    if last_exit_ok:
+    if store.rebuild_consume_queues:
+        dispatch_from = commit_log.min_offset()
+    elif last_exit_ok:
         after_cq = max((cq.max_physic_offset for cq in store.all_consume_queues()), default=-1)
         dispatch_from = max(commit_log.min_offset(), after_cq, 0)
     else:
         dispatch_from = scan_from
     dispatched = 0
     if store.writable:
+        index = store.index_service
+        if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
+            # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
+            index_from = max(index.end_phy_offset(), commit_log.min_offset())
+            for _phy, req in commit_log.iter_dispatch(index_from, check_crc=False, end_offset=dispatch_from):
+                if req.success and req.size > 0:
+                    index.build_index(req)
         for _phy, req in commit_log.iter_dispatch(dispatch_from, check_crc=False):
             if req.success and req.size > 0:
                 store.dispatcher.dispatch(req)

@@ -19,7 +19,6 @@ NOTES = ["a b=c&d;e", "line1\nline2", 'quote"back\\slash', "☃ 🚀", "tab\ther
 
 def make_messages(count: int, seed: int) -> list[m.Message]:
     rnd = random.Random(seed)
-    uniq = m.UniqueIdGenerator()
     messages = []
     for i in range(count):
         topic = rnd.choice(list(TOPICS))
@@ -33,7 +32,7 @@ def make_messages(count: int, seed: int) -> list[m.Message]:
             props[m.PROPERTY_KEYS] = " ".join(rnd.choice([f"ORD{rnd.randint(0, 50)}", f"订单-{i}", f"k{i:x}"])
                                               for _ in range(nkeys))  # fmt: skip
         if rnd.random() < 0.5:
-            props[m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = uniq.next_id()
+            props[m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX] = f"7F000001{rnd.getrandbits(96):024X}"
         if rnd.random() < 0.3:
             props["note"] = rnd.choice(NOTES)
         sys_flag = rnd.choice([0] * 17 + [m.TRANSACTION_PREPARED_TYPE, m.TRANSACTION_COMMIT_TYPE,
