@@ -61,8 +61,9 @@ def queue_digests(store: MessageStore) -> Iterator[QueueDigest]:
                 h.update(_DIGEST_HEAD.pack(queue_offset, len(msg.body)))
                 h.update(msg.body)
                 count += 1
-            yield QueueDigest(topic, status.queue_id, status.min_offset, status.max_offset, count, h.hexdigest(),
-                              mismatches)  # fmt: skip
+            yield QueueDigest(
+                topic, status.queue_id, status.min_offset, status.max_offset, count, h.hexdigest(), mismatches
+            )
 
 
 def digest_report(store: MessageStore) -> list[str]:

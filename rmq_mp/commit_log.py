@@ -70,7 +70,9 @@ class CommitLog:
 
     # ------------------------------------------------------------------ append
 
-    def append(self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int) -> AppendMessageResult:
+    def append(
+        self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int
+    ) -> AppendMessageResult:
         """Append one encoded record (the caller holds the put lock). Closes a file that cannot take
         it with a blank record and retries once in the next file (`doAppend` + END_OF_FILE)."""
         size = len(encoded)
@@ -87,8 +89,14 @@ class CommitLog:
                 mf.wrote_position = mf.committed_position = mf.file_size
                 continue
             phy_offset = mf.file_from_offset + pos
-            record.patch_record(encoded, 0, queue_offset=queue_offset, phy_offset=phy_offset,
-                                store_timestamp=store_timestamp, sys_flag=sys_flag)  # fmt: skip
+            record.patch_record(
+                encoded,
+                0,
+                queue_offset=queue_offset,
+                phy_offset=phy_offset,
+                store_timestamp=store_timestamp,
+                sys_flag=sys_flag,
+            )
             mf.append(encoded)
             mf.last_store_timestamp = store_timestamp
             return AppendMessageResult(AppendMessageStatus.PUT_OK, phy_offset, size)
@@ -113,8 +121,13 @@ class CommitLog:
     def check_at(self, phy_offset: int, *, check_crc: bool = False) -> record.DispatchRequest:
         """Validate the record at ``phy_offset`` without decoding its body."""
         mf = self._file_for(phy_offset)
-        return record.check_record(mf.buf, phy_offset - mf.file_from_offset, mf.read_position,
-                                   check_crc=check_crc, delay_level_ms=self.delay_level_ms)  # fmt: skip
+        return record.check_record(
+            mf.buf,
+            phy_offset - mf.file_from_offset,
+            mf.read_position,
+            check_crc=check_crc,
+            delay_level_ms=self.delay_level_ms,
+        )
 
     def store_timestamp_at(self, phy_offset: int, size: int) -> int:
         """STORETIMESTAMP of the record at ``phy_offset`` (`pickupStoreTimestamp`); -1 if gone."""
@@ -148,7 +161,9 @@ class CommitLog:
                     return
                 offset = self.roll_next_file(offset)
                 continue
-            req = record.check_record(mf.buf, pos, limit, check_crc=check_crc, delay_level_ms=self.delay_level_ms)
+            req = record.check_record(
+                mf.buf, pos, limit, check_crc=check_crc, delay_level_ms=self.delay_level_ms
+            )
             yield offset, req
             if not req.success:
                 return

@@ -59,13 +59,21 @@ class ConsumeQueue:
     """One queue's entries under ``root/<topic>/<queue_id>/``."""
 
     def __init__(
-        self, topic: str, queue_id: int, root: Path, mapped_file_size: int, *, writable: bool, reporter: Reporter
+        self,
+        topic: str,
+        queue_id: int,
+        root: Path,
+        mapped_file_size: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.mapped_file_size = mapped_file_size
-        self.mfq = MappedFileQueue(root / topic / str(queue_id), mapped_file_size, writable=writable,
-                                   reporter=reporter)  # fmt: skip
+        self.mfq = MappedFileQueue(
+            root / topic / str(queue_id), mapped_file_size, writable=writable, reporter=reporter
+        )
         self.reporter = reporter
         self.max_physic_offset = -1
         """End (phy offset + size) of the last entry written; duplicate dispatch stops below it."""
@@ -95,10 +103,17 @@ class ConsumeQueue:
             if valid * CQ_STORE_UNIT_SIZE < self.mapped_file_size:
                 break
         last = files[-1]
-        garbage_end = last.file_from_offset + last.last_nonzero(max(0, process_offset - last.file_from_offset))
+        garbage_end = last.file_from_offset + last.last_nonzero(
+            max(0, process_offset - last.file_from_offset)
+        )
         if garbage_end > process_offset:
-            self.reporter.report("cq-entries-dropped", str(self.mfq.store_dir), process_offset, garbage_end,
-                                 "invalid entry; everything after it dropped")  # fmt: skip
+            self.reporter.report(
+                "cq-entries-dropped",
+                str(self.mfq.store_dir),
+                process_offset,
+                garbage_end,
+                "invalid entry; everything after it dropped",
+            )
         self.mfq.truncate_dirty_files(process_offset)
 
     def truncate_dirty_logic_files(self, phy_offset: int) -> int:
@@ -129,8 +144,13 @@ class ConsumeQueue:
                 self.max_physic_offset = phy + size
             break
         if dropped:
-            self.reporter.report("cq-entries-truncated", str(self.mfq.store_dir), 0, dropped,
-                                 f"entries pointing at or beyond commit-log end {phy_offset}")  # fmt: skip
+            self.reporter.report(
+                "cq-entries-truncated",
+                str(self.mfq.store_dir),
+                0,
+                dropped,
+                f"entries pointing at or beyond commit-log end {phy_offset}",
+            )
         return dropped
 
     def correct_min_offset(self, min_phy_offset: int) -> None:
@@ -142,12 +162,16 @@ class ConsumeQueue:
         for i in range(valid):
             phy, size, _tags = _ENTRY.unpack_from(first.buf, i * CQ_STORE_UNIT_SIZE)
             if size != PRE_BLANK_SIZE and phy >= min_phy_offset:
-                self.min_logic_offset = max(self.min_logic_offset, first.file_from_offset + i * CQ_STORE_UNIT_SIZE)
+                self.min_logic_offset = max(
+                    self.min_logic_offset, first.file_from_offset + i * CQ_STORE_UNIT_SIZE
+                )
                 return
 
     # ------------------------------------------------------------------ write
 
-    def put_message_position_info(self, *, phy_offset: int, size: int, tags_code: int, queue_offset: int) -> bool:
+    def put_message_position_info(
+        self, *, phy_offset: int, size: int, tags_code: int, queue_offset: int
+    ) -> bool:
         """Append the entry for ``queue_offset``; idempotent under re-dispatch (§4.3)."""
         if phy_offset + size <= self.max_physic_offset:
             return True
@@ -165,8 +189,13 @@ class ConsumeQueue:
             if expect < current:
                 return True
             if expect != current:
-                log.warning("[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
-                            expect, current, self.topic, self.queue_id)  # fmt: skip
+                log.warning(
+                    "[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
+                    expect,
+                    current,
+                    self.topic,
+                    self.queue_id,
+                )
         self.max_physic_offset = phy_offset + size
         return mf.append(_ENTRY.pack(phy_offset, size, tags_code)) >= 0
 

@@ -34,8 +34,12 @@ class Dispatcher:
     def dispatch(self, req: DispatchRequest) -> None:
         if is_dispatchable(req.sys_flag):
             cq = self.find_consume_queue(req.topic, req.queue_id)
-            if not cq.put_message_position_info(phy_offset=req.phy_offset, size=req.size, tags_code=req.tags_code,
-                                                queue_offset=req.queue_offset):  # fmt: skip
+            if not cq.put_message_position_info(
+                phy_offset=req.phy_offset,
+                size=req.size,
+                tags_code=req.tags_code,
+                queue_offset=req.queue_offset,
+            ):
                 raise StoreError(f"consume queue {req.topic}/{req.queue_id} cannot be written")
             self.checkpoint.logics_msg_timestamp = req.store_timestamp
         if self.index_service is not None:

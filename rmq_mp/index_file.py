@@ -45,8 +45,18 @@ def index_file_size(hash_slot_num: int, index_num: int) -> int:
 class IndexFile:
     """One index file; header values are cached and written through on every put."""
 
-    def __init__(self, path: Path, hash_slot_num: int, index_num: int, *, writable: bool, reporter: Reporter,
-                 create: bool = False, seed_end_phy_offset: int = 0, seed_end_timestamp: int = 0) -> None:  # fmt: skip
+    def __init__(
+        self,
+        path: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
+        create: bool = False,
+        seed_end_phy_offset: int = 0,
+        seed_end_timestamp: int = 0,
+    ) -> None:
         self.path = path
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
@@ -64,14 +74,22 @@ class IndexFile:
                 os.ftruncate(fd, self.file_size)
             length = self.file_size if writable else min(actual, self.file_size)
             self._mm: mmap.mmap | None = (
-                mmap.mmap(fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ) if length else None
+                mmap.mmap(fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
+                if length
+                else None
             )
         finally:
             os.close(fd)
         self._intact_bytes = actual
         if length >= INDEX_HEADER_SIZE:
-            (self.begin_timestamp, self.end_timestamp, self.begin_phy_offset, self.end_phy_offset,
-             self.hash_slot_count, self.index_count) = _HEADER.unpack_from(self._buf, 0)  # fmt: skip
+            (
+                self.begin_timestamp,
+                self.end_timestamp,
+                self.begin_phy_offset,
+                self.end_phy_offset,
+                self.hash_slot_count,
+                self.index_count,
+            ) = _HEADER.unpack_from(self._buf, 0)
         else:
             self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
             self.hash_slot_count = self.index_count = 0
@@ -93,8 +111,16 @@ class IndexFile:
 
     def _write_header(self) -> None:
         if self._mm is not None and self.writable:
-            _HEADER.pack_into(self._mm, 0, self.begin_timestamp, self.end_timestamp, self.begin_phy_offset,
-                              self.end_phy_offset, self.hash_slot_count, self.index_count)  # fmt: skip
+            _HEADER.pack_into(
+                self._mm,
+                0,
+                self.begin_timestamp,
+                self.end_timestamp,
+                self.begin_phy_offset,
+                self.end_phy_offset,
+                self.hash_slot_count,
+                self.index_count,
+            )
 
     def is_full(self) -> bool:
         return self.index_count >= self.index_num
@@ -107,7 +133,8 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """`putKey`: False when the file is full."""
-        assert self._mm is not None and self.writable
+        assert self._mm is not None
+        assert self.writable
         if self.index_count >= self.index_num:
             return False
         key_hash = index_key_hash(key)
@@ -119,7 +146,9 @@ class IndexFile:
             time_diff = 0
         else:
             time_diff = min(max(int((store_timestamp - self.begin_timestamp) / 1000), 0), _INT_MAX)
-        _ENTRY.pack_into(self._mm, self._entry_pos(self.index_count), key_hash, phy_offset, time_diff, slot_value)
+        _ENTRY.pack_into(
+            self._mm, self._entry_pos(self.index_count), key_hash, phy_offset, time_diff, slot_value
+        )
         _SLOT.pack_into(self._mm, slot_pos, self.index_count)
         if self.index_count <= 1:
             self.begin_phy_offset = phy_offset
@@ -182,7 +211,8 @@ class IndexFile:
     def truncate(self, valid_phy_end: int, store_time_of: Callable[[int], int]) -> int:
         """Keep entries below ``valid_phy_end`` that were wholly on disk; rewind slots; returns
         the number dropped. ``store_time_of(phy)`` restores the exact end timestamp."""
-        assert self.writable and self._mm is not None
+        assert self.writable
+        assert self._mm is not None
         limit = min(self.index_count, max(1, self.intact_entry_limit()))
         if limit == self.index_count and self.end_phy_offset < valid_phy_end:
             return 0  # the common case: nothing cut, nothing beyond the end
@@ -207,8 +237,13 @@ class IndexFile:
         else:
             self.end_phy_offset, self.end_timestamp = self.begin_phy_offset, self.begin_timestamp
         self._write_header()
-        self.reporter.report("index-entries-truncated", str(self.path), new_count, new_count + dropped,
-                             f"entries beyond commit-log end {valid_phy_end} or beyond the file's bytes")  # fmt: skip
+        self.reporter.report(
+            "index-entries-truncated",
+            str(self.path),
+            new_count,
+            new_count + dropped,
+            f"entries beyond commit-log end {valid_phy_end} or beyond the file's bytes",
+        )
         return dropped
 
     def _rebuild_slots(self, entry_count: int) -> None:
@@ -216,11 +251,16 @@ class IndexFile:
         cut file), so slots are recomputed from the survivors, whose ``prev`` links only point
         to older entries and so stay intact."""
         assert self._mm is not None
-        survivors = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=entry_count - 1, offset=self._entry_pos(1))
+        survivors = np.frombuffer(
+            self._mm, dtype=_ENTRY_DTYPE, count=entry_count - 1, offset=self._entry_pos(1)
+        )
         heads = np.zeros(self.hash_slot_num, dtype=np.int64)
         try:
-            np.maximum.at(heads, survivors["hash"].astype(np.int64) % self.hash_slot_num,
-                          np.arange(1, entry_count, dtype=np.int64))  # fmt: skip
+            np.maximum.at(
+                heads,
+                survivors["hash"].astype(np.int64) % self.hash_slot_num,
+                np.arange(1, entry_count, dtype=np.int64),
+            )
         finally:
             del survivors
         self._mm[INDEX_HEADER_SIZE : self._slots_end()] = heads.astype(">i4").tobytes()

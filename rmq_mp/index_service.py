@@ -37,8 +37,16 @@ def time_to_file_name(ms: int) -> str:
 class IndexService:
     """Owns the files under ``index/``; one writer (dispatch) at a time."""
 
-    def __init__(self, index_dir: Path, hash_slot_num: int, index_num: int, *, writable: bool,
-                 reporter: Reporter, max_msgs_num_batch: int = 64) -> None:  # fmt: skip
+    def __init__(
+        self,
+        index_dir: Path,
+        hash_slot_num: int,
+        index_num: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
+        max_msgs_num_batch: int = 64,
+    ) -> None:
         self.index_dir = index_dir
         self.hash_slot_num = hash_slot_num
         self.index_num = index_num
@@ -54,11 +62,19 @@ class IndexService:
             expected = index_file_size(self.hash_slot_num, self.index_num)
             size = path.stat().st_size
             if size > expected:
-                self.reporter.report("index-file-skipped", str(path), 0, size,
-                                     f"larger than the configured {expected} bytes; left untouched")  # fmt: skip
+                self.reporter.report(
+                    "index-file-skipped",
+                    str(path),
+                    0,
+                    size,
+                    f"larger than the configured {expected} bytes; left untouched",
+                )
                 continue
-            self.files.append(IndexFile(path, self.hash_slot_num, self.index_num, writable=self.writable,
-                                        reporter=self.reporter))  # fmt: skip
+            self.files.append(
+                IndexFile(
+                    path, self.hash_slot_num, self.index_num, writable=self.writable, reporter=self.reporter
+                )
+            )
 
     def recover(self, commit_log_end: int, store_time_of: Callable[[int], int]) -> None:
         """Cut entries pointing at or past the recovered commit-log end, newest file first.
@@ -67,8 +83,13 @@ class IndexService:
         abnormal recovery); empty trailing files are removed."""
         for index_file in reversed(list(self.files)):
             if index_file.intact_entry_limit() == 0 and index_file._intact_bytes < index_file.file_size:
-                self.reporter.report("index-file-removed", str(index_file.path), 0, index_file._intact_bytes,
-                                     "file cut inside its header or slot table")  # fmt: skip
+                self.reporter.report(
+                    "index-file-removed",
+                    str(index_file.path),
+                    0,
+                    index_file._intact_bytes,
+                    "file cut inside its header or slot table",
+                )
                 self._remove(index_file)
                 continue
             index_file.truncate(commit_log_end, store_time_of)
@@ -87,9 +108,16 @@ class IndexService:
         while path.exists() or (last is not None and path.name <= last.path.name):
             now_ms += 1
             path = self.index_dir / time_to_file_name(now_ms)
-        created = IndexFile(path, self.hash_slot_num, self.index_num, writable=True, reporter=self.reporter,
-                            create=True, seed_end_phy_offset=last.end_phy_offset if last else 0,
-                            seed_end_timestamp=last.end_timestamp if last else 0)  # fmt: skip
+        created = IndexFile(
+            path,
+            self.hash_slot_num,
+            self.index_num,
+            writable=True,
+            reporter=self.reporter,
+            create=True,
+            seed_end_phy_offset=last.end_phy_offset if last else 0,
+            seed_end_timestamp=last.end_timestamp if last else 0,
+        )
         if last is not None:
             last.flush()
         self.files.append(created)
@@ -112,7 +140,9 @@ class IndexService:
             return
         if req.phy_offset == current.end_phy_offset and current.entry_count() > 0:
             # Partly indexed before a crash: skip the keys already there (RocketMQ adds them twice).
-            keys = [k for k in keys if req.phy_offset not in current.select_phy_offsets(k, 1 << 30, 0, 1 << 62)]
+            keys = [
+                k for k in keys if req.phy_offset not in current.select_phy_offsets(k, 1 << 30, 0, 1 << 62)
+            ]
         for key in keys:
             if not current.put_key(key, req.phy_offset, req.store_timestamp):
                 current = self._new_file()

@@ -94,7 +94,8 @@ class MappedFile:
 
     def fill(self, pos: int, data: bytes) -> None:
         """Write ``data`` at ``pos`` without moving positions (blank records, header patches)."""
-        assert self._mm is not None and pos + len(data) <= self.file_size
+        assert self._mm is not None
+        assert pos + len(data) <= self.file_size
         self._mm[pos : pos + len(data)] = data
 
     def zero_tail(self, pos: int) -> None:

@@ -48,9 +48,13 @@ class MappedFileQueue:
             path = self.store_dir / name
             offset = int(name)
             if offset % self.mapped_file_size:
-                raise CorruptFileError(f"{path}: offset is not a multiple of the file size {self.mapped_file_size}")
+                raise CorruptFileError(
+                    f"{path}: offset is not a multiple of the file size {self.mapped_file_size}"
+                )
             if expected is not None and offset != expected:
-                raise CorruptFileError(f"{path}: expected the segment at {expected} before it (gap in {self.store_dir})")
+                raise CorruptFileError(
+                    f"{path}: expected the segment at {expected} before it (gap in {self.store_dir})"
+                )
             expected = offset + self.mapped_file_size
             size = path.stat().st_size
             last = i == len(names) - 1
@@ -60,8 +64,13 @@ class MappedFileQueue:
                 )
             if size < self.mapped_file_size and self.writable:
                 MappedFile.extend(path, self.mapped_file_size)
-                self.reporter.report("short-file-extended", str(path), size, self.mapped_file_size,
-                                     "last segment shorter than its size (torn creation); zero-filled")  # fmt: skip
+                self.reporter.report(
+                    "short-file-extended",
+                    str(path),
+                    size,
+                    self.mapped_file_size,
+                    "last segment shorter than its size (torn creation); zero-filled",
+                )
             mf = MappedFile(path, self.mapped_file_size, writable=self.writable)
             mf.set_positions(min(size, self.mapped_file_size) if not self.writable else self.mapped_file_size)
             self.files.append(mf)
@@ -87,7 +96,9 @@ class MappedFileQueue:
         last = self.last_file()
         return last.file_from_offset + last.wrote_position if last else 0
 
-    def find_mapped_file_by_offset(self, offset: int, return_first_on_not_found: bool = False) -> MappedFile | None:
+    def find_mapped_file_by_offset(
+        self, offset: int, return_first_on_not_found: bool = False
+    ) -> MappedFile | None:
         """The segment holding ``offset``, by index arithmetic (files are contiguous)."""
         if not self.files:
             return None
@@ -110,8 +121,12 @@ class MappedFileQueue:
         else:
             create_offset = last.file_from_offset + self.mapped_file_size
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(self.store_dir / offset_to_file_name(create_offset), self.mapped_file_size,
-                        writable=True, create=True)  # fmt: skip
+        mf = MappedFile(
+            self.store_dir / offset_to_file_name(create_offset),
+            self.mapped_file_size,
+            writable=True,
+            create=True,
+        )
         self.files.append(mf)
         return mf
 

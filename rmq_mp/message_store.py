@@ -28,12 +28,24 @@ from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue
 from rmq_mp.dispatch import Dispatcher
-from rmq_mp.errors import CorruptFileError, CorruptRecordError, MessageNotFoundError, StoreLockedError, StoreReadOnlyError
+from rmq_mp.errors import (
+    CorruptFileError,
+    CorruptRecordError,
+    MessageNotFoundError,
+    StoreLockedError,
+    StoreReadOnlyError,
+)
 from rmq_mp.index_service import IndexService
 from rmq_mp.paths import StorePaths
 from rmq_mp.recovery import RecoveryReport, recover
 from rmq_mp.reporter import Reporter
-from rmq_mp.status import AppendMessageStatus, GetMessageResult, GetMessageStatus, PutMessageResult, PutMessageStatus
+from rmq_mp.status import (
+    AppendMessageStatus,
+    GetMessageResult,
+    GetMessageStatus,
+    PutMessageResult,
+    PutMessageStatus,
+)
 
 log = logging.getLogger(__name__)
 
@@ -65,13 +77,23 @@ class MessageStore:
         self.paths = StorePaths.of(config.store_path_root_dir, config.store_path_commit_log or None)
         self.reporter = Reporter()
         self.delay_level_ms = record.parse_delay_levels(config.message_delay_level)
-        self.commit_log = CommitLog(self.paths.commit_log, config.mapped_file_size_commit_log,
-                                    writable=self.writable, reporter=self.reporter,
-                                    delay_level_ms=self.delay_level_ms)  # fmt: skip
+        self.commit_log = CommitLog(
+            self.paths.commit_log,
+            config.mapped_file_size_commit_log,
+            writable=self.writable,
+            reporter=self.reporter,
+            delay_level_ms=self.delay_level_ms,
+        )
         self.consume_queues: dict[str, dict[int, ConsumeQueue]] = {}
         self.index_service = (
-            IndexService(self.paths.index, config.max_hash_slot_num, config.max_index_num, writable=self.writable,
-                         reporter=self.reporter, max_msgs_num_batch=config.max_msgs_num_batch)  # fmt: skip
+            IndexService(
+                self.paths.index,
+                config.max_hash_slot_num,
+                config.max_index_num,
+                writable=self.writable,
+                reporter=self.reporter,
+                max_msgs_num_batch=config.max_msgs_num_batch,
+            )
             if config.message_index_enable
             else None
         )
@@ -90,7 +112,11 @@ class MessageStore:
 
     @classmethod
     def open(
-        cls, store_dir: str | Path | None = None, config: MessageStoreConfig | None = None, *, read_only: bool = False
+        cls,
+        store_dir: str | Path | None = None,
+        config: MessageStoreConfig | None = None,
+        *,
+        read_only: bool = False,
     ) -> MessageStore:
         """Open (creating if needed, unless read-only) and recover the store at ``store_dir``."""
         config = config or MessageStoreConfig()
@@ -164,8 +190,14 @@ class MessageStore:
         self.rebuild_consume_queues = True
 
     def _new_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = ConsumeQueue(topic, queue_id, self.paths.consume_queue, self.config.mapped_file_size_consume_queue,
-                          writable=self.writable, reporter=self.reporter)  # fmt: skip
+        cq = ConsumeQueue(
+            topic,
+            queue_id,
+            self.paths.consume_queue,
+            self.config.mapped_file_size_consume_queue,
+            writable=self.writable,
+            reporter=self.reporter,
+        )
         self.consume_queues.setdefault(topic, {})[queue_id] = cq
         return cq
 
@@ -236,8 +268,9 @@ class MessageStore:
     def __enter__(self) -> MessageStore:
         return self
 
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:  # fmt: skip
+    def __exit__(
+        self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
         self.close()
 
     # ------------------------------------------------------------------ write
@@ -261,8 +294,9 @@ class MessageStore:
             key = (message.topic, message.queue_id)
             queue_offset = self.topic_queue_table.get(key, 0) if dispatchable else 0
             store_timestamp = int(time.time() * 1000)
-            result = self.commit_log.append(encoded, sys_flag=sys_flag, queue_offset=queue_offset,
-                                            store_timestamp=store_timestamp)  # fmt: skip
+            result = self.commit_log.append(
+                encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
+            )
             if result.status is not AppendMessageStatus.PUT_OK:
                 status = (
                     PutMessageStatus.MESSAGE_ILLEGAL
@@ -274,17 +308,23 @@ class MessageStore:
                 self.topic_queue_table[key] = queue_offset + 1
             self.dispatcher.dispatch(
                 record.DispatchRequest(
-                    size=result.wrote_bytes, success=True, topic=message.topic, queue_id=message.queue_id,
+                    size=result.wrote_bytes,
+                    success=True,
+                    topic=message.topic,
+                    queue_id=message.queue_id,
                     phy_offset=result.phy_offset,
-                    tags_code=record.cq_tags_code(message.topic, message.properties, store_timestamp,
-                                                  self.delay_level_ms),
-                    store_timestamp=store_timestamp, queue_offset=queue_offset,
+                    tags_code=record.cq_tags_code(
+                        message.topic, message.properties, store_timestamp, self.delay_level_ms
+                    ),
+                    store_timestamp=store_timestamp,
+                    queue_offset=queue_offset,
                     keys=message.properties.get(m.PROPERTY_KEYS, ""),
                     uniq_key=message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                    sys_flag=sys_flag, prepared_transaction_offset=message.prepared_transaction_offset,
+                    sys_flag=sys_flag,
+                    prepared_transaction_offset=message.prepared_transaction_offset,
                     properties=message.properties,
                 )
-            )  # fmt: skip
+            )
         store_ip, store_port = m.parse_host(store_host)
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
@@ -316,7 +356,9 @@ class MessageStore:
             max_offset = cq.max_offset_in_queue()
             last = cq.get_entry(max_offset - 1) if max_offset > cq.min_offset_in_queue() else None
             last_update = self.commit_log.store_timestamp_at(last[0], last[1]) if last else 0
-            result.append(QueueStatus(topic, queue_id, cq.min_offset_in_queue(), max_offset, max(last_update, 0)))
+            result.append(
+                QueueStatus(topic, queue_id, cq.min_offset_in_queue(), max_offset, max(last_update, 0))
+            )
         return result
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32) -> GetMessageResult:
@@ -333,7 +375,9 @@ class MessageStore:
             return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
         if offset > max_offset:
             next_offset = min_offset if min_offset == 0 else max_offset
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
+            return GetMessageResult(
+                GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset
+            )
         entries = cq.entries(offset, max(16000 // 20, max_msgs))
         if not entries:
             next_file = offset + cq.mapped_file_size // 20 - offset % (cq.mapped_file_size // 20)

@@ -98,11 +98,27 @@ def calc_msg_length(
     born = host_length(bool(sys_flag & m.BORNHOST_V6_FLAG))
     store = host_length(bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG))
     return (
-        4 + 4 + 4 + 4 + 4 + 8 + 8 + 4 + 8 + born + 8 + store + 4 + 8
-        + 4 + max(body_length, 0)
-        + (2 if v2 else 1) + topic_length
-        + 2 + max(properties_length, 0)
-    )  # fmt: skip
+        4
+        + 4
+        + 4
+        + 4
+        + 4
+        + 8
+        + 8
+        + 4
+        + 8
+        + born
+        + 8
+        + store
+        + 4
+        + 8
+        + 4
+        + max(body_length, 0)
+        + (2 if v2 else 1)
+        + topic_length
+        + 2
+        + max(properties_length, 0)
+    )
 
 
 def parse_delay_levels(text: str) -> list[int]:
@@ -142,7 +158,10 @@ def validate_message(message: m.Message, *, max_message_size: int) -> tuple[PutM
         return PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is negative"
     props = m.properties_to_string(message.properties)
     if len(props) > MAX_PROPERTIES_BYTES:
-        return PutMessageStatus.MESSAGE_ILLEGAL, f"properties string is longer than {MAX_PROPERTIES_BYTES} chars"
+        return (
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            f"properties string is longer than {MAX_PROPERTIES_BYTES} chars",
+        )
     if len(props.encode("utf-8")) > MAX_PROPERTIES_BYTES:
         return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties exceed {MAX_PROPERTIES_BYTES} bytes"
     if len(message.body) > max_message_size:
@@ -167,18 +186,31 @@ def encode_record(message: m.Message, store_host: m.Host) -> bytearray:
     record = bytearray(
         b"".join(
             (
-                _HEAD.pack(total, MESSAGE_MAGIC_CODE, body_crc(body), message.queue_id, message.flag,
-                           0, 0, sys_flag, message.born_timestamp),
-                born_ip, _INT.pack(born_port),
+                _HEAD.pack(
+                    total,
+                    MESSAGE_MAGIC_CODE,
+                    body_crc(body),
+                    message.queue_id,
+                    message.flag,
+                    0,
+                    0,
+                    sys_flag,
+                    message.born_timestamp,
+                ),
+                born_ip,
+                _INT.pack(born_port),
                 _LONG.pack(0),
-                store_ip, _INT.pack(store_port),
+                store_ip,
+                _INT.pack(store_port),
                 struct.pack(">iqi", message.reconsume_times, message.prepared_transaction_offset, len(body)),
                 body,
-                bytes((len(topic),)), topic,
-                _SHORT.pack(len(props)), props,
+                bytes((len(topic),)),
+                topic,
+                _SHORT.pack(len(props)),
+                props,
             )
         )
-    )  # fmt: skip
+    )
     assert len(record) == total, "encoded length must equal TOTALSIZE"
     return record
 
@@ -261,7 +293,9 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
     """Read every field of the record at ``pos``; `_Invalid` if it is not whole and well-formed."""
     if limit - pos < _HEAD.size:
         raise _Invalid("fewer bytes left than a record header")
-    total, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts = _HEAD.unpack_from(buf, pos)
+    total, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts = _HEAD.unpack_from(
+        buf, pos
+    )
     if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         raise _Invalid(f"unknown magic code {magic & 0xFFFFFFFF:#010x}")
     end = pos + total
@@ -306,10 +340,28 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise _Invalid(f"malformed record: {exc}") from exc
     return _Fields(
-        total, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts, born_ip, born_port,
-        store_ts, store_ip, _INT.unpack_from(buf, pos + _store_host_port_pos(sys_flag))[0], reconsume,
-        prepared, body_start, body_len, topic, props, ends_in_nul,
-    )  # fmt: skip
+        total,
+        magic,
+        crc,
+        queue_id,
+        flag,
+        queue_offset,
+        phy_offset,
+        sys_flag,
+        born_ts,
+        born_ip,
+        born_port,
+        store_ts,
+        store_ip,
+        _INT.unpack_from(buf, pos + _store_host_port_pos(sys_flag))[0],
+        reconsume,
+        prepared,
+        body_start,
+        body_len,
+        topic,
+        props,
+        ends_in_nul,
+    )
 
 
 def _store_host_port_pos(sys_flag: int) -> int:
@@ -340,7 +392,7 @@ def check_record(
     Never raises for bad bytes: a torn, garbage or CRC-failing record is ``size=-1``.
     """
     if limit - pos >= END_FILE_MIN_BLANK_LENGTH:
-        size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        _size, magic = _SIZE_MAGIC.unpack_from(buf, pos)
         if magic == BLANK_MAGIC_CODE:
             return BLANK
     try:

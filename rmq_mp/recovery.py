@@ -58,7 +58,12 @@ def _choose_abnormal_start(store: MessageStore) -> int:
         (sys_flag,) = record._INT.unpack_from(mf.buf, record.POS_SYS_FLAG)
         (store_ts,) = record._LONG.unpack_from(mf.buf, record.store_timestamp_position(sys_flag))
         if store_ts != 0 and store_ts <= safe:
-            log.info("abnormal recovery starts at file %s (first store time %d <= %d)", mf.path.name, store_ts, safe)
+            log.info(
+                "abnormal recovery starts at file %s (first store time %d <= %d)",
+                mf.path.name,
+                store_ts,
+                safe,
+            )
             return index
     return 0
 
@@ -96,7 +101,9 @@ def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
         if tail > local_start:
             last_nonzero = mf.file_from_offset + tail
     if last_nonzero > phy:
-        store.reporter.report("commitlog-truncated", str(store.commit_log.mfq.store_dir), phy, last_nonzero, reason)
+        store.reporter.report(
+            "commitlog-truncated", str(store.commit_log.mfq.store_dir), phy, last_nonzero, reason
+        )
 
 
 def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:

@@ -26,7 +26,9 @@ def _tree_digest(root: Path, sub: str) -> dict[str, str]:
     }
 
 
-def test_clean_store_digests_match_rocketmq(rocketmq_fixtures: Path, fixture_config: MessageStoreConfig) -> None:
+def test_clean_store_digests_match_rocketmq(
+    rocketmq_fixtures: Path, fixture_config: MessageStoreConfig
+) -> None:
     with MessageStore.open(rocketmq_fixtures / "clean-store", fixture_config, read_only=True) as store:
         assert digest_report(store) == _expected(rocketmq_fixtures / "clean-store.queues.txt")
         assert store.reporter.findings == []
@@ -37,7 +39,8 @@ def test_clean_store_normal_recovery_changes_no_data_file(
 ) -> None:
     before = {sub: _tree_digest(clean_store_copy, sub) for sub in ("commitlog", "consumequeue", "index")}
     with MessageStore.open(clean_store_copy, fixture_config) as store:
-        assert store.recovery is not None and not store.recovery.abnormal
+        assert store.recovery is not None
+        assert not store.recovery.abnormal
         assert store.recovery.recovered_end_offset == 8_356_744
         assert store.recovery.records_dispatched == 0
         assert (clean_store_copy / "abort").exists()
@@ -51,7 +54,8 @@ def test_crashed_store_abnormal_recovery_matches_rocketmq(
 ) -> None:
     with MessageStore.open(crashed_store_copy, fixture_config) as store:
         report = store.recovery
-        assert report is not None and report.abnormal
+        assert report is not None
+        assert report.abnormal
         assert report.recovered_end_offset == 4_887_764
         assert report.commit_log_bytes_dropped == 0
         assert digest_report(store) == _expected(rocketmq_fixtures / "crashed-store.queues.txt")
@@ -59,7 +63,8 @@ def test_crashed_store_abnormal_recovery_matches_rocketmq(
     assert sorted(p.name for p in (crashed_store_copy / "commitlog").iterdir())[-1] == "00000000000004194304"
     # A second open is a normal recovery with nothing left to do.
     with MessageStore.open(crashed_store_copy, fixture_config) as store:
-        assert store.recovery is not None and not store.recovery.abnormal
+        assert store.recovery is not None
+        assert not store.recovery.abnormal
         assert store.recovery.records_dispatched == 0
         assert digest_report(store) == _expected(rocketmq_fixtures / "crashed-store.queues.txt")
 
@@ -115,7 +120,11 @@ def test_clean_store_records_decode_as_rocketmq_decoded_them(
     assert len(decoded) == len(messages) == 12_000
     for ours, ref in zip(decoded, messages, strict=True):
         assert ours.commit_log_offset == ref["commitLogOffset"] == ours.file_position
-        assert (ours.topic, ours.queue_id, ours.queue_offset) == (ref["topic"], ref["queueId"], ref["queueOffset"])
+        assert (ours.topic, ours.queue_id, ours.queue_offset) == (
+            ref["topic"],
+            ref["queueId"],
+            ref["queueOffset"],
+        )
         assert ours.body.hex() == ref["body"]
         assert ours.properties == ref["properties"]
         assert ours.msg_id == ref["msgId"]

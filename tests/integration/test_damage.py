@@ -20,7 +20,9 @@ from rmq_mp.status import PutMessageResult, PutMessageStatus
 from tests.store_content import make_messages
 
 
-def write(config: MessageStoreConfig, count: int, *, crash: bool = False, seed: int = 5) -> list[PutMessageResult]:
+def write(
+    config: MessageStoreConfig, count: int, *, crash: bool = False, seed: int = 5
+) -> list[PutMessageResult]:
     """Write ``count`` messages; with ``crash`` leave the store as a killed process would (abort kept)."""
     store = MessageStore.open(config=config)
     results = [store.put_message(msg) for msg in make_messages(count, seed)]
@@ -50,7 +52,8 @@ def assert_consistent(store: MessageStore, results: list[PutMessageResult], keep
     for cq in store.all_consume_queues():
         for queue_offset in range(cq.min_offset_in_queue(), cq.max_offset_in_queue()):
             entry = cq.get_entry(queue_offset)
-            assert entry is not None and entry[0] + entry[1] <= end
+            assert entry is not None
+            assert entry[0] + entry[1] <= end
             assert store.look_message_by_offset(entry[0]).queue_offset == queue_offset
     assert store.index_service is not None
     for f in store.index_service.files:
@@ -67,7 +70,8 @@ def test_garbage_after_last_record_is_cut_and_reported(small_config: MessageStor
         f.seek(end - int(path.name))
         f.write(garbage)
     with MessageStore.open(config=small_config) as store:
-        assert store.recovery is not None and store.recovery.recovered_end_offset == end
+        assert store.recovery is not None
+        assert store.recovery.recovered_end_offset == end
         assert [(d.start, d.end) for d in store.reporter.findings if d.kind == "commitlog-truncated"] == [
             (end, end + len(garbage) - (len(garbage) - len(garbage.rstrip(b"\0"))))
         ]
@@ -91,7 +95,8 @@ def test_record_cut_in_half_is_dropped_with_its_queue_and_index_entries(
         f.seek(last.phy_offset - int(path.name) + half)
         f.write(bytes(last.wrote_bytes - half))
     with MessageStore.open(config=small_config) as store:
-        assert store.recovery is not None and store.recovery.recovered_end_offset == last.phy_offset
+        assert store.recovery is not None
+        assert store.recovery.recovered_end_offset == last.phy_offset
         assert store.reporter.count("commitlog-truncated") == 1
         assert_consistent(store, results, len(results) - 1)
 
@@ -120,9 +125,11 @@ def test_bit_flip_in_last_records_truncates_at_first_bad_record(
         f.seek(pos)
         f.write(bytes([byte ^ 0x10]))
     with MessageStore.open(config=small_config) as store:
-        assert store.recovery is not None and store.recovery.recovered_end_offset == target.phy_offset
+        assert store.recovery is not None
+        assert store.recovery.recovered_end_offset == target.phy_offset
         finding = next(d for d in store.reporter.findings if d.kind == "commitlog-truncated")
-        assert finding.start == target.phy_offset and "CRC" in finding.reason
+        assert finding.start == target.phy_offset
+        assert "CRC" in finding.reason
         assert_consistent(store, results, target_index)
 
 
@@ -154,7 +161,9 @@ def test_short_last_file_with_data_keeps_what_survived(small_config: MessageStor
         assert_consistent(store, results, survivors[-1] + 1)
 
 
-def test_truncated_middle_file_is_a_typed_error_and_nothing_is_touched(small_config: MessageStoreConfig) -> None:
+def test_truncated_middle_file_is_a_typed_error_and_nothing_is_touched(
+    small_config: MessageStoreConfig,
+) -> None:
     write(small_config, 400)
     root = Path(small_config.store_path_root_dir)
     middle = sorted((root / "commitlog").iterdir())[1]
@@ -179,7 +188,7 @@ def test_index_file_cut_mid_entry_is_truncated_and_rebuilt(small_config: Message
         assert_consistent(store, results, len(results))
         for msg in make_messages(400, 5):
             uniq = msg.properties.get("UNIQ_KEY")
-            if uniq and not msg.sys_flag & 0xC == 0xC:
+            if uniq and msg.sys_flag & 12 != 12:
                 assert [x.uniq_key for x in store.query_message(msg.topic, uniq)] == [uniq]
 
 
@@ -194,7 +203,9 @@ def test_corrupt_consume_queue_file_is_rebuilt_from_the_commit_log(small_config:
         assert store.reporter.count("cq-file-discarded") == len(files)
         assert_consistent(store, results, len(results))
         assert store.find_consume_queue("OrderTopic", 0).max_offset_in_queue() == sum(
-            1 for msg in make_messages(600, 5) if msg.topic == "OrderTopic" and m.is_dispatchable(msg.sys_flag)
+            1
+            for msg in make_messages(600, 5)
+            if msg.topic == "OrderTopic" and m.is_dispatchable(msg.sys_flag)
         )
 
 

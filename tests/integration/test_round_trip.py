@@ -42,21 +42,32 @@ def independent_records(commitlog: Path, file_size: int) -> list[dict]:
     files = sorted(commitlog.iterdir())
     for i, path in enumerate(files):
         data = path.read_bytes()
-        assert len(data) == file_size and int(path.name) == i * file_size and len(path.name) == 20
+        assert len(data) == file_size
+        assert int(path.name) == i * file_size
+        assert len(path.name) == 20
         pos = 0
         while pos + 8 <= len(data):
             total, magic = struct.unpack_from(">iI", data, pos)
             if magic == BLANK_MAGIC:
-                assert total == file_size - pos and i < len(files) - 1
+                assert total == file_size - pos
+                assert i < len(files) - 1
                 assert data[pos + 8 :].strip(b"\0") == b""
                 break
             if total == 0:
-                assert data[pos:].strip(b"\0") == b"" and i == len(files) - 1
+                assert data[pos:].strip(b"\0") == b""
+                assert i == len(files) - 1
                 break
             assert magic == V1_MAGIC
             rec = {"phy": int(path.name) + pos, "total": total}
-            (rec["crc"], rec["queue_id"], rec["flag"], rec["queue_offset"], rec["phy_field"], rec["sys_flag"],
-             rec["born_ts"]) = struct.unpack_from(">iiiqqiq", data, pos + 8)  # fmt: skip
+            (
+                rec["crc"],
+                rec["queue_id"],
+                rec["flag"],
+                rec["queue_offset"],
+                rec["phy_field"],
+                rec["sys_flag"],
+                rec["born_ts"],
+            ) = struct.unpack_from(">iiiqqiq", data, pos + 8)
             p = pos + 48
             born_len = 16 if rec["sys_flag"] & 0x10 else 4
             rec["born_ip"] = data[p : p + born_len]
@@ -77,8 +88,16 @@ def independent_records(commitlog: Path, file_size: int) -> list[dict]:
             (props_len,) = struct.unpack_from(">h", data, p)
             rec["props"] = data[p + 2 : p + 2 + props_len].decode()
             p += 2 + props_len
-            assert p - pos == total == 91 + (12 if born_len == 16 else 0) + (12 if store_len == 16 else 0) + \
-                body_len + topic_len + props_len  # fmt: skip
+            assert (
+                p - pos
+                == total
+                == 91
+                + (12 if born_len == 16 else 0)
+                + (12 if store_len == 16 else 0)
+                + body_len
+                + topic_len
+                + props_len
+            )
             records.append(rec)
             pos = p
     return records
@@ -92,7 +111,12 @@ def test_round_trip_content_mix_reads_back_identically(small_config: MessageStor
         for (msg, result), ext in zip(written, decoded, strict=True):
             assert ext.commit_log_offset == result.phy_offset
             assert ext.msg_id == result.msg_id
-            assert (ext.topic, ext.queue_id, ext.body, ext.flag) == (msg.topic, msg.queue_id, msg.body, msg.flag)
+            assert (ext.topic, ext.queue_id, ext.body, ext.flag) == (
+                msg.topic,
+                msg.queue_id,
+                msg.body,
+                msg.flag,
+            )
             assert ext.properties == msg.properties
             assert ext.born_timestamp == msg.born_timestamp
             assert ext.store_timestamp == result.store_timestamp
@@ -113,7 +137,9 @@ def test_round_trip_content_mix_reads_back_identically(small_config: MessageStor
                 if res.status is not GetMessageStatus.FOUND:
                     assert res.status is GetMessageStatus.OFFSET_OVERFLOW_ONE
                     break
-                assert [x.queue_offset for x in res.messages] == list(range(offset, offset + len(res.messages)))
+                assert [x.queue_offset for x in res.messages] == list(
+                    range(offset, offset + len(res.messages))
+                )
                 got.extend(x.body for x in res.messages)
                 offset = res.next_begin_offset
             assert got == bodies
@@ -128,14 +154,16 @@ def test_files_follow_the_spec_byte_for_byte(small_config: MessageStoreConfig) -
     cq_expected: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     for rec, (msg, result) in zip(records, written, strict=True):
         assert rec["phy"] == rec["phy_field"] == result.phy_offset
-        assert rec["body"] == msg.body and rec["topic"] == msg.topic
+        assert rec["body"] == msg.body
+        assert rec["topic"] == msg.topic
         import zlib
 
         assert rec["crc"] == (zlib.crc32(msg.body) & 0x7FFFFFFF if msg.body else 0)
         props = dict(kv.split("\x01", 1) for kv in rec["props"].split("\x02")) if rec["props"] else {}
         assert props == msg.properties
         v6_born = ":" in msg.born_host[0]
-        assert bool(rec["sys_flag"] & 0x10) == v6_born and rec["sys_flag"] & 0xC == msg.sys_flag & 0xC
+        assert bool(rec["sys_flag"] & 0x10) == v6_born
+        assert rec["sys_flag"] & 0xC == msg.sys_flag & 0xC
         assert rec["store_port"] == 10911
         if msg.sys_flag & 0xC in (0, 8):
             tags = msg.properties.get("TAGS")
@@ -159,8 +187,9 @@ def test_files_follow_the_spec_byte_for_byte(small_config: MessageStoreConfig) -
         if msg.sys_flag & 0xC == 0xC:
             continue
         uniq = msg.properties.get("UNIQ_KEY")
-        for key in ([f"{msg.topic}#{uniq}"] if uniq else []) + [f"{msg.topic}#{k}" for k in m.split_keys(
-                msg.properties.get("KEYS"))]:  # fmt: skip
+        for key in ([f"{msg.topic}#{uniq}"] if uniq else []) + [
+            f"{msg.topic}#{k}" for k in m.split_keys(msg.properties.get("KEYS"))
+        ]:
             h = abs(java_hash(key))
             want[(h if h < 2**31 else 0, rec["phy"])] = want.get((h, rec["phy"]), 0) + 1
     have: dict[tuple[int, int], int] = {}
@@ -168,13 +197,15 @@ def test_files_follow_the_spec_byte_for_byte(small_config: MessageStoreConfig) -
     assert len(index_files) > 1, "index files rolled"
     for path in index_files:
         data = path.read_bytes()
-        assert len(data) == 40 + slots * 4 + index_num * 20 and len(path.name) == 17
-        _bt, _et, _bp, end_phy, slot_count, count = struct.unpack_from(">qqqqii", data, 0)
+        assert len(data) == 40 + slots * 4 + index_num * 20
+        assert len(path.name) == 17
+        _bt, _et, _bp, _end_phy, slot_count, count = struct.unpack_from(">qqqqii", data, 0)
         used = struct.unpack_from(f">{slots}i", data, 40)
         assert slot_count == sum(1 for s in used if s)
         for n in range(1, count):
             h, phy, diff, prev = struct.unpack_from(">iqii", data, 40 + slots * 4 + n * 20)
-            assert 0 <= prev < n and diff >= 0
+            assert 0 <= prev < n
+            assert diff >= 0
             have[(h, phy)] = have.get((h, phy), 0) + 1
         for s, head in enumerate(used):  # every chain links entries of its own slot, newest first
             while head:
@@ -187,9 +218,14 @@ def test_files_follow_the_spec_byte_for_byte(small_config: MessageStoreConfig) -
 def test_store_reopens_and_appends_after_clean_shutdown(small_config: MessageStoreConfig) -> None:
     first = write_store(small_config, 300, seed=11)
     with MessageStore.open(config=small_config) as store:
-        assert store.recovery is not None and not store.recovery.abnormal
+        assert store.recovery is not None
+        assert not store.recovery.abnormal
         result = store.put_message(m.Message(topic="OrderTopic", body=b"after restart"))
-        expected_offset = sum(1 for msg, _ in first if msg.topic == "OrderTopic" and m.is_dispatchable(msg.sys_flag))
+        expected_offset = sum(
+            1 for msg, _ in first if msg.topic == "OrderTopic" and m.is_dispatchable(msg.sys_flag)
+        )
         assert result.queue_offset == expected_offset
-        assert result.phy_offset == first[-1][1].phy_offset + first[-1][1].wrote_bytes or result.phy_offset % (
-            small_config.mapped_file_size_commit_log) == 0  # fmt: skip
+        assert (
+            result.phy_offset == first[-1][1].phy_offset + first[-1][1].wrote_bytes
+            or result.phy_offset % (small_config.mapped_file_size_commit_log) == 0
+        )
