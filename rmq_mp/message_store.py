@@ -29,6 +29,7 @@ from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue
 from rmq_mp.dispatch import Dispatcher
 from rmq_mp.errors import (
+    ConfigError,
     CorruptFileError,
     CorruptRecordError,
     MessageNotFoundError,
@@ -74,7 +75,12 @@ class MessageStore:
     def __init__(self, config: MessageStoreConfig, *, read_only: bool) -> None:
         self.config = config
         self.writable = not read_only
-        self.paths = StorePaths.of(config.store_path_root_dir, config.store_path_commit_log or None)
+        if len(config.commit_log_dirs) > 1 or config.read_only_commit_log_dirs:
+            raise ConfigError(
+                "storePathCommitLog with several directories and readOnlyCommitLogStorePaths are not "
+                "supported yet (RocketMQ's MultiPathMappedFileQueue): use one commit-log directory"
+            )
+        self.paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
         self.reporter = Reporter()
         self.delay_level_ms = record.parse_delay_levels(config.message_delay_level)
         self.commit_log = CommitLog(
