@@ -49,3 +49,12 @@ class InvalidMessageIdError(StoreError):
 
 class StoreReadOnlyError(StoreError):
     """A write was attempted on a store opened read-only."""
+
+
+class ShmAttachError(StoreError):
+    """Attaching to a running store's shared memory failed: the store is not running, or it
+    belongs to another user (segments are created with mode 0600)."""
+
+
+class StoreNotRunningError(ShmAttachError):
+    """The store named is not running (no supervisor holds its shared memory)."""

@@ -1,0 +1,51 @@
+"""SYNC_FLUSH request ring: GroupCommitService's request list across processes.
+
+A producer that needs its record durable takes a ticket under the put lock, writes
+(next_offset, deadline) into slot ``ticket % capacity`` and waits on that slot's semaphore. The
+flusher completes every waiting slot whose offset is flushed (FlushDiskWatcher's role too: a
+waiting slot past its deadline is completed as timed out). Slot layout (native int64):
+
+    off field        writer
+      0 state        producer: FREE->WAITING, DONE_*->FREE; flusher: WAITING->DONE_OK/DONE_TIMEOUT
+      8 next_offset  producer (end offset of its record)
+     16 deadline_ms  producer (creation + syncFlushTimeout)
+     24 pid          producer
+A producer that gives up (its own wait timed out) sets ABANDONED; the flusher frees it. A late
+post on a reused slot is harmless: the waiter re-checks ``state`` after every wake.
+"""
+
+from __future__ import annotations
+
+import struct
+
+from shm.segment import SharedSegment
+
+SLOT_SIZE = 32
+DEFAULT_CAPACITY = 256
+FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
+STATE, NEXT_OFFSET, DEADLINE_MS, PID = 0, 8, 16, 24
+_Q = struct.Struct("=q")
+
+
+class FlushRequestRing:
+    def __init__(self, segment: SharedSegment) -> None:
+        self.segment = segment
+        self.capacity = segment.size // SLOT_SIZE
+        self._buf = segment.mm
+
+    @classmethod
+    def create(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> FlushRequestRing:
+        return cls(SharedSegment.create(name, capacity * SLOT_SIZE))
+
+    @classmethod
+    def attach(cls, name: str) -> FlushRequestRing:
+        return cls(SharedSegment.attach(name))
+
+    def get(self, slot: int, field: int) -> int:
+        return int(_Q.unpack_from(self._buf, slot * SLOT_SIZE + field)[0])
+
+    def set(self, slot: int, field: int, value: int) -> None:
+        _Q.pack_into(self._buf, slot * SLOT_SIZE + field, value)
+
+    def close(self) -> None:
+        self.segment.close()

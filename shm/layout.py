@@ -1,0 +1,160 @@
+"""The pointer table: fixed, aligned 64-bit slots shared by every process of a running store.
+
+The only table of shared-memory offsets for it (style.md items 2 and 3). Each field names its one
+writing role or the lock it is written under; `PointerTable.set` refuses any other writer, so a
+wrong writer fails loudly in tests. Readers take no lock: aligned 8-byte loads and stores are
+single instructions on x86-64 and aarch64. The supervisor may initialise any field before the
+first worker starts (state STARTING).
+
+Slot map (index x 8 = byte offset):
+    0..31    header, log positions, timestamps, flags, statistics (FIELDS below)
+    32..63   put journal (undo record for a put interrupted by its producer's death)
+    64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
+    96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from shm.names import ROLES
+
+
+class Role(enum.Enum):
+    SUPERVISOR = "supervisor"
+    PRODUCER = "producer"
+    ALLOCATOR = "allocator"
+    COMMITTER = "committer"
+    FLUSHER = "flusher"
+    REPUT = "reput"
+    CLEANER = "cleaner"
+    CONSUMER = "consumer"
+
+
+class Lock(enum.Enum):
+    PUT = "put lock"
+    FLAGS = "flags lock"
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    name: str
+    index: int
+    writers: frozenset[Role]
+    lock: Lock | None
+    doc: str
+
+    @property
+    def offset(self) -> int:
+        return self.index * 8
+
+
+def _f(name: str, index: int, *writers: Role, lock: Lock | None = None, doc: str = "") -> Field:
+    return Field(name, index, frozenset(writers), lock, doc)
+
+
+S, P, A, C, F, R, CL = (
+    Role.SUPERVISOR,
+    Role.PRODUCER,
+    Role.ALLOCATOR,
+    Role.COMMITTER,
+    Role.FLUSHER,
+    Role.REPUT,
+    Role.CLEANER,
+)
+
+MAGIC_VALUE = 0x524D514D50303031  # "RMQMP001"
+LAYOUT_VERSION = 1
+
+# State values of STATE.
+STARTING, RUNNING, STOPPING, STOPPED = 0, 1, 2, 3
+
+MAGIC = _f("magic", 0, S)
+VERSION = _f("version", 1, S)
+GENERATION = _f("generation", 2, S, doc="incremented at every supervisor start")
+SUPERVISOR_PID = _f("supervisor_pid", 3, S)
+SUPERVISOR_HEARTBEAT_MS = _f("supervisor_heartbeat_ms", 4, S, doc="workers exit when it goes stale")
+STATE = _f("state", 5, S, doc="STARTING, RUNNING, STOPPING, STOPPED")
+FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
+MIN_OFFSET = _f("min_offset", 7, CL, doc="first stored commit-log byte")
+WROTE_POSITION = _f("wrote_position", 8, P, C, lock=Lock.PUT, doc="end of appended records")
+COMMITTED_POSITION = _f("committed_position", 9, C, doc="end of bytes copied from pool buffers to files")
+FLUSHED_POSITION = _f(
+    "flushed_position", 10, F, doc="end of bytes known durable; never advanced on a failed fsync"
+)
+REPUT_FROM_OFFSET = _f("reput_from_offset", 11, R, doc="end of dispatched records")
+ALLOCATED_UNTIL = _f("allocated_until", 12, A, doc="end offset of the furthest file created ahead")
+LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, C, lock=Lock.PUT)
+PUT_LOCK_OWNER_PID = _f("put_lock_owner_pid", 14, P, C, lock=Lock.PUT, doc="0 when free")
+PUT_LOCK_SINCE_MS = _f(
+    "put_lock_since_ms", 15, P, C, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
+)
+PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, F)
+LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, R)
+INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, R)
+RUNNING_FLAGS = _f("running_flags", 19, S, F, R, CL, lock=Lock.FLAGS, doc="RocketMQ RunningFlags bits")
+FLUSH_REQUEST_SEQ = _f("flush_request_seq", 20, P, lock=Lock.PUT, doc="next SYNC flush-request ticket")
+PUT_COUNT = _f("put_count", 21, P, lock=Lock.PUT)
+PUT_BYTES = _f("put_bytes", 22, P, lock=Lock.PUT)
+FLUSH_COUNT = _f("flush_count", 23, F)
+FLUSH_FAILURES = _f("flush_failures", 24, F)
+COMMIT_COUNT = _f("commit_count", 25, C)
+DISPATCH_COUNT = _f("dispatch_count", 26, R)
+RECOVERY_DROPPED_BYTES = _f("recovery_dropped_bytes", 27, S)
+POOL_SIZE = _f("pool_size", 28, S, doc="buffers in the TransientStorePool, 0 = pool off")
+POOL_MLOCK_FAILED = _f("pool_mlock_failed", 29, S, doc="buffers whose mlock failed")
+FLUSH_DISK_SYNC = _f("flush_disk_sync", 30, S, doc="1 for SYNC_FLUSH")
+LOCK_RECOVERIES = _f("lock_recoveries", 31, P, lock=Lock.PUT, doc="put locks taken over from a dead owner")
+
+# The put journal: written under the put lock before a put changes anything, cleared after.
+JOURNAL_ACTIVE = _f("journal_active", 32, P, lock=Lock.PUT)
+JOURNAL_WROTE_BEFORE = _f("journal_wrote_before", 33, P, lock=Lock.PUT)
+JOURNAL_QUEUE_SLOT = _f("journal_queue_slot", 34, P, lock=Lock.PUT, doc="-1 when no queue offset changed")
+JOURNAL_QUEUE_OFFSET_BEFORE = _f("journal_queue_offset_before", 35, P, lock=Lock.PUT)
+JOURNAL_WROTE_AFTER = _f("journal_wrote_after", 36, P, lock=Lock.PUT, doc="end the put meant to reach")
+
+FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
+
+POOL_BASE = 64
+POOL_SLOTS = 32
+
+
+def pool_file_offset(buffer: int) -> Field:
+    """File start offset the pool buffer serves, -1 free. Borrowed by producers, returned by the
+    committer, both under the put lock."""
+    assert 0 <= buffer < POOL_SLOTS
+    return _f(f"pool{buffer}_file_offset", POOL_BASE + buffer, P, C, lock=Lock.PUT)
+
+
+WORKER_BASE = 96
+WORKER_FIELDS = (
+    "pid",
+    "state",
+    "heartbeat_ms",
+    "restarts",
+    "notified",
+    "last_work_ms",
+    "work_count",
+    "errors",
+)
+WORKER_STRIDE = 16
+
+
+def worker_field(role: str, name: str) -> Field:
+    """Per-worker fields: pid and restarts by the supervisor; notified by any waker (the worker
+    clears it, a benign race: a lost flag costs one interval); the rest by the worker itself."""
+    index = WORKER_BASE + ROLES.index(role) * WORKER_STRIDE + WORKER_FIELDS.index(name)
+    worker_role = Role(role)
+    if name in ("pid", "restarts"):
+        return _f(f"{role}.{name}", index, S)
+    if name == "notified":
+        return _f(f"{role}.{name}", index, *Role)
+    return _f(f"{role}.{name}", index, worker_role)
+
+
+# Worker states (written by the worker).
+W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
+
+TABLE_SLOTS = WORKER_BASE + len(ROLES) * WORKER_STRIDE
+TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096

@@ -1,0 +1,100 @@
+"""Typed access to the pointer table (layout in `shm.layout`).
+
+Every process opens the table with its `Role`; `set` refuses a field this role does not write
+(style.md item 3). Values are native-endian signed 64-bit integers at aligned offsets.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+import time
+
+from shm import layout
+from shm.layout import Field, Role
+from shm.segment import SharedSegment
+
+_Q = struct.Struct("=q")
+
+
+def now_ms() -> int:
+    return int(time.time() * 1000)
+
+
+class PointerTable:
+    """One process's view of the table."""
+
+    def __init__(self, segment: SharedSegment, role: Role) -> None:
+        self.segment = segment
+        self.role = role
+        self._buf = segment.mm
+
+    @classmethod
+    def create(cls, name: str) -> PointerTable:
+        table = cls(SharedSegment.create(name, layout.TABLE_SIZE), Role.SUPERVISOR)
+        table.set(layout.MAGIC, layout.MAGIC_VALUE)
+        table.set(layout.VERSION, layout.LAYOUT_VERSION)
+        return table
+
+    @classmethod
+    def attach(cls, name: str, role: Role) -> PointerTable:
+        from rmq_mp.errors import ShmAttachError
+
+        segment = SharedSegment.attach(name)
+        table = cls(segment, role)
+        if (
+            table.get(layout.MAGIC) != layout.MAGIC_VALUE
+            or table.get(layout.VERSION) != layout.LAYOUT_VERSION
+        ):
+            segment.close()
+            raise ShmAttachError(f"{name} is not an rmq-mp pointer table of layout {layout.LAYOUT_VERSION}")
+        return table
+
+    def get(self, field: Field) -> int:
+        return int(_Q.unpack_from(self._buf, field.offset)[0])
+
+    def set(self, field: Field, value: int) -> None:
+        if self.role not in field.writers and not (
+            self.role is Role.SUPERVISOR
+            and _Q.unpack_from(self._buf, layout.STATE.offset)[0] == layout.STARTING
+        ):
+            raise PermissionError(f"{self.role.value} may not write {field.name} (writers: "
+                                  f"{sorted(r.value for r in field.writers)})")  # fmt: skip
+        _Q.pack_into(self._buf, field.offset, value)
+
+    def add(self, field: Field, delta: int) -> int:
+        """Read-modify-write by the field's single writer (or under its lock)."""
+        value = self.get(field) + delta
+        self.set(field, value)
+        return value
+
+    # ------------------------------------------------------------------ liveness
+
+    def supervisor_alive(self, stale_after_ms: int = 5000) -> bool:
+        """True while the supervisor process exists and its heartbeat is fresh."""
+        pid = self.get(layout.SUPERVISOR_PID)
+        if pid <= 0 or not pid_alive(pid):
+            return False
+        return now_ms() - self.get(layout.SUPERVISOR_HEARTBEAT_MS) < stale_after_ms
+
+    def snapshot(self) -> dict[str, int]:
+        """Every header field by name (for status and statistics)."""
+        return {f.name: self.get(f) for f in layout.FIELDS}
+
+    def close(self) -> None:
+        self.segment.close()
+
+
+def pid_alive(pid: int) -> bool:
+    """Whether a process exists (a zombie counts as dead)."""
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            return f.read().split(b") ", 1)[1][:1] != b"Z"
+    except (FileNotFoundError, IndexError):
+        return False

@@ -1,0 +1,72 @@
+"""SharedSegment: one named POSIX shared-memory segment, mapped.
+
+One owner per named resource (CPython's shared_memory lessons, style.md item 6): only the
+supervisor creates (mode 0600, exclusive) and unlinks; workers, producers and consumers attach
+by name and close. Callers read and write through ``buf`` with struct at offsets that only the
+layout modules in `shm/` compute.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import mmap
+import os
+
+import posix_ipc
+
+from rmq_mp.errors import ShmAttachError
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+
+
+class SharedSegment:
+    """A mapped segment. `create` (supervisor) or `attach` (anyone else)."""
+
+    def __init__(self, name: str, memory: posix_ipc.SharedMemory, size: int) -> None:
+        self.name = name
+        self.size = size
+        self.mm = mmap.mmap(memory.fd, size)
+        memory.close_fd()
+        self.locked = False
+
+    @classmethod
+    def create(cls, name: str, size: int) -> SharedSegment:
+        """Create a new zero-filled segment; an existing one of that name is an error."""
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        return cls(name, memory, size)
+
+    @classmethod
+    def attach(cls, name: str) -> SharedSegment:
+        try:
+            memory = posix_ipc.SharedMemory(name)
+        except posix_ipc.ExistentialError as exc:
+            raise ShmAttachError(f"no shared segment {name}: is the store running?") from exc
+        except posix_ipc.PermissionsError as exc:
+            raise ShmAttachError(f"not allowed to attach to {name} (it belongs to another user)") from exc
+        size = os.fstat(memory.fd).st_size
+        return cls(name, memory, size)
+
+    def mlock(self) -> str:
+        """Pin the pages (RocketMQ's TransientStorePool does). Returns '' or why it failed."""
+        buf = (ctypes.c_char * self.size).from_buffer(self.mm)
+        try:
+            if _libc.mlock(ctypes.addressof(buf), ctypes.c_size_t(self.size)) != 0:
+                return os.strerror(ctypes.get_errno())
+        finally:
+            del buf
+        self.locked = True
+        return ""
+
+    def close(self) -> None:
+        if not self.mm.closed:
+            self.mm.close()
+
+    @staticmethod
+    def unlink(name: str) -> bool:
+        """Remove a segment by name (supervisor only). False if it did not exist."""
+        try:
+            posix_ipc.unlink_shared_memory(name)
+        except posix_ipc.ExistentialError:
+            return False
+        return True

@@ -1,0 +1,128 @@
+"""StoreShm: every shared object of one running store, created by the supervisor or attached.
+
+Creation order and sizes are fixed at start (style.md item 11: nothing on the put path
+allocates shared memory). `unlink_all` removes everything with the store's name prefix, which is
+also how a restarted supervisor clears a crashed run's leftovers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import posix_ipc
+
+from rmq_mp.errors import ShmAttachError
+from shm import layout
+from shm.flush_requests import FlushRequestRing
+from shm.layout import Role
+from shm.names import ROLES, ShmNames
+from shm.pointer_table import PointerTable
+from shm.queue_offsets import QueueOffsetTable
+from shm.segment import SharedSegment
+from shm.semaphores import Wakeup, attach_semaphore, create_semaphore, unlink_semaphore
+from shm.transient_pool import FREE, TransientPool
+from shm.waiters import WaiterTable
+
+
+@dataclass(frozen=True, slots=True)
+class ShmSizes:
+    """Capacities fixed at start; recorded so attachers open the same objects."""
+
+    pool_buffers: int
+    pool_buffer_size: int
+    flush_ring: int
+    waiters: int
+    queues: int
+
+
+class StoreShm:
+    """One process's handles on the store's shared memory and semaphores."""
+
+    def __init__(self, names: ShmNames, role: Role, table: PointerTable, queues: QueueOffsetTable,
+                 ring: FlushRequestRing, waiters: WaiterTable, pool: TransientPool) -> None:  # fmt: skip
+        self.names = names
+        self.role = role
+        self.table = table
+        self.queues = queues
+        self.ring = ring
+        self.waiters = waiters
+        self.pool = pool
+        self._sems: dict[str, posix_ipc.Semaphore] = {}
+
+    # ------------------------------------------------------------------ create / attach
+
+    @classmethod
+    def create(cls, names: ShmNames, sizes: ShmSizes) -> StoreShm:
+        """Supervisor only: create everything (exclusive, mode 0600)."""
+        table = PointerTable.create(names.pointer_table)
+        queues = QueueOffsetTable.create(names.queue_offsets, sizes.queues)
+        ring = FlushRequestRing.create(names.flush_requests, sizes.flush_ring)
+        waiters = WaiterTable.create(names.waiters, sizes.waiters)
+        buffers = [
+            SharedSegment.create(names.pool_buffer(i), sizes.pool_buffer_size)
+            for i in range(sizes.pool_buffers)
+        ]
+        table.set(layout.POOL_SIZE, sizes.pool_buffers)
+        for i in range(layout.POOL_SLOTS):
+            table.set(layout.pool_file_offset(i), FREE)
+        shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers))
+        for name, initial in shm._semaphore_specs(sizes):
+            shm._sems[name] = create_semaphore(name, initial)
+        return shm
+
+    def _semaphore_specs(self, sizes: ShmSizes) -> list[tuple[str, int]]:
+        n = self.names
+        specs = [(n.put_lock, 1), (n.put_lock_takeover, 1), (n.flags_lock, 1)]
+        specs += [(n.wakeup(r), 0) for r in ROLES] + [(n.ready(r), 0) for r in ROLES]
+        specs += [(n.flush_done(i), 0) for i in range(sizes.flush_ring)]
+        specs += [(n.waiter(i), 0) for i in range(sizes.waiters)]
+        return specs
+
+    @classmethod
+    def attach(cls, names: ShmNames, role: Role) -> StoreShm:
+        table = PointerTable.attach(names.pointer_table, role)
+        try:
+            queues = QueueOffsetTable.attach(names.queue_offsets)
+            ring = FlushRequestRing.attach(names.flush_requests)
+            waiters = WaiterTable.attach(names.waiters)
+            buffers = [SharedSegment.attach(names.pool_buffer(i)) for i in range(table.get(layout.POOL_SIZE))]
+        except ShmAttachError:
+            table.close()
+            raise
+        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers))
+
+    def semaphore(self, name: str) -> posix_ipc.Semaphore:
+        sem = self._sems.get(name)
+        if sem is None:
+            sem = self._sems[name] = attach_semaphore(name)
+        return sem
+
+    def wakeup(self, role: str) -> Wakeup:
+        return Wakeup(self.semaphore(self.names.wakeup(role)), self.table, role)
+
+    def wake(self, role: str) -> None:
+        """Wake a worker (RocketMQ's ``service.wakeup()``)."""
+        self.wakeup(role).wakeup()
+
+    # ------------------------------------------------------------------ teardown
+
+    def close(self) -> None:
+        for sem in self._sems.values():
+            sem.close()
+        self._sems.clear()
+        for seg in (self.table.segment, self.queues.segment, self.ring.segment, self.waiters.segment):
+            seg.close()
+        for buf in self.pool.buffers:
+            buf.close()
+
+    @staticmethod
+    def unlink_all(names: ShmNames) -> list[str]:
+        """Supervisor only: remove every segment and semaphore of this store. Returns what went."""
+        removed = []
+        for entry in names.leftovers():
+            if entry.startswith("sem."):
+                if unlink_semaphore("/" + entry[4:]):
+                    removed.append(entry)
+            elif SharedSegment.unlink("/" + entry):
+                removed.append(entry)
+        return removed
