@@ -73,34 +73,46 @@ class CommitLog:
     def append(
         self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int
     ) -> AppendMessageResult:
-        """Append one encoded record (the caller holds the put lock). Closes a file that cannot take
-        it with a blank record and retries once in the next file (`doAppend` + END_OF_FILE)."""
-        size = len(encoded)
-        if size + record.END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
-            return AppendMessageResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+        """Append one encoded record at the end of the log (the caller holds the put lock):
+        `append_to` on the last file, and once more on the next file after END_OF_FILE."""
         for _ in range(2):
             mf = self.mfq.get_last_mapped_file(0)
             if mf is None:
                 return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
-            pos = mf.wrote_position
-            max_blank = mf.file_size - pos
-            if size + record.END_FILE_MIN_BLANK_LENGTH > max_blank:
-                mf.fill(pos, record.encode_blank(max_blank))
-                mf.wrote_position = mf.committed_position = mf.file_size
-                continue
-            phy_offset = mf.file_from_offset + pos
-            record.patch_record(
-                encoded,
-                0,
-                queue_offset=queue_offset,
-                phy_offset=phy_offset,
-                store_timestamp=store_timestamp,
-                sys_flag=sys_flag,
+            result = self.append_to(
+                mf, encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
             )
-            mf.append(encoded)
-            mf.last_store_timestamp = store_timestamp
-            return AppendMessageResult(AppendMessageStatus.PUT_OK, phy_offset, size)
+            if result.status is not AppendMessageStatus.END_OF_FILE:
+                return result
         return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
+
+    def append_to(
+        self, mf: MappedFile, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int
+    ) -> AppendMessageResult:
+        """RocketMQ's `doAppend` on one file at its write position: patch the lock-decided fields
+        and copy the record, or close the file with a blank record (END_OF_FILE) if it does not
+        fit. Writes go to the file's pool buffer when it has one."""
+        size = len(encoded)
+        if size + record.END_FILE_MIN_BLANK_LENGTH > self.mapped_file_size:
+            return AppendMessageResult(AppendMessageStatus.MESSAGE_SIZE_EXCEEDED)
+        pos = mf.wrote_position
+        max_blank = mf.file_size - pos
+        if size + record.END_FILE_MIN_BLANK_LENGTH > max_blank:
+            mf.fill(pos, record.encode_blank(max_blank))
+            mf.advance_wrote(mf.file_size)
+            return AppendMessageResult(AppendMessageStatus.END_OF_FILE, mf.file_from_offset + pos, max_blank)
+        phy_offset = mf.file_from_offset + pos
+        record.patch_record(
+            encoded,
+            0,
+            queue_offset=queue_offset,
+            phy_offset=phy_offset,
+            store_timestamp=store_timestamp,
+            sys_flag=sys_flag,
+        )
+        mf.append(encoded)
+        mf.last_store_timestamp = store_timestamp
+        return AppendMessageResult(AppendMessageStatus.PUT_OK, phy_offset, size)
 
     # ------------------------------------------------------------------ read
 

@@ -55,6 +55,8 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.last_store_timestamp = 0
+        self.write_buffer: mmap.mmap | None = None
+        """A TransientStorePool buffer: appends go there and `commit` copies them to the file."""
 
     @classmethod
     def extend(cls, path: Path, file_size: int) -> None:
@@ -82,21 +84,41 @@ class MappedFile:
         """Recovery's cut: all three positions to ``position``."""
         self.wrote_position = self.committed_position = self.flushed_position = position
 
+    def _target(self) -> mmap.mmap:
+        target = self.write_buffer if self.write_buffer is not None else self._mm
+        assert target is not None, "zero-length file opened read-only"
+        return target
+
+    def advance_wrote(self, end: int) -> None:
+        """Move the write position; without a pool buffer, written bytes are readable at once."""
+        self.wrote_position = end
+        if self.write_buffer is None:
+            self.committed_position = end
+
     def append(self, data: bytes | bytearray) -> int:
         """Copy ``data`` at the write position; returns that position, or -1 if it does not fit."""
         pos = self.wrote_position
         end = pos + len(data)
         if end > self.file_size or self._mm is None:
             return -1
-        self._mm[pos:end] = data
-        self.wrote_position = self.committed_position = end
+        self._target()[pos:end] = data
+        self.advance_wrote(end)
         return pos
 
     def fill(self, pos: int, data: bytes) -> None:
         """Write ``data`` at ``pos`` without moving positions (blank records, header patches)."""
-        assert self._mm is not None
         assert pos + len(data) <= self.file_size
-        self._mm[pos : pos + len(data)] = data
+        self._target()[pos : pos + len(data)] = data
+
+    def commit(self, until: int) -> int:
+        """Copy ``[committed, until)`` from the pool buffer into the file (`MappedFile.commit`)."""
+        assert self.write_buffer is not None
+        assert self._mm is not None
+        start = self.committed_position
+        if until > start:
+            self._mm[start:until] = self.write_buffer[start:until]
+            self.committed_position = until
+        return self.committed_position
 
     def zero_tail(self, pos: int) -> None:
         """Zero ``[pos, file_size)`` so bytes dropped by recovery can never be read again."""
