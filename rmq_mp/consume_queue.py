@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from rmq_mp.errors import CorruptFileError
 from rmq_mp.mapped_file import MappedFile
 from rmq_mp.mapped_file_queue import MappedFileQueue
 from rmq_mp.reporter import Reporter
@@ -284,3 +285,83 @@ class ConsumeQueue:
 
     def flush(self) -> bool:
         return self.mfq.flush()
+
+
+def java_string_order(text: str) -> bytes:
+    """Sort key giving Java's String.compareTo order (UTF-16 code units)."""
+    return text.encode("utf-16-be")
+
+
+class ConsumeQueueTable:
+    """Every ConsumeQueue of a store by topic and queue id (DefaultMessageStore's
+    consumeQueueTable): loaded from ``consumequeue/<topic>/<queueId>/``, created on first use."""
+
+    def __init__(self, root: Path, mapped_file_size: int, *, writable: bool, reporter: Reporter) -> None:
+        self.root = root
+        self.mapped_file_size = mapped_file_size
+        self.writable = writable
+        self.reporter = reporter
+        self.queues: dict[str, dict[int, ConsumeQueue]] = {}
+        self.discarded = False
+        """Set when a damaged queue was discarded (writable only): recovery then re-dispatches
+        the whole commit log to rebuild it (RocketMQ refuses to start instead)."""
+
+    def load(self) -> None:
+        if not self.root.is_dir():
+            return
+        for topic_dir in sorted(self.root.iterdir()):
+            if topic_dir.is_dir():
+                for queue_dir in sorted(topic_dir.iterdir()):
+                    self._load_queue(topic_dir.name, queue_dir)
+
+    def _load_queue(self, topic: str, queue_dir: Path) -> ConsumeQueue | None:
+        if not queue_dir.name.isdigit():
+            log.warning("ignoring %s: not a queue id", queue_dir)
+            return None
+        cq = self._new(topic, int(queue_dir.name))
+        try:
+            cq.load()
+        except CorruptFileError as exc:
+            if not self.writable:
+                raise
+            cq.close()
+            for path in sorted(cq.mfq.store_dir.iterdir()):
+                self.reporter.report("cq-file-discarded", str(path), 0, path.stat().st_size, str(exc))
+                path.unlink()
+            self.discarded = True
+        return cq
+
+    def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
+        cq = ConsumeQueue(topic, queue_id, self.root, self.mapped_file_size, writable=self.writable,
+                          reporter=self.reporter)  # fmt: skip
+        self.queues.setdefault(topic, {})[queue_id] = cq
+        return cq
+
+    def get(self, topic: str, queue_id: int) -> ConsumeQueue | None:
+        """The queue if it exists, here or (for a reader of a running store) on disk by now."""
+        cq = self.queues.get(topic, {}).get(queue_id)
+        if cq is None and not self.writable and (self.root / topic / str(queue_id)).is_dir():
+            cq = self._load_queue(topic, self.root / topic / str(queue_id))
+        return cq
+
+    def find(self, topic: str, queue_id: int) -> ConsumeQueue:
+        """The queue, created empty (no file until the first entry) when new."""
+        cq = self.queues.get(topic, {}).get(queue_id)
+        return cq if cq is not None else self._new(topic, queue_id)
+
+    def all(self) -> list[ConsumeQueue]:
+        return [cq for queues in self.queues.values() for cq in queues.values()]
+
+    def topics(self) -> list[str]:
+        return sorted(self.queues, key=java_string_order)
+
+    def destroy_all(self) -> None:
+        """No commit log left: every queue goes (RocketMQ's `destroyLogics`)."""
+        for cq in self.all():
+            while cq.mfq.files:
+                cq.mfq.delete_last_file()
+        self.queues.clear()
+
+    def close(self) -> None:
+        for cq in self.all():
+            cq.close()

@@ -26,11 +26,10 @@ from rmq_mp import record
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue, ConsumeQueueTable
 from rmq_mp.dispatch import Dispatcher
 from rmq_mp.errors import (
     ConfigError,
-    CorruptFileError,
     CorruptRecordError,
     MessageNotFoundError,
     StoreLockedError,
@@ -51,11 +50,6 @@ from rmq_mp.status import (
 log = logging.getLogger(__name__)
 
 MAX_TIMESTAMP = (1 << 63) - 1
-
-
-def java_string_order(text: str) -> bytes:
-    """Sort key giving Java's String.compareTo order (UTF-16 code units)."""
-    return text.encode("utf-16-be")
 
 
 @dataclass(frozen=True, slots=True)
@@ -90,7 +84,12 @@ class MessageStore:
             reporter=self.reporter,
             delay_level_ms=self.delay_level_ms,
         )
-        self.consume_queues: dict[str, dict[int, ConsumeQueue]] = {}
+        self.cq_table = ConsumeQueueTable(
+            self.paths.consume_queue,
+            config.mapped_file_size_consume_queue,
+            writable=self.writable,
+            reporter=self.reporter,
+        )
         self.index_service = (
             IndexService(
                 self.paths.index,
@@ -108,8 +107,6 @@ class MessageStore:
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
-        self.rebuild_consume_queues = False
-        """Set when a damaged queue was discarded: recovery re-dispatches the whole log."""
         self._put_lock = threading.Lock()
         self._lock_fd = -1
         self._closed = False
@@ -143,7 +140,7 @@ class MessageStore:
             self._take_lock()
         last_exit_ok = not self.paths.abort.exists()
         self.commit_log.load()
-        self._load_consume_queues()
+        self.cq_table.load()
         if self.index_service is not None:
             self.index_service.load()
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
@@ -167,60 +164,15 @@ class MessageStore:
         os.fsync(fd)
         self._lock_fd = fd
 
-    def _load_consume_queues(self) -> None:
-        cq_root = self.paths.consume_queue
-        if not cq_root.is_dir():
-            return
-        for topic_dir in sorted(cq_root.iterdir()):
-            if not topic_dir.is_dir():
-                continue
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if not queue_dir.name.isdigit():
-                    log.warning("ignoring %s: not a queue id", queue_dir)
-                    continue
-                cq = self._new_consume_queue(topic_dir.name, int(queue_dir.name))
-                try:
-                    cq.load()
-                except CorruptFileError as exc:
-                    if not self.writable:
-                        raise
-                    self._discard_consume_queue(cq, str(exc))
-
-    def _discard_consume_queue(self, cq: ConsumeQueue, reason: str) -> None:
-        """A queue whose files cannot be trusted is derived data: remove it and have recovery
-        rebuild it from the commit log (RocketMQ refuses to start instead)."""
-        cq.close()
-        for path in sorted(cq.mfq.store_dir.iterdir()):
-            self.reporter.report("cq-file-discarded", str(path), 0, path.stat().st_size, reason)
-            path.unlink()
-        self.rebuild_consume_queues = True
-
-    def _new_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = ConsumeQueue(
-            topic,
-            queue_id,
-            self.paths.consume_queue,
-            self.config.mapped_file_size_consume_queue,
-            writable=self.writable,
-            reporter=self.reporter,
-        )
-        self.consume_queues.setdefault(topic, {})[queue_id] = cq
-        return cq
-
     def find_consume_queue(self, topic: str, queue_id: int) -> ConsumeQueue:
         """The queue, created empty (no file until the first entry) when new."""
-        cq = self.consume_queues.get(topic, {}).get(queue_id)
-        return cq if cq is not None else self._new_consume_queue(topic, queue_id)
+        return self.cq_table.find(topic, queue_id)
 
     def all_consume_queues(self) -> list[ConsumeQueue]:
-        return [cq for queues in self.consume_queues.values() for cq in queues.values()]
+        return self.cq_table.all()
 
     def destroy_consume_queues(self) -> None:
-        """No commit log left: every queue goes (RocketMQ's `destroyLogics`)."""
-        for cq in self.all_consume_queues():
-            while cq.mfq.files:
-                cq.mfq.delete_last_file()
-        self.consume_queues.clear()
+        self.cq_table.destroy_all()
 
     def recover_topic_queue_table(self) -> None:
         """`recoverTopicQueueTable`: next queue offset per queue, and min offsets corrected."""
@@ -352,13 +304,13 @@ class MessageStore:
 
     def topics(self) -> list[str]:
         """Topics with at least one queue, in Java string order."""
-        return sorted(self.consume_queues, key=java_string_order)
+        return self.cq_table.topics()
 
     def queue_status(self, topic: str) -> list[QueueStatus]:
         """Per-queue min/max offsets and the store time of the newest message."""
         result = []
-        for queue_id in sorted(self.consume_queues.get(topic, {})):
-            cq = self.consume_queues[topic][queue_id]
+        for queue_id in sorted(self.cq_table.queues.get(topic, {})):
+            cq = self.cq_table.queues[topic][queue_id]
             max_offset = cq.max_offset_in_queue()
             last = cq.get_entry(max_offset - 1) if max_offset > cq.min_offset_in_queue() else None
             last_update = self.commit_log.store_timestamp_at(last[0], last[1]) if last else 0
@@ -369,7 +321,7 @@ class MessageStore:
 
     def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32) -> GetMessageResult:
         """`getMessage` without tag filtering: statuses and next offset as RocketMQ computes them."""
-        cq = self.consume_queues.get(topic, {}).get(queue_id)
+        cq = self.cq_table.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
         min_offset, max_offset = cq.min_offset_in_queue(), cq.max_offset_in_queue()
@@ -444,7 +396,7 @@ class MessageStore:
         return found
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
-        cq = self.consume_queues.get(topic, {}).get(queue_id)
+        cq = self.cq_table.get(topic, queue_id)
         return cq.offset_in_queue_by_time(timestamp_ms, self.commit_log) if cq else 0
 
     def iter_messages(self, from_offset: int | None = None) -> Iterator[m.MessageExt]:

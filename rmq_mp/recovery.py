@@ -138,7 +138,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
         index_dropped = store.reporter.count("index-entries-truncated") - before
         index_damaged = bool(index_dropped) or store.reporter.count("index-file-removed") > removed_before
 
-    if store.rebuild_consume_queues:
+    if store.cq_table.discarded:
         dispatch_from = commit_log.min_offset()
     elif last_exit_ok:
         after_cq = max((cq.max_physic_offset for cq in store.all_consume_queues()), default=-1)
