@@ -59,6 +59,20 @@ class MappedFile:
         """A TransientStorePool buffer: appends go there and `commit` copies them to the file."""
 
     @classmethod
+    def prepare(cls, path: Path, file_size: int) -> bool:
+        """Create a segment at full size if it does not exist; idempotent, so the allocator and a
+        producer that got there first can both call it. True if this call created it."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            return False
+        try:
+            os.ftruncate(fd, file_size)
+        finally:
+            os.close(fd)
+        return True
+
+    @classmethod
     def extend(cls, path: Path, file_size: int) -> None:
         """Grow a short segment to its configured size with zeros (repair of a torn creation)."""
         fd = os.open(path, os.O_RDWR)

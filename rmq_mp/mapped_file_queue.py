@@ -109,6 +109,27 @@ class MappedFileQueue:
             return mf
         return self.files[0] if return_first_on_not_found else None
 
+    def ensure_file(self, file_offset: int) -> MappedFile:
+        """The segment starting at ``file_offset``, mapping it (and any before it that appeared
+        since) when another process created it; created here when writable and missing. Used by
+        the service's processes, whose view of the directory trails the allocator's."""
+        mf = self.find_mapped_file_by_offset(file_offset)
+        if mf is not None:
+            return mf
+        start = self.files[-1].file_from_offset + self.mapped_file_size if self.files else file_offset
+        for offset in range(start, file_offset + 1, self.mapped_file_size):
+            path = self.store_dir / offset_to_file_name(offset)
+            if self.writable:
+                self.store_dir.mkdir(parents=True, exist_ok=True)
+                MappedFile.prepare(path, self.mapped_file_size)
+            self.files.append(MappedFile(path, self.mapped_file_size, writable=self.writable))
+        return self.files[-1]
+
+    def drop_files_before(self, offset: int) -> None:
+        """Unmap segments wholly below ``offset`` (deleted by the cleaner in another process)."""
+        while self.files and self.files[0].file_from_offset + self.mapped_file_size <= offset:
+            self.files.pop(0).close()
+
     def get_last_mapped_file(self, start_offset: int = 0, *, create: bool = True) -> MappedFile | None:
         """The segment to append to: the last one unless full; creates the next when allowed."""
         last = self.last_file()

@@ -212,6 +212,24 @@ class MessageStore:
         finally:
             self._release()
 
+    def handover(self) -> None:
+        """Recovery is done and the service takes over the files: flush and unmap everything but
+        keep the store lock and the `abort` marker (the supervisor holds both while running)."""
+        self._flush_all()
+        self.commit_log.close()
+        self.cq_table.close()
+        if self.index_service is not None:
+            self.index_service.close()
+
+    def finish_service(self, *, clean: bool) -> None:
+        """The service stopped: remove `abort` if it stopped cleanly, then release the lock."""
+        try:
+            if clean and self.writable:
+                self.paths.abort.unlink(missing_ok=True)
+                _fsync_dir(self.paths.root)
+        finally:
+            self._release()
+
     def _release(self) -> None:
         self._closed = True
         self.commit_log.close()

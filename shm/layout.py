@@ -137,16 +137,17 @@ WORKER_FIELDS = (
     "last_work_ms",
     "work_count",
     "errors",
+    "stop",
 )
 WORKER_STRIDE = 16
 
 
 def worker_field(role: str, name: str) -> Field:
-    """Per-worker fields: pid and restarts by the supervisor; notified by any waker (the worker
+    """Per-worker fields: pid, restarts and stop by the supervisor; notified by any waker (the worker
     clears it, a benign race: a lost flag costs one interval); the rest by the worker itself."""
     index = WORKER_BASE + ROLES.index(role) * WORKER_STRIDE + WORKER_FIELDS.index(name)
     worker_role = Role(role)
-    if name in ("pid", "restarts"):
+    if name in ("pid", "restarts", "stop"):
         return _f(f"{role}.{name}", index, S)
     if name == "notified":
         return _f(f"{role}.{name}", index, *Role)

@@ -44,6 +44,10 @@ class ShmNames:
         return self._name("ptr")
 
     @property
+    def descriptor(self) -> str:
+        return self._name("desc")
+
+    @property
     def queue_offsets(self) -> str:
         return self._name("qot")
 

@@ -7,7 +7,9 @@ also how a restarted supervisor clears a crashed run's leftovers.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from typing import Any
 
 import posix_ipc
 
@@ -126,3 +128,28 @@ class StoreShm:
             elif SharedSegment.unlink("/" + entry):
                 removed.append(entry)
         return removed
+
+
+DESCRIPTOR_SIZE = 64 * 1024
+
+
+def write_descriptor(names: ShmNames, payload: dict[str, object]) -> SharedSegment:
+    """Supervisor only: publish the store's root and effective settings, so any process can
+    attach by shm name alone. Length-prefixed UTF-8 JSON in its own segment."""
+    raw = json.dumps(payload, sort_keys=True).encode("utf-8")
+    if len(raw) + 8 > DESCRIPTOR_SIZE:
+        raise ValueError("store descriptor too large")
+    segment = SharedSegment.create(names.descriptor, DESCRIPTOR_SIZE)
+    segment.mm[8 : 8 + len(raw)] = raw
+    segment.mm[0:8] = len(raw).to_bytes(8, "little")
+    return segment
+
+
+def read_descriptor(names: ShmNames) -> dict[str, Any]:
+    segment = SharedSegment.attach(names.descriptor)
+    try:
+        length = int.from_bytes(segment.mm[0:8], "little")
+        payload: dict[str, Any] = json.loads(bytes(segment.mm[8 : 8 + length]))
+    finally:
+        segment.close()
+    return payload

@@ -1,0 +1,354 @@
+"""Producer: any local process attaches to a running store by shm name and appends itself.
+
+Mirrors SendMessageProcessor + `CommitLog.putMessage` (rocketmq-format.md §3): encode outside the
+lock; under the put lock assign the queue offset, patch offsets and store time, append through
+`CommitLog.append_to` into the pool buffer (ASYNC_FLUSH with the pool) or straight into the
+shared file mapping; then wake the committer or flusher and, under SYNC_FLUSH, wait for the
+flusher to complete this put's flush request (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`).
+
+Crash safety of the put: before changing anything the put writes a journal (old write position,
+intended end, queue slot and old queue offset) into the pointer table; the write position is the
+commit point. A producer that dies holding the lock leaves the journal, and the next lock taker
+undoes the half-done put (queue offset restored, bytes past the write position zeroed), so a
+half-written record is never visible, not to reput and not after recovery.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rmq_mp import message as m
+from rmq_mp import record
+from rmq_mp.commit_log import AppendMessageResult
+from rmq_mp.mapped_file import MappedFile
+from rmq_mp.running_store import RunningStore
+from rmq_mp.status import AppendMessageStatus, PutMessageStatus
+from shm import flush_requests as fr
+from shm import layout
+from shm import queue_offsets as qo
+from shm.layout import Role
+from shm.pointer_table import now_ms
+from shm.semaphores import PutLock, acquire
+
+LOCK_TIMEOUT_S = 3.0
+"""How long a put waits for the lock before reporting OS_PAGECACHE_BUSY (never a hang)."""
+POOL_WAIT_S = 1.0
+"""How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
+WRITEABLE_MASK = 0b11110  # NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
+FLAG_NAMES = {1 << 1: "NOT_WRITEABLE", 1 << 2: "WRITE_LOGICS_QUEUE_ERROR", 1 << 3: "WRITE_INDEX_FILE_ERROR",
+              1 << 4: "DISK_FULL"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class SendResult:
+    """Outcome of one send. ``msg_id`` is the store's offset msgId; ``uniq_key`` the client id."""
+
+    status: PutMessageStatus
+    msg_id: str = ""
+    queue_id: int = -1
+    queue_offset: int = -1
+    commit_log_offset: int = -1
+    uniq_key: str = ""
+    reason: str = ""
+
+    @property
+    def ok(self) -> bool:
+        return self.status is PutMessageStatus.PUT_OK
+
+
+@dataclass(slots=True)
+class _Pending:
+    message: m.Message
+    encoded: bytearray
+    sys_flag: int
+    result: SendResult | None = None
+    end_offset: int = 0
+    ring_slot: int = -1
+
+
+class Producer:
+    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe)."""
+
+    def __init__(self, store: RunningStore) -> None:
+        self.store = store
+        self.table = store.shm.table
+        self.queues = store.shm.queues
+        self.ring = store.shm.ring
+        self.pool = store.shm.pool
+        self.config = store.config
+        self.store_host: m.Host = (self.config.broker_ip1, self.config.listen_port)
+        self._store_ip, self._store_port = m.parse_host(self.store_host)
+        self.lock = PutLock(
+            store.shm.semaphore(store.names.put_lock),
+            store.shm.semaphore(store.names.put_lock_takeover),
+            self.table,
+            on_takeover=self._undo_interrupted_put,
+        )
+        self.uniq = m.UniqueIdGenerator()
+        self._round_robin: dict[str, itertools.count[int]] = {}
+        self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
+
+    @classmethod
+    def attach(cls, name: str | os.PathLike[str]) -> Producer:
+        """Attach to the running store ``name`` (shm name or store directory)."""
+        return cls(RunningStore.attach(name, Role.PRODUCER, writable_log=True))
+
+    def close(self) -> None:
+        self.store.close()
+
+    def __enter__(self) -> Producer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ API
+
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: str | Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
+        queue_id: int | None = None,
+        flag: int = 0,
+    ) -> SendResult:
+        """Store one message; the result's status is RocketMQ's PutMessageStatus."""
+        return self.send_batch([dict(topic=topic, body=body, tags=tags, keys=keys, properties=properties,
+                                     queue_id=queue_id, flag=flag)])[0]  # fmt: skip
+
+    def send_batch(self, messages: Iterable[m.Message | Mapping[str, Any]]) -> list[SendResult]:
+        """Store many messages under one put-lock hold (each keeps its own queue offset)."""
+        pending: list[_Pending] = []
+        for item in messages:
+            message = item if isinstance(item, m.Message) else self._build(**item)
+            pending.append(self._encode(message))
+        todo = [p for p in pending if p.result is None]
+        if todo:
+            self._put(todo)
+        if self.store.sync_flush:
+            self._await_flush([p for p in todo if p.ring_slot >= 0])
+        return [p.result or SendResult(PutMessageStatus.UNKNOWN_ERROR) for p in pending]
+
+    # ------------------------------------------------------------------ encode (outside the lock)
+
+    def _build(
+        self,
+        *,
+        topic: str,
+        body: bytes,
+        tags: str | None = None,
+        keys: str | Sequence[str] | None = None,
+        properties: Mapping[str, str] | None = None,
+        queue_id: int | None = None,
+        flag: int = 0,
+    ) -> m.Message:
+        props = dict(properties or {})
+        if tags:
+            props[m.PROPERTY_TAGS] = tags
+        if keys:
+            props[m.PROPERTY_KEYS] = keys if isinstance(keys, str) else m.KEY_SEPARATOR.join(keys)
+        props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, self.uniq.next_id())
+        if queue_id is None:
+            counter = self._round_robin.setdefault(topic, itertools.count())
+            queue_id = next(counter) % self.config.default_topic_queue_nums
+        return m.Message(topic=topic, body=bytes(body), flag=flag, properties=props, queue_id=queue_id,
+                         born_timestamp=now_ms(), born_host=self.born_host)  # fmt: skip
+
+    def _encode(self, message: m.Message) -> _Pending:
+        problem = record.validate_message(message, max_message_size=self.config.max_message_size)
+        if problem is not None:
+            p = _Pending(message, bytearray(), 0)
+            p.result = SendResult(problem[0], queue_id=message.queue_id, reason=problem[1])
+            return p
+        encoded = record.encode_record(message, self.store_host)
+        (sys_flag,) = record._INT.unpack_from(encoded, record.POS_SYS_FLAG)
+        return _Pending(message, encoded, sys_flag)
+
+    # ------------------------------------------------------------------ put (under the lock)
+
+    def _refuse(self, todo: list[_Pending], status: PutMessageStatus, reason: str) -> None:
+        for p in todo:
+            p.result = SendResult(status, queue_id=p.message.queue_id, reason=reason)
+
+    def _put(self, todo: list[_Pending]) -> None:
+        t = self.table
+        if t.get(layout.STATE) != layout.RUNNING or not t.supervisor_alive():
+            return self._refuse(
+                todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
+            )
+        flags = t.get(layout.RUNNING_FLAGS) & WRITEABLE_MASK
+        if flags:
+            names = "|".join(n for bit, n in FLAG_NAMES.items() if flags & bit)
+            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, f"store not writable: {names}")
+        if not self.lock.acquire(LOCK_TIMEOUT_S):
+            return self._refuse(todo, PutMessageStatus.OS_PAGECACHE_BUSY, "put lock busy")
+        try:
+            for p in todo:
+                p.result = self._append_one(p)
+        finally:
+            self.lock.release()
+        self.store.shm.wake("committer" if self.store.pool_enabled else "flusher")
+        if not self.store.sync_flush:
+            self.store.shm.wake("reput")
+
+    def _target_file(self, wrote: int) -> MappedFile | None:
+        """The segment at the write position, its positions synced and its pool buffer attached."""
+        mf = self.store.commit_log.file_at(wrote)
+        mf.wrote_position = wrote - mf.file_from_offset
+        if self.store.pool_enabled:
+            index = self.pool.buffer_for(mf.file_from_offset)
+            if index < 0:
+                index = self._borrow_buffer(mf.file_from_offset)
+                if index < 0:
+                    return None
+            mf.write_buffer = self.pool.buffers[index].mm
+        return mf
+
+    def _borrow_buffer(self, file_offset: int) -> int:
+        """A free pool buffer for a new file, waiting boundedly for the committer to return one
+        (the lock is held; the committer returns buffers without it when we are waiting)."""
+        deadline = time.monotonic() + POOL_WAIT_S
+        while True:
+            index = self.pool.borrow(file_offset)
+            if index >= 0 or time.monotonic() >= deadline:
+                return index
+            self.store.shm.wake("committer")
+            time.sleep(0.005)
+
+    def _append_one(self, p: _Pending) -> SendResult:
+        t = self.table
+        message = p.message
+        dispatchable = m.is_dispatchable(p.sys_flag)
+        for _ in range(2):
+            wrote = t.get(layout.WROTE_POSITION)
+            mf = self._target_file(wrote)
+            if mf is None:
+                return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id=message.queue_id,
+                                  reason="no free TransientStorePool buffer")  # fmt: skip
+            slot = self.queues.find_or_insert(message.topic, message.queue_id) if dispatchable else -1
+            queue_offset = self.queues.get(slot, qo.NEXT_OFFSET) if slot >= 0 else 0
+            self._journal(
+                wrote, wrote + max(len(p.encoded), record.END_FILE_MIN_BLANK_LENGTH), slot, queue_offset
+            )
+            store_ts = now_ms()
+            result: AppendMessageResult = self.store.commit_log.append_to(
+                mf, p.encoded, sys_flag=p.sys_flag, queue_offset=queue_offset, store_timestamp=store_ts
+            )
+            if result.status is AppendMessageStatus.END_OF_FILE:
+                t.set(layout.WROTE_POSITION, mf.file_from_offset + mf.file_size)
+                t.set(layout.JOURNAL_ACTIVE, 0)
+                continue
+            if result.status is not AppendMessageStatus.PUT_OK:
+                t.set(layout.JOURNAL_ACTIVE, 0)
+                return SendResult(PutMessageStatus.MESSAGE_ILLEGAL, queue_id=message.queue_id,
+                                  reason=f"append failed: {result.status.name}")  # fmt: skip
+            if slot >= 0:
+                self.queues.set(slot, qo.NEXT_OFFSET, queue_offset + 1)
+            end = result.phy_offset + result.wrote_bytes
+            t.set(layout.WROTE_POSITION, end)  # the commit point
+            t.set(layout.JOURNAL_ACTIVE, 0)
+            t.set(layout.LAST_STORE_TIMESTAMP, store_ts)
+            t.add(layout.PUT_COUNT, 1)
+            t.add(layout.PUT_BYTES, result.wrote_bytes)
+            p.end_offset = end
+            if (
+                self.store.sync_flush
+                and message.properties.get(m.PROPERTY_WAIT_STORE_MSG_OK, "true") == "true"
+            ):
+                p.ring_slot = self._flush_request(end)
+                if p.ring_slot < 0:
+                    return SendResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, queue_id=message.queue_id,
+                                      queue_offset=queue_offset, commit_log_offset=result.phy_offset,
+                                      reason="flush request ring full")  # fmt: skip
+            return SendResult(
+                PutMessageStatus.PUT_OK,
+                msg_id=m.create_message_id(self._store_ip, self._store_port, result.phy_offset),
+                queue_id=message.queue_id,
+                queue_offset=queue_offset,
+                commit_log_offset=result.phy_offset,
+                uniq_key=message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
+            )
+        return SendResult(
+            PutMessageStatus.UNKNOWN_ERROR, queue_id=message.queue_id, reason="file roll failed"
+        )
+
+    def _journal(self, wrote_before: int, wrote_after: int, slot: int, queue_offset_before: int) -> None:
+        t = self.table
+        t.set(layout.JOURNAL_WROTE_BEFORE, wrote_before)
+        t.set(layout.JOURNAL_WROTE_AFTER, wrote_after)
+        t.set(layout.JOURNAL_QUEUE_SLOT, slot)
+        t.set(layout.JOURNAL_QUEUE_OFFSET_BEFORE, queue_offset_before)
+        t.set(layout.JOURNAL_ACTIVE, 1)
+
+    def _undo_interrupted_put(self) -> None:
+        """Called with the lock taken over from a dead owner: roll its half-done put back."""
+        t = self.table
+        if not t.get(layout.JOURNAL_ACTIVE):
+            return
+        wrote = t.get(layout.WROTE_POSITION)
+        if wrote == t.get(layout.JOURNAL_WROTE_BEFORE):
+            slot = t.get(layout.JOURNAL_QUEUE_SLOT)
+            if slot >= 0:
+                self.queues.set(slot, qo.NEXT_OFFSET, t.get(layout.JOURNAL_QUEUE_OFFSET_BEFORE))
+            end = t.get(layout.JOURNAL_WROTE_AFTER)
+            mf = self._target_file(wrote)
+            if mf is not None and end > wrote:
+                stop = min(end - mf.file_from_offset, mf.file_size)
+                start = wrote - mf.file_from_offset
+                mf.fill(start, bytes(stop - start))
+                if mf.write_buffer is not None:
+                    mf.write_buffer = None
+                    mf.fill(start, bytes(stop - start))
+        t.set(layout.JOURNAL_ACTIVE, 0)
+
+    # ------------------------------------------------------------------ SYNC_FLUSH
+
+    def _flush_request(self, end_offset: int) -> int:
+        """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full."""
+        ring = self.ring
+        for _ in range(ring.capacity):
+            ticket = self.table.add(layout.FLUSH_REQUEST_SEQ, 1)
+            slot = ticket % ring.capacity
+            if ring.get(slot, fr.STATE) != fr.WAITING or ring.get(slot, fr.DEADLINE_MS) + 1000 < now_ms():
+                ring.set(slot, fr.NEXT_OFFSET, end_offset)
+                ring.set(slot, fr.DEADLINE_MS, now_ms() + self.config.sync_flush_timeout)
+                ring.set(slot, fr.PID, os.getpid())
+                ring.set(slot, fr.STATE, fr.WAITING)
+                return slot
+        return -1
+
+    def _await_flush(self, waiting: list[_Pending]) -> None:
+        """Wait for each request's completion; the flusher (or its watcher) completes them."""
+        if not waiting:
+            return
+        timeout_s = self.config.sync_flush_timeout / 1000
+        deadline = time.monotonic() + timeout_s
+        for p in waiting:
+            sem = self.store.shm.semaphore(self.store.names.flush_done(p.ring_slot))
+            while True:
+                state = self.ring.get(p.ring_slot, fr.STATE)
+                if state in (fr.DONE_OK, fr.DONE_TIMEOUT):
+                    self.ring.set(p.ring_slot, fr.STATE, fr.FREE)
+                    break
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:  # the flusher is not answering (stopped, or dead)
+                    self.ring.set(p.ring_slot, fr.STATE, fr.ABANDONED)
+                    state = fr.DONE_TIMEOUT
+                    break
+                acquire(sem, remaining)
+            if state != fr.DONE_OK and p.result is not None:
+                p.result = SendResult(
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT, p.result.msg_id, p.result.queue_id, p.result.queue_offset,
+                    p.result.commit_log_offset, p.result.uniq_key, "not flushed within syncFlushTimeout",
+                )  # fmt: skip
+        for p in waiting:
+            if p.result is not None and p.result.ok:
+                assert self.table.get(layout.FLUSHED_POSITION) >= p.end_offset

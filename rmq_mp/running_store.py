@@ -1,0 +1,87 @@
+"""RunningStore: what any process gets by attaching to a running store by shm name.
+
+The supervisor publishes the store root and its effective settings in a descriptor segment;
+attaching reads it, opens the shared memory and semaphores in the caller's role, and maps the
+CommitLog. Producers, consumers and workers all start here.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+from rmq_mp.config import FlushDiskType, MessageStoreConfig
+from rmq_mp.errors import ShmAttachError, StoreNotRunningError
+from rmq_mp.paths import StorePaths
+from rmq_mp.shared_log import SharedCommitLog
+from shm import layout
+from shm.layout import Role
+from shm.names import ShmNames
+from shm.pointer_table import PointerTable
+from shm.store_shm import StoreShm, read_descriptor
+
+
+def resolve_names(name: str | os.PathLike[str]) -> ShmNames:
+    """A shm name (``rmq_…`` or ``/rmq_…``) or a store directory (default shmName) to names."""
+    text = os.fspath(name)
+    if os.path.isdir(text):
+        return ShmNames.for_store(text)
+    return ShmNames(text.lstrip("/"))
+
+
+@dataclass
+class RunningStore:
+    names: ShmNames
+    config: MessageStoreConfig
+    paths: StorePaths
+    shm: StoreShm
+    commit_log: SharedCommitLog
+
+    @classmethod
+    def attach(cls, name: str | os.PathLike[str], role: Role, *, writable_log: bool = False) -> RunningStore:
+        names = resolve_names(name)
+        try:
+            descriptor = read_descriptor(names)
+            shm = StoreShm.attach(names, role)
+        except ShmAttachError as exc:
+            if "not allowed" in str(exc):
+                raise
+            raise StoreNotRunningError(f"store {os.fspath(name)} is not running ({exc})") from exc
+        config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
+        paths = StorePaths.of(descriptor["root"], config.commit_log_dir)
+        commit_log = SharedCommitLog(
+            paths.commit_log,
+            config.mapped_file_size_commit_log,
+            writable=writable_log,
+            delay_level_ms=list(config.delay_levels_ms),
+        )
+        return cls(names, config, paths, shm, commit_log)
+
+    @property
+    def table(self) -> PointerTable:
+        return self.shm.table
+
+    @property
+    def sync_flush(self) -> bool:
+        return self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+
+    @property
+    def pool_enabled(self) -> bool:
+        return self.shm.table.get(layout.POOL_SIZE) > 0
+
+    def readable_end(self) -> int:
+        """How far readers may go: flushed under SYNC_FLUSH (RocketMQ 5.3, #8239), committed with
+        the pool, else written."""
+        t = self.shm.table
+        if self.sync_flush:
+            return t.get(layout.FLUSHED_POSITION)
+        return t.get(layout.COMMITTED_POSITION if self.pool_enabled else layout.WROTE_POSITION)
+
+    def sync_log(self, readable_end: int | None = None) -> int:
+        end = self.readable_end() if readable_end is None else readable_end
+        self.commit_log.sync_positions(min_offset=self.shm.table.get(layout.MIN_OFFSET), readable_end=end)
+        return end
+
+    def close(self) -> None:
+        self.commit_log.close()
+        self.shm.close()

@@ -1,0 +1,132 @@
+"""Flusher: forces CommitLog bytes to disk and completes SYNC_FLUSH requests.
+
+Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeService (ASYNC_FLUSH)
+(rocketmq-format.md §7.4). FLUSHED is its field alone, and it never advances on a failed fsync
+(RocketMQ 4.9.8 does: issue #2706); the failure is counted and waiting producers time out.
+
+- SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): flush
+  ``[flushed, wrote)``, then complete every waiting request at or below the flushed offset and
+  time out those past their deadline (the watcher's job); wake reput, since under SYNC_FLUSH
+  consumers see only flushed records.
+- ASYNC_FLUSH: every `flushIntervalCommitLog` ms, flush when `flushCommitLogLeastPages` pages are
+  dirty or `flushCommitLogThoroughInterval` ms passed; `flushCommitLogTimed` makes the interval a
+  plain sleep that wakeups do not shorten.
+Writes PHYSIC_MSG_TIMESTAMP after each flush. Final pass: flush everything (10 tries).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from rmq_mp.config import FlushDiskType
+from rmq_mp.mapped_file import OS_PAGE_SIZE
+from shm import flush_requests as fr
+from shm import layout
+from shm.pointer_table import now_ms
+from workers.service import ServiceLoop, main
+
+log = logging.getLogger("rmq_mp.flusher")
+
+
+class FlusherService(ServiceLoop):
+    role = "flusher"
+
+    def on_start(self) -> None:
+        self.sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+        self.last_thorough = time.monotonic()
+        self.done_sems = [
+            self.store.shm.semaphore(self.store.names.flush_done(i))
+            for i in range(self.store.shm.ring.capacity)
+        ]
+
+    def interval_s(self) -> float:
+        cfg = self.store.config
+        if self.sync:
+            return 0.01 if self._requests_waiting() else 0.2
+        if cfg.flush_commit_log_timed:
+            time.sleep(cfg.flush_interval_commit_log / 1000)
+            return 0
+        return cfg.flush_interval_commit_log / 1000
+
+    def _requests_waiting(self) -> bool:
+        ring = self.store.shm.ring
+        return any(ring.get(i, fr.STATE) == fr.WAITING for i in range(ring.capacity))
+
+    def target(self) -> int:
+        t = self.table
+        return t.get(layout.COMMITTED_POSITION if self.store.pool_enabled else layout.WROTE_POSITION)
+
+    def flush(self, least_pages: int) -> bool:
+        """Force ``[flushed, target)``; True if FLUSHED advanced."""
+        t = self.table
+        flushed = t.get(layout.FLUSHED_POSITION)
+        target = self.target()
+        store_ts = t.get(layout.LAST_STORE_TIMESTAMP)
+        if target <= flushed:
+            return False
+        if least_pages > 0 and target // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE < least_pages:
+            return False
+        log_view = self.store.commit_log
+        log_view.sync_positions(min_offset=t.get(layout.MIN_OFFSET), readable_end=target)
+        size = self.store.config.mapped_file_size_commit_log
+        try:
+            offset = flushed
+            while offset < target:
+                mf = log_view.file_at(offset)
+                mf.flushed_position = offset - mf.file_from_offset
+                mf.flush()
+                offset = mf.file_from_offset + size
+        except OSError as exc:
+            t.add(layout.FLUSH_FAILURES, 1)
+            log.error(
+                "flush of [%d, %d) failed, flushed offset stays at %d: %s", flushed, target, flushed, exc
+            )
+            return False
+        t.set(layout.FLUSHED_POSITION, target)
+        t.add(layout.FLUSH_COUNT, 1)
+        if store_ts:
+            t.set(layout.PHYSIC_MSG_TIMESTAMP, store_ts)
+        return True
+
+    def complete_requests(self) -> None:
+        """Complete flushed requests, time out overdue ones, free abandoned ones."""
+        ring = self.store.shm.ring
+        flushed = self.table.get(layout.FLUSHED_POSITION)
+        now = now_ms()
+        for slot in range(ring.capacity):
+            state = ring.get(slot, fr.STATE)
+            if state == fr.WAITING:
+                if ring.get(slot, fr.NEXT_OFFSET) <= flushed:
+                    ring.set(slot, fr.STATE, fr.DONE_OK)
+                    self.done_sems[slot].release()
+                elif ring.get(slot, fr.DEADLINE_MS) <= now:
+                    ring.set(slot, fr.STATE, fr.DONE_TIMEOUT)
+                    self.done_sems[slot].release()
+            elif state == fr.ABANDONED:
+                ring.set(slot, fr.STATE, fr.FREE)
+
+    def do_work(self) -> None:
+        cfg = self.store.config
+        if self.sync:
+            advanced = self.flush(0)
+            self.complete_requests()
+            if advanced:
+                self.store.shm.wake("reput")
+            return
+        thorough = (time.monotonic() - self.last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval
+        if thorough:
+            self.last_thorough = time.monotonic()
+        self.flush(0 if thorough else cfg.flush_commit_log_least_pages)
+
+    def final_pass(self) -> None:
+        for _ in range(10):
+            if not self.flush(0):
+                break
+        if self.sync:
+            self.complete_requests()
+
+
+if __name__ == "__main__":
+    sys.exit(main(FlusherService))

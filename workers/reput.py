@@ -1,0 +1,171 @@
+"""Reput: dispatches CommitLog records into ConsumeQueues and index files, and wakes consumers.
+
+Mirrors ReputMessageService and FlushConsumeQueueService (rocketmq-format.md §7.7, §7.8). The only
+writer of ConsumeQueue and index files while the store runs, through the library's `Dispatcher`
+(the code recovery uses). Reads up to what consumers may see: FLUSHED under SYNC_FLUSH, COMMITTED
+with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched offset and
+last store time in the queue-offset table, and the logics/index checkpoint timestamps; flushes
+queues every `flushIntervalConsumeQueue` ms and the checkpoint every
+`flushConsumeQueueThoroughInterval` ms. Woken by producers, committer or flusher, else every
+100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle). When the cleaner
+raised the CommitLog minimum, drops ConsumeQueue and index files wholly below it. Final pass:
+dispatch to the end, flush queues, index and checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+from rmq_mp.checkpoint import StoreCheckpoint
+from rmq_mp.consume_queue import ConsumeQueue, ConsumeQueueTable
+from rmq_mp.dispatch import Dispatcher
+from rmq_mp.index_service import IndexService
+from rmq_mp.message import is_dispatchable
+from rmq_mp.reporter import Reporter
+from shm import layout
+from shm import queue_offsets as qo
+from shm import waiters as wt
+from workers.service import ServiceLoop, main
+
+log = logging.getLogger("rmq_mp.reput")
+MAX_RECORDS_PER_PASS = 20_000
+
+
+class ReputService(ServiceLoop):
+    role = "reput"
+
+    def on_start(self) -> None:
+        cfg = self.store.config
+        paths = self.store.paths
+        reporter = Reporter()
+        self.cq_table = ConsumeQueueTable(
+            paths.consume_queue, cfg.mapped_file_size_consume_queue, writable=True, reporter=reporter
+        )
+        self.cq_table.load()
+        for cq in self.cq_table.all():
+            cq.recover()
+            cq.min_logic_offset = self._table_min_offset(cq)
+        self.index = (
+            IndexService(
+                paths.index,
+                cfg.max_hash_slot_num,
+                cfg.max_index_num,
+                writable=True,
+                reporter=reporter,
+                max_msgs_num_batch=cfg.max_msgs_num_batch,
+            )  # fmt: skip
+            if cfg.message_index_enable
+            else None
+        )
+        if self.index is not None:
+            self.index.load()
+        self.checkpoint = StoreCheckpoint(paths.checkpoint, writable=True)
+        self.dispatcher = Dispatcher(self.cq_table.find, self.index, self.checkpoint)
+        self.waiter_sems = [
+            self.store.shm.semaphore(self.store.names.waiter(i))
+            for i in range(self.store.shm.waiters.capacity)
+        ]
+        self.last_cq_flush = self.last_thorough = time.monotonic()
+
+    def _table_min_offset(self, cq: ConsumeQueue) -> int:
+        slot = self.store.shm.queues.find(cq.topic, cq.queue_id)
+        return self.store.shm.queues.get(slot, qo.MIN_OFFSET) * 20 if slot >= 0 else cq.min_logic_offset
+
+    def interval_s(self) -> float:
+        return 0.1
+
+    def dispatch(self, limit: int = MAX_RECORDS_PER_PASS) -> int:
+        """Dispatch up to ``limit`` records from REPUT_FROM; returns how many."""
+        t = self.table
+        end = self.store.sync_log()
+        offset = t.get(layout.REPUT_FROM_OFFSET)
+        if offset < t.get(layout.MIN_OFFSET):
+            offset = t.get(layout.MIN_OFFSET)
+        queues = self.store.shm.queues
+        dispatched = 0
+        touched: set[int] = set()
+        log_view = self.store.commit_log
+        for phy, req in log_view.iter_dispatch(offset, check_crc=False, end_offset=end):
+            if req.success and req.size > 0:
+                self.dispatcher.dispatch(req)
+                if is_dispatchable(req.sys_flag):
+                    slot = queues.find(req.topic, req.queue_id)
+                    if slot >= 0:
+                        queues.set(slot, qo.DISPATCHED, req.queue_offset + 1)
+                        queues.set(slot, qo.LAST_STORE_TS, req.store_timestamp)
+                        touched.add(slot)
+                offset = phy + req.size
+                dispatched += 1
+            elif req.success:
+                offset = log_view.roll_next_file(phy)
+            elif req.size > 0:
+                log.error("[BUG] record at %d: %s; skipping %d bytes", phy, req.reason, req.size)
+                offset = phy + req.size
+            else:
+                log.error("unreadable record at %d below the readable end %d: %s", phy, end, req.reason)
+                break
+            if dispatched >= limit:
+                break
+        if offset != t.get(layout.REPUT_FROM_OFFSET):
+            t.set(layout.REPUT_FROM_OFFSET, offset)
+            t.add(layout.DISPATCH_COUNT, dispatched)
+            t.set(layout.LOGICS_MSG_TIMESTAMP, self.checkpoint.logics_msg_timestamp)
+            if self.index is not None and self.index.files:
+                t.set(layout.INDEX_MSG_TIMESTAMP, self.index.files[-1].end_timestamp)
+        if touched:
+            self._wake_waiters(touched)
+        return dispatched
+
+    def _wake_waiters(self, touched: set[int]) -> None:
+        """`arriving`: wake each long-polling consumer whose queue got past its offset."""
+        waiters = self.store.shm.waiters
+        queues = self.store.shm.queues
+        for slot in range(waiters.capacity):
+            if waiters.get(slot, wt.WAITING) != 1:
+                continue
+            queue_slot = waiters.get(slot, wt.QUEUE_SLOT)
+            if queue_slot < 0 or (
+                queue_slot in touched and queues.get(queue_slot, qo.DISPATCHED) > waiters.get(slot, wt.OFFSET)
+            ):
+                waiters.set(slot, wt.WAITING, 0)
+                self.waiter_sems[slot].release()
+
+    def flush_queues(self, thorough: bool) -> None:
+        for cq in self.cq_table.all():
+            cq.flush()
+        if self.index is not None:
+            self.index.flush()
+        if thorough:
+            self.checkpoint.physic_msg_timestamp = self.table.get(layout.PHYSIC_MSG_TIMESTAMP)
+            if self.index is not None and self.index.files:
+                self.checkpoint.index_msg_timestamp = self.index.files[-1].end_timestamp
+            self.checkpoint.flush()
+
+    def do_work(self) -> None:
+        while self.dispatch() >= MAX_RECORDS_PER_PASS:
+            self.heartbeat()
+        cfg = self.store.config
+        now = time.monotonic()
+        if (now - self.last_cq_flush) * 1000 >= cfg.flush_interval_consume_queue:
+            thorough = (now - self.last_thorough) * 1000 >= cfg.flush_consume_queue_thorough_interval
+            self.flush_queues(thorough)
+            self.last_cq_flush = now
+            if thorough:
+                self.last_thorough = now
+
+    def final_pass(self) -> None:
+        while self.dispatch():
+            pass
+        self.flush_queues(thorough=True)
+
+    def on_exit(self) -> None:
+        if hasattr(self, "cq_table"):
+            self.cq_table.close()
+            if self.index is not None:
+                self.index.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main(ReputService))

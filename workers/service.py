@@ -1,0 +1,125 @@
+"""ServiceLoop: the one shape every worker process has (RocketMQ's ServiceThread).
+
+    start: attach to the store's shared memory in the worker's role, `on_start()`, post the
+           ready semaphore (the supervisor's start handshake), state READY;
+    loop:  wait on the wakeup semaphore with a timeout of `interval_s()`, `do_work()`, heartbeat;
+    stop:  when the supervisor sets this worker's stop flag, or dies (the parent pid changes): `final_pass()`
+           (RocketMQ's shutdown retries), state STOPPED, exit.
+
+A worker runs as ``python -m workers.<role> <shm-name> <store-dir>``, so `ps` shows its role and
+store, and names its thread ``rmq-<role>`` for `top`.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+import logging
+import os
+import signal
+import sys
+import time
+from typing import ClassVar
+
+from rmq_mp.running_store import RunningStore
+from shm import layout
+from shm.layout import Role
+from shm.pointer_table import now_ms
+
+log = logging.getLogger("rmq_mp.worker")
+
+_PR_SET_NAME = 15
+
+
+def set_thread_name(name: str) -> None:
+    """What `top` and `ps -o comm` show (15 bytes)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+class ServiceLoop:
+    role: ClassVar[str]
+    writable_log: ClassVar[bool] = False
+
+    def __init__(self, store: RunningStore) -> None:
+        self.store = store
+        self.table = store.shm.table
+        self.wakeup = store.shm.wakeup(self.role)
+        self._field = {name: layout.worker_field(self.role, name) for name in layout.WORKER_FIELDS}
+        self.supervisor_pid = self.table.get(layout.SUPERVISOR_PID)
+
+    # ------------------------------------------------------------------ hooks
+
+    def interval_s(self) -> float:
+        raise NotImplementedError
+
+    def on_start(self) -> None:
+        """Open what the worker needs before it reports ready."""
+
+    def do_work(self) -> None:
+        raise NotImplementedError
+
+    def final_pass(self) -> None:
+        """Work left at stop (flush, commit, dispatch), bounded."""
+
+    def on_exit(self) -> None:
+        """Release resources."""
+
+    # ------------------------------------------------------------------ loop
+
+    def stopping(self) -> bool:
+        """The supervisor asked this worker to stop (in dependency order), or died."""
+        return bool(self.table.get(self._field["stop"])) or os.getppid() != self.supervisor_pid
+
+    def set_state(self, state: int) -> None:
+        self.table.set(self._field["state"], state)
+
+    def heartbeat(self) -> None:
+        self.table.set(self._field["heartbeat_ms"], now_ms())
+
+    def run(self) -> int:
+        set_thread_name(f"rmq-{self.role}")
+        self.set_state(layout.W_STARTING)
+        self.on_start()
+        self.set_state(layout.W_READY)
+        self.heartbeat()
+        self.store.shm.semaphore(self.store.names.ready(self.role)).release()
+        try:
+            while not self.stopping():
+                self.wakeup.wait(self.interval_s())
+                if self.stopping():
+                    break
+                self._work_once()
+            self.set_state(layout.W_STOPPING)
+            self.final_pass()
+            self.set_state(layout.W_STOPPED)
+        finally:
+            self.on_exit()
+        return 0
+
+    def _work_once(self) -> None:
+        try:
+            self.do_work()
+        except Exception:
+            self.table.add(self._field["errors"], 1)
+            log.exception("%s: work failed", self.role)
+            time.sleep(0.1)
+        self.table.add(self._field["work_count"], 1)
+        self.table.set(self._field["last_work_ms"], now_ms())
+        self.heartbeat()
+
+
+def main(service_class: type[ServiceLoop]) -> int:
+    """Entry point of ``python -m workers.<role> <shm-name> <store-dir>``."""
+    logging.basicConfig(
+        level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
+        format=f"%(asctime)s %(levelname)s {service_class.role}[%(process)d] %(name)s: %(message)s",
+    )
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
+    store = RunningStore.attach(
+        sys.argv[1], Role(service_class.role), writable_log=service_class.writable_log
+    )
+    try:
+        return service_class(store).run()
+    finally:
+        store.close()

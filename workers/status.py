@@ -1,0 +1,113 @@
+"""`run.py status`: one read of a running store's pointer table, as a table or JSON."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.producer import FLAG_NAMES
+from shm import layout
+from shm.layout import Role
+from shm.names import ROLES, ShmNames
+from shm.pointer_table import now_ms
+from shm.store_shm import StoreShm
+from workers.cleaner import disk_used_ratio
+
+STATE_NAMES = {layout.STARTING: "STARTING", layout.RUNNING: "RUNNING", layout.STOPPING: "STOPPING",
+               layout.STOPPED: "STOPPED"}  # fmt: skip
+WORKER_STATES = {layout.W_STOPPED: "stopped", layout.W_STARTING: "starting", layout.W_READY: "ready",
+                 layout.W_STOPPING: "stopping"}  # fmt: skip
+
+
+def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
+    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
+    shm = StoreShm.attach(names, Role.CONSUMER)
+    try:
+        t = shm.table
+        snap = t.snapshot()
+        wrote, committed = snap["wrote_position"], snap["committed_position"]
+        flushed, reput = snap["flushed_position"], snap["reput_from_offset"]
+        pool_size = snap["pool_size"]
+        workers = {}
+        for role in ROLES:
+            pid = t.get(layout.worker_field(role, "pid"))
+            if not pid:
+                continue
+            workers[role] = {
+                "pid": pid,
+                "state": WORKER_STATES.get(t.get(layout.worker_field(role, "state")), "?"),
+                "restarts": t.get(layout.worker_field(role, "restarts")),
+                "heartbeat_age_ms": now_ms() - t.get(layout.worker_field(role, "heartbeat_ms")),
+                "errors": t.get(layout.worker_field(role, "errors")),
+            }
+        flags = snap["running_flags"]
+        return {
+            "store": config.store_path_root_dir,
+            "shm_name": names.base,
+            "state": STATE_NAMES.get(snap["state"], "?"),
+            "supervisor_pid": snap["supervisor_pid"],
+            "flush_disk_type": "SYNC_FLUSH" if snap["flush_disk_sync"] else "ASYNC_FLUSH",
+            "offsets": {
+                "min": snap["min_offset"],
+                "wrote": wrote,
+                "committed": committed,
+                "flushed": flushed,
+                "reput": reput,
+            },  # fmt: skip
+            "lags": {
+                "commit": wrote - committed if pool_size else 0,
+                "flush": max(wrote - flushed, 0),
+                "reput": max(
+                    (flushed if snap["flush_disk_sync"] else committed if pool_size else wrote) - reput, 0
+                ),
+            },  # fmt: skip
+            "pool": {
+                "buffers": pool_size,
+                "in_use": pool_size - shm.pool.available(),
+                "mlock_failed": snap["pool_mlock_failed"],
+            },  # fmt: skip
+            "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
+            "running_flags": [n for bit, n in FLAG_NAMES.items() if flags & bit],
+            "workers": workers,
+            "counters": {
+                k: snap[k]
+                for k in (
+                    "put_count",
+                    "put_bytes",
+                    "flush_count",
+                    "flush_failures",
+                    "commit_count",
+                    "dispatch_count",
+                    "lock_recoveries",
+                    "recovery_dropped_bytes",
+                )
+            },  # fmt: skip
+        }
+    finally:
+        shm.close()
+
+
+def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
+    status = collect_status(config)
+    if as_json:
+        print(json.dumps(status, indent=2))
+        return 0
+    print(f"store {status['store']}  shm {status['shm_name']}  {status['state']}  supervisor pid "
+          f"{status['supervisor_pid']}  {status['flush_disk_type']}")  # fmt: skip
+    o, lag = status["offsets"], status["lags"]
+    print(f"offsets  min {o['min']}  wrote {o['wrote']}  committed {o['committed']}  flushed {o['flushed']}  "
+          f"reput {o['reput']}")  # fmt: skip
+    print(f"lags     commit {lag['commit']}  flush {lag['flush']}  reput {lag['reput']} bytes")
+    p = status["pool"]
+    print(f"pool     {p['in_use']}/{p['buffers']} buffers in use, mlock failed on {p['mlock_failed']}")
+    print(
+        f"disk     {status['disk_used_ratio']:.0%} used   flags {' '.join(status['running_flags']) or 'none'}"
+    )
+    print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
+    for role, w in status["workers"].items():
+        print(f"{role:<10} {w['pid']:>8} {w['state']:<9} {w['restarts']:>8} {w['heartbeat_age_ms']:>8}ms "
+              f"{w['errors']:>6}")  # fmt: skip
+    c = status["counters"]
+    print("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
+    return 0

@@ -1,0 +1,302 @@
+"""Supervisor: owns a running store (BrokerStartup + DefaultMessageStore.start/shutdown).
+
+start:  take the store `lock`; if a crashed run left shared memory, commit what its pool
+        buffers hold into the files, then remove it; recover (`MessageStore.open`, which
+        writes `abort`); create the pointer table, queue-offset table, flush-request ring,
+        waiter table, mlocked pool buffers and every semaphore; publish the descriptor;
+        start allocator, committer (pool only), flusher, reput, cleaner in that order, each
+        with a ready handshake; state RUNNING.
+watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted).
+stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused; stop
+        workers one by one in dependency order (committer, flusher, reput, then the rest),
+        each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
+        remove `abort` only if dispatch caught up; unlink every segment and semaphore;
+        release the lock.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType
+
+from rmq_mp.config import FlushDiskType, MessageStoreConfig
+from rmq_mp.errors import ShmAttachError, StoreLockedError
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.message_store import MessageStore
+from shm import layout
+from shm import queue_offsets as qo
+from shm.layout import Role
+from shm.names import ROLES, ShmNames
+from shm.pointer_table import PointerTable, now_ms, pid_alive
+from shm.segment import SharedSegment
+from shm.semaphores import acquire
+from shm.store_shm import ShmSizes, StoreShm, write_descriptor
+
+log = logging.getLogger("rmq_mp.supervisor")
+
+READY_TIMEOUT_S = 15.0
+STOP_TIMEOUT_S = 15.0
+STOP_ORDER = ("committer", "flusher", "reput", "cleaner", "allocator")
+RESTART_BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0)
+"""Delay before the n-th consecutive restart of a worker; never more than a second."""
+
+
+@dataclass
+class WorkerHandle:
+    role: str
+    process: subprocess.Popen[bytes] | None = None
+    restarts: int = 0
+    consecutive: int = 0
+    restart_at: float = 0.0
+    started_at: float = field(default_factory=time.monotonic)
+
+
+def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:
+    """A supervisor died with its shared memory in place: copy every byte the pool buffers hold
+    beyond the committed offset into the files, so no acknowledged ASYNC put is lost (RocketMQ
+    loses its write buffer on any JVM crash). Returns the bytes saved."""
+    try:
+        table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    except ShmAttachError:
+        return 0
+    saved = 0
+    try:
+        if table.get(layout.SUPERVISOR_PID) and pid_alive(table.get(layout.SUPERVISOR_PID)):
+            raise StoreLockedError(f"store is running (supervisor pid {table.get(layout.SUPERVISOR_PID)})")
+        size = config.mapped_file_size_commit_log
+        committed, wrote = table.get(layout.COMMITTED_POSITION), table.get(layout.WROTE_POSITION)
+        for index in range(table.get(layout.POOL_SIZE)):
+            file_offset = table.get(layout.pool_file_offset(index))
+            start, end = max(committed, file_offset), min(wrote, file_offset + size)
+            if file_offset < 0 or end <= start:
+                continue
+            buffer = SharedSegment.attach(names.pool_buffer(index))
+            try:
+                path = Path(config.commit_log_dir) / offset_to_file_name(file_offset)
+                with path.open("r+b") as f, mmap.mmap(f.fileno(), size) as target:
+                    target[start - file_offset : end - file_offset] = buffer.mm[
+                        start - file_offset : end - file_offset
+                    ]
+                    target.flush()
+                saved += end - start
+                log.warning(
+                    "saved %d bytes of pool buffer %d into %s after a crash", end - start, index, path.name
+                )
+            finally:
+                buffer.close()
+    finally:
+        table.close()
+    return saved
+
+
+class Supervisor:
+    def __init__(self, config: MessageStoreConfig) -> None:
+        self.config = config
+        self.root = Path(config.store_path_root_dir)
+        self.names = ShmNames.for_store(str(self.root), config.shm_name)
+        self.workers = {role: WorkerHandle(role) for role in self.roles()}
+        self.stop_requested = False
+        self.store: MessageStore | None = None
+        self.shm: StoreShm | None = None
+        self.descriptor: SharedSegment | None = None
+
+    def roles(self) -> list[str]:
+        pool = self.config.transient_store_pool_enable
+        return [r for r in ROLES if r != "committer" or pool]
+
+    # ------------------------------------------------------------------ start
+
+    def start(self) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        if self.names.leftovers():
+            salvaged = salvage_crashed_run(self.names, self.config)
+            removed = StoreShm.unlink_all(self.names)
+            log.warning(
+                "removed %d shared objects of a crashed run (%d pool bytes saved)", len(removed), salvaged
+            )
+        self.store = MessageStore.open(config=self.config)
+        self.store.handover()
+        try:
+            self._create_shared_memory()
+            for role in self.workers:
+                self._start_worker(self.workers[role])
+        except BaseException:
+            self.shutdown()
+            raise
+        assert self.shm is not None
+        self.shm.table.set(layout.STATE, layout.RUNNING)
+        log.info("store %s running as %s", self.root, self.names.base)
+
+    def _create_shared_memory(self) -> None:
+        cfg, store = self.config, self.store
+        assert store is not None and store.recovery is not None
+        pool_buffers = cfg.transient_store_pool_size if cfg.transient_store_pool_enable else 0
+        sizes = ShmSizes(pool_buffers, cfg.mapped_file_size_commit_log, 256, 64, qo.DEFAULT_CAPACITY)
+        self.shm = shm = StoreShm.create(self.names, sizes)
+        t = shm.table
+        t.set(layout.STATE, layout.STARTING)
+        t.set(layout.GENERATION, now_ms())
+        t.set(layout.SUPERVISOR_PID, os.getpid())
+        t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
+        t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
+        t.set(layout.FLUSH_DISK_SYNC, int(cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH))
+        end = store.max_phy_offset()
+        for f in (
+            layout.WROTE_POSITION,
+            layout.COMMITTED_POSITION,
+            layout.FLUSHED_POSITION,
+            layout.REPUT_FROM_OFFSET,
+        ):
+            t.set(f, end)
+        t.set(layout.MIN_OFFSET, store.min_phy_offset())
+        t.set(layout.PHYSIC_MSG_TIMESTAMP, store.checkpoint.physic_msg_timestamp)
+        t.set(layout.LOGICS_MSG_TIMESTAMP, store.checkpoint.logics_msg_timestamp)
+        t.set(layout.INDEX_MSG_TIMESTAMP, store.checkpoint.index_msg_timestamp)
+        t.set(layout.RECOVERY_DROPPED_BYTES, store.recovery.commit_log_bytes_dropped)
+        for cq in store.all_consume_queues():
+            slot = shm.queues.find_or_insert(cq.topic, cq.queue_id)
+            max_offset = store.topic_queue_table.get((cq.topic, cq.queue_id), 0)
+            shm.queues.set(slot, qo.NEXT_OFFSET, max_offset)
+            shm.queues.set(slot, qo.DISPATCHED, max_offset)
+            shm.queues.set(slot, qo.MIN_OFFSET, cq.min_offset_in_queue())
+        failed = 0
+        for buffer in shm.pool.buffers:
+            reason = buffer.mlock()
+            if reason:
+                failed += 1
+                log.warning("mlock of pool buffer %s failed: %s (continuing unlocked)", buffer.name, reason)
+        t.set(layout.POOL_MLOCK_FAILED, failed)
+        self.descriptor = write_descriptor(
+            self.names,
+            {"root": str(self.root), "properties": cfg.to_properties(), "supervisor_pid": os.getpid()},
+        )
+
+    def _start_worker(self, handle: WorkerHandle) -> None:
+        assert self.shm is not None
+        ready = self.shm.semaphore(self.names.ready(handle.role))
+        while acquire(ready, 0):
+            pass
+        self.shm.table.set(layout.worker_field(handle.role, "stop"), 0)
+        handle.process = subprocess.Popen(
+            [sys.executable, "-m", f"workers.{handle.role}", self.names.base, str(self.root)],
+            cwd=Path(__file__).resolve().parents[1],
+        )
+        handle.started_at = time.monotonic()
+        self.shm.table.set(layout.worker_field(handle.role, "pid"), handle.process.pid)
+        deadline = time.monotonic() + READY_TIMEOUT_S
+        while not acquire(ready, 0.05):
+            if handle.process.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"worker {handle.role} did not become ready (exit code {handle.process.poll()})"
+                )
+
+    # ------------------------------------------------------------------ watch
+
+    def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        self.stop_requested = True
+
+    def watch(self) -> None:
+        assert self.shm is not None
+        t = self.shm.table
+        while not self.stop_requested:
+            t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
+            for handle in self.workers.values():
+                self._check_worker(handle)
+            time.sleep(0.05)
+
+    def _check_worker(self, handle: WorkerHandle) -> None:
+        assert self.shm is not None and handle.process is not None
+        code = handle.process.poll()
+        if code is None:
+            if time.monotonic() - handle.started_at > 10:
+                handle.consecutive = 0
+            return
+        now = time.monotonic()
+        if not handle.restart_at:
+            delay = RESTART_BACKOFF_S[min(handle.consecutive, len(RESTART_BACKOFF_S) - 1)]
+            handle.restart_at = now + delay
+            log.warning("worker %s (pid %d) exited with %s; restarting in %.2f s", handle.role, handle.process.pid,
+                        code, delay)  # fmt: skip
+        if now >= handle.restart_at:
+            handle.restart_at = 0.0
+            handle.consecutive += 1
+            handle.restarts += 1
+            self.shm.table.set(layout.worker_field(handle.role, "restarts"), handle.restarts)
+            try:
+                self._start_worker(handle)
+            except RuntimeError as exc:
+                log.error("restart of %s failed: %s", handle.role, exc)
+
+    # ------------------------------------------------------------------ stop
+
+    def shutdown(self) -> bool:
+        """Stop workers in order, then release everything. True if the store stopped cleanly."""
+        clean = True
+        if self.shm is not None:
+            t = self.shm.table
+            t.set(layout.STATE, layout.STOPPING)
+            for role in STOP_ORDER:
+                handle = self.workers.get(role)
+                if handle is not None and handle.process is not None:
+                    clean &= self._stop_worker(handle)
+            readable = t.get(
+                layout.FLUSHED_POSITION
+                if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+                else layout.COMMITTED_POSITION
+                if self.workers.get("committer")
+                else layout.WROTE_POSITION
+            )
+            caught_up = (
+                t.get(layout.REPUT_FROM_OFFSET) >= readable and t.get(layout.FLUSHED_POSITION) >= readable
+            )
+            if not caught_up:
+                log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
+            clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
+            t.set(layout.STATE, layout.STOPPED)
+            self.shm.close()
+            self.shm = None
+        if self.descriptor is not None:
+            self.descriptor.close()
+            self.descriptor = None
+        StoreShm.unlink_all(self.names)
+        if self.store is not None:
+            self.store.finish_service(clean=clean)
+            self.store = None
+        return clean
+
+    def _stop_worker(self, handle: WorkerHandle) -> bool:
+        assert self.shm is not None and handle.process is not None
+        process = handle.process
+        if process.poll() is None:
+            self.shm.table.set(layout.worker_field(handle.role, "stop"), 1)
+            self.shm.wake(handle.role)
+            for sig in (None, signal.SIGTERM, signal.SIGKILL):
+                if sig is not None:
+                    log.warning("worker %s did not stop in time; sending %s", handle.role, sig.name)
+                    process.send_signal(sig)
+                try:
+                    process.wait(STOP_TIMEOUT_S if sig is None else 5)
+                    break
+                except subprocess.TimeoutExpired:
+                    continue
+        return process.returncode == 0
+
+    def run(self) -> int:
+        """Foreground: start, watch until SIGTERM/SIGINT, stop."""
+        signal.signal(signal.SIGTERM, self.request_stop)
+        signal.signal(signal.SIGINT, self.request_stop)
+        self.start()
+        try:
+            self.watch()
+        finally:
+            clean = self.shutdown()
+        log.info("store %s stopped %s", self.root, "cleanly" if clean else "with abort kept")
+        return 0 if clean else 1
