@@ -114,8 +114,10 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser = sub.add_parser("demo", parents=[common], help="write and read the store as a library")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
-    logging.basicConfig(level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
-                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")  # fmt: skip
+    logging.basicConfig(
+        level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+    )
     try:
         config = MessageStoreConfig.from_file(args.conf)
         if args.store is not None:

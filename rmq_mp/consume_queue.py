@@ -332,8 +332,9 @@ class ConsumeQueueTable:
         return cq
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
-        cq = ConsumeQueue(topic, queue_id, self.root, self.mapped_file_size, writable=self.writable,
-                          reporter=self.reporter)  # fmt: skip
+        cq = ConsumeQueue(
+            topic, queue_id, self.root, self.mapped_file_size, writable=self.writable, reporter=self.reporter
+        )
         self.queues.setdefault(topic, {})[queue_id] = cq
         return cq
 

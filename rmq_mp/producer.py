@@ -40,8 +40,12 @@ LOCK_TIMEOUT_S = 3.0
 POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
 WRITEABLE_MASK = 0b11110  # NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
-FLAG_NAMES = {1 << 1: "NOT_WRITEABLE", 1 << 2: "WRITE_LOGICS_QUEUE_ERROR", 1 << 3: "WRITE_INDEX_FILE_ERROR",
-              1 << 4: "DISK_FULL"}  # fmt: skip
+FLAG_NAMES = {
+    1 << 1: "NOT_WRITEABLE",
+    1 << 2: "WRITE_LOGICS_QUEUE_ERROR",
+    1 << 3: "WRITE_INDEX_FILE_ERROR",
+    1 << 4: "DISK_FULL",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,8 +125,19 @@ class Producer:
         flag: int = 0,
     ) -> SendResult:
         """Store one message; the result's status is RocketMQ's PutMessageStatus."""
-        return self.send_batch([dict(topic=topic, body=body, tags=tags, keys=keys, properties=properties,
-                                     queue_id=queue_id, flag=flag)])[0]  # fmt: skip
+        return self.send_batch(
+            [
+                dict(
+                    topic=topic,
+                    body=body,
+                    tags=tags,
+                    keys=keys,
+                    properties=properties,
+                    queue_id=queue_id,
+                    flag=flag,
+                )
+            ]
+        )[0]
 
     def send_batch(self, messages: Iterable[m.Message | Mapping[str, Any]]) -> list[SendResult]:
         """Store many messages under one put-lock hold (each keeps its own queue offset)."""
@@ -159,8 +174,15 @@ class Producer:
         if queue_id is None:
             counter = self._round_robin.setdefault(topic, itertools.count())
             queue_id = next(counter) % self.config.default_topic_queue_nums
-        return m.Message(topic=topic, body=bytes(body), flag=flag, properties=props, queue_id=queue_id,
-                         born_timestamp=now_ms(), born_host=self.born_host)  # fmt: skip
+        return m.Message(
+            topic=topic,
+            body=bytes(body),
+            flag=flag,
+            properties=props,
+            queue_id=queue_id,
+            born_timestamp=now_ms(),
+            born_host=self.born_host,
+        )
 
     def _encode(self, message: m.Message) -> _Pending:
         problem = record.validate_message(message, max_message_size=self.config.max_message_size)
@@ -231,8 +253,11 @@ class Producer:
             wrote = t.get(layout.WROTE_POSITION)
             mf = self._target_file(wrote)
             if mf is None:
-                return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id=message.queue_id,
-                                  reason="no free TransientStorePool buffer")  # fmt: skip
+                return SendResult(
+                    PutMessageStatus.OS_PAGECACHE_BUSY,
+                    queue_id=message.queue_id,
+                    reason="no free TransientStorePool buffer",
+                )
             slot = self.queues.find_or_insert(message.topic, message.queue_id) if dispatchable else -1
             queue_offset = self.queues.get(slot, qo.NEXT_OFFSET) if slot >= 0 else 0
             self._journal(
@@ -248,8 +273,11 @@ class Producer:
                 continue
             if result.status is not AppendMessageStatus.PUT_OK:
                 t.set(layout.JOURNAL_ACTIVE, 0)
-                return SendResult(PutMessageStatus.MESSAGE_ILLEGAL, queue_id=message.queue_id,
-                                  reason=f"append failed: {result.status.name}")  # fmt: skip
+                return SendResult(
+                    PutMessageStatus.MESSAGE_ILLEGAL,
+                    queue_id=message.queue_id,
+                    reason=f"append failed: {result.status.name}",
+                )
             if slot >= 0:
                 self.queues.set(slot, qo.NEXT_OFFSET, queue_offset + 1)
             end = result.phy_offset + result.wrote_bytes
@@ -265,9 +293,13 @@ class Producer:
             ):
                 p.ring_slot = self._flush_request(end)
                 if p.ring_slot < 0:
-                    return SendResult(PutMessageStatus.FLUSH_DISK_TIMEOUT, queue_id=message.queue_id,
-                                      queue_offset=queue_offset, commit_log_offset=result.phy_offset,
-                                      reason="flush request ring full")  # fmt: skip
+                    return SendResult(
+                        PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                        queue_id=message.queue_id,
+                        queue_offset=queue_offset,
+                        commit_log_offset=result.phy_offset,
+                        reason="flush request ring full",
+                    )
             return SendResult(
                 PutMessageStatus.PUT_OK,
                 msg_id=m.create_message_id(self._store_ip, self._store_port, result.phy_offset),
@@ -346,9 +378,14 @@ class Producer:
                 acquire(sem, remaining)
             if state != fr.DONE_OK and p.result is not None:
                 p.result = SendResult(
-                    PutMessageStatus.FLUSH_DISK_TIMEOUT, p.result.msg_id, p.result.queue_id, p.result.queue_offset,
-                    p.result.commit_log_offset, p.result.uniq_key, "not flushed within syncFlushTimeout",
-                )  # fmt: skip
+                    PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                    p.result.msg_id,
+                    p.result.queue_id,
+                    p.result.queue_offset,
+                    p.result.commit_log_offset,
+                    p.result.uniq_key,
+                    "not flushed within syncFlushTimeout",
+                )
         for p in waiting:
             if p.result is not None and p.result.ok:
                 assert self.table.get(layout.FLUSHED_POSITION) >= p.end_offset

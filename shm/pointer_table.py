@@ -58,8 +58,10 @@ class PointerTable:
             self.role is Role.SUPERVISOR
             and _Q.unpack_from(self._buf, layout.STATE.offset)[0] == layout.STARTING
         ):
-            raise PermissionError(f"{self.role.value} may not write {field.name} (writers: "
-                                  f"{sorted(r.value for r in field.writers)})")  # fmt: skip
+            raise PermissionError(
+                f"{self.role.value} may not write {field.name} (writers: "
+                f"{sorted(r.value for r in field.writers)})"
+            )
         _Q.pack_into(self._buf, field.offset, value)
 
     def add(self, field: Field, delta: int) -> int:

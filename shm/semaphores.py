@@ -70,8 +70,13 @@ def acquire(sem: posix_ipc.Semaphore, timeout_s: float) -> bool:
 class PutLock:
     """The put lock of one process. ``held`` is this process's view (asserted by writers)."""
 
-    def __init__(self, sem: posix_ipc.Semaphore, takeover: posix_ipc.Semaphore, table: PointerTable,
-                 on_takeover: Callable[[], None]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        sem: posix_ipc.Semaphore,
+        takeover: posix_ipc.Semaphore,
+        table: PointerTable,
+        on_takeover: Callable[[], None],
+    ) -> None:
         self.sem = sem
         self.takeover = takeover
         self.table = table

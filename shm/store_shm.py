@@ -40,8 +40,16 @@ class ShmSizes:
 class StoreShm:
     """One process's handles on the store's shared memory and semaphores."""
 
-    def __init__(self, names: ShmNames, role: Role, table: PointerTable, queues: QueueOffsetTable,
-                 ring: FlushRequestRing, waiters: WaiterTable, pool: TransientPool) -> None:  # fmt: skip
+    def __init__(
+        self,
+        names: ShmNames,
+        role: Role,
+        table: PointerTable,
+        queues: QueueOffsetTable,
+        ring: FlushRequestRing,
+        waiters: WaiterTable,
+        pool: TransientPool,
+    ) -> None:
         self.names = names
         self.role = role
         self.table = table

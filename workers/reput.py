@@ -55,7 +55,7 @@ class ReputService(ServiceLoop):
                 writable=True,
                 reporter=reporter,
                 max_msgs_num_batch=cfg.max_msgs_num_batch,
-            )  # fmt: skip
+            )
             if cfg.message_index_enable
             else None
         )

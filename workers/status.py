@@ -14,10 +14,18 @@ from shm.pointer_table import now_ms
 from shm.store_shm import StoreShm
 from workers.cleaner import disk_used_ratio
 
-STATE_NAMES = {layout.STARTING: "STARTING", layout.RUNNING: "RUNNING", layout.STOPPING: "STOPPING",
-               layout.STOPPED: "STOPPED"}  # fmt: skip
-WORKER_STATES = {layout.W_STOPPED: "stopped", layout.W_STARTING: "starting", layout.W_READY: "ready",
-                 layout.W_STOPPING: "stopping"}  # fmt: skip
+STATE_NAMES = {
+    layout.STARTING: "STARTING",
+    layout.RUNNING: "RUNNING",
+    layout.STOPPING: "STOPPING",
+    layout.STOPPED: "STOPPED",
+}
+WORKER_STATES = {
+    layout.W_STOPPED: "stopped",
+    layout.W_STARTING: "starting",
+    layout.W_READY: "ready",
+    layout.W_STOPPING: "stopping",
+}
 
 
 def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
@@ -54,19 +62,19 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                 "committed": committed,
                 "flushed": flushed,
                 "reput": reput,
-            },  # fmt: skip
+            },
             "lags": {
                 "commit": wrote - committed if pool_size else 0,
                 "flush": max(wrote - flushed, 0),
                 "reput": max(
                     (flushed if snap["flush_disk_sync"] else committed if pool_size else wrote) - reput, 0
                 ),
-            },  # fmt: skip
+            },
             "pool": {
                 "buffers": pool_size,
                 "in_use": pool_size - shm.pool.available(),
                 "mlock_failed": snap["pool_mlock_failed"],
-            },  # fmt: skip
+            },
             "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
             "running_flags": [n for bit, n in FLAG_NAMES.items() if flags & bit],
             "workers": workers,
@@ -82,7 +90,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                     "lock_recoveries",
                     "recovery_dropped_bytes",
                 )
-            },  # fmt: skip
+            },
         }
     finally:
         shm.close()
@@ -93,11 +101,15 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     if as_json:
         print(json.dumps(status, indent=2))
         return 0
-    print(f"store {status['store']}  shm {status['shm_name']}  {status['state']}  supervisor pid "
-          f"{status['supervisor_pid']}  {status['flush_disk_type']}")  # fmt: skip
+    print(
+        f"store {status['store']}  shm {status['shm_name']}  {status['state']}  supervisor pid "
+        f"{status['supervisor_pid']}  {status['flush_disk_type']}"
+    )
     o, lag = status["offsets"], status["lags"]
-    print(f"offsets  min {o['min']}  wrote {o['wrote']}  committed {o['committed']}  flushed {o['flushed']}  "
-          f"reput {o['reput']}")  # fmt: skip
+    print(
+        f"offsets  min {o['min']}  wrote {o['wrote']}  committed {o['committed']}  flushed {o['flushed']}  "
+        f"reput {o['reput']}"
+    )
     print(f"lags     commit {lag['commit']}  flush {lag['flush']}  reput {lag['reput']} bytes")
     p = status["pool"]
     print(f"pool     {p['in_use']}/{p['buffers']} buffers in use, mlock failed on {p['mlock_failed']}")
@@ -106,8 +118,10 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     )
     print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
     for role, w in status["workers"].items():
-        print(f"{role:<10} {w['pid']:>8} {w['state']:<9} {w['restarts']:>8} {w['heartbeat_age_ms']:>8}ms "
-              f"{w['errors']:>6}")  # fmt: skip
+        print(
+            f"{role:<10} {w['pid']:>8} {w['state']:<9} {w['restarts']:>8} {w['heartbeat_age_ms']:>8}ms "
+            f"{w['errors']:>6}"
+        )
     c = status["counters"]
     print("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
     return 0

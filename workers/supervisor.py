@@ -137,7 +137,8 @@ class Supervisor:
 
     def _create_shared_memory(self) -> None:
         cfg, store = self.config, self.store
-        assert store is not None and store.recovery is not None
+        assert store is not None
+        assert store.recovery is not None
         pool_buffers = cfg.transient_store_pool_size if cfg.transient_store_pool_enable else 0
         sizes = ShmSizes(pool_buffers, cfg.mapped_file_size_commit_log, 256, 64, qo.DEFAULT_CAPACITY)
         self.shm = shm = StoreShm.create(self.names, sizes)
@@ -213,7 +214,8 @@ class Supervisor:
             time.sleep(0.05)
 
     def _check_worker(self, handle: WorkerHandle) -> None:
-        assert self.shm is not None and handle.process is not None
+        assert self.shm is not None
+        assert handle.process is not None
         code = handle.process.poll()
         if code is None:
             if time.monotonic() - handle.started_at > 10:
@@ -223,8 +225,13 @@ class Supervisor:
         if not handle.restart_at:
             delay = RESTART_BACKOFF_S[min(handle.consecutive, len(RESTART_BACKOFF_S) - 1)]
             handle.restart_at = now + delay
-            log.warning("worker %s (pid %d) exited with %s; restarting in %.2f s", handle.role, handle.process.pid,
-                        code, delay)  # fmt: skip
+            log.warning(
+                "worker %s (pid %d) exited with %s; restarting in %.2f s",
+                handle.role,
+                handle.process.pid,
+                code,
+                delay,
+            )
         if now >= handle.restart_at:
             handle.restart_at = 0.0
             handle.consecutive += 1
@@ -273,7 +280,8 @@ class Supervisor:
         return clean
 
     def _stop_worker(self, handle: WorkerHandle) -> bool:
-        assert self.shm is not None and handle.process is not None
+        assert self.shm is not None
+        assert handle.process is not None
         process = handle.process
         if process.poll() is None:
             self.shm.table.set(layout.worker_field(handle.role, "stop"), 1)
