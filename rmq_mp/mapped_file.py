@@ -59,17 +59,26 @@ class MappedFile:
         """A TransientStorePool buffer: appends go there and `commit` copies them to the file."""
 
     @classmethod
-    def prepare(cls, path: Path, file_size: int) -> bool:
-        """Create a segment at full size if it does not exist; idempotent, so the allocator and a
-        producer that got there first can both call it. True if this call created it."""
-        try:
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
+    def prepare(cls, path: Path, file_size: int, *, preallocate: bool = False) -> bool:
+        """Create a segment at full size if it does not exist, atomically: it is sized (and with
+        ``preallocate`` its blocks reserved) under a hidden temporary name, then linked into
+        place, so no other process can ever map it short. True if this call created it."""
+        if path.exists():
             return False
+        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, file_size)
+            if preallocate:
+                os.posix_fallocate(fd, 0, file_size)
         finally:
             os.close(fd)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink()
         return True
 
     @classmethod

@@ -109,21 +109,32 @@ class MappedFileQueue:
             return mf
         return self.files[0] if return_first_on_not_found else None
 
-    def ensure_file(self, file_offset: int) -> MappedFile:
-        """The segment starting at ``file_offset``, mapping it (and any before it that appeared
-        since) when another process created it; created here when writable and missing. Used by
-        the service's processes, whose view of the directory trails the allocator's."""
-        mf = self.find_mapped_file_by_offset(file_offset)
-        if mf is not None:
-            return mf
-        start = self.files[-1].file_from_offset + self.mapped_file_size if self.files else file_offset
-        for offset in range(start, file_offset + 1, self.mapped_file_size):
+    def ensure_range(self, first_offset: int, last_offset: int) -> None:
+        """Map every segment holding ``[first_offset, last_offset]`` that this view lacks: the
+        service's processes see files that another process (allocator, producer) created."""
+        size = self.mapped_file_size
+        first = first_offset - first_offset % size
+        if not self.files or self.files[0].file_from_offset > first:
+            for mf in self.files:
+                mf.close()
+            self.files = []
+            start = first
+        else:
+            start = self.files[-1].file_from_offset + size
+        for offset in range(start, last_offset - last_offset % size + 1, size):
             path = self.store_dir / offset_to_file_name(offset)
             if self.writable:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
-                MappedFile.prepare(path, self.mapped_file_size)
-            self.files.append(MappedFile(path, self.mapped_file_size, writable=self.writable))
-        return self.files[-1]
+                MappedFile.prepare(path, size)
+            self.files.append(MappedFile(path, size, writable=self.writable))
+
+    def ensure_file(self, file_offset: int) -> MappedFile:
+        """The segment starting at ``file_offset`` (mapping it, and any missing before it)."""
+        mf = self.find_mapped_file_by_offset(file_offset)
+        if mf is None:
+            self.ensure_range(self.files[0].file_from_offset if self.files else file_offset, file_offset)
+            mf = self.files[-1]
+        return mf
 
     def drop_files_before(self, offset: int) -> None:
         """Unmap segments wholly below ``offset`` (deleted by the cleaner in another process)."""

@@ -337,54 +337,29 @@ class MessageStore:
             )
         return result
 
-    def get_message(self, topic: str, queue_id: int, offset: int, max_msgs: int = 32) -> GetMessageResult:
-        """`getMessage` without tag filtering: statuses and next offset as RocketMQ computes them."""
+    def get_message(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int = 32,
+        *,
+        tags: frozenset[str] | None = None,
+    ) -> GetMessageResult:
+        """`getMessage`: statuses and next offset as RocketMQ computes them; ``tags`` filters."""
         cq = self.cq_table.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        min_offset, max_offset = cq.min_offset_in_queue(), cq.max_offset_in_queue()
-        if max_offset == 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
-        if offset < min_offset:
-            return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
-        if offset == max_offset:
-            return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
-        if offset > max_offset:
-            next_offset = min_offset if min_offset == 0 else max_offset
-            return GetMessageResult(
-                GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset
-            )
-        entries = cq.entries(offset, max(16000 // 20, max_msgs))
-        if not entries:
-            next_file = offset + cq.mapped_file_size // 20 - offset % (cq.mapped_file_size // 20)
-            return GetMessageResult(GetMessageStatus.OFFSET_FOUND_NULL, next_file, min_offset, max_offset)
-        status = GetMessageStatus.NO_MATCHED_MESSAGE
-        messages: list[m.MessageExt] = []
-        total_bytes = 0
-        min_phy = self.commit_log.min_offset()
-        scanned = 0
-        for phy, size, _tags in entries:
-            if messages and (
-                len(messages) >= min(max_msgs, self.config.max_transfer_count_on_message_in_memory)
-                or total_bytes + size > self.config.max_transfer_bytes_on_message_in_memory
-            ):
-                break
-            scanned += 1
-            if size == PRE_BLANK_SIZE:
-                continue
-            if phy < min_phy:
-                if not messages:
-                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                continue
-            try:
-                messages.append(self.commit_log.look_message_by_offset(phy))
-            except MessageNotFoundError:
-                if not messages:
-                    status = GetMessageStatus.MESSAGE_WAS_REMOVING
-                continue
-            total_bytes += size
-            status = GetMessageStatus.FOUND
-        return GetMessageResult(status, offset + scanned, min_offset, max_offset, messages)
+        return read_queue(
+            cq,
+            self.commit_log,
+            self.config,
+            offset=offset,
+            max_msgs=max_msgs,
+            min_offset=cq.min_offset_in_queue(),
+            max_offset=cq.max_offset_in_queue(),
+            tags=tags,
+        )
 
     def look_message_by_offset(self, phy_offset: int) -> m.MessageExt:
         """The record at a commit-log offset; MessageNotFoundError / CorruptRecordError otherwise."""
@@ -423,6 +398,69 @@ class MessageStore:
         for phy, req in self.commit_log.iter_dispatch(start, check_crc=False):
             if req.success and req.size > 0:
                 yield self.commit_log.look_message_by_offset(phy)
+
+
+def read_queue(
+    cq: ConsumeQueue,
+    commit_log: CommitLog,
+    config: MessageStoreConfig,
+    *,
+    offset: int,
+    max_msgs: int,
+    min_offset: int,
+    max_offset: int,
+    tags: frozenset[str] | None = None,
+) -> GetMessageResult:
+    """The body of `getMessage` over one queue, shared by `MessageStore` and the service's
+    `Consumer` (which takes the offsets from shared memory). ``tags``: only messages whose TAGS is
+    one of these (tags-code match on the queue entry, then the string, as RocketMQ's broker and
+    client filters do); unmatched entries are skipped and counted in the next offset."""
+    if max_offset == 0:
+        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
+    if offset < min_offset:
+        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
+    if offset == max_offset:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+    if offset > max_offset:
+        next_offset = min_offset if min_offset == 0 else max_offset
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
+    entries = cq.entries(offset, min(max(16000 // 20, max_msgs), max_offset - offset))
+    if not entries:
+        per_file = cq.mapped_file_size // 20
+        return GetMessageResult(
+            GetMessageStatus.OFFSET_FOUND_NULL, offset + per_file - offset % per_file, min_offset, max_offset
+        )
+    codes = {m.tags_code(t) for t in tags} if tags is not None else None
+    status = GetMessageStatus.NO_MATCHED_MESSAGE
+    messages: list[m.MessageExt] = []
+    total_bytes = 0
+    min_phy = commit_log.min_offset()
+    scanned = 0
+    for phy, size, tags_code in entries:
+        if messages and (
+            len(messages) >= min(max_msgs, config.max_transfer_count_on_message_in_memory)
+            or total_bytes + size > config.max_transfer_bytes_on_message_in_memory
+        ):
+            break
+        scanned += 1
+        if size == PRE_BLANK_SIZE or (codes is not None and tags_code not in codes):
+            continue
+        if phy < min_phy:
+            if not messages:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            continue
+        try:
+            msg = commit_log.look_message_by_offset(phy)
+        except MessageNotFoundError:
+            if not messages:
+                status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            continue
+        if tags is not None and msg.tags not in tags:
+            continue
+        messages.append(msg)
+        total_bytes += size
+        status = GetMessageStatus.FOUND
+    return GetMessageResult(status, offset + scanned, min_offset, max_offset, messages)
 
 
 def _fsync_dir(path: Path) -> None:

@@ -32,13 +32,15 @@ from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
-from shm.pointer_table import now_ms
+from shm.pointer_table import now_ms, pid_alive
 from shm.semaphores import PutLock, acquire
 
 LOCK_TIMEOUT_S = 3.0
 """How long a put waits for the lock before reporting OS_PAGECACHE_BUSY (never a hang)."""
 POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
+SUPERVISOR_STALE_MS = 3000
+"""A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
 WRITEABLE_MASK = 0b11110  # NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
 FLAG_NAMES = {
     1 << 1: "NOT_WRITEABLE",
@@ -202,10 +204,14 @@ class Producer:
 
     def _put(self, todo: list[_Pending]) -> None:
         t = self.table
-        if t.get(layout.STATE) != layout.RUNNING or not t.supervisor_alive():
+        if t.get(layout.STATE) != layout.RUNNING:
             return self._refuse(
                 todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
             )
+        stale = now_ms() - t.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
+        if stale and not pid_alive(t.get(layout.SUPERVISOR_PID)):
+            # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
+            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead")
         flags = t.get(layout.RUNNING_FLAGS) & WRITEABLE_MASK
         if flags:
             names = "|".join(n for bit, n in FLAG_NAMES.items() if flags & bit)

@@ -32,10 +32,8 @@ class SharedCommitLog(CommitLog):
         """Make this view readable over ``[min_offset, readable_end)``: map new segments, drop
         deleted ones, and set each segment's read position."""
         self.mfq.drop_files_before(min_offset)
-        if readable_end > 0:
-            self.file_at(readable_end - 1)
-        if not self.mfq.files and readable_end == 0:
-            return
+        if readable_end > min_offset:
+            self.mfq.ensure_range(min_offset, readable_end - 1)
         for mf in self.mfq.files:
             end = readable_end - mf.file_from_offset
             position = max(0, min(end, mf.file_size))

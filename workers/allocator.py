@@ -8,7 +8,6 @@ Final pass: nothing (files it created but nobody used are removed by the next re
 
 from __future__ import annotations
 
-import os
 import sys
 
 from rmq_mp.mapped_file import MappedFile, offset_to_file_name
@@ -35,13 +34,7 @@ class AllocatorService(ServiceLoop):
         directory = self.store.paths.commit_log
         directory.mkdir(parents=True, exist_ok=True)
         for offset in range(max(current, until), target, size):
-            path = directory / offset_to_file_name(offset)
-            if MappedFile.prepare(path, size):
-                fd = os.open(path, os.O_RDWR)
-                try:
-                    os.posix_fallocate(fd, 0, size)
-                finally:
-                    os.close(fd)
+            MappedFile.prepare(directory / offset_to_file_name(offset), size, preallocate=True)
         self.table.set(layout.ALLOCATED_UNTIL, target)
 
 

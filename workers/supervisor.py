@@ -70,7 +70,9 @@ def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:
     saved = 0
     try:
         if table.get(layout.SUPERVISOR_PID) and pid_alive(table.get(layout.SUPERVISOR_PID)):
-            raise StoreLockedError(f"store is running (supervisor pid {table.get(layout.SUPERVISOR_PID)})")
+            raise StoreLockedError(
+                f"store {config.store_path_root_dir} is already running (supervisor pid {table.get(layout.SUPERVISOR_PID)})"
+            )
         size = config.mapped_file_size_commit_log
         committed, wrote = table.get(layout.COMMITTED_POSITION), table.get(layout.WROTE_POSITION)
         for index in range(table.get(layout.POOL_SIZE)):
@@ -194,6 +196,7 @@ class Supervisor:
         self.shm.table.set(layout.worker_field(handle.role, "pid"), handle.process.pid)
         deadline = time.monotonic() + READY_TIMEOUT_S
         while not acquire(ready, 0.05):
+            self.shm.table.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             if handle.process.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(
                     f"worker {handle.role} did not become ready (exit code {handle.process.poll()})"
@@ -267,6 +270,7 @@ class Supervisor:
             if not caught_up:
                 log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
             clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
+            self._remove_unused_files(t.get(layout.WROTE_POSITION))
             t.set(layout.STATE, layout.STOPPED)
             self.shm.close()
             self.shm = None
@@ -278,6 +282,14 @@ class Supervisor:
             self.store.finish_service(clean=clean)
             self.store = None
         return clean
+
+    def _remove_unused_files(self, wrote: int) -> None:
+        """Files the allocator made ahead that no put reached (AllocateMappedFileService's
+        shutdown destroys them too); recovery would remove them anyway."""
+        directory = Path(self.config.commit_log_dir)
+        for path in sorted(directory.glob("[0-9]" * 20)):
+            if int(path.name) >= wrote:
+                path.unlink()
 
     def _stop_worker(self, handle: WorkerHandle) -> bool:
         assert self.shm is not None

@@ -1,0 +1,231 @@
+"""Consumer: any local process reads a running store by queue and offset, with long polling.
+
+Mirrors PullMessageProcessor + `getMessage` (rocketmq-format.md §12) and the broker's
+PullRequestHoldService: `pull` reads ConsumeQueue entries and CommitLog records straight from the
+shared files, bounded by what reput has dispatched (the queue-offset table), so it never sees a
+record beyond the visibility limit (the flushed offset under SYNC_FLUSH). With ``timeout_s`` it
+parks in the waiter table and reput wakes it on the first dispatch past its offset: no polling
+loop. `subscribe` + `poll` iterate topics with tag expressions (``"TagA || TagB"``, ``"*"``), and
+`commit` records the group's offsets (kept in this process; see `offsets`).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.errors import ShmAttachError, StoreError
+from rmq_mp.message import MessageExt
+from rmq_mp.message_store import read_queue
+from rmq_mp.reporter import Reporter
+from rmq_mp.running_store import RunningStore
+from rmq_mp.status import GetMessageResult, GetMessageStatus
+from shm import queue_offsets as qo
+from shm import waiters as wt
+from shm.layout import Role
+from shm.pointer_table import pid_alive
+from shm.semaphores import acquire, try_acquire
+
+GetResult = GetMessageResult
+"""What `pull` returns: status, messages, next_begin_offset, min_offset, max_offset."""
+
+
+def parse_tag_expression(expression: str) -> frozenset[str] | None:
+    """RocketMQ's subscription expression: ``*`` (or empty) for all, else ``A || B``."""
+    expression = expression.strip()
+    if expression in ("", "*"):
+        return None
+    return frozenset(t.strip() for t in expression.split("||") if t.strip())
+
+
+@dataclass
+class Subscription:
+    topic: str
+    tags: frozenset[str] | None
+    next_offsets: dict[int, int] = field(default_factory=dict)
+
+
+class Consumer:
+    """Attach with `Consumer.attach(name, group)`. One instance per process (not thread-safe)."""
+
+    def __init__(self, store: RunningStore, group: str) -> None:
+        self.store = store
+        self.group = group
+        self.queues = store.shm.queues
+        self.waiters = store.shm.waiters
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._reporter = Reporter()
+        self.subscriptions: dict[str, Subscription] = {}
+        self.committed: dict[tuple[str, int], int] = {}
+        self._waiter_slot = self._claim_waiter_slot()
+        self._waiter_sem = store.shm.semaphore(store.names.waiter(self._waiter_slot))
+
+    @classmethod
+    def attach(cls, name: str | os.PathLike[str], group: str) -> Consumer:
+        return cls(RunningStore.attach(name, Role.CONSUMER), group)
+
+    def _claim_waiter_slot(self) -> int:
+        """A waiter slot of our own: free, or left by a dead consumer (under the flags lock)."""
+        lock = self.store.shm.semaphore(self.store.names.flags_lock)
+        if not acquire(lock, 5.0):
+            raise ShmAttachError("flags lock busy: cannot register for long polling")
+        try:
+            for slot in range(self.waiters.capacity):
+                pid = self.waiters.get(slot, wt.PID)
+                if pid == 0 or not pid_alive(pid):
+                    self.waiters.set(slot, wt.WAITING, 0)
+                    self.waiters.set(slot, wt.PID, os.getpid())
+                    return slot
+        finally:
+            lock.release()
+        raise ShmAttachError(f"all {self.waiters.capacity} long-polling slots are in use")
+
+    def close(self) -> None:
+        self.waiters.set(self._waiter_slot, wt.WAITING, 0)
+        self.waiters.set(self._waiter_slot, wt.PID, 0)
+        for cq in self._cqs.values():
+            cq.close()
+        self.store.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ reads
+
+    def _offsets(self, topic: str, queue_id: int) -> tuple[int, int, int]:
+        """(queue-table slot, min offset, dispatched max offset); slot -1 for an unknown queue."""
+        slot = self.queues.find(topic, queue_id)
+        if slot < 0:
+            return -1, 0, 0
+        return slot, self.queues.get(slot, qo.MIN_OFFSET), self.queues.get(slot, qo.DISPATCHED)
+
+    def _queue_view(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> ConsumeQueue:
+        """A read-only ConsumeQueue whose files and positions cover ``[min, max)``."""
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None:
+            cq = self._cqs[key] = ConsumeQueue(
+                topic, queue_id, self.store.paths.consume_queue,
+                self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self._reporter,
+            )  # fmt: skip
+        end = max_offset * CQ_STORE_UNIT_SIZE
+        cq.min_logic_offset = min_offset * CQ_STORE_UNIT_SIZE
+        cq.mfq.drop_files_before(cq.min_logic_offset)
+        if end > cq.min_logic_offset:
+            cq.mfq.ensure_range(cq.min_logic_offset, end - 1)
+        for mf in cq.mfq.files:
+            mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
+        return cq
+
+    def pull(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *, timeout_s: float = 0.0,
+        tags: frozenset[str] | None = None,
+    ) -> GetResult:  # fmt: skip
+        """Messages of one queue from ``offset``. With ``timeout_s`` > 0 and nothing new, wait
+        (long polling) until reput dispatches past ``offset`` or the timeout passes."""
+        deadline = time.monotonic() + timeout_s
+        while True:
+            result = self._read(topic, queue_id, offset, max_msgs, tags)
+            waiting_for_new = result.status in (
+                GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+            ) or (result.status is GetMessageStatus.NO_MATCHED_MESSAGE and result.next_begin_offset >= result.max_offset)  # fmt: skip
+            remaining = deadline - time.monotonic()
+            if not waiting_for_new or remaining <= 0:
+                return result
+            watch_offset = (
+                max(offset, result.next_begin_offset)
+                if result.status is GetMessageStatus.NO_MATCHED_MESSAGE
+                else offset
+            )
+            self._park(topic, queue_id, watch_offset, remaining)
+            if result.status is GetMessageStatus.NO_MATCHED_MESSAGE:
+                offset = result.next_begin_offset
+
+    def _read(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
+    ) -> GetResult:
+        slot, min_offset, max_offset = self._offsets(topic, queue_id)
+        if slot < 0:
+            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+        cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+        self.store.sync_log()
+        return read_queue(cq, self.store.commit_log, self.store.config, offset=offset, max_msgs=max_msgs,
+                          min_offset=min_offset, max_offset=max_offset, tags=tags)  # fmt: skip
+
+    def _park(
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False
+    ) -> None:
+        """Register in our waiter slot, re-check (no lost wakeup), sleep until woken or timeout."""
+        slot = -1 if any_queue else self.queues.find(topic, queue_id)
+        w = self.waiters
+        while try_acquire(self._waiter_sem):  # drop stale posts
+            pass
+        w.set(self._waiter_slot, wt.QUEUE_SLOT, slot)
+        w.set(self._waiter_slot, wt.OFFSET, offset)
+        w.set(self._waiter_slot, wt.WAITING, 1)
+        if not any_queue:
+            slot_now = self.queues.find(topic, queue_id)
+            if slot_now != slot:  # the queue appeared meanwhile: wait for any dispatch instead
+                w.set(self._waiter_slot, wt.QUEUE_SLOT, -1)
+            elif slot_now >= 0 and self.queues.get(slot_now, qo.DISPATCHED) > offset:
+                w.set(self._waiter_slot, wt.WAITING, 0)
+                return
+        acquire(self._waiter_sem, timeout_s)
+        w.set(self._waiter_slot, wt.WAITING, 0)
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def subscribe(
+        self, topic: str, expression: str = "*", *, from_offsets: dict[int, int] | None = None
+    ) -> None:
+        """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered."""
+        sub = Subscription(topic, parse_tag_expression(expression))
+        for (t, queue_id), offset in self.committed.items():
+            if t == topic:
+                sub.next_offsets[queue_id] = offset
+        sub.next_offsets.update(from_offsets or {})
+        self.subscriptions[topic] = sub
+
+    def _topic_queues(self, topic: str) -> list[int]:
+        return sorted(q for t, q, _slot in self.queues.queues() if t == topic)
+
+    def poll(self, timeout_s: float = 1.0, max_msgs: int = 32) -> list[MessageExt]:
+        """The next messages of any subscribed queue; waits up to ``timeout_s`` when there are none."""
+        if not self.subscriptions:
+            raise StoreError("poll() before subscribe()")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            batch: list[MessageExt] = []
+            for sub in self.subscriptions.values():
+                for queue_id in self._topic_queues(sub.topic):
+                    offset = sub.next_offsets.get(queue_id, 0)
+                    result = self._read(sub.topic, queue_id, offset, max_msgs - len(batch), sub.tags)
+                    if result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+                                         GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                                         GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.MESSAGE_WAS_REMOVING):  # fmt: skip
+                        sub.next_offsets[queue_id] = result.next_begin_offset
+                    batch.extend(result.messages)
+                    if len(batch) >= max_msgs:
+                        return batch
+            remaining = deadline - time.monotonic()
+            if batch or remaining <= 0:
+                return batch
+            self._park("", 0, 0, remaining, any_queue=True)
+
+    def __iter__(self) -> Iterator[MessageExt]:
+        """Messages of the subscriptions until a poll of one second finds none."""
+        while batch := self.poll(1.0):
+            yield from batch
+
+    def commit(self) -> dict[tuple[str, int], int]:
+        """Record the next offsets of every subscribed queue as the group's consumed offsets."""
+        for sub in self.subscriptions.values():
+            for queue_id, offset in sub.next_offsets.items():
+                self.committed[(sub.topic, queue_id)] = offset
+        return dict(self.committed)

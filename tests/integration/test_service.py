@@ -1,0 +1,309 @@
+"""The service with real processes: supervisor, workers, producers and consumers attaching by name."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rmq_mp.consumer import Consumer
+from rmq_mp.errors import StoreNotRunningError
+from rmq_mp.message_store import MessageStore
+from rmq_mp.producer import Producer
+from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from shm import layout
+from tests.integration.test_round_trip import independent_records
+from tests.load import QUEUES, TOPICS, message_for
+from tests.service import ROOT, RunningService, running_service, wait_until
+
+
+def run_producers(
+    service: RunningService, tmp_path: Path, producers: int, count: int, batch: int = 1
+) -> list[Path]:
+    outs = [tmp_path / f"producer{i}.jsonl" for i in range(producers)]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.load",
+                service.names.base,
+                str(i),
+                str(count),
+                str(out),
+                str(batch),
+            ],
+            cwd=ROOT,
+        )
+        for i, out in enumerate(outs)
+    ]
+    for proc in procs:
+        assert proc.wait(300) == 0
+    return outs
+
+
+def read_all(consumer: Consumer) -> dict[tuple[str, int], list]:
+    found: dict[tuple[str, int], list] = {}
+    for topic in TOPICS:
+        for queue_id in range(QUEUES):
+            messages, offset = [], 0
+            while True:
+                result = consumer.pull(topic, queue_id, offset, 32)
+                if result.status is not GetMessageStatus.FOUND:
+                    assert result.status in (
+                        GetMessageStatus.OFFSET_OVERFLOW_ONE,
+                        GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+                    )
+                    break
+                messages.extend(result.messages)
+                offset = result.next_begin_offset
+            found[(topic, queue_id)] = messages
+    return found
+
+
+def check_everything_once(found: dict[tuple[str, int], list], producers: int, count: int) -> None:
+    """Every message read back once, byte-identical; queue offsets contiguous; producer order kept."""
+    seen: set[tuple[int, int]] = set()
+    for (topic, queue_id), messages in found.items():
+        assert [msg.queue_offset for msg in messages] == list(range(len(messages)))
+        last_seq: dict[int, int] = defaultdict(lambda: -1)
+        for msg in messages:
+            producer, seq = int(msg.properties["producer"]), int(msg.properties["seq"])
+            assert (producer, seq) not in seen
+            seen.add((producer, seq))
+            assert message_for(producer, seq) == (topic, queue_id, msg.body)
+            assert seq > last_seq[producer], "per-producer order within a queue"
+            last_seq[producer] = seq
+    assert len(seen) == producers * count
+
+
+@pytest.mark.slow
+def test_four_producer_processes_every_message_once(tmp_path: Path) -> None:
+    producers, count = 4, 25_000
+    with running_service(tmp_path) as service:
+        outs = run_producers(service, tmp_path, producers, count, batch=1)
+        for out in outs:
+            assert {json.loads(line)["status"] for line in out.read_text().splitlines()} == {"PUT_OK"}
+        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION), 60,
+                   "dispatch to catch up")  # fmt: skip
+        with Consumer.attach(service.names.base, "checker") as consumer:
+            check_everything_once(read_all(consumer), producers, count)
+    # The files the service wrote follow the spec byte for byte.
+    records = independent_records(service.root / "commitlog", service.config.mapped_file_size_commit_log)
+    assert len(records) == producers * count
+    with MessageStore.open(config=service.config, read_only=True) as store:
+        assert store.recovery is not None
+        assert not store.recovery.abnormal
+        assert sum(q.max_offset for t in store.topics() for q in store.queue_status(t)) == producers * count
+
+
+def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        status = subprocess.run([sys.executable, "run.py", "status", "--conf", str(service.conf), "--json"],
+                                cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        info = json.loads(status.stdout)
+        assert info["state"] == "RUNNING"
+        assert set(info["workers"]) == {"allocator", "flusher", "reput", "cleaner"}
+        assert all(w["state"] == "ready" for w in info["workers"].values())
+        for role, w in info["workers"].items():
+            proc = psutil.Process(w["pid"])
+            assert proc.name() == f"rmq-{role}"
+            assert f"workers.{role}" in " ".join(proc.cmdline())
+            assert str(service.root) in proc.cmdline()
+        second = subprocess.run([sys.executable, "run.py", "start", "--conf", str(service.conf)], cwd=ROOT,
+                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        assert second.returncode == 2
+        assert "already" in second.stderr
+        human = subprocess.run([sys.executable, "run.py", "status", "--conf", str(service.conf)], cwd=ROOT,
+                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        assert "RUNNING" in human
+        assert "reput" in human
+        assert "pool" in human
+        assert "flags" in human
+    assert not (service.root / "abort").exists()
+
+
+def test_attaching_to_a_store_that_is_not_running_is_a_typed_error(tmp_path: Path) -> None:
+    with pytest.raises(StoreNotRunningError, match="not running"):
+        Producer.attach(tmp_path)
+    with pytest.raises(StoreNotRunningError):
+        Consumer.attach("rmq_nosuchstore", "g")
+
+
+def test_two_stores_side_by_side(tmp_path: Path) -> None:
+    with running_service(tmp_path, "one") as one, running_service(tmp_path, "two") as two:
+        assert one.names.base != two.names.base
+        with Producer.attach(one.root) as p1, Producer.attach(two.root) as p2:
+            assert p1.send("T", b"one", queue_id=0).ok
+            assert p2.send("T", b"two", queue_id=0).ok
+        with Consumer.attach(one.root, "g") as c1, Consumer.attach(two.root, "g") as c2:
+            assert [m.body for m in c1.pull("T", 0, 0, timeout_s=5).messages] == [b"one"]
+            assert [m.body for m in c2.pull("T", 0, 0, timeout_s=5).messages] == [b"two"]
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to run a process as another uid")
+def test_another_uid_cannot_attach(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        code = (  # import first: the other user cannot read this interpreter's files under /root
+            "import os, json, rmq_mp.running_store\n"
+            "from rmq_mp.producer import Producer\n"
+            "from rmq_mp.errors import ShmAttachError\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            f"try:\n    Producer.attach({service.names.base!r})\nexcept ShmAttachError as e:\n"
+            "    print('refused:', e); raise SystemExit(0)\nraise SystemExit(1)\n"
+        )
+        result = subprocess.run(
+            [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+        )
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "not allowed" in result.stdout
+        assert oct(os.stat(f"/dev/shm/{service.names.base}_ptr").st_mode & 0o777) == "0o600"
+
+
+def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service, Consumer.attach(service.root, "g") as consumer:
+        assert consumer.pull("T", 0, 0, timeout_s=0.2).status is GetMessageStatus.NO_MESSAGE_IN_QUEUE
+        sender = subprocess.Popen([sys.executable, "-c",
+                                   "import time; from rmq_mp.producer import Producer\n"
+                                   f"p = Producer.attach({service.names.base!r}); time.sleep(0.3)\n"
+                                   "p.send('T', b'late', queue_id=0)"], cwd=ROOT)  # fmt: skip
+        started = time.monotonic()
+        result = consumer.pull("T", 0, 0, timeout_s=30)
+        waited = time.monotonic() - started
+        assert sender.wait(30) == 0
+        assert [m.body for m in result.messages] == [b"late"]
+        assert waited < 10, "woken by dispatch, not by the timeout"
+        consumer.subscribe("T", "TagX || TagY")
+        with Producer.attach(service.root) as producer:
+            producer.send("T", b"x", tags="TagX", queue_id=1)
+            producer.send("T", b"z", tags="TagZ", queue_id=1)
+            producer.send("T", b"y", tags="TagY", queue_id=1)
+        got: list[bytes] = []
+        wait_until(lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) >= 2, 20, "poll")
+        assert sorted(got) == [b"x", b"y"], "untagged and TagZ messages are filtered out"
+
+
+def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
+    with (
+        running_service(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout="700") as service,
+        Producer.attach(service.root) as producer,
+        Consumer.attach(service.root, "g") as consumer,
+    ):
+        for i in range(200):
+            result = producer.send("S", b"durable %d" % i, queue_id=0)
+            assert result.status is PutMessageStatus.PUT_OK
+            assert service.read(layout.FLUSHED_POSITION) >= result.commit_log_offset + 1
+        flusher = psutil.Process(service.worker_pid("flusher"))
+        flusher.suspend()
+        try:
+            started = time.monotonic()
+            stuck = producer.send("S", b"not durable yet", queue_id=0)
+            assert stuck.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+            assert 0.6 <= time.monotonic() - started < 5
+            flushed = service.read(layout.FLUSHED_POSITION)
+            assert stuck.commit_log_offset >= flushed
+            result = consumer.pull("S", 0, 200, timeout_s=0.5)
+            assert result.status is GetMessageStatus.OFFSET_OVERFLOW_ONE, (
+                "not visible above the flushed offset"
+            )
+        finally:
+            flusher.resume()
+        assert producer.send("S", b"after resume", queue_id=0).status is PutMessageStatus.PUT_OK
+        wait_until(lambda: len(consumer.pull("S", 0, 200, 10, timeout_s=1).messages) == 2, 20, "both visible")
+        assert [m.body for m in consumer.pull("S", 0, 200, 10).messages] == [
+            b"not durable yet",
+            b"after resume",
+        ]
+
+
+def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
+    settings = dict(transientStorePoolEnable="true", transientStorePoolSize="2", commitIntervalCommitLog="50",
+                    commitCommitLogThoroughInterval="2000", commitCommitLogLeastPages="4",
+                    flushIntervalCommitLog="50", flushCommitLogThoroughInterval="300", flushCommitLogTimed="false")  # fmt: skip
+    with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
+        assert service.read(layout.POOL_SIZE) == 2
+        committed = lambda: service.read(layout.COMMITTED_POSITION)  # noqa: E731
+        producer.send("P", b"a" * 100, queue_id=0)
+        wait_until(lambda: committed() > 0, 5, "first (thorough) commit")
+        # Less than commitCommitLogLeastPages: it waits for the thorough interval (2 s).
+        first = committed()
+        small = producer.send("P", b"b" * 100, queue_id=0)
+        time.sleep(0.5)
+        assert committed() == first, "a small put is not committed before the thorough interval"
+        wait_until(lambda: committed() >= small.commit_log_offset + 1, 5, "thorough commit")
+        # At least leastPages (4 x 4 KiB): committed at the next 50 ms interval, long before 2 s.
+        big = producer.send("P", b"c" * 20_000, queue_id=0)
+        started = time.monotonic()
+        wait_until(lambda: committed() > big.commit_log_offset, 1.5, "least-pages commit")
+        assert time.monotonic() - started < 1.5
+        wait_until(lambda: service.read(layout.FLUSHED_POSITION) == committed(), 5, "flush after commit")
+        # Several files: each buffer returns to the pool once its file is wholly committed.
+        for _ in range(150):
+            assert producer.send("P", b"d" * 20_000, queue_id=0).ok
+        wait_until(lambda: committed() == service.read(layout.WROTE_POSITION), 5, "commit to catch up")
+        assert service.read(layout.WROTE_POSITION) > 2 * service.config.mapped_file_size_commit_log
+        size = service.config.mapped_file_size_commit_log
+        current = service.read(layout.WROTE_POSITION) // size * size
+        in_use = {service.read(layout.pool_file_offset(i)) for i in range(2)} - {-1}
+        assert in_use <= {current}, "only the file being written holds a buffer"
+        # Committer stopped: the pool runs dry and sends report busy within the bound, never hang.
+        committer = psutil.Process(service.worker_pid("committer"))
+        committer.suspend()
+        try:
+            statuses = []
+            started = time.monotonic()
+            for _ in range(200):
+                status = producer.send("P", b"e" * 20_000, queue_id=0).status
+                statuses.append(status)
+                if status is not PutMessageStatus.PUT_OK:
+                    break
+            assert statuses[-1] is PutMessageStatus.OS_PAGECACHE_BUSY
+            assert time.monotonic() - started < 30
+        finally:
+            committer.resume()
+        wait_until(lambda: producer.send("P", b"f", queue_id=0).ok, 10, "puts to resume")
+
+
+@pytest.mark.parametrize("role", ["allocator", "flusher", "reput", "cleaner"])
+def test_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path: Path, role: str) -> None:
+    with running_service(tmp_path) as service:
+        outs = []
+        loader = subprocess.Popen([sys.executable, "-m", "tests.load", service.names.base, "0", "6000",
+                                   str(tmp_path / "p0.jsonl")], cwd=ROOT)  # fmt: skip
+        outs.append(tmp_path / "p0.jsonl")
+        wait_until(lambda: service.read(layout.PUT_COUNT) > 1500, 60, "load to be under way")
+        victim = service.worker_pid(role)
+        os.kill(victim, signal.SIGKILL)
+        wait_until(lambda: service.worker_pid(role) != victim and service.read(
+            layout.worker_field(role, "state")) == layout.W_READY, 5, f"{role} to be restarted")  # fmt: skip
+        assert loader.wait(120) == 0
+        assert service.read(layout.worker_field(role, "restarts")) == 1
+        acked = [json.loads(line) for line in outs[0].read_text().splitlines()]
+        assert all(a["status"] == "PUT_OK" for a in acked)
+        assert len(acked) == 6000
+        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION), 60,
+                   "dispatch to catch up")  # fmt: skip
+        with Consumer.attach(service.root, "g") as consumer:
+            check_everything_once(read_all(consumer), 1, 6000)
+
+
+def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        time.sleep(1.0)
+        procs = [
+            psutil.Process(service.process.pid),
+            *psutil.Process(service.process.pid).children(recursive=True),
+        ]
+        before = [p.cpu_times() for p in procs]
+        time.sleep(3.0)
+        used = sum((a.user + a.system) - (b.user + b.system) for p, b in zip(procs, before, strict=True)
+                   for a in [p.cpu_times()])  # fmt: skip
+        assert used / 3.0 < 0.02, f"idle store used {used / 3.0:.1%} of a core"
