@@ -12,76 +12,69 @@ import argparse
 import logging
 import os
 import signal
+import subprocess
 import sys
 import time
 from pathlib import Path
 
-from rmq_mp.audit import digest_report
 from rmq_mp.config import MessageStoreConfig
+from rmq_mp.consumer import Consumer
 from rmq_mp.errors import StoreError
-from rmq_mp.message import PROPERTY_KEYS, PROPERTY_TAGS, Message, UniqueIdGenerator
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.producer import Producer
 from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
-from workers.status import print_status
+from workers.status import collect_status, print_status
 from workers.supervisor import Supervisor
 
 DEFAULT_CONF = Path(__file__).resolve().parent / "conf" / "broker.conf"
 
 
-def demo(config: MessageStoreConfig, count: int) -> int:
-    """Write ``count`` messages over two topics, read them back, print a summary."""
-    uniq = UniqueIdGenerator()
-    started = time.monotonic()
-    with MessageStore.open(config=config) as store:
-        report = store.recovery
-        assert report is not None
-        print(
-            f"store {store.paths.root}: recovered {'ABNORMALLY' if report.abnormal else 'normally'}, "
-            f"commit log [{store.min_phy_offset()}, {store.max_phy_offset()}), {report.duration_ms} ms"
-        )
-        last_id = ""
-        for i in range(count):
-            topic = "DemoOrders" if i % 3 else "DemoPayments"
-            message = Message(
-                topic=topic,
-                body=f"demo message {i} written at {time.time():.3f}".encode(),
-                queue_id=i % 4,
-                properties={
-                    PROPERTY_TAGS: "TagA" if i % 2 else "TagB",
-                    PROPERTY_KEYS: f"order-{i}",
-                    "UNIQ_KEY": uniq.next_id(),
-                },
-            )
-            result = store.put_message(message)
-            if result.status is not PutMessageStatus.PUT_OK:
-                print(f"put failed: {result.status.name} {result.reason}", file=sys.stderr)
+def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
+    """Start the store as a service, send ``count`` messages from this process, consume them with
+    a long-polling consumer, look one up by key and by msgId, print the status, stop cleanly."""
+    root = config.store_path_root_dir
+    command = [sys.executable, str(Path(__file__).resolve()), "start", "--conf", str(conf), "--store", root]
+    supervisor = subprocess.Popen(command)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                if collect_status(config)["state"] == "RUNNING":
+                    break
+            except StoreError:
+                pass
+            if supervisor.poll() is not None or time.monotonic() > deadline:
+                print("run.py: the store did not start", file=sys.stderr)
                 return 1
-            last_id = result.msg_id
-        store.flush()
-        wrote_s = time.monotonic() - started
-        print(
-            f"wrote {count} messages in {wrote_s:.2f} s ({count / max(wrote_s, 1e-9):,.0f} msgs/s), flushed"
-        )
-        for topic in store.topics():
-            for q in store.queue_status(topic):
-                got = store.get_message(topic, q.queue_id, max(q.min_offset, q.max_offset - 2), 2)
-                bodies = [m.body.decode(errors="replace") for m in got.messages]
-                assert got.status is GetMessageStatus.FOUND
-                print(
-                    f"  {topic}/{q.queue_id}: offsets [{q.min_offset}, {q.max_offset}) last: {bodies[-1]!r}"
-                )
-        by_id = store.view_message_by_id(last_id)
-        print(f"by msgId {last_id}: {by_id.body.decode()!r}")
-        key = f"order-{count - 1}"
-        hits = store.query_message("DemoOrders" if (count - 1) % 3 else "DemoPayments", key)
-        print(f"by key {key}: {[m.body.decode() for m in hits]}")
-        print("digests (as RocketMQ's queues.txt):", digest_report(store)[-1])
-    print("closed cleanly (abort file removed)")
-    return 0
+            time.sleep(0.05)
+        with Producer.attach(root) as producer, Consumer.attach(root, "demo-group") as consumer:
+            consumer.subscribe("DemoOrders", "TagA || TagB")
+            started = time.monotonic()
+            results = producer.send_batch(
+                dict(topic="DemoOrders", body=f"order {i} at {time.time():.3f}".encode(),
+                     tags="TagA" if i % 2 else "TagB", keys=[f"order-{i}"])
+                for i in range(count)
+            )  # fmt: skip
+            sent_s = time.monotonic() - started
+            ok = sum(r.ok for r in results)
+            print(f"sent {ok}/{count} messages in {sent_s:.2f} s ({count / max(sent_s, 1e-9):,.0f} msgs/s)")
+            received = 0
+            while received < ok and (batch := consumer.poll(timeout_s=5)):
+                received += len(batch)
+            print(f"consumed {received} messages with a long-polling consumer (group demo-group)")
+            last = results[-1]
+            print(
+                f"by msgId {last.msg_id}: {consumer.store.commit_log.look_message_by_offset(last.commit_log_offset).body!r}"
+            )
+        print()
+        print_status(config, as_json=False)
+    finally:
+        supervisor.send_signal(signal.SIGTERM)
+        supervisor.wait(60)
+    print(f"\nstopped (supervisor exit code {supervisor.returncode}); files in {root}")
+    return supervisor.returncode
 
 
 def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
@@ -111,7 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", parents=[common], help="stop a running store cleanly")
     status_parser = sub.add_parser("status", parents=[common], help="show a running store")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
-    demo_parser = sub.add_parser("demo", parents=[common], help="write and read the store as a library")
+    demo_parser = sub.add_parser("demo", parents=[common], help="start the store, produce, consume, stop")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
     logging.basicConfig(
@@ -130,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
             return stop(config)
         if args.command == "status":
             return print_status(config, as_json=args.json)
-        return demo(config, args.messages)
+        return demo(args.conf, config, args.messages)
     except StoreError as exc:
         print(f"run.py: error: {exc}", file=sys.stderr)
         return 2

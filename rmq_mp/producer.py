@@ -190,7 +190,10 @@ class Producer:
         problem = record.validate_message(message, max_message_size=self.config.max_message_size)
         if problem is not None:
             p = _Pending(message, bytearray(), 0)
-            p.result = SendResult(problem[0], queue_id=message.queue_id, reason=problem[1])
+            status = problem[0]
+            if status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED:  # the broker answers MESSAGE_ILLEGAL
+                status = PutMessageStatus.MESSAGE_ILLEGAL
+            p.result = SendResult(status, queue_id=message.queue_id, reason=problem[1])
             return p
         encoded = record.encode_record(message, self.store_host)
         (sys_flag,) = record._INT.unpack_from(encoded, record.POS_SYS_FLAG)

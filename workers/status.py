@@ -35,6 +35,8 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
         t = shm.table
         snap = t.snapshot()
         wrote, committed = snap["wrote_position"], snap["committed_position"]
+        if not snap["pool_size"]:
+            committed = wrote  # without the pool, appended bytes are in the file at once
         flushed, reput = snap["flushed_position"], snap["reput_from_offset"]
         pool_size = snap["pool_size"]
         workers = {}

@@ -307,3 +307,60 @@ def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
         used = sum((a.user + a.system) - (b.user + b.system) for p, b in zip(procs, before, strict=True)
                    for a in [p.cpu_times()])  # fmt: skip
         assert used / 3.0 < 0.02, f"idle store used {used / 3.0:.1%} of a core"
+
+
+def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:
+    with running_service(tmp_path, maxMessageSize="4096") as service, Producer.attach(service.root) as producer:
+        too_long_topic = producer.send("t" * 128, b"x")
+        assert too_long_topic.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "127" in too_long_topic.reason
+        big_props = producer.send("T", b"x", properties={"k": "é" * 20_000})
+        assert big_props.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "32767" in big_props.reason
+        big_body = producer.send("T", bytes(4097))
+        assert big_body.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "maxMessageSize" in big_body.reason
+        assert producer.send("T", bytes(4096)).ok
+        results = producer.send_batch([{"topic": "T", "body": b"a"}, {"topic": "t" * 200, "body": b"b"},
+                                       {"topic": "T", "body": b"c"}])  # fmt: skip
+        assert [r.status for r in results] == [PutMessageStatus.PUT_OK, PutMessageStatus.MESSAGE_ILLEGAL,
+                                               PutMessageStatus.PUT_OK]  # fmt: skip
+        service.stop()
+        stopped = producer.send("T", b"after stop")
+        assert stopped.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert stopped.reason
+
+
+def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path) -> None:
+    """A producer SIGKILLed inside the put lock, mid-put: the next producer takes the lock over,
+    the half-written record is never visible, and queue offsets stay contiguous."""
+    with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
+        assert producer.send("L", b"before", queue_id=0).ok
+        code = (
+            "import os, signal\n"
+            "from rmq_mp.producer import Producer\n"
+            f"p = Producer.attach({service.names.base!r})\n"
+            "real_append = p.store.commit_log.append_to\n"
+            "def dying_append(mf, encoded, **kw):\n"
+            "    half = encoded[: len(encoded) // 2]\n"
+            "    mf.fill(mf.wrote_position, bytes(half))\n"
+            "    os.kill(os.getpid(), signal.SIGKILL)\n"
+            "p.store.commit_log.append_to = dying_append\n"
+            "p.send('L', b'half written' * 10, queue_id=0)\n"
+        )
+        victim = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60)
+        assert victim.returncode == -signal.SIGKILL
+        assert service.read(layout.PUT_LOCK_OWNER_PID) != 0, "the victim died holding the lock"
+        started = time.monotonic()
+        after = producer.send("L", b"after", queue_id=0)
+        assert after.ok
+        assert time.monotonic() - started < 5
+        assert after.queue_offset == 1
+        assert service.read(layout.LOCK_RECOVERIES) == 1
+        with Consumer.attach(service.root, "g") as consumer:
+            result = consumer.pull("L", 0, 0, 10, timeout_s=5)
+            wait_until(lambda: len(consumer.pull("L", 0, 0, 10).messages) == 2, 10, "both dispatched")
+            assert [m.body for m in consumer.pull("L", 0, 0, 10).messages] == [b"before", b"after"]
+            assert result.status is GetMessageStatus.FOUND
+    with MessageStore.open(config=service.config, read_only=True) as store:
+        assert [m.body for m in store.iter_messages()] == [b"before", b"after"]
