@@ -41,7 +41,8 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
         deadline = time.monotonic() + 60
         while True:
             try:
-                if collect_status(config)["state"] == "RUNNING":
+                status = collect_status(config)
+                if status["state"] == "RUNNING" and status["supervisor_pid"] == supervisor.pid:
                     break
             except StoreError:
                 pass

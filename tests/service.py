@@ -91,7 +91,11 @@ def start_service(tmp_path: Path, name: str = "store", **settings: str) -> Runni
         if process.poll() is not None:
             raise AssertionError(f"supervisor exited with {process.returncode}:\n{log.read_text()}")
         try:
-            return service.read(layout.STATE) == layout.RUNNING
+            # A crashed run's table may still say RUNNING: it must be this supervisor's.
+            return (
+                service.read(layout.SUPERVISOR_PID) == process.pid
+                and service.read(layout.STATE) == layout.RUNNING
+            )
         except ShmAttachError:
             return False
 
@@ -118,6 +122,6 @@ def running_service(tmp_path: Path, name: str = "store", **settings: str) -> Ite
         for proc in psutil.process_iter(["cmdline"]):
             if service.names.base in " ".join(proc.info["cmdline"] or []):
                 os.kill(proc.pid, signal.SIGKILL)
-        assert code in (0, 1), service.log.read_text()
+        assert code in (0, 1), f"supervisor exit code {code}: {service.log.read_text()}"
         assert service.names.leftovers() == [], "shared memory left behind"
         assert leftover_processes(service.names) == [], "processes left behind"

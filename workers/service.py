@@ -29,6 +29,7 @@ from shm.pointer_table import now_ms
 log = logging.getLogger("rmq_mp.worker")
 
 _PR_SET_NAME = 15
+STOP_CHECK_S = 0.5
 
 
 def set_thread_name(name: str) -> None:
@@ -86,16 +87,25 @@ class ServiceLoop:
         self.store.shm.semaphore(self.store.names.ready(self.role)).release()
         try:
             while not self.stopping():
-                self.wakeup.wait(self.interval_s())
-                if self.stopping():
-                    break
-                self._work_once()
+                if self._wait():
+                    self._work_once()
             self.set_state(layout.W_STOPPING)
             self.final_pass()
             self.set_state(layout.W_STOPPED)
         finally:
             self.on_exit()
         return 0
+
+    def _wait(self) -> bool:
+        """Wait for a wakeup or the interval, in slices short enough to notice a stop request or
+        a dead supervisor within half a second. False when it is time to stop."""
+        deadline = time.monotonic() + self.interval_s()
+        while True:
+            remaining = deadline - time.monotonic()
+            if self.wakeup.wait(max(0.0, min(remaining, STOP_CHECK_S))) or remaining <= STOP_CHECK_S:
+                return not self.stopping()
+            if self.stopping():
+                return False
 
     def _work_once(self) -> None:
         try:

@@ -125,9 +125,9 @@ class Supervisor:
                 "removed %d shared objects of a crashed run (%d pool bytes saved)", len(removed), salvaged
             )
         self.store = MessageStore.open(config=self.config)
-        self.store.handover()
         try:
-            self._create_shared_memory()
+            self._create_shared_memory()  # from the recovered store, before its files are handed over
+            self.store.handover()
             for role in self.workers:
                 self._start_worker(self.workers[role])
         except BaseException:

@@ -22,7 +22,7 @@ from rmq_mp.status import GetMessageStatus, PutMessageStatus
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import QUEUES, TOPICS, message_for
-from tests.service import ROOT, RunningService, running_service, wait_until
+from tests.service import ROOT, RunningService, running_service, start_service, wait_until
 
 
 def run_producers(
@@ -310,7 +310,10 @@ def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
 
 
 def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:
-    with running_service(tmp_path, maxMessageSize="4096") as service, Producer.attach(service.root) as producer:
+    with (
+        running_service(tmp_path, maxMessageSize="4096") as service,
+        Producer.attach(service.root) as producer,
+    ):
         too_long_topic = producer.send("t" * 128, b"x")
         assert too_long_topic.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert "127" in too_long_topic.reason
@@ -364,3 +367,54 @@ def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path) -> None
             assert result.status is GetMessageStatus.FOUND
     with MessageStore.open(config=service.config, read_only=True) as store:
         assert [m.body for m in store.iter_messages()] == [b"before", b"after"]
+
+
+def test_workers_exit_when_the_supervisor_dies_and_a_restart_saves_the_pool(tmp_path: Path) -> None:
+    """SIGKILL of the supervisor: workers exit on their own; acknowledged ASYNC puts that were
+    only in pool buffers (committer stopped) are committed by the next supervisor before recovery."""
+    settings = dict(transientStorePoolEnable="true", transientStorePoolSize="2")
+    service = start_service(tmp_path, **settings)
+    workers = {
+        role: service.worker_pid(role) for role in ("allocator", "committer", "flusher", "reput", "cleaner")
+    }
+    with Producer.attach(service.root) as producer:
+        assert producer.send("K", b"committed", queue_id=0).ok
+        wait_until(lambda: service.read(layout.COMMITTED_POSITION) == service.read(layout.WROTE_POSITION), 5,
+                   "first commit")  # fmt: skip
+        psutil.Process(workers["committer"]).suspend()
+        acked = [producer.send("K", b"only in the pool %d" % i, queue_id=0) for i in range(50)]
+        assert all(r.ok for r in acked)
+        assert service.read(layout.COMMITTED_POSITION) < service.read(layout.WROTE_POSITION)
+    service.process.kill()
+    service.process.wait(10)
+    psutil.Process(workers["committer"]).resume()
+    wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                               for pid in workers.values()), 10, "workers to exit")  # fmt: skip
+    assert service.names.leftovers(), "the crashed run's shared memory is still there"
+    assert (service.root / "abort").exists()
+    with running_service(tmp_path, **settings) as again, Consumer.attach(again.root, "g") as consumer:
+        wait_until(
+            lambda: consumer.pull("K", 0, 50).status is GetMessageStatus.FOUND, 10, "everything visible"
+        )
+        bodies = [
+            m.body for m in consumer.pull("K", 0, 0, 32).messages + consumer.pull("K", 0, 32, 32).messages
+        ]
+        assert bodies == [b"committed"] + [b"only in the pool %d" % i for i in range(50)]
+
+
+def test_restarted_store_continues_where_it_stopped(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
+        first = [producer.send("R", b"first %d" % i, queue_id=0) for i in range(100)]
+    end = first[-1].commit_log_offset + 1
+    with running_service(tmp_path) as service:
+        assert service.read(layout.WROTE_POSITION) > end - 1
+        assert service.read(layout.REPUT_FROM_OFFSET) == service.read(layout.WROTE_POSITION)
+        with Producer.attach(service.root) as producer:
+            second = producer.send("R", b"second", queue_id=0)
+            assert second.queue_offset == 100
+            assert second.commit_log_offset > first[-1].commit_log_offset
+        with Consumer.attach(service.root, "g") as consumer:
+            wait_until(
+                lambda: consumer.pull("R", 0, 100, timeout_s=1).status is GetMessageStatus.FOUND, 10, "new"
+            )
+            assert consumer.pull("R", 0, 0, 1).messages[0].body == b"first 0"
