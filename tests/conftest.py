@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import shutil
 import tarfile
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,6 +24,15 @@ FIXTURE_SETTINGS = {
     "max_hash_slot_num": 1000,
     "max_index_num": 4000,
 }
+
+
+@pytest.fixture(autouse=True)
+def _no_store_left_behind() -> Iterator[None]:
+    """Whatever happens in a test, no store process, segment or semaphore outlives it."""
+    yield
+    from tests.service import cleanup_started
+
+    cleanup_started()
 
 
 @pytest.fixture(scope="session")

@@ -39,6 +39,24 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> No
         time.sleep(0.01)
 
 
+STARTED: list[RunningService] = []
+"""Every service a test started; `cleanup_started` kills and unlinks what a failed test left."""
+
+
+def cleanup_started() -> None:
+    from shm.store_shm import StoreShm
+
+    while STARTED:
+        service = STARTED.pop()
+        for proc in psutil.process_iter(["cmdline"]):
+            if service.names.base in " ".join(proc.info["cmdline"] or []):
+                proc.kill()
+        if service.process.poll() is None:
+            service.process.kill()
+            service.process.wait(10)
+        StoreShm.unlink_all(service.names)
+
+
 @dataclass
 class RunningService:
     conf: Path
@@ -86,6 +104,7 @@ def start_service(tmp_path: Path, name: str = "store", **settings: str) -> Runni
         process = subprocess.Popen([sys.executable, str(ROOT / "run.py"), "start", "--conf", str(conf)],
                                    stdout=out, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
     service = RunningService(conf, config, names, process, log)
+    STARTED.append(service)
 
     def running() -> bool:
         if process.poll() is not None:
