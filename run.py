@@ -38,26 +38,21 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
     command = [sys.executable, str(Path(__file__).resolve()), "start", "--conf", str(conf), "--store", root]
     supervisor = subprocess.Popen(command)
     try:
-        deadline = time.monotonic() + 60
-        while True:
-            try:
-                status = collect_status(config)
-                if status["state"] == "RUNNING" and status["supervisor_pid"] == supervisor.pid:
-                    break
-            except StoreError:
-                pass
-            if supervisor.poll() is not None or time.monotonic() > deadline:
-                print("run.py: the store did not start", file=sys.stderr)
-                return 1
-            time.sleep(0.05)
+        if not wait_running(config, supervisor):
+            print("run.py: the store did not start", file=sys.stderr)
+            return 1
         with Producer.attach(root) as producer, Consumer.attach(root, "demo-group") as consumer:
             consumer.subscribe("DemoOrders", "TagA || TagB")
             started = time.monotonic()
             results = producer.send_batch(
-                dict(topic="DemoOrders", body=f"order {i} at {time.time():.3f}".encode(),
-                     tags="TagA" if i % 2 else "TagB", keys=[f"order-{i}"])
+                dict(
+                    topic="DemoOrders",
+                    body=f"order {i} at {time.time():.3f}".encode(),
+                    tags="TagA" if i % 2 else "TagB",
+                    keys=[f"order-{i}"],
+                )
                 for i in range(count)
-            )  # fmt: skip
+            )
             sent_s = time.monotonic() - started
             ok = sum(r.ok for r in results)
             print(f"sent {ok}/{count} messages in {sent_s:.2f} s ({count / max(sent_s, 1e-9):,.0f} msgs/s)")
@@ -76,6 +71,57 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
         supervisor.wait(60)
     print(f"\nstopped (supervisor exit code {supervisor.returncode}); files in {root}")
     return supervisor.returncode
+
+
+def wait_running(config: MessageStoreConfig, process: subprocess.Popen[bytes], timeout_s: float = 60) -> bool:
+    """Until the store runs under this supervisor (a crashed run's table may say RUNNING too)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and process.poll() is None:
+        try:
+            status = collect_status(config)
+            if status["state"] == "RUNNING" and status["supervisor_pid"] == process.pid:
+                return True
+        except StoreError:
+            pass
+        time.sleep(0.05)
+    return False
+
+
+def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
+    """Start the supervisor detached, logging to <store>/logs/supervisor.log; return once running."""
+    logs = Path(config.store_path_root_dir) / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    with (logs / "supervisor.log").open("ab") as out:
+        command = [
+            sys.executable,
+            str(Path(__file__).resolve()),
+            "start",
+            "--conf",
+            str(conf),
+            "--store",
+            config.store_path_root_dir,
+        ]
+        process = subprocess.Popen(
+            command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
+        )
+    if not wait_running(config, process):
+        print(f"run.py: the store did not start; see {logs / 'supervisor.log'}", file=sys.stderr)
+        return 1
+    print(
+        f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
+    )
+    return 0
+
+
+def watch_status(config: MessageStoreConfig) -> int:
+    """Redraw the status every second until Ctrl-C (or until the store stops)."""
+    try:
+        while True:
+            print("\033[H\033[2J", end="")
+            print_status(config, as_json=False)
+            time.sleep(1.0)
+    except KeyboardInterrupt:
+        return 0
 
 
 def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
@@ -101,10 +147,16 @@ def main(argv: list[str] | None = None) -> int:
     common.add_argument("--conf", type=Path, default=DEFAULT_CONF, help="broker.conf to load")
     common.add_argument("--store", type=Path, help="store directory (overrides storePathRootDir)")
     sub = parser.add_subparsers(dest="command", required=True)
-    sub.add_parser("start", parents=[common], help="run the store in the foreground until SIGTERM/SIGINT")
+    start_parser = sub.add_parser(
+        "start", parents=[common], help="run the store (foreground unless --daemon)"
+    )
+    start_parser.add_argument(
+        "--daemon", action="store_true", help="run in the background; log to <store>/logs"
+    )
     sub.add_parser("stop", parents=[common], help="stop a running store cleanly")
     status_parser = sub.add_parser("status", parents=[common], help="show a running store")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
+    status_parser.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
     demo_parser = sub.add_parser("demo", parents=[common], help="start the store, produce, consume, stop")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
@@ -116,12 +168,16 @@ def main(argv: list[str] | None = None) -> int:
         config = MessageStoreConfig.from_file(args.conf)
         if args.store is not None:
             config = config.replace(store_path_root_dir=str(args.store.resolve()))
+        if args.command == "start" and args.daemon:
+            return start_daemon(args.conf, config)
         if args.command == "start":
             supervisor = Supervisor(config)
             print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
             return supervisor.run()
         if args.command == "stop":
             return stop(config)
+        if args.command == "status" and args.watch:
+            return watch_status(config)
         if args.command == "status":
             return print_status(config, as_json=args.json)
         return demo(args.conf, config, args.messages)

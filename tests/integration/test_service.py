@@ -418,3 +418,24 @@ def test_restarted_store_continues_where_it_stopped(tmp_path: Path) -> None:
                 lambda: consumer.pull("R", 0, 100, timeout_s=1).status is GetMessageStatus.FOUND, 10, "new"
             )
             assert consumer.pull("R", 0, 0, 1).messages[0].body == b"first 0"
+
+
+def test_daemon_start_then_stop(tmp_path: Path) -> None:
+    from tests.service import write_conf
+
+    conf = write_conf(tmp_path / "d.conf", tmp_path / "d")
+    run = [sys.executable, "run.py"]
+    started = subprocess.run([*run, "start", "--daemon", "--conf", str(conf)], cwd=ROOT, capture_output=True,
+                             text=True, timeout=90)  # fmt: skip
+    try:
+        assert started.returncode == 0, started.stderr
+        assert "running" in started.stdout
+        status = json.loads(subprocess.run([*run, "status", "--json", "--conf", str(conf)], cwd=ROOT,
+                                           capture_output=True, text=True, check=True).stdout)  # fmt: skip
+        assert status["state"] == "RUNNING"
+    finally:
+        stopped = subprocess.run([*run, "stop", "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True,
+                                 timeout=90)  # fmt: skip
+    assert stopped.returncode == 0, stopped.stderr
+    assert not (tmp_path / "d" / "abort").exists()
+    assert "stopped cleanly" in (tmp_path / "d" / "logs" / "supervisor.log").read_text()
