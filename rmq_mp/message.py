@@ -7,6 +7,7 @@ Mirrors `Message`, `MessageExt`, `MessageDecoder` (properties string, msgId),
 
 from __future__ import annotations
 
+import functools
 import ipaddress
 import itertools
 import os
@@ -98,8 +99,10 @@ def index_key_hash(key: str) -> int:
     return 0 if h > 0x7FFFFFFF else h
 
 
+@functools.lru_cache(maxsize=1024)
 def parse_host(host: Host | str) -> tuple[bytes, int]:
-    """(ip bytes, port) of an address given as a tuple or ``ip:port`` / ``[ip6]:port`` text."""
+    """(ip bytes, port) of an address given as a tuple or ``ip:port`` / ``[ip6]:port`` text.
+    Cached: producers encode the same few hosts millions of times."""
     if isinstance(host, str):
         text, _, port_text = host.rpartition(":")
         host = (text.strip("[]"), int(port_text))

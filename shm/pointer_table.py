@@ -28,6 +28,9 @@ class PointerTable:
         self.segment = segment
         self.role = role
         self._buf = segment.mm
+        self._allowed: set[int] = set()
+        """Offsets this role was found allowed to write: the writer check stays, but costs one
+        set lookup on the put path after the first write of each field."""
 
     @classmethod
     def create(cls, name: str) -> PointerTable:
@@ -51,18 +54,22 @@ class PointerTable:
         return table
 
     def get(self, field: Field) -> int:
-        return int(_Q.unpack_from(self._buf, field.offset)[0])
+        return int(_Q.unpack_from(self._buf, field.index * 8)[0])
 
     def set(self, field: Field, value: int) -> None:
-        if self.role not in field.writers and not (
-            self.role is Role.SUPERVISOR
-            and _Q.unpack_from(self._buf, layout.STATE.offset)[0] == layout.STARTING
-        ):
-            raise PermissionError(
-                f"{self.role.value} may not write {field.name} (writers: "
-                f"{sorted(r.value for r in field.writers)})"
-            )
-        _Q.pack_into(self._buf, field.offset, value)
+        offset = field.index * 8
+        if offset not in self._allowed:
+            if self.role in field.writers:
+                self._allowed.add(offset)
+            elif not (
+                self.role is Role.SUPERVISOR
+                and _Q.unpack_from(self._buf, layout.STATE.offset)[0] == layout.STARTING
+            ):
+                raise PermissionError(
+                    f"{self.role.value} may not write {field.name} (writers: "
+                    f"{sorted(r.value for r in field.writers)})"
+                )
+        _Q.pack_into(self._buf, offset, value)
 
     def add(self, field: Field, delta: int) -> int:
         """Read-modify-write by the field's single writer (or under its lock)."""

@@ -58,6 +58,7 @@ class StoreShm:
         self.waiters = waiters
         self.pool = pool
         self._sems: dict[str, posix_ipc.Semaphore] = {}
+        self._wakeups: dict[str, Wakeup] = {}
 
     # ------------------------------------------------------------------ create / attach
 
@@ -108,7 +109,10 @@ class StoreShm:
         return sem
 
     def wakeup(self, role: str) -> Wakeup:
-        return Wakeup(self.semaphore(self.names.wakeup(role)), self.table, role)
+        wakeup = self._wakeups.get(role)
+        if wakeup is None:
+            wakeup = self._wakeups[role] = Wakeup(self.semaphore(self.names.wakeup(role)), self.table, role)
+        return wakeup
 
     def wake(self, role: str) -> None:
         """Wake a worker (RocketMQ's ``service.wakeup()``)."""
@@ -120,6 +124,7 @@ class StoreShm:
         for sem in self._sems.values():
             sem.close()
         self._sems.clear()
+        self._wakeups.clear()
         for seg in (self.table.segment, self.queues.segment, self.ring.segment, self.waiters.segment):
             seg.close()
         for buf in self.pool.buffers:
