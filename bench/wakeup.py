@@ -22,10 +22,9 @@ import time
 from pathlib import Path
 
 import posix_ipc
-import psutil
 
 from rmq_mp.consumer import Consumer
-from tests.service import running_service
+from tests.service import running_service, store_cpu_fraction
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -78,14 +77,7 @@ def main() -> int:
     baseline = semaphore_baseline_us()
     with tempfile.TemporaryDirectory() as tmp, running_service(Path(tmp)) as service:
         time.sleep(1.0)
-        procs = [
-            psutil.Process(service.process.pid),
-            *psutil.Process(service.process.pid).children(recursive=True),
-        ]
-        before = [p.cpu_times() for p in procs]
-        time.sleep(5.0)
-        idle = sum((a.user + a.system) - (b.user + b.system) for p, b in zip(procs, before, strict=True)
-                   for a in [p.cpu_times()]) / 5.0  # fmt: skip
+        idle = store_cpu_fraction(service, 5.0)
         producer = mp.get_context("spawn").Process(
             target=_producer, args=(service.names.base, args.samples, 0.02)
         )

@@ -103,6 +103,9 @@ class IndexFile:
     def _buf(self) -> bytes:
         return self._mm if self._mm is not None else b""  # type: ignore[return-value]
 
+    def _slot_pos(self, key_hash: int) -> int:
+        return INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+
     def _slots_end(self) -> int:
         return INDEX_HEADER_SIZE + self.hash_slot_num * HASH_SLOT_SIZE
 
@@ -138,7 +141,7 @@ class IndexFile:
         if self.index_count >= self.index_num:
             return False
         key_hash = index_key_hash(key)
-        slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+        slot_pos = self._slot_pos(key_hash)
         (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
         if slot_value <= 0 or slot_value > self.index_count:
             slot_value = 0
@@ -176,7 +179,7 @@ class IndexFile:
         Candidates only: different keys can share a hash, callers verify the record."""
         buf = self._buf
         key_hash = index_key_hash(key)
-        slot_pos = INDEX_HEADER_SIZE + key_hash % self.hash_slot_num * HASH_SLOT_SIZE
+        slot_pos = self._slot_pos(key_hash)
         if slot_pos + HASH_SLOT_SIZE > len(buf) or self.index_count <= 1:
             return []
         (current,) = _SLOT.unpack_from(buf, slot_pos)

@@ -16,36 +16,14 @@ post on a reused slot is harmless: the waiter re-checks ``state`` after every wa
 
 from __future__ import annotations
 
-import struct
-
-from shm.segment import SharedSegment
+from shm.slot_table import SlotTable
 
 SLOT_SIZE = 32
 DEFAULT_CAPACITY = 256
 FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
 STATE, NEXT_OFFSET, DEADLINE_MS, PID = 0, 8, 16, 24
-_Q = struct.Struct("=q")
 
 
-class FlushRequestRing:
-    def __init__(self, segment: SharedSegment) -> None:
-        self.segment = segment
-        self.capacity = segment.size // SLOT_SIZE
-        self._buf = segment.mm
-
-    @classmethod
-    def create(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> FlushRequestRing:
-        return cls(SharedSegment.create(name, capacity * SLOT_SIZE))
-
-    @classmethod
-    def attach(cls, name: str) -> FlushRequestRing:
-        return cls(SharedSegment.attach(name))
-
-    def get(self, slot: int, field: int) -> int:
-        return int(_Q.unpack_from(self._buf, slot * SLOT_SIZE + field)[0])
-
-    def set(self, slot: int, field: int, value: int) -> None:
-        _Q.pack_into(self._buf, slot * SLOT_SIZE + field, value)
-
-    def close(self) -> None:
-        self.segment.close()
+class FlushRequestRing(SlotTable):
+    SLOT_SIZE = SLOT_SIZE
+    DEFAULT_CAPACITY = DEFAULT_CAPACITY

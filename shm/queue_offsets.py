@@ -24,6 +24,7 @@ from collections.abc import Iterator
 
 from rmq_mp.errors import StoreError
 from shm.segment import SharedSegment
+from shm.slot_table import SlotTable
 
 SLOT_SIZE = 192
 TOPIC_BYTES = SLOT_SIZE - 56
@@ -38,22 +39,15 @@ class QueueTableFullError(StoreError):
     """More topic/queue pairs than the queue-offset table holds (capacity fixed at start)."""
 
 
-class QueueOffsetTable:
+class QueueOffsetTable(SlotTable):
     """One process's view. Lookups cache slot numbers; slots never move once used."""
 
+    SLOT_SIZE = SLOT_SIZE
+    DEFAULT_CAPACITY = DEFAULT_CAPACITY
+
     def __init__(self, segment: SharedSegment) -> None:
-        self.segment = segment
-        self.capacity = segment.size // SLOT_SIZE
-        self._buf = segment.mm
+        super().__init__(segment)
         self._cache: dict[tuple[str, int], int] = {}
-
-    @classmethod
-    def create(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> QueueOffsetTable:
-        return cls(SharedSegment.create(name, capacity * SLOT_SIZE))
-
-    @classmethod
-    def attach(cls, name: str) -> QueueOffsetTable:
-        return cls(SharedSegment.attach(name))
 
     def _home(self, topic: bytes, queue_id: int) -> int:
         return zlib.crc32(topic + b"#" + str(queue_id).encode()) % self.capacity
@@ -101,12 +95,6 @@ class QueueOffsetTable:
             slot = (slot + 1) % self.capacity
         raise QueueTableFullError(f"queue-offset table is full ({self.capacity} queues)")
 
-    def get(self, slot: int, field: int) -> int:
-        return int(_Q.unpack_from(self._buf, slot * SLOT_SIZE + field)[0])
-
-    def set(self, slot: int, field: int, value: int) -> None:
-        _Q.pack_into(self._buf, slot * SLOT_SIZE + field, value)
-
     def queues(self) -> Iterator[tuple[str, int, int]]:
         """(topic, queue id, slot) of every used slot."""
         for slot in range(self.capacity):
@@ -115,6 +103,3 @@ class QueueOffsetTable:
                 length = _Q.unpack_from(self._buf, base + TOPIC_LEN)[0]
                 topic = bytes(self._buf[base + 56 : base + 56 + length]).decode("utf-8")
                 yield topic, int(_Q.unpack_from(self._buf, base + QUEUE_ID)[0]), slot
-
-    def close(self) -> None:
-        self.segment.close()

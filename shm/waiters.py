@@ -13,35 +13,13 @@ PullRequestHoldService notified by `arriving`).
 
 from __future__ import annotations
 
-import struct
-
-from shm.segment import SharedSegment
+from shm.slot_table import SlotTable
 
 SLOT_SIZE = 32
 DEFAULT_CAPACITY = 64
 PID, WAITING, QUEUE_SLOT, OFFSET = 0, 8, 16, 24
-_Q = struct.Struct("=q")
 
 
-class WaiterTable:
-    def __init__(self, segment: SharedSegment) -> None:
-        self.segment = segment
-        self.capacity = segment.size // SLOT_SIZE
-        self._buf = segment.mm
-
-    @classmethod
-    def create(cls, name: str, capacity: int = DEFAULT_CAPACITY) -> WaiterTable:
-        return cls(SharedSegment.create(name, capacity * SLOT_SIZE))
-
-    @classmethod
-    def attach(cls, name: str) -> WaiterTable:
-        return cls(SharedSegment.attach(name))
-
-    def get(self, slot: int, field: int) -> int:
-        return int(_Q.unpack_from(self._buf, slot * SLOT_SIZE + field)[0])
-
-    def set(self, slot: int, field: int, value: int) -> None:
-        _Q.pack_into(self._buf, slot * SLOT_SIZE + field, value)
-
-    def close(self) -> None:
-        self.segment.close()
+class WaiterTable(SlotTable):
+    SLOT_SIZE = SLOT_SIZE
+    DEFAULT_CAPACITY = DEFAULT_CAPACITY

@@ -122,6 +122,19 @@ def start_service(tmp_path: Path, name: str = "store", **settings: str) -> Runni
     return service
 
 
+def store_cpu_fraction(service: RunningService, seconds: float) -> float:
+    """CPU time the supervisor and all its workers use over ``seconds``, as a fraction of a core."""
+    root = psutil.Process(service.process.pid)
+    procs = [root, *root.children(recursive=True)]
+    before = [p.cpu_times() for p in procs]
+    time.sleep(seconds)
+    used = 0.0
+    for proc, b in zip(procs, before, strict=True):
+        a = proc.cpu_times()
+        used += (a.user + a.system) - (b.user + b.system)
+    return used / seconds
+
+
 def leftover_processes(names: ShmNames) -> list[str]:
     found = []
     for proc in psutil.process_iter(["cmdline"]):

@@ -22,7 +22,7 @@ from rmq_mp.status import GetMessageStatus, PutMessageStatus
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import QUEUES, TOPICS, message_for
-from tests.service import ROOT, RunningService, running_service, start_service, wait_until
+from tests.service import ROOT, RunningService, running_service, start_service, store_cpu_fraction, wait_until
 
 
 def run_producers(
@@ -298,15 +298,8 @@ def test_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path: P
 def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
         time.sleep(1.0)
-        procs = [
-            psutil.Process(service.process.pid),
-            *psutil.Process(service.process.pid).children(recursive=True),
-        ]
-        before = [p.cpu_times() for p in procs]
-        time.sleep(3.0)
-        used = sum((a.user + a.system) - (b.user + b.system) for p, b in zip(procs, before, strict=True)
-                   for a in [p.cpu_times()])  # fmt: skip
-        assert used / 3.0 < 0.02, f"idle store used {used / 3.0:.1%} of a core"
+        idle = store_cpu_fraction(service, 3.0)
+        assert idle < 0.02, f"idle store used {idle:.1%} of a core"
 
 
 def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:

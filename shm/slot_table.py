@@ -1,0 +1,42 @@
+"""SlotTable: a shared segment of fixed-size slots of native int64 fields.
+
+The shape the flush-request ring, the waiter table and the queue-offset table share; each
+subclass documents its slot layout and field writers and sets ``SLOT_SIZE``.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import ClassVar, Self
+
+from shm.segment import SharedSegment
+
+_Q = struct.Struct("=q")
+
+
+class SlotTable:
+    SLOT_SIZE: ClassVar[int]
+    DEFAULT_CAPACITY: ClassVar[int]
+
+    def __init__(self, segment: SharedSegment) -> None:
+        self.segment = segment
+        self.capacity = segment.size // self.SLOT_SIZE
+        self._buf = segment.mm
+
+    @classmethod
+    def create(cls, name: str, capacity: int | None = None) -> Self:
+        """Supervisor only."""
+        return cls(SharedSegment.create(name, (capacity or cls.DEFAULT_CAPACITY) * cls.SLOT_SIZE))
+
+    @classmethod
+    def attach(cls, name: str) -> Self:
+        return cls(SharedSegment.attach(name))
+
+    def get(self, slot: int, field: int) -> int:
+        return int(_Q.unpack_from(self._buf, slot * self.SLOT_SIZE + field)[0])
+
+    def set(self, slot: int, field: int, value: int) -> None:
+        _Q.pack_into(self._buf, slot * self.SLOT_SIZE + field, value)
+
+    def close(self) -> None:
+        self.segment.close()
