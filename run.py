@@ -174,7 +174,9 @@ def main(argv: list[str] | None = None) -> int:
             supervisor = Supervisor(config)
             print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
             code = supervisor.run()
-            print(f"stopped store {config.store_path_root_dir} {'cleanly' if code == 0 else 'with abort kept'}")
+            print(
+                f"stopped store {config.store_path_root_dir} {'cleanly' if code == 0 else 'with abort kept'}"
+            )
             return code
         if args.command == "stop":
             return stop(config)

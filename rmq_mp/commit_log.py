@@ -98,7 +98,12 @@ class CommitLog:
         pos = mf.wrote_position
         max_blank = mf.file_size - pos
         if size + record.END_FILE_MIN_BLANK_LENGTH > max_blank:
-            mf.fill(pos, record.encode_blank(max_blank))
+            blank = record.encode_blank(max_blank)
+            if mf.write_buffer is not None:
+                # A reused pool buffer still holds its previous file's bytes, and the commit copies
+                # up to the file's end: zero them so the file keeps zeros after its blank record.
+                blank += bytes(max_blank - len(blank))
+            mf.fill(pos, blank)
             mf.advance_wrote(mf.file_size)
             return AppendMessageResult(AppendMessageStatus.END_OF_FILE, mf.file_from_offset + pos, max_blank)
         phy_offset = mf.file_from_offset + pos
