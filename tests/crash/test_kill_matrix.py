@@ -10,6 +10,7 @@ id; rerun a case with ``-k <id>``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -80,7 +81,7 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
                 str(rnd.choice([1, 1, 8])),
             ],
             cwd=ROOT,
-        )  # fmt: skip
+        )
         for i, out in enumerate(outs)
     ]
     wait_until(
@@ -93,18 +94,24 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
         os.kill(service.process.pid, signal.SIGKILL)
     elif victim == "everything":
         for pid in [service.process.pid, *store_pids, *(p.pid for p in loaders)]:
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
     else:
         os.kill(service.worker_pid(victim), signal.SIGKILL)
     for loader in loaders:
         loader.wait(300)
     if victim in ("supervisor", "everything"):
         service.process.wait(30)
-        wait_until(lambda: not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                                   for p in store_pids), 15, "workers to exit")  # fmt: skip
+        wait_until(
+            lambda: (
+                not any(
+                    psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
+                    for p in store_pids
+                )
+            ),
+            15,
+            "workers to exit",
+        )
         service = start_service(tmp_path, **MODES[mode])  # the restart a user would do
     acked = {
         (i, a["seq"]): a for i, out in enumerate(outs) for a in acknowledged(out) if a["status"] == "PUT_OK"
@@ -126,7 +133,8 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
         rec = stored[key]
         topic, queue_id, body = message_for(*key)
         assert (rec["topic"], rec["queue_id"], rec["body"]) == (topic, queue_id, body)
-        assert rec["phy"] == ack["phy"] and rec["queue_offset"] == ack["queue_offset"]
+        assert rec["phy"] == ack["phy"]
+        assert rec["queue_offset"] == ack["queue_offset"]
     # And the restarted store serves them: every queue contiguous from 0.
     with running_service(tmp_path, **MODES[mode]) as again, Consumer.attach(again.root, "verify") as consumer:
         seen = 0
