@@ -6,7 +6,8 @@ shared files, bounded by what reput has dispatched (the queue-offset table), so 
 record beyond the visibility limit (the flushed offset under SYNC_FLUSH). With ``timeout_s`` it
 parks in the waiter table and reput wakes it on the first dispatch past its offset: no polling
 loop. `subscribe` + `poll` iterate topics with tag expressions (``"TagA || TagB"``, ``"*"``), and
-`commit` records the group's offsets (kept in this process; see `offsets`).
+`commit` records the group's offsets in shared memory; the supervisor persists them to
+`config/consumerOffset.json`.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from rmq_mp.errors import ShmAttachError, StoreError
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import read_queue
+from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.reporter import Reporter
 from rmq_mp.running_store import RunningStore
 from rmq_mp.status import GetMessageResult, GetMessageStatus
@@ -186,11 +188,18 @@ class Consumer:
     ) -> None:
         """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered."""
         sub = Subscription(topic, parse_tag_expression(expression))
-        for (t, queue_id), offset in self.committed.items():
-            if t == topic:
-                sub.next_offsets[queue_id] = offset
+        key = ConsumerOffsetManager.key(self.group, topic)
+        for name, queue_id, slot in self.store.shm.groups.queues():
+            if name == key:
+                sub.next_offsets[queue_id] = self.store.shm.groups.get(slot, qo.COMMITTED)
         sub.next_offsets.update(from_offsets or {})
         self.subscriptions[topic] = sub
+
+    def committed_offset(self, topic: str, queue_id: int) -> int:
+        """The group's committed offset for a queue, -1 when it has none (as RocketMQ)."""
+        groups = self.store.shm.groups
+        slot = groups.find(ConsumerOffsetManager.key(self.group, topic), queue_id)
+        return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
 
     def _topic_queues(self, topic: str) -> list[int]:
         return sorted(q for t, q, _slot in self.queues.queues() if t == topic)
@@ -223,9 +232,26 @@ class Consumer:
         while batch := self.poll(1.0):
             yield from batch
 
-    def commit(self) -> dict[tuple[str, int], int]:
-        """Record the next offsets of every subscribed queue as the group's consumed offsets."""
-        for sub in self.subscriptions.values():
-            for queue_id, offset in sub.next_offsets.items():
-                self.committed[(sub.topic, queue_id)] = offset
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """Record the group's consumed offsets: the next offsets of every subscribed queue, or the
+        ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
+        `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop."""
+        if offsets is None:
+            offsets = {
+                (s.topic, q): o for s in self.subscriptions.values() for q, o in s.next_offsets.items()
+            }
+        groups = self.store.shm.groups
+        lock = self.store.shm.semaphore(self.store.names.flags_lock)
+        for (topic, queue_id), offset in offsets.items():
+            key = ConsumerOffsetManager.key(self.group, topic)
+            slot = groups.find(key, queue_id)
+            if slot < 0:
+                if not acquire(lock, 5.0):
+                    raise ShmAttachError("flags lock busy: cannot register a group offset")
+                try:
+                    slot = groups.find_or_insert(key, queue_id)
+                finally:
+                    lock.release()
+            groups.set(slot, qo.COMMITTED, offset)
+            self.committed[(topic, queue_id)] = offset
         return dict(self.committed)

@@ -52,6 +52,10 @@ class ShmNames:
         return self._name("qot")
 
     @property
+    def group_offsets(self) -> str:
+        return self._name("gof")
+
+    @property
     def flush_requests(self) -> str:
         return self._name("frq")
 

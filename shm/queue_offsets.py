@@ -82,7 +82,7 @@ class QueueOffsetTable(SlotTable):
         if slot >= 0:
             return slot
         raw = topic.encode("utf-8")
-        assert len(raw) <= TOPIC_BYTES
+        assert len(raw) <= self.SLOT_SIZE - 56
         slot = self._home(raw, queue_id)
         for _ in range(self.capacity):
             base = slot * SLOT_SIZE
@@ -103,3 +103,18 @@ class QueueOffsetTable(SlotTable):
                 length = _Q.unpack_from(self._buf, base + TOPIC_LEN)[0]
                 topic = bytes(self._buf[base + 56 : base + 56 + length]).decode("utf-8")
                 yield topic, int(_Q.unpack_from(self._buf, base + QUEUE_ID)[0]), slot
+
+
+GROUP_KEY_BYTES = 256
+COMMITTED = NEXT_OFFSET
+"""In the group-offset table, the field holding the group's committed (next) offset."""
+
+
+class GroupOffsetTable(QueueOffsetTable):
+    """Consumer-group offsets (RocketMQ's ConsumerOffsetManager table) in shared memory: the same
+    keyed slots, keyed by ``topic@group`` and queue id, with the committed offset in COMMITTED.
+    Consumers insert under the flags lock and write their own queues' offsets; the supervisor
+    loads it from and persists it to `config/consumerOffset.json`."""
+
+    SLOT_SIZE = 56 + GROUP_KEY_BYTES
+    DEFAULT_CAPACITY = 4096

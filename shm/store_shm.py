@@ -19,7 +19,7 @@ from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable
-from shm.queue_offsets import QueueOffsetTable
+from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
 from shm.segment import SharedSegment
 from shm.semaphores import Wakeup, attach_semaphore, create_semaphore, unlink_semaphore
 from shm.transient_pool import FREE, TransientPool
@@ -49,8 +49,10 @@ class StoreShm:
         ring: FlushRequestRing,
         waiters: WaiterTable,
         pool: TransientPool,
+        groups: GroupOffsetTable,
     ) -> None:
         self.names = names
+        self.groups = groups
         self.role = role
         self.table = table
         self.queues = queues
@@ -69,6 +71,7 @@ class StoreShm:
         queues = QueueOffsetTable.create(names.queue_offsets, sizes.queues)
         ring = FlushRequestRing.create(names.flush_requests, sizes.flush_ring)
         waiters = WaiterTable.create(names.waiters, sizes.waiters)
+        groups = GroupOffsetTable.create(names.group_offsets)
         buffers = [
             SharedSegment.create(names.pool_buffer(i), sizes.pool_buffer_size)
             for i in range(sizes.pool_buffers)
@@ -76,7 +79,7 @@ class StoreShm:
         table.set(layout.POOL_SIZE, sizes.pool_buffers)
         for i in range(layout.POOL_SLOTS):
             table.set(layout.pool_file_offset(i), FREE)
-        shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers))
+        shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers), groups)
         for name, initial in shm._semaphore_specs(sizes):
             shm._sems[name] = create_semaphore(name, initial)
         return shm
@@ -96,11 +99,12 @@ class StoreShm:
             queues = QueueOffsetTable.attach(names.queue_offsets)
             ring = FlushRequestRing.attach(names.flush_requests)
             waiters = WaiterTable.attach(names.waiters)
+            groups = GroupOffsetTable.attach(names.group_offsets)
             buffers = [SharedSegment.attach(names.pool_buffer(i)) for i in range(table.get(layout.POOL_SIZE))]
         except ShmAttachError:
             table.close()
             raise
-        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers))
+        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers), groups)
 
     def semaphore(self, name: str) -> posix_ipc.Semaphore:
         sem = self._sems.get(name)
@@ -125,7 +129,13 @@ class StoreShm:
             sem.close()
         self._sems.clear()
         self._wakeups.clear()
-        for seg in (self.table.segment, self.queues.segment, self.ring.segment, self.waiters.segment):
+        for seg in (
+            self.table.segment,
+            self.queues.segment,
+            self.ring.segment,
+            self.waiters.segment,
+            self.groups.segment,
+        ):
             seg.close()
         for buf in self.pool.buffers:
             buf.close()

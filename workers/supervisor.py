@@ -31,6 +31,8 @@ from rmq_mp.config import FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
+from rmq_mp.offsets import ConsumerOffsetManager
+from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
@@ -170,6 +172,14 @@ class Supervisor:
             shm.queues.set(slot, qo.NEXT_OFFSET, max_offset)
             shm.queues.set(slot, qo.DISPATCHED, max_offset)
             shm.queues.set(slot, qo.MIN_OFFSET, cq.min_offset_in_queue())
+        self.offsets = ConsumerOffsetManager(store.paths.consumer_offset)
+        self.offsets.load()
+        for key, queues in self.offsets.table.items():
+            for queue_id, offset in queues.items():
+                shm.groups.set(shm.groups.find_or_insert(key, queue_id), qo.COMMITTED, offset)
+        self.topics = TopicConfigManager(store.paths.topics)
+        self.topics.load()
+        self.last_persist = time.monotonic()
         failed = 0
         for buffer in shm.pool.buffers:
             reason = buffer.mlock()
@@ -214,7 +224,31 @@ class Supervisor:
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
+            if (time.monotonic() - self.last_persist) * 1000 >= self.config.flush_consumer_offset_interval:
+                self.persist_config()
             time.sleep(0.05)
+
+    def persist_config(self) -> None:
+        """Consumer offsets to consumerOffset.json and auto-created topics to topics.json, when
+        changed (BrokerController's periodic persist; `flushConsumerOffsetInterval`)."""
+        assert self.shm is not None
+        self.last_persist = time.monotonic()
+        table: dict[str, dict[int, int]] = {}
+        for key, queue_id, slot in self.shm.groups.queues():
+            table.setdefault(key, {})[queue_id] = self.shm.groups.get(slot, qo.COMMITTED)
+        if table != self.offsets.table:
+            self.offsets.table = table
+            self.offsets.persist()
+        queue_counts: dict[str, int] = {}
+        for topic, queue_id, _slot in self.shm.queues.queues():
+            queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
+        before = self.topics.counter
+        for topic, count in queue_counts.items():
+            existing = self.topics.get(topic)
+            nums = max(count, existing.read_queue_nums if existing else self.config.default_topic_queue_nums)
+            self.topics.put(TopicConfig(topic, nums, nums))
+        if self.topics.counter != before:
+            self.topics.persist()
 
     def _check_worker(self, handle: WorkerHandle) -> None:
         assert self.shm is not None
@@ -271,6 +305,7 @@ class Supervisor:
                 log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
             clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
             self._remove_unused_files(t.get(layout.WROTE_POSITION))
+            self.persist_config()
             t.set(layout.STATE, layout.STOPPED)
             self.shm.close()
             self.shm = None

@@ -432,3 +432,34 @@ def test_daemon_start_then_stop(tmp_path: Path) -> None:
     assert stopped.returncode == 0, stopped.stderr
     assert not (tmp_path / "d" / "abort").exists()
     assert "cleanly" in (tmp_path / "d" / "logs" / "supervisor.log").read_text()
+
+
+def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Path) -> None:
+    from rmq_mp.config_manager import loads
+
+    with running_service(tmp_path, flushConsumerOffsetInterval="200") as service:
+        with Producer.attach(service.root) as producer:
+            for i in range(10):
+                assert producer.send("G", b"%d" % i, queue_id=i % 2).ok
+        with Consumer.attach(service.root, "group-a") as consumer:
+            consumer.subscribe("G")
+            got: list[bytes] = []
+            wait_until(
+                lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) == 10, 20, "all ten"
+            )
+            consumer.commit()
+            assert consumer.committed_offset("G", 0) == 5
+        path = service.root / "config" / "consumerOffset.json"
+        wait_until(lambda: path.exists() and "G@group-a" in path.read_text(), 10, "periodic persist")
+        assert loads(path.read_text())["offsetTable"]["G@group-a"] == {0: 5, 1: 5}
+        assert '"G@group-a":{0:5,1:5\n\t\t}' in path.read_text(), "fastjson layout"
+        topics = loads((service.root / "config" / "topics.json").read_text())["topicConfigTable"]
+        assert topics["G"]["readQueueNums"] == 8
+    with running_service(tmp_path) as again, Consumer.attach(again.root, "group-a") as consumer:
+        assert consumer.committed_offset("G", 1) == 5
+        with Producer.attach(again.root) as producer:
+            assert producer.send("G", b"new", queue_id=1).ok
+        consumer.subscribe("G")
+        got = []
+        wait_until(lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) >= 1, 20, "resume")
+        assert got == [b"new"], "a restarted consumer resumes from the persisted offsets"
