@@ -1,0 +1,267 @@
+"""`rmq-admin`: mqadmin-style commands over a store directory or a running store.
+
+    rmq-admin printMsg         [--begin MS] [--end MS] [--topic T]   every record, commit-log order
+    rmq-admin queryMsgByKey    --topic T --key K [--max N] [--begin MS] [--end MS]
+    rmq-admin queryMsgById     --id MSGID
+    rmq-admin queryMsgByOffset --topic T --queue Q --offset N
+    rmq-admin topicStatus      [--topic T]
+
+Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
+store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
+memory), ``--conf FILE`` and ``--set key=value`` for the settings that shape the files
+(``mappedFileSizeCommitLog`` …), and ``--json`` for machine output (one object per line). The
+JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rmq_mp import record
+from rmq_mp.config import MessageStoreConfig, parse_properties
+from rmq_mp.errors import StoreError
+from rmq_mp.message import MessageExt, format_host
+from rmq_mp.message_store import MAX_TIMESTAMP, MessageStore
+
+
+def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
+    """A message as the fixture's `clean-store.messages.jsonl` spells it, field for field."""
+    return {
+        "topic": msg.topic,
+        "queueId": msg.queue_id,
+        "queueOffset": msg.queue_offset,
+        "commitLogOffset": msg.commit_log_offset,
+        "filePosition": msg.file_position,
+        "storeSize": msg.store_size,
+        "bodyCRC": msg.body_crc,
+        "bodyCRCComputed": record.body_crc(msg.body),
+        "flag": msg.flag,
+        "sysFlag": msg.sys_flag,
+        "bornTimestamp": msg.born_timestamp,
+        "bornHost": format_host(msg.born_host),
+        "storeTimestamp": msg.store_timestamp,
+        "storeHost": format_host(msg.store_host),
+        "reconsumeTimes": msg.reconsume_times,
+        "preparedTransactionOffset": msg.prepared_transaction_offset,
+        "msgId": msg.msg_id,
+        "keys": msg.keys,
+        "tags": msg.tags,
+        "properties": dict(sorted(msg.properties.items())),
+        "bodyLen": len(msg.body),
+        "body": msg.body.hex(),
+    }
+
+
+def to_json_line(data: dict[str, Any]) -> str:
+    """Compact, raw UTF-8 JSON: byte-identical to the fixture's lines."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") if ms > 0 else "-"
+
+
+def _body_preview(body: bytes, width: int = 40) -> str:
+    text = body.decode("utf-8", errors="replace")
+    return text if len(text) <= width else text[: width - 1] + "…"
+
+
+def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
+    count = 0
+    if not as_json:
+        print(
+            f"{'offset':>12} {'topic':<24} {'queue':>5} {'qoffset':>8} {'tags':<10} {'keys':<20} "
+            f"{'bytes':>6} {'stored':<24} msgId"
+        )
+    for msg in messages:
+        count += 1
+        if as_json:
+            print(to_json_line(message_to_json_dict(msg)))
+        else:
+            print(
+                f"{msg.commit_log_offset:>12} {msg.topic[:24]:<24} {msg.queue_id:>5} {msg.queue_offset:>8} "
+                f"{(msg.tags or '-')[:10]:<10} {(msg.keys or '-')[:20]:<20} {len(msg.body):>6} "
+                f"{iso(msg.store_timestamp):<24} {msg.msg_id}"
+            )
+    if not as_json:
+        print(f"{count} message(s)")
+    return 0
+
+
+def print_detail(msg: MessageExt, *, as_json: bool) -> None:
+    """One message in full, like mqadmin queryMsgById."""
+    data = message_to_json_dict(msg)
+    if as_json:
+        print(to_json_line(data))
+        return
+    for key in (
+        "msgId",
+        "topic",
+        "tags",
+        "keys",
+        "queueId",
+        "queueOffset",
+        "commitLogOffset",
+        "storeSize",
+        "reconsumeTimes",
+        "bornHost",
+        "storeHost",
+        "sysFlag",
+        "flag",
+        "bodyCRC",
+    ):
+        print(f"{key + ':':<27}{data[key]}")
+    print(f"{'bornTimestamp:':<27}{iso(msg.born_timestamp)}")
+    print(f"{'storeTimestamp:':<27}{iso(msg.store_timestamp)}")
+    print(f"{'properties:':<27}{json.dumps(data['properties'], ensure_ascii=False)}")
+    print(f"{'body:':<27}{_body_preview(msg.body, 200)!r} ({len(msg.body)} bytes)")
+
+
+def open_store(args: argparse.Namespace) -> MessageStore:
+    """The store named by --store or --name, read-only, with --conf and --set applied."""
+    properties: dict[str, str] = {}
+    if args.name:
+        from rmq_mp.running_store import resolve_names
+        from shm.store_shm import read_descriptor
+
+        descriptor = read_descriptor(resolve_names(args.name))
+        properties.update(descriptor["properties"])
+        root = descriptor["root"]
+    else:
+        root = str(args.store)
+    if args.conf:
+        properties.update(
+            parse_properties(Path(args.conf).read_text(encoding="utf-8"), source=str(args.conf))
+        )
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise StoreError(f"--set takes key=value, got {item!r}")
+        properties[key.strip()] = value.strip()
+    properties["storePathRootDir"] = root
+    config = MessageStoreConfig.from_properties(properties, source="rmq-admin")
+    if not Path(root).is_dir():
+        raise StoreError("no such store directory")
+    return MessageStore.open(config=config, read_only=True)
+
+
+def run(args: argparse.Namespace) -> int:
+    with open_store(args) as store:
+        if args.command == "printMsg":
+            begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
+            return print_messages(
+                (
+                    m
+                    for m in store.iter_messages()
+                    if begin <= m.store_timestamp <= end and (args.topic is None or m.topic == args.topic)
+                ),
+                as_json=args.json,
+            )
+        if args.command == "queryMsgByKey":
+            end = args.end if args.end is not None else MAX_TIMESTAMP
+            return print_messages(
+                store.query_message(args.topic, args.key, args.max, args.begin, end), as_json=args.json
+            )
+        if args.command == "queryMsgById":
+            print_detail(store.view_message_by_id(args.id), as_json=args.json)
+            return 0
+        if args.command == "queryMsgByOffset":
+            result = store.get_message(args.topic, args.queue, args.offset, 1)
+            if not result.messages:
+                raise StoreError(
+                    f"{args.topic}/{args.queue} offset {args.offset}: {result.status.name} "
+                    f"(queue offsets [{result.min_offset}, {result.max_offset}))"
+                )
+            print_detail(result.messages[0], as_json=args.json)
+            return 0
+        return topic_status(store, args.topic, as_json=args.json)
+
+
+def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> int:
+    topics = [topic] if topic else store.topics()
+    rows = [q for t in topics for q in store.queue_status(t)]
+    if topic and not rows:
+        raise StoreError(f"topic {topic!r} has no queue in this store")
+    if as_json:
+        for q in rows:
+            print(
+                to_json_line(
+                    {
+                        "topic": q.topic,
+                        "queueId": q.queue_id,
+                        "minOffset": q.min_offset,
+                        "maxOffset": q.max_offset,
+                        "lastUpdateTimestamp": q.last_update_timestamp,
+                    }
+                )
+            )
+        return 0
+    width = max([len("Topic"), *(len(q.topic) for q in rows)])
+    print(f"{'Topic':<{width}}  {'QueueId':>7}  {'MinOffset':>10}  {'MaxOffset':>10}  LastUpdate")
+    for q in rows:
+        print(
+            f"{q.topic:<{width}}  {q.queue_id:>7}  {q.min_offset:>10}  {q.max_offset:>10}  "
+            f"{iso(q.last_update_timestamp)}"
+        )
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="rmq-admin", description="mqadmin-style commands for rmq-mp stores")
+    common = argparse.ArgumentParser(add_help=False)
+    where = common.add_mutually_exclusive_group(required=True)
+    where.add_argument("--store", type=Path, help="store directory (read-only)")
+    where.add_argument("--name", help="shm name (or directory) of a running store")
+    common.add_argument("--conf", help="broker.conf with the store's settings")
+    common.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="a broker.conf property, e.g. mappedFileSizeCommitLog=1048576",
+    )
+    common.add_argument("--json", action="store_true", help="one JSON object per line")
+    sub = parser.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("printMsg", parents=[common], help="print every message in commit-log order")
+    p.add_argument("--begin", type=int, default=0, help="store time from (ms since the epoch)")
+    p.add_argument("--end", type=int, help="store time to (ms since the epoch)")
+    p.add_argument("--topic")
+    p = sub.add_parser("queryMsgByKey", parents=[common], help="messages by KEYS or UNIQ_KEY, newest first")
+    p.add_argument("--topic", required=True)
+    p.add_argument("--key", required=True)
+    p.add_argument("--max", type=int, default=64)
+    p.add_argument("--begin", type=int, default=0)
+    p.add_argument("--end", type=int)
+    p = sub.add_parser("queryMsgById", parents=[common], help="a message by its offset msgId")
+    p.add_argument("--id", required=True)
+    p = sub.add_parser(
+        "queryMsgByOffset", parents=[common], help="a message by topic, queue and queue offset"
+    )
+    p.add_argument("--topic", required=True)
+    p.add_argument("--queue", type=int, required=True)
+    p.add_argument("--offset", type=int, required=True)
+    p = sub.add_parser("topicStatus", parents=[common], help="per queue min/max offset and last update")
+    p.add_argument("--topic")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return run(args)
+    except StoreError as exc:
+        where = args.store or args.name
+        print(f"rmq-admin: error: {where}: {exc}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
