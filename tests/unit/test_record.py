@@ -1,0 +1,245 @@
+"""The CommitLog record codec against rocketmq-format.md §2, and its round trip (Hypothesis)."""
+
+from __future__ import annotations
+
+import random
+import struct
+import zlib
+
+import crcmod.predefined
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_mp import message as m
+from rmq_mp import record
+from rmq_mp.errors import CorruptRecordError, InvalidMessageIdError
+from rmq_mp.status import PutMessageStatus
+
+
+def test_java_string_hash_code() -> None:
+    assert m.java_string_hash("TAG1") == 2567159
+    assert m.java_string_hash("") == 0
+    assert m.java_string_hash("Aa") == m.java_string_hash("BB") == 2112
+    # "tag-😀": the emoji is the surrogate pair D83D DE00 in UTF-16
+    h = 0
+    for unit in [ord(c) for c in "tag-"] + [0xD83D, 0xDE00]:
+        h = (31 * h + unit) % 2**32
+    assert m.java_string_hash("tag-😀") == (h - 2**32 if h >= 2**31 else h)
+    assert m.tags_code(None) == m.tags_code("") == 0
+
+
+def test_index_key_hash_of_integer_min_value_is_zero() -> None:
+    assert m.java_string_hash("polygenelubricants") == -(2**31)
+    assert m.index_key_hash("polygenelubricants") == 0
+    assert m.index_key_hash("T#Aa") == abs(m.java_string_hash("T#Aa"))
+
+
+def test_body_crc_matches_the_spec_and_crcmod() -> None:
+    assert record.body_crc(b"Once, there was a chance for me!") == 151131488
+    assert record.body_crc(b"") == 0
+    crc32 = crcmod.predefined.mkCrcFun("crc-32")
+    rnd = random.Random(1)
+    for size in (1, 100, 4096, 65536):
+        body = rnd.randbytes(size)
+        assert record.body_crc(body) == crc32(body) & 0x7FFFFFFF == zlib.crc32(body) & 0x7FFFFFFF
+
+
+def test_properties_string_rules() -> None:
+    assert m.properties_to_string({"a": "1", "b": "2"}) == "a\x011\x02b\x012"
+    assert m.string_to_properties("a\x011\x02b\x012\x02") == {"a": "1", "b": "2"}
+    assert m.string_to_properties("\x01x\x02a\x01\x02k\x01v") == {"k": "v"}, (
+        "empty names and values are dropped"
+    )
+    assert m.string_to_properties("") == {}
+
+
+def test_msg_id_round_trip_and_errors() -> None:
+    v4 = m.create_message_id(bytes([10, 0, 0, 5]), 10911, 245)
+    assert v4 == "0A00000500002A9F00000000000000F5"
+    assert m.decode_message_id(v4) == (("10.0.0.5", 10911), 245)
+    v6 = m.create_message_id(m.parse_host("[2001:db8:0:1::5]:10911")[0], 10911, 245)
+    assert len(v6) == 56
+    assert m.decode_message_id(v6) == (("2001:db8:0:1:0:0:0:5", 10911), 245)
+    for bad in ("", "XYZ", "G" * 32):
+        with pytest.raises(InvalidMessageIdError):
+            m.decode_message_id(bad)
+
+
+def test_ipv4_record_layout_field_by_field() -> None:
+    msg = m.Message(
+        topic="TopicA",
+        body=b"hello",
+        flag=-7,
+        properties={"TAGS": "TagA"},
+        queue_id=3,
+        born_timestamp=1111,
+        born_host=("10.1.2.3", 4567),
+        reconsume_times=2,
+        prepared_transaction_offset=99,
+    )
+    buf = record.encode_record(msg, ("10.0.0.5", 10911))
+    record.patch_record(buf, 0, queue_offset=42, phy_offset=4096, store_timestamp=2222, sys_flag=0)
+    props = b"TAGS\x01TagA"
+    assert len(buf) == 91 + 5 + 6 + len(props)
+    total, magic, crc, qid, flag, qoff, phy, sysflag, born = struct.unpack_from(">iIiiiqqiq", buf, 0)
+    assert (total, magic, crc, qid, flag) == (len(buf), 0xDAA320A7, zlib.crc32(b"hello") & 0x7FFFFFFF, 3, -7)
+    assert (qoff, phy, sysflag, born) == (42, 4096, 0, 1111)
+    assert buf[48:52] == bytes([10, 1, 2, 3])
+    assert struct.unpack_from(">i", buf, 52)[0] == 4567
+    assert struct.unpack_from(">q", buf, 56)[0] == 2222
+    assert buf[64:68] == bytes([10, 0, 0, 5])
+    assert struct.unpack_from(">i", buf, 68)[0] == 10911
+    assert struct.unpack_from(">iqi", buf, 72) == (2, 99, 5)
+    assert buf[88:93] == b"hello"
+    assert buf[93] == 6
+    assert buf[94:100] == b"TopicA"
+    assert struct.unpack_from(">h", buf, 100)[0] == len(props)
+    assert buf[102:] == props
+
+
+def test_ipv6_hosts_add_twelve_bytes_each_and_set_sys_flag() -> None:
+    msg = m.Message(topic="T", body=b"x", born_host=("2001:db8::1", 1))
+    v4 = record.encode_record(m.Message(topic="T", body=b"x"), ("10.0.0.5", 1))
+    v6 = record.encode_record(msg, ("2001:db8:0:1::5", 10911))
+    assert len(v6) == len(v4) + 24
+    assert struct.unpack_from(">i", v6, 36)[0] & 0x30 == 0x30
+    assert record.store_timestamp_position(0x10) == 68
+    decoded = record.decode_message(v6, 0, len(v6))
+    assert decoded.born_host == ("2001:db8:0:0:0:0:0:1", 1)
+    assert decoded.store_host == ("2001:db8:0:1:0:0:0:5", 10911)
+
+
+def test_v2_record_with_two_byte_topic_length_is_read() -> None:
+    topic = ("%RETRY%" + "x" * 200).encode()
+    body = b"v2 body"
+    total = 91 + 1 + len(body) + len(topic)
+    buf = struct.pack(">iIiiiqqiq", total, 0xDAA320AB, record.body_crc(body), 0, 0, 7, 0, 0, 1)
+    buf += bytes(4) + struct.pack(">i", 1) + struct.pack(">q", 2) + bytes(4) + struct.pack(">i", 1)
+    buf += (
+        struct.pack(">iqi", 0, 0, len(body))
+        + body
+        + struct.pack(">H", len(topic))
+        + topic
+        + struct.pack(">h", 0)
+    )
+    assert len(buf) == total
+    req = record.check_record(buf, 0, len(buf), check_crc=True)
+    assert req.success
+    assert req.size == total
+    assert req.topic == topic.decode()
+    assert record.decode_message(buf, 0, len(buf)).body == body
+
+
+def test_blank_record() -> None:
+    blank = record.encode_blank(1000)
+    assert blank == struct.pack(">iI", 1000, 0xCBD43194)
+    assert record.check_record(blank + bytes(992), 0, 1000, check_crc=True) is record.BLANK
+
+
+def _one(**kw: object) -> bytearray:
+    buf = record.encode_record(m.Message(topic="T", body=b"some body bytes", **kw), ("10.0.0.5", 10911))  # type: ignore[arg-type]
+    record.patch_record(buf, 0, queue_offset=0, phy_offset=0, store_timestamp=5, sys_flag=0)
+    return buf
+
+
+def test_damaged_records_are_invalid_never_an_exception() -> None:
+    buf = _one(properties={"KEYS": "a b"})
+    assert record.check_record(buf, 0, len(buf), check_crc=True).success
+    assert record.check_record(buf, 0, len(buf) - 1, check_crc=True).size == -1, "torn"
+    assert record.check_record(bytes(64), 0, 64, check_crc=True).size == -1, "zeros"
+    assert record.check_record(random.Random(3).randbytes(300), 0, 300, check_crc=True).size == -1, "garbage"
+    flipped = bytearray(buf)
+    flipped[90] ^= 0x01  # inside the body
+    assert record.check_record(flipped, 0, len(buf), check_crc=True).size == -1
+    assert record.check_record(flipped, 0, len(buf), check_crc=False).success, (
+        "CRC is only checked when asked"
+    )
+    longer = bytearray(buf) + bytes(10)
+    struct.pack_into(">i", longer, 0, len(buf) + 10)
+    mismatch = record.check_record(longer, 0, len(longer), check_crc=True)
+    assert (mismatch.size, mismatch.success) == (len(buf) + 10, False), "length mismatch keeps the size"
+    with pytest.raises(CorruptRecordError):
+        record.decode_message(bytes(64), 0, 64)
+
+
+def test_validate_message_statuses() -> None:
+    ok = m.Message(topic="T", body=b"x")
+    assert record.validate_message(ok, max_message_size=10) is None
+    too_long = record.validate_message(m.Message(topic="t" * 128), max_message_size=10)
+    assert too_long is not None
+    assert too_long[0] is PutMessageStatus.MESSAGE_ILLEGAL
+    props = record.validate_message(m.Message(topic="T", properties={"k": "é" * 17000}), max_message_size=10)
+    assert props is not None
+    assert props[0] is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+    body = record.validate_message(m.Message(topic="T", body=bytes(11)), max_message_size=10)
+    assert body is not None
+    assert body[0] is PutMessageStatus.MESSAGE_ILLEGAL
+
+
+names = st.text(
+    st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), min_size=1, max_size=20
+)
+topics = st.text(
+    st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40
+).filter(lambda t: t not in (".", "..") and len(t.encode()) <= 127)
+ipv4 = st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535))
+ipv6 = st.tuples(st.ip_addresses(v=6).map(str), st.integers(0, 65535))
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    topic=topics,
+    body=st.binary(max_size=4096),
+    flag=st.integers(-(2**31), 2**31 - 1),
+    properties=st.dictionaries(names, names, max_size=5),
+    born=st.one_of(ipv4, ipv6),
+    store=st.one_of(ipv4, ipv6),
+    tran=st.sampled_from([0, 4, 8, 12]),
+    reconsume=st.integers(0, 2**31 - 1),
+    prepared=st.integers(0, 2**62),
+    queue_id=st.integers(0, 2**31 - 1),
+    offsets=st.tuples(st.integers(0, 2**62), st.integers(0, 2**62), st.integers(0, 2**62)),
+)
+def test_encode_decode_round_trip(
+    topic, body, flag, properties, born, store, tran, reconsume, prepared, queue_id, offsets
+) -> None:
+    msg = m.Message(
+        topic=topic,
+        body=body,
+        flag=flag,
+        properties=properties,
+        queue_id=queue_id,
+        sys_flag=tran,
+        born_timestamp=123,
+        born_host=born,
+        reconsume_times=reconsume,
+        prepared_transaction_offset=prepared,
+    )
+    buf = record.encode_record(msg, store)
+    (sys_flag,) = struct.unpack_from(">i", buf, 36)
+    queue_offset, phy, store_ts = offsets
+    record.patch_record(
+        buf, 0, queue_offset=queue_offset, phy_offset=phy, store_timestamp=store_ts, sys_flag=sys_flag
+    )
+    ext = record.decode_message(buf, 0, len(buf))
+    assert (ext.topic, ext.body, ext.flag, ext.properties, ext.queue_id) == (
+        topic,
+        body,
+        flag,
+        properties,
+        queue_id,
+    )
+    assert (ext.queue_offset, ext.commit_log_offset, ext.store_timestamp) == offsets
+    assert ext.sys_flag & 0xC == tran
+    assert ext.reconsume_times == reconsume
+    assert ext.prepared_transaction_offset == prepared
+    assert m.parse_host(ext.born_host) == m.parse_host(born)
+    assert m.parse_host(ext.store_host) == m.parse_host(store)
+    assert ext.msg_id == m.create_message_id(m.parse_host(store)[0], store[1], phy)
+    req = record.check_record(buf, 0, len(buf), check_crc=True)
+    assert req.success
+    assert req.size == len(buf)
+    assert req.tags_code == m.tags_code(properties.get("TAGS"))
+    assert req.keys == properties.get("KEYS", "")
+    assert req.uniq_key == properties.get("UNIQ_KEY")
