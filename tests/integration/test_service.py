@@ -92,8 +92,11 @@ def test_four_producer_processes_every_message_once(tmp_path: Path) -> None:
         outs = run_producers(service, tmp_path, producers, count, batch=1)
         for out in outs:
             assert {json.loads(line)["status"] for line in out.read_text().splitlines()} == {"PUT_OK"}
-        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION), 60,
-                   "dispatch to catch up")  # fmt: skip
+        wait_until(
+            lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+            60,
+            "dispatch to catch up",
+        )
         with Consumer.attach(service.names.base, "checker") as consumer:
             check_everything_once(read_all(consumer), producers, count)
     # The files the service wrote follow the spec byte for byte.
@@ -107,8 +110,13 @@ def test_four_producer_processes_every_message_once(tmp_path: Path) -> None:
 
 def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
-        status = subprocess.run([sys.executable, "run.py", "status", "--conf", str(service.conf), "--json"],
-                                cwd=ROOT, capture_output=True, text=True, check=True)  # fmt: skip
+        status = subprocess.run(
+            [sys.executable, "run.py", "status", "--conf", str(service.conf), "--json"],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         info = json.loads(status.stdout)
         assert info["state"] == "RUNNING"
         assert set(info["workers"]) == {"allocator", "flusher", "reput", "cleaner"}
@@ -118,12 +126,22 @@ def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) ->
             assert proc.name() == f"rmq-{role}"
             assert f"workers.{role}" in " ".join(proc.cmdline())
             assert str(service.root) in proc.cmdline()
-        second = subprocess.run([sys.executable, "run.py", "start", "--conf", str(service.conf)], cwd=ROOT,
-                                capture_output=True, text=True, timeout=60)  # fmt: skip
+        second = subprocess.run(
+            [sys.executable, "run.py", "start", "--conf", str(service.conf)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
         assert second.returncode == 2
         assert "already" in second.stderr
-        human = subprocess.run([sys.executable, "run.py", "status", "--conf", str(service.conf)], cwd=ROOT,
-                               capture_output=True, text=True, check=True).stdout  # fmt: skip
+        human = subprocess.run(
+            [sys.executable, "run.py", "status", "--conf", str(service.conf)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
+        ).stdout
         assert "RUNNING" in human
         assert "reput" in human
         assert "pool" in human
@@ -171,10 +189,16 @@ def test_another_uid_cannot_attach(tmp_path: Path) -> None:
 def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
     with running_service(tmp_path) as service, Consumer.attach(service.root, "g") as consumer:
         assert consumer.pull("T", 0, 0, timeout_s=0.2).status is GetMessageStatus.NO_MESSAGE_IN_QUEUE
-        sender = subprocess.Popen([sys.executable, "-c",
-                                   "import time; from rmq_mp.producer import Producer\n"
-                                   f"p = Producer.attach({service.names.base!r}); time.sleep(0.3)\n"
-                                   "p.send('T', b'late', queue_id=0)"], cwd=ROOT)  # fmt: skip
+        sender = subprocess.Popen(
+            [
+                sys.executable,
+                "-c",
+                "import time; from rmq_mp.producer import Producer\n"
+                f"p = Producer.attach({service.names.base!r}); time.sleep(0.3)\n"
+                "p.send('T', b'late', queue_id=0)",
+            ],
+            cwd=ROOT,
+        )
         started = time.monotonic()
         result = consumer.pull("T", 0, 0, timeout_s=30)
         waited = time.monotonic() - started
@@ -225,9 +249,16 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
 
 
 def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
-    settings = dict(transientStorePoolEnable="true", transientStorePoolSize="2", commitIntervalCommitLog="50",
-                    commitCommitLogThoroughInterval="2000", commitCommitLogLeastPages="4",
-                    flushIntervalCommitLog="50", flushCommitLogThoroughInterval="300", flushCommitLogTimed="false")  # fmt: skip
+    settings = dict(
+        transientStorePoolEnable="true",
+        transientStorePoolSize="2",
+        commitIntervalCommitLog="50",
+        commitCommitLogThoroughInterval="2000",
+        commitCommitLogLeastPages="4",
+        flushIntervalCommitLog="50",
+        flushCommitLogThoroughInterval="300",
+        flushCommitLogTimed="false",
+    )
     with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
         assert service.read(layout.POOL_SIZE) == 2
         committed = lambda: service.read(layout.COMMITTED_POSITION)  # noqa: E731
@@ -276,21 +307,32 @@ def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
 def test_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path: Path, role: str) -> None:
     with running_service(tmp_path) as service:
         outs = []
-        loader = subprocess.Popen([sys.executable, "-m", "tests.load", service.names.base, "0", "6000",
-                                   str(tmp_path / "p0.jsonl")], cwd=ROOT)  # fmt: skip
+        loader = subprocess.Popen(
+            [sys.executable, "-m", "tests.load", service.names.base, "0", "6000", str(tmp_path / "p0.jsonl")],
+            cwd=ROOT,
+        )
         outs.append(tmp_path / "p0.jsonl")
         wait_until(lambda: service.read(layout.PUT_COUNT) > 1500, 60, "load to be under way")
         victim = service.worker_pid(role)
         os.kill(victim, signal.SIGKILL)
-        wait_until(lambda: service.worker_pid(role) != victim and service.read(
-            layout.worker_field(role, "state")) == layout.W_READY, 5, f"{role} to be restarted")  # fmt: skip
+        wait_until(
+            lambda: (
+                service.worker_pid(role) != victim
+                and service.read(layout.worker_field(role, "state")) == layout.W_READY
+            ),
+            5,
+            f"{role} to be restarted",
+        )
         assert loader.wait(120) == 0
         assert service.read(layout.worker_field(role, "restarts")) == 1
         acked = [json.loads(line) for line in outs[0].read_text().splitlines()]
         assert all(a["status"] == "PUT_OK" for a in acked)
         assert len(acked) == 6000
-        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION), 60,
-                   "dispatch to catch up")  # fmt: skip
+        wait_until(
+            lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+            60,
+            "dispatch to catch up",
+        )
         with Consumer.attach(service.root, "g") as consumer:
             check_everything_once(read_all(consumer), 1, 6000)
 
@@ -317,10 +359,14 @@ def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:
         assert big_body.status is PutMessageStatus.MESSAGE_ILLEGAL
         assert "maxMessageSize" in big_body.reason
         assert producer.send("T", bytes(4096)).ok
-        results = producer.send_batch([{"topic": "T", "body": b"a"}, {"topic": "t" * 200, "body": b"b"},
-                                       {"topic": "T", "body": b"c"}])  # fmt: skip
-        assert [r.status for r in results] == [PutMessageStatus.PUT_OK, PutMessageStatus.MESSAGE_ILLEGAL,
-                                               PutMessageStatus.PUT_OK]  # fmt: skip
+        results = producer.send_batch(
+            [{"topic": "T", "body": b"a"}, {"topic": "t" * 200, "body": b"b"}, {"topic": "T", "body": b"c"}]
+        )
+        assert [r.status for r in results] == [
+            PutMessageStatus.PUT_OK,
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            PutMessageStatus.PUT_OK,
+        ]
         service.stop()
         stopped = producer.send("T", b"after stop")
         assert stopped.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
@@ -372,8 +418,11 @@ def test_workers_exit_when_the_supervisor_dies_and_a_restart_saves_the_pool(tmp_
     }
     with Producer.attach(service.root) as producer:
         assert producer.send("K", b"committed", queue_id=0).ok
-        wait_until(lambda: service.read(layout.COMMITTED_POSITION) == service.read(layout.WROTE_POSITION), 5,
-                   "first commit")  # fmt: skip
+        wait_until(
+            lambda: service.read(layout.COMMITTED_POSITION) == service.read(layout.WROTE_POSITION),
+            5,
+            "first commit",
+        )
         psutil.Process(workers["committer"]).suspend()
         acked = [producer.send("K", b"only in the pool %d" % i, queue_id=0) for i in range(50)]
         assert all(r.ok for r in acked)
@@ -381,8 +430,16 @@ def test_workers_exit_when_the_supervisor_dies_and_a_restart_saves_the_pool(tmp_
     service.process.kill()
     service.process.wait(10)
     psutil.Process(workers["committer"]).resume()
-    wait_until(lambda: not any(psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
-                               for pid in workers.values()), 10, "workers to exit")  # fmt: skip
+    wait_until(
+        lambda: (
+            not any(
+                psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+                for pid in workers.values()
+            )
+        ),
+        10,
+        "workers to exit",
+    )
     assert service.names.leftovers(), "the crashed run's shared memory is still there"
     assert (service.root / "abort").exists()
     with running_service(tmp_path, **settings) as again, Consumer.attach(again.root, "g") as consumer:
@@ -418,17 +475,26 @@ def test_daemon_start_then_stop(tmp_path: Path) -> None:
 
     conf = write_conf(tmp_path / "d.conf", tmp_path / "d")
     run = [sys.executable, "run.py"]
-    started = subprocess.run([*run, "start", "--daemon", "--conf", str(conf)], cwd=ROOT, capture_output=True,
-                             text=True, timeout=90)  # fmt: skip
+    started = subprocess.run(
+        [*run, "start", "--daemon", "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True, timeout=90
+    )
     try:
         assert started.returncode == 0, started.stderr
         assert "running" in started.stdout
-        status = json.loads(subprocess.run([*run, "status", "--json", "--conf", str(conf)], cwd=ROOT,
-                                           capture_output=True, text=True, check=True).stdout)  # fmt: skip
+        status = json.loads(
+            subprocess.run(
+                [*run, "status", "--json", "--conf", str(conf)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+        )
         assert status["state"] == "RUNNING"
     finally:
-        stopped = subprocess.run([*run, "stop", "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True,
-                                 timeout=90)  # fmt: skip
+        stopped = subprocess.run(
+            [*run, "stop", "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True, timeout=90
+        )
     assert stopped.returncode == 0, stopped.stderr
     assert not (tmp_path / "d" / "abort").exists()
     assert "cleanly" in (tmp_path / "d" / "logs" / "supervisor.log").read_text()
@@ -463,3 +529,24 @@ def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Pat
         got = []
         wait_until(lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) >= 1, 20, "resume")
         assert got == [b"new"], "a restarted consumer resumes from the persisted offsets"
+
+
+def test_cleaner_deletes_expired_files_but_never_the_one_being_written(tmp_path: Path) -> None:
+    every_hour = ";".join(str(h) for h in range(24))
+    settings = dict(
+        deleteWhen=every_hour,
+        fileReservedTime="0",
+        cleanResourceInterval="200",
+        deleteCommitLogFilesInterval="0",
+    )
+    with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
+        for i in range(300):
+            assert producer.send("C", bytes(10_000), queue_id=i % 4).ok
+        size = service.config.mapped_file_size_commit_log
+        wrote = service.read(layout.WROTE_POSITION)
+        current = wrote - wrote % size
+        assert current >= 2 * size
+        wait_until(lambda: service.read(layout.MIN_OFFSET) == current, 10, "expired files deleted")
+        names = sorted(p.name for p in (service.root / "commitlog").iterdir())
+        assert names[0] == f"{current:020d}", "every file before the one being written is gone"
+        assert producer.send("C", b"still writable", queue_id=0).ok
