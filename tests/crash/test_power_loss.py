@@ -94,9 +94,10 @@ def test_power_loss_keeps_every_acknowledged_sync_put(tmp_path: Path, seed: int)
         proc.wait(30)
     flushed = service.read(layout.FLUSHED_POSITION)  # the last durable point the store recorded
     assert flushed >= flushed_before_kill
-    replay_from = discard_unflushed(
+    replay_from, wiped = discard_unflushed(
         service.root, flushed, service.config.mapped_file_size_commit_log, service.config
     )
+    assert wiped > 0, "the simulated loss took queue entries that recovery must rebuild"
     acked = {}
     for i, out in enumerate(outs):
         for line in out.read_text().splitlines():
