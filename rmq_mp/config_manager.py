@@ -30,6 +30,8 @@ import os
 from pathlib import Path
 from typing import Any
 
+from rmq_mp.paths import fsync_dir
+
 log = logging.getLogger(__name__)
 
 _INT_KEY = "\x00int:"
@@ -108,14 +110,6 @@ def dumps(value: Any, depth: int = 0) -> str:
     return "{" + entries + closing
 
 
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_durably(path: Path, data: bytes) -> None:
     tmp = path.with_name(path.name + ".tmp")
     with tmp.open("wb") as f:
@@ -189,7 +183,7 @@ class ConfigManager:
         if previous is not None:
             _write_durably(self.bak_path, previous)
         _write_durably(self.path, data)
-        _fsync_dir(self.path.parent)
+        fsync_dir(self.path.parent)
 
     def _good_current(self) -> bytes | None:
         """The current file's bytes if they parse (a corrupt file must not replace a good .bak)."""

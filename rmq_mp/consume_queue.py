@@ -231,14 +231,6 @@ class ConsumeQueue:
         found = self.entries(queue_offset, 1)
         return found[0] if found else None
 
-    def last_entry_end(self) -> int:
-        """phy offset + size of the last entry (-1 for an empty queue)."""
-        max_offset = self.max_offset_in_queue()
-        if max_offset <= self.min_offset_in_queue():
-            return -1
-        entry = self.get_entry(max_offset - 1)
-        return entry[0] + entry[1] if entry else -1
-
     def offset_in_queue_by_time(self, timestamp_ms: int, commit_log: CommitLog) -> int:
         """`getOffsetInQueueByTime`: binary search on store times (§4.4).
 

@@ -36,7 +36,7 @@ from rmq_mp.errors import (
     StoreReadOnlyError,
 )
 from rmq_mp.index_service import IndexService
-from rmq_mp.paths import StorePaths
+from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.recovery import RecoveryReport, recover
 from rmq_mp.reporter import Reporter
 from rmq_mp.status import (
@@ -147,7 +147,7 @@ class MessageStore:
         if self.writable:
             self._flush_all()
             self.paths.abort.touch()
-            _fsync_dir(root)
+            fsync_dir(root)
 
     def _take_lock(self) -> None:
         """`lock` file: exclusive flock, content ``lock`` (RocketMQ writes the same 4 bytes)."""
@@ -208,7 +208,7 @@ class MessageStore:
             if self.writable:
                 self._flush_all()
                 self.paths.abort.unlink(missing_ok=True)
-                _fsync_dir(self.paths.root)
+                fsync_dir(self.paths.root)
         finally:
             self._release()
 
@@ -226,7 +226,7 @@ class MessageStore:
         try:
             if clean and self.writable:
                 self.paths.abort.unlink(missing_ok=True)
-                _fsync_dir(self.paths.root)
+                fsync_dir(self.paths.root)
         finally:
             self._release()
 
@@ -461,11 +461,3 @@ def read_queue(
         total_bytes += size
         status = GetMessageStatus.FOUND
     return GetMessageResult(status, offset + scanned, min_offset, max_offset, messages)
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

@@ -77,15 +77,6 @@ class PointerTable:
         self.set(field, value)
         return value
 
-    # ------------------------------------------------------------------ liveness
-
-    def supervisor_alive(self, stale_after_ms: int = 5000) -> bool:
-        """True while the supervisor process exists and its heartbeat is fresh."""
-        pid = self.get(layout.SUPERVISOR_PID)
-        if pid <= 0 or not pid_alive(pid):
-            return False
-        return now_ms() - self.get(layout.SUPERVISOR_HEARTBEAT_MS) < stale_after_ms
-
     def snapshot(self) -> dict[str, int]:
         """Every header field by name (for status and statistics)."""
         return {f.name: self.get(f) for f in layout.FIELDS}

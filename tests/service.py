@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -11,11 +12,14 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 from rmq_mp.config import MessageStoreConfig
+from rmq_mp.consumer import Consumer
 from rmq_mp.errors import ShmAttachError
+from rmq_mp.status import GetMessageStatus
 from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
@@ -157,3 +161,46 @@ def running_service(tmp_path: Path, name: str = "store", **settings: str) -> Ite
         assert code in (0, 1), f"supervisor exit code {code}: {service.log.read_text()}"
         assert service.names.leftovers() == [], "shared memory left behind"
         assert leftover_processes(service.names) == [], "processes left behind"
+
+
+def start_producers(
+    service: RunningService, tmp_path: Path, counts: list[int], batch: int | list[int] = 1
+) -> tuple[list[subprocess.Popen[bytes]], list[Path]]:
+    """Producer processes running tests.load (producer i sends counts[i] messages); returns
+    (processes, the files they write their acknowledgements to)."""
+    batches = batch if isinstance(batch, list) else [batch] * len(counts)
+    outs = [tmp_path / f"producer{i}.jsonl" for i in range(len(counts))]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.load", service.names.base, str(i), str(count), str(out), str(b)],
+            cwd=ROOT,
+        )
+        for i, (count, out, b) in enumerate(zip(counts, outs, batches, strict=True))
+    ]
+    return procs, outs
+
+
+def acknowledged(out: Path) -> list[dict[str, Any]]:
+    """The acknowledgements a tests.load producer wrote (a torn last line is ignored)."""
+    acks = []
+    for line in out.read_text().splitlines() if out.exists() else []:
+        try:
+            acks.append(json.loads(line))
+        except json.JSONDecodeError:  # the producer died mid-line
+            break
+    return acks
+
+
+def drain_every_queue(consumer: Consumer) -> int:
+    """Read every queue of the store from offset 0, checking offsets are contiguous; returns
+    how many messages were read."""
+    seen = 0
+    for topic, queue_id, _slot in list(consumer.queues.queues()):
+        offset = 0
+        while (result := consumer.pull(topic, queue_id, offset, 32)).status is GetMessageStatus.FOUND:
+            assert [m.queue_offset for m in result.messages] == list(
+                range(offset, offset + len(result.messages))
+            )
+            offset = result.next_begin_offset
+            seen += len(result.messages)
+    return seen

@@ -11,24 +11,26 @@ id; rerun a case with ``-k <id>``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import psutil
 import pytest
 
 from rmq_mp.consumer import Consumer
-from rmq_mp.status import GetMessageStatus
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import message_for
-from tests.service import ROOT, running_service, start_service, wait_until
+from tests.service import (
+    acknowledged,
+    drain_every_queue,
+    running_service,
+    start_producers,
+    start_service,
+    wait_until,
+)
 
 MODES = {
     "sync": {"flushDiskType": "SYNC_FLUSH"},
@@ -49,41 +51,14 @@ def cases() -> list[tuple[str, str, int]]:
     return out
 
 
-def acknowledged(out: Path) -> list[dict]:
-    if not out.exists():
-        return []
-    acks = []
-    for line in out.read_text().splitlines():
-        try:
-            acks.append(json.loads(line))
-        except json.JSONDecodeError:  # the producer died mid-line
-            break
-    return acks
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize(("mode", "victim", "seed"), cases(), ids=lambda v: str(v))
 def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
     rnd = random.Random(seed)
     print(f"seed {seed}: mode {mode}, SIGKILL {victim}")
     service = start_service(tmp_path, **MODES[mode])
-    outs = [tmp_path / f"p{i}.jsonl" for i in range(PRODUCERS)]
-    loaders = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.load",
-                service.names.base,
-                str(i),
-                str(COUNT),
-                str(out),
-                str(rnd.choice([1, 1, 8])),
-            ],
-            cwd=ROOT,
-        )
-        for i, out in enumerate(outs)
-    ]
+    batches = [rnd.choice([1, 1, 8]) for _ in range(PRODUCERS)]
+    loaders, outs = start_producers(service, tmp_path, [COUNT] * PRODUCERS, batches)
     wait_until(
         lambda: service.read(layout.PUT_COUNT) > rnd.randint(500, 3 * COUNT // 2), 120, "load under way"
     )
@@ -137,14 +112,5 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
         assert rec["queue_offset"] == ack["queue_offset"]
     # And the restarted store serves them: every queue contiguous from 0.
     with running_service(tmp_path, **MODES[mode]) as again, Consumer.attach(again.root, "verify") as consumer:
-        seen = 0
-        for topic, queue_id, _slot in list(consumer.queues.queues()):
-            offset = 0
-            while (result := consumer.pull(topic, queue_id, offset, 32)).status is GetMessageStatus.FOUND:
-                assert [m.queue_offset for m in result.messages] == list(
-                    range(offset, offset + len(result.messages))
-                )
-                offset = result.next_begin_offset
-                seen += len(result.messages)
+        seen = drain_every_queue(consumer)
         assert seen == len(stored)
-    time.sleep(0)

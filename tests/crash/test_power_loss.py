@@ -11,11 +11,8 @@ contiguous queues, findable by key.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import psutil
@@ -28,10 +25,16 @@ from rmq_mp.index_file import IndexFile
 from rmq_mp.message_store import MessageStore
 from rmq_mp.recovery import _choose_abnormal_start
 from rmq_mp.reporter import Reporter
-from rmq_mp.status import GetMessageStatus
 from shm import layout
 from tests.integration.test_round_trip import independent_records
-from tests.service import ROOT, running_service, start_service, wait_until
+from tests.service import (
+    acknowledged,
+    drain_every_queue,
+    running_service,
+    start_producers,
+    start_service,
+    wait_until,
+)
 
 
 def discard_unflushed(root: Path, flushed: int, file_size: int, config: object) -> tuple[int, int]:
@@ -73,13 +76,7 @@ def test_power_loss_keeps_every_acknowledged_sync_put(tmp_path: Path, seed: int)
         "flushIntervalConsumeQueue": "100",
     }
     service = start_service(tmp_path, **settings)
-    outs = [tmp_path / f"p{i}.jsonl" for i in range(2)]
-    loaders = [
-        subprocess.Popen(
-            [sys.executable, "-m", "tests.load", service.names.base, str(i), "3000", str(out), "4"], cwd=ROOT
-        )
-        for i, out in enumerate(outs)
-    ]
+    loaders, outs = start_producers(service, tmp_path, [3000, 3000], 4)
     wait_until(lambda: service.read(layout.PUT_COUNT) > 1500 + seed * 100, 120, "load under way")
     flushed_before_kill = service.read(layout.FLUSHED_POSITION)
     pids = [
@@ -100,24 +97,12 @@ def test_power_loss_keeps_every_acknowledged_sync_put(tmp_path: Path, seed: int)
     assert wiped > 0, "the simulated loss took queue entries that recovery must rebuild"
     acked = {}
     for i, out in enumerate(outs):
-        for line in out.read_text().splitlines():
-            try:
-                ack = json.loads(line)
-            except json.JSONDecodeError:
-                break
+        for ack in acknowledged(out):
             if ack["status"] == "PUT_OK":
                 acked[(i, ack["seq"])] = ack
                 assert ack["phy"] < flushed, "a PUT_OK under SYNC_FLUSH is below the flushed offset"
     with running_service(tmp_path, **settings) as again, Consumer.attach(again.root, "verify") as consumer:
-        seen = 0
-        for topic, queue_id, _slot in list(consumer.queues.queues()):
-            offset = 0
-            while (result := consumer.pull(topic, queue_id, offset, 32)).status is GetMessageStatus.FOUND:
-                assert [m.queue_offset for m in result.messages] == list(
-                    range(offset, offset + len(result.messages))
-                )
-                offset = result.next_begin_offset
-                seen += len(result.messages)
+        seen = drain_every_queue(consumer)
     records = independent_records(again.root / "commitlog", again.config.mapped_file_size_commit_log)
     stored = {}
     for rec in records:

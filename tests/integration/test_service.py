@@ -22,29 +22,21 @@ from rmq_mp.status import GetMessageStatus, PutMessageStatus
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import QUEUES, TOPICS, message_for
-from tests.service import ROOT, RunningService, running_service, start_service, store_cpu_fraction, wait_until
+from tests.service import (
+    ROOT,
+    RunningService,
+    running_service,
+    start_producers,
+    start_service,
+    store_cpu_fraction,
+    wait_until,
+)
 
 
 def run_producers(
     service: RunningService, tmp_path: Path, producers: int, count: int, batch: int = 1
 ) -> list[Path]:
-    outs = [tmp_path / f"producer{i}.jsonl" for i in range(producers)]
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "tests.load",
-                service.names.base,
-                str(i),
-                str(count),
-                str(out),
-                str(batch),
-            ],
-            cwd=ROOT,
-        )
-        for i, out in enumerate(outs)
-    ]
+    procs, outs = start_producers(service, tmp_path, [count] * producers, batch)
     for proc in procs:
         assert proc.wait(300) == 0
     return outs
