@@ -276,6 +276,9 @@ class MessageStoreConfig:
     flush_commit_log_thorough_interval: int = _prop(10000, ge=0)
     # SYNC_FLUSH put deadline, ms, before FLUSH_DISK_TIMEOUT.
     sync_flush_timeout: int = _prop(5000, ge=0)
+    # A failed commit-log fsync marks the store NOT_WRITEABLE until restart (RocketMQ 5.x name;
+    # 4.9.8 ignores flush errors, issue #2706). Off: puts continue and SYNC puts time out.
+    enable_running_flags_in_flush: bool = False
     # ConsumeQueue flush period, ms.
     flush_interval_consume_queue: int = _prop(1000, ge=0)
     # Dirty pages (4 KiB) needed before a ConsumeQueue flush.

@@ -11,7 +11,8 @@ Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeServ
 - ASYNC_FLUSH: every `flushIntervalCommitLog` ms, flush when `flushCommitLogLeastPages` pages are
   dirty or `flushCommitLogThoroughInterval` ms passed; `flushCommitLogTimed` makes the interval a
   plain sleep that wakeups do not shorten.
-Writes PHYSIC_MSG_TIMESTAMP after each flush. Final pass: flush everything (10 tries).
+Writes PHYSIC_MSG_TIMESTAMP after each flush; with `enableRunningFlagsInFlush` a failed fsync
+sets NOT_WRITEABLE, so puts are refused with the reason until restart. Final pass: flush everything (10 tries).
 """
 
 from __future__ import annotations
@@ -25,9 +26,11 @@ from rmq_mp.mapped_file import OS_PAGE_SIZE
 from shm import flush_requests as fr
 from shm import layout
 from shm.pointer_table import now_ms
+from shm.semaphores import acquire
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.flusher")
+NOT_WRITEABLE = 1 << 1
 
 
 class FlusherService(ServiceLoop):
@@ -83,12 +86,23 @@ class FlusherService(ServiceLoop):
             log.error(
                 "flush of [%d, %d) failed, flushed offset stays at %d: %s", flushed, target, flushed, exc
             )
+            if self.store.config.enable_running_flags_in_flush:
+                self.mark_not_writeable()
             return False
         t.set(layout.FLUSHED_POSITION, target)
         t.add(layout.FLUSH_COUNT, 1)
         if store_ts:
             t.set(layout.PHYSIC_MSG_TIMESTAMP, store_ts)
         return True
+
+    def mark_not_writeable(self) -> None:
+        """RunningFlags.makeNotWriteable, under the flags lock (several workers write the flags)."""
+        lock = self.store.shm.semaphore(self.store.names.flags_lock)
+        if acquire(lock, 5.0):
+            try:
+                self.table.set(layout.RUNNING_FLAGS, self.table.get(layout.RUNNING_FLAGS) | NOT_WRITEABLE)
+            finally:
+                lock.release()
 
     def complete_requests(self) -> None:
         """Complete flushed requests, time out overdue ones, free abandoned ones."""
