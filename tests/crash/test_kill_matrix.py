@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from rmq_mp.consumer import Consumer
+from rmq_mp.message_store import MessageStore
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import message_for
@@ -42,12 +43,17 @@ PRODUCERS = 3
 COUNT = 4000
 
 
+ITERATIONS = int(os.environ.get("RMQ_KILL_ITERATIONS", "1"))
+"""Seeded kill iterations per (mode, process kind): 1 in the default suite; the slow run is
+``RMQ_KILL_ITERATIONS=20 .venv/bin/python -m pytest tests/crash -m slow -n auto``."""
+
+
 def cases() -> list[tuple[str, str, int]]:
     out = []
     for i, (mode, victim) in enumerate((m, v) for m in MODES for v in VICTIMS):
         if victim == "committer" and mode != "async-pool":
             continue
-        out.append((mode, victim, 1000 + i))
+        out.extend((mode, victim, 1000 + 100 * i + k) for k in range(ITERATIONS))
     return out
 
 
@@ -114,3 +120,9 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
     with running_service(tmp_path, **MODES[mode]) as again, Consumer.attach(again.root, "verify") as consumer:
         seen = drain_every_queue(consumer)
         assert seen == len(stored)
+    # The index is complete: every stored message is found by its UNIQ_KEY.
+    with MessageStore.open(config=again.config, read_only=True) as store:
+        for rec in records:
+            props = dict(kv.split("\x01", 1) for kv in rec["props"].split("\x02"))
+            found = store.query_message(rec["topic"], props["UNIQ_KEY"])
+            assert [m.commit_log_offset for m in found] == [rec["phy"]], props["UNIQ_KEY"]

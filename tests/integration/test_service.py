@@ -387,8 +387,10 @@ def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path) -> None
         assert service.read(layout.PUT_LOCK_OWNER_PID) != 0, "the victim died holding the lock"
         started = time.monotonic()
         after = producer.send("L", b"after", queue_id=0)
+        took = time.monotonic() - started
         assert after.ok
-        assert time.monotonic() - started < 5
+        print(f"put lock taken over from the dead producer in {took * 1000:.0f} ms")
+        assert took < 1.0, "the store accepts writes again within a second"
         assert after.queue_offset == 1
         assert service.read(layout.LOCK_RECOVERIES) == 1
         with Consumer.attach(service.root, "g") as consumer:
