@@ -35,6 +35,9 @@ from rmq_mp.paths import fsync_dir
 log = logging.getLogger(__name__)
 
 _INT_KEY = "\x00int:"
+_STR_KEY = "\x00str:"
+"""Markers the pre-pass gives bare integer keys and quoted keys that begin with NUL, so the two
+can never be confused."""
 
 
 class FastJsonError(ValueError):
@@ -52,7 +55,10 @@ def _quote_int_keys(text: str) -> str:
             j = i + 1
             while j < n and text[j] != '"':
                 j += 2 if text[j] == "\\" else 1
-            out.append(text[i : j + 1])
+            token = text[i : j + 1]
+            if expecting_key and token.startswith('"\\u0000'):
+                token = '"' + json.dumps(_STR_KEY)[1:-1] + token[1:]  # keep a NUL-led key unambiguous
+            out.append(token)
             i = j + 1
             expecting_key = False
             continue
@@ -78,8 +84,14 @@ def _quote_int_keys(text: str) -> str:
     return "".join(out)
 
 
+def _key(key: str) -> Any:
+    if key.startswith(_INT_KEY):
+        return int(key[len(_INT_KEY) :])
+    return key[len(_STR_KEY) :] if key.startswith(_STR_KEY) else key
+
+
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[Any, Any]:
-    return {int(k[len(_INT_KEY) :]) if k.startswith(_INT_KEY) else k: v for k, v in pairs}
+    return {_key(k): v for k, v in pairs}
 
 
 def loads(text: str) -> Any:

@@ -39,6 +39,16 @@ class MappedFileQueue:
         """Map every segment; all positions start at the file size and recovery cuts them."""
         if not self.store_dir.is_dir():
             return
+        if self.writable:
+            for stale in self.store_dir.glob(".*.tmp*"):  # a segment creation cut short by a crash
+                self.reporter.report(
+                    "stale-temp-file-removed",
+                    str(stale),
+                    0,
+                    stale.stat().st_size,
+                    "temporary file of an interrupted segment creation",
+                )
+                stale.unlink()
         names = sorted(p.name for p in self.store_dir.iterdir() if not p.name.startswith("."))
         for name in names:
             if not _NAME.match(name):

@@ -39,7 +39,7 @@ from tests.service import (
 
 def discard_unflushed(root: Path, flushed: int, file_size: int, config: object) -> tuple[int, int]:
     """Zero what a power loss would lose; returns (replay start recovery will use, queue entries wiped)."""
-    for path in sorted((root / "commitlog").iterdir()):
+    for path in sorted(p for p in (root / "commitlog").iterdir() if p.name.isdigit()):
         start = int(path.name)
         if start >= flushed:
             path.write_bytes(bytes(file_size))

@@ -221,3 +221,14 @@ def test_garbage_in_consume_queue_tail_is_cut(small_config: MessageStoreConfig) 
     with MessageStore.open(config=small_config) as store:
         assert store.reporter.count("cq-entries-dropped") == 1
         assert_consistent(store, results, len(results))
+
+
+def test_temp_file_of_an_interrupted_segment_creation_is_removed(small_config: MessageStoreConfig) -> None:
+    results = write(small_config, 100)
+    commitlog = Path(small_config.store_path_root_dir) / "commitlog"
+    stale = commitlog / f".{2**20:020d}.tmp4187"
+    stale.write_bytes(bytes(1000))
+    with MessageStore.open(config=small_config) as store:
+        assert not stale.exists()
+        assert store.reporter.count("stale-temp-file-removed") == 1
+        assert_consistent(store, results, len(results))

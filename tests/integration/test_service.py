@@ -513,7 +513,9 @@ def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Pat
         wait_until(lambda: path.exists() and "G@group-a" in path.read_text(), 10, "periodic persist")
         assert loads(path.read_text())["offsetTable"]["G@group-a"] == {0: 5, 1: 5}
         assert '"G@group-a":{0:5,1:5\n\t\t}' in path.read_text(), "fastjson layout"
-        topics = loads((service.root / "config" / "topics.json").read_text())["topicConfigTable"]
+        topics_path = service.root / "config" / "topics.json"
+        wait_until(topics_path.exists, 10, "topics.json (persisted right after the offsets)")
+        topics = loads(topics_path.read_text())["topicConfigTable"]
         assert topics["G"]["readQueueNums"] == 8
     with running_service(tmp_path) as again, Consumer.attach(again.root, "group-a") as consumer:
         assert consumer.committed_offset("G", 1) == 5
