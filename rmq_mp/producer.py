@@ -344,8 +344,8 @@ class Producer:
             if mf is not None and end > wrote:
                 stop = min(end - mf.file_from_offset, mf.file_size)
                 start = wrote - mf.file_from_offset
-                mf.fill(start, bytes(stop - start))
-                if mf.write_buffer is not None:
+                mf.fill(start, bytes(stop - start))  # the pool buffer, or the file without a pool
+                if mf.write_buffer is not None:  # and the file itself, in case bytes reached it
                     mf.write_buffer = None
                     mf.fill(start, bytes(stop - start))
         t.set(layout.JOURNAL_ACTIVE, 0)
