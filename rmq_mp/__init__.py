@@ -27,25 +27,47 @@ from rmq_mp.status import (
     PutMessageStatus,
 )
 
+_SERVICE_CLIENTS = {
+    "Producer": "rmq_mp.producer",
+    "SendResult": "rmq_mp.producer",
+    "Consumer": "rmq_mp.consumer",
+    "GetResult": "rmq_mp.consumer",
+}
+
+
+def __getattr__(name: str) -> object:
+    """The service clients load on first use: they import `shm`, which imports this package."""
+    module = _SERVICE_CLIENTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rmq_mp' has no attribute {name!r}")
+    import importlib
+
+    return getattr(importlib.import_module(module), name)
+
+
 __all__ = [
     "AppendMessageStatus",
     "BrokerRole",
     "ConfigError",
     "ConfigFileError",
+    "Consumer",
     "CorruptFileError",
     "CorruptRecordError",
     "FlushDiskType",
     "GetMessageResult",
     "GetMessageStatus",
+    "GetResult",
     "InvalidMessageIdError",
     "Message",
     "MessageExt",
     "MessageNotFoundError",
     "MessageStore",
     "MessageStoreConfig",
+    "Producer",
     "PutMessageResult",
     "PutMessageStatus",
     "QueueStatus",
+    "SendResult",
     "StoreError",
     "StoreLockedError",
     "StoreReadOnlyError",
