@@ -94,6 +94,8 @@ class IndexFile:
             self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
             self.hash_slot_count = self.index_count = 0
         self.index_count = max(self.index_count, 1)
+        if writable and self._mm is not None and length >= self._slots_end():
+            self._repair_torn_put()
         if create and seed_end_phy_offset > 0:
             self.begin_phy_offset = self.end_phy_offset = seed_end_phy_offset
             self.begin_timestamp = self.end_timestamp = seed_end_timestamp
@@ -248,6 +250,28 @@ class IndexFile:
             f"entries beyond commit-log end {valid_phy_end} or beyond the file's bytes",
         )
         return dropped
+
+    def _repair_torn_put(self) -> None:
+        """`putKey` writes the entry, then its slot, then the header's count. A process killed
+        between the last two leaves a slot pointing at an entry the header does not count; the next
+        put would link to it as its own predecessor (a loop that cuts the older chain off). Such a
+        slot is the mark of a torn put: rebuild the slots from the counted entries."""
+        assert self._mm is not None
+        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            torn = int(np.count_nonzero(slots >= self.index_count))
+        finally:
+            del slots
+        if torn:
+            self._rebuild_slots(self.index_count)
+            self._write_header()
+            self.reporter.report(
+                "index-torn-put-repaired",
+                str(self.path),
+                self.index_count,
+                self.index_count + 1,
+                f"{torn} slot(s) pointed past the entry count; slots rebuilt",
+            )
 
     def _rebuild_slots(self, entry_count: int) -> None:
         """Point every slot at its newest surviving entry. Dropped entries may be unreadable (a
