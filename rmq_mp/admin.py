@@ -16,7 +16,9 @@ JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import os
 import sys
 from collections.abc import Iterable
 from datetime import UTC, datetime
@@ -25,7 +27,7 @@ from typing import Any
 
 from rmq_mp import record
 from rmq_mp.config import MessageStoreConfig, parse_properties
-from rmq_mp.errors import StoreError
+from rmq_mp.errors import ConfigError, InvalidMessageIdError, StoreError
 from rmq_mp.message import MessageExt, format_host
 from rmq_mp.message_store import MAX_TIMESTAMP, MessageStore
 
@@ -68,8 +70,15 @@ def iso(ms: int) -> str:
 
 
 def _body_preview(body: bytes, width: int = 40) -> str:
-    text = body.decode("utf-8", errors="replace")
-    return text if len(text) <= width else text[: width - 1] + "…"
+    """Printable UTF-8 text as a quoted string; anything else as hex (``0x…``), cut at ``width``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\t\n\r" for c in text):
+        return repr(text if len(text) <= width else text[: width - 1] + "…")
+    hexed = body.hex()
+    return "0x" + (hexed if len(hexed) <= width else hexed[: width - 1] + "…")
 
 
 def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
@@ -120,7 +129,7 @@ def print_detail(msg: MessageExt, *, as_json: bool) -> None:
     print(f"{'bornTimestamp:':<27}{iso(msg.born_timestamp)}")
     print(f"{'storeTimestamp:':<27}{iso(msg.store_timestamp)}")
     print(f"{'properties:':<27}{json.dumps(data['properties'], ensure_ascii=False)}")
-    print(f"{'body:':<27}{_body_preview(msg.body, 200)!r} ({len(msg.body)} bytes)")
+    print(f"{'body:':<27}{_body_preview(msg.body, 200)} ({len(msg.body)} bytes)")
 
 
 def open_store(args: argparse.Namespace) -> MessageStore:
@@ -136,19 +145,39 @@ def open_store(args: argparse.Namespace) -> MessageStore:
     else:
         root = str(args.store)
     if args.conf:
-        properties.update(
-            parse_properties(Path(args.conf).read_text(encoding="utf-8"), source=str(args.conf))
-        )
+        properties.update(parse_properties(_read_conf(args.conf), source=args.conf))
     for item in args.set:
         key, sep, value = item.partition("=")
-        if not sep:
+        if not sep or not key.strip():
             raise StoreError(f"--set takes key=value, got {item!r}")
         properties[key.strip()] = value.strip()
     properties["storePathRootDir"] = root
-    config = MessageStoreConfig.from_properties(properties, source="rmq-admin")
+    source = " and ".join([*([args.conf] if args.conf else []), *(["--set"] if args.set else [])])
+    config = MessageStoreConfig.from_properties(properties, source=source or "defaults")
     if not Path(root).is_dir():
         raise StoreError("no such store directory")
+    if not any(p.is_dir() for p in config.commit_log_dirs) and not any(
+        (Path(root) / name).exists() for name in ("consumequeue", "index", "checkpoint")
+    ):
+        raise StoreError("not a store directory (no commitlog/, consumequeue/, index/ or checkpoint)")
     return MessageStore.open(config=config, read_only=True)
+
+
+def _read_conf(path: str) -> str:
+    """The --conf file as text (UTF-8, a BOM skipped), as `MessageStoreConfig.from_file` reads it."""
+    try:
+        return Path(path).read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def _check_msg_id(msg_id: str) -> str:
+    """Reject what `decode_message_id` would not reject cleanly (``bytes.fromhex`` skips spaces)."""
+    if len(msg_id) not in (32, 56) or any(c not in "0123456789abcdefABCDEF" for c in msg_id):
+        raise InvalidMessageIdError(f"msgId must be 32 or 56 hex characters, got {msg_id!r}")
+    return msg_id
 
 
 def run(args: argparse.Namespace) -> int:
@@ -169,7 +198,7 @@ def run(args: argparse.Namespace) -> int:
                 store.query_message(args.topic, args.key, args.max, args.begin, end), as_json=args.json
             )
         if args.command == "queryMsgById":
-            print_detail(store.view_message_by_id(args.id), as_json=args.json)
+            print_detail(store.view_message_by_id(_check_msg_id(args.id)), as_json=args.json)
             return 0
         if args.command == "queryMsgByOffset":
             result = store.get_message(args.topic, args.queue, args.offset, 1)
@@ -178,6 +207,8 @@ def run(args: argparse.Namespace) -> int:
                     f"{args.topic}/{args.queue} offset {args.offset}: {result.status.name} "
                     f"(queue offsets [{result.min_offset}, {result.max_offset}))"
                 )
+            if not args.json:
+                print(f"{'status:':<27}{result.status.name}")
             print_detail(result.messages[0], as_json=args.json)
             return 0
         return topic_status(store, args.topic, as_json=args.json)
@@ -235,7 +266,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queryMsgByKey", parents=[common], help="messages by KEYS or UNIQ_KEY, newest first")
     p.add_argument("--topic", required=True)
     p.add_argument("--key", required=True)
-    p.add_argument("--max", type=int, default=64)
+    p.add_argument("--max", type=_positive_int, default=64)
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int)
     p = sub.add_parser("queryMsgById", parents=[common], help="a message by its offset msgId")
@@ -256,11 +287,27 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return run(args)
     except StoreError as exc:
-        where = args.store or args.name
-        print(f"rmq-admin: error: {where}: {exc}", file=sys.stderr)
-        return 2
+        problem = str(exc)
     except BrokenPipeError:
+        # The reader (`| head`) went away: stop quietly, and keep the interpreter's final flush
+        # of stdout from failing again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
+    except OSError as exc:  # unreadable store files and the like: no traceback either
+        problem = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
+    print(f"rmq-admin: error: {args.store or args.name}: {problem}", file=sys.stderr)
+    return 2
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value
 
 
 if __name__ == "__main__":

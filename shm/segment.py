@@ -45,6 +45,9 @@ class SharedSegment:
         except posix_ipc.PermissionsError as exc:
             raise ShmAttachError(f"not allowed to attach to {name} (it belongs to another user)") from exc
         size = os.fstat(memory.fd).st_size
+        if size == 0:  # created but not yet sized by its creator: not attachable yet
+            memory.close_fd()
+            raise ShmAttachError(f"shared segment {name} is still being created: is the store starting?")
         return cls(name, memory, size)
 
     def mlock(self) -> str:

@@ -547,3 +547,21 @@ def test_cleaner_deletes_expired_files_but_never_the_one_being_written(tmp_path:
         names = sorted(p.name for p in (service.root / "commitlog").iterdir())
         assert names[0] == f"{current:020d}", "every file before the one being written is gone"
         assert producer.send("C", b"still writable", queue_id=0).ok
+
+
+def test_attaching_while_a_segment_is_being_created_is_a_typed_error(tmp_path: Path) -> None:
+    """A segment exists before its creator sizes it; an attacher in that window (run.py status
+    during start) gets ShmAttachError, not a crash (found by the kill matrix, seed 1402)."""
+    import posix_ipc
+
+    from rmq_mp.errors import ShmAttachError
+    from shm.segment import SharedSegment
+
+    name = f"/rmqtest_{os.getpid()}_{tmp_path.name[-8:]}"
+    unsized = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
+    try:
+        with pytest.raises(ShmAttachError, match="still being created"):
+            SharedSegment.attach(name)
+    finally:
+        unsized.close_fd()
+        unsized.unlink()

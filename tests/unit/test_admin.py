@@ -34,8 +34,15 @@ def test_print_msg_json_reproduces_rocketmqs_decoding_byte_for_byte(rocketmq_fix
     result = admin("printMsg", "--store", str(rocketmq_fixtures / "clean-store"), *FIXTURE_SETTINGS, "--json")
     assert result.returncode == 0, result.stderr
     expected = (rocketmq_fixtures / "clean-store.messages.jsonl").read_text(encoding="utf-8")
-    assert result.stdout.count("\n") == 12_000
+    got_lines, want_lines = result.stdout.splitlines(), expected.splitlines()
+    assert len(got_lines) == len(want_lines) == 12_000
+    for number, (got, want) in enumerate(zip(got_lines, want_lines, strict=True), 1):
+        # field for field, in the fixture's order, before comparing bytes
+        assert list(json.loads(got).items()) == list(json.loads(want).items()), f"line {number}"
     assert result.stdout == expected
+    # the control characters of the `note` property are escaped as the fixture escapes them
+    assert "\\n" in expected
+    assert "\\t" in expected
 
 
 def test_print_msg_human_and_filters(rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -107,7 +114,59 @@ def test_query_commands_both_forms(rocketmq_fixtures: Path, capsys: pytest.Captu
         )
         == 0
     )
-    assert keyed["msgId"] in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert keyed["msgId"] in out
+    assert out.splitlines()[0].split() == ["status:", "FOUND"]
+    assert f"({keyed['bodyLen']} bytes)" in out
+
+
+def test_query_by_key_also_finds_uniq_key_and_honours_max(
+    rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = ["--store", str(rocketmq_fixtures / "clean-store"), *FIXTURE_SETTINGS]
+    text = (rocketmq_fixtures / "clean-store.messages.jsonl").read_text(encoding="utf-8")
+    messages = [json.loads(line) for line in text.splitlines()]
+    uniq = next(m for m in messages if "UNIQ_KEY" in m["properties"] and m["sysFlag"] & 0xC != 0xC)
+    uniq_key = uniq["properties"]["UNIQ_KEY"]
+    assert main(["queryMsgByKey", *store, "--topic", uniq["topic"], "--key", uniq_key]) == 0
+    out = capsys.readouterr().out
+    assert uniq["msgId"] in out
+    assert "1 message(s)" in out
+    # ORD<n> keys repeat across messages: --max caps the hits
+    ord_keys = [k for m in messages if m["keys"] for k in m["keys"].split(" ") if k.startswith("ORD")]
+    common = max(set(ord_keys), key=ord_keys.count)
+    topic = next(m["topic"] for m in messages if m["keys"] and common in m["keys"].split(" "))
+    assert main(["queryMsgByKey", *store, "--topic", topic, "--key", common, "--max", "1", "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 1
+
+
+def test_conf_file_merges_with_set(
+    rocketmq_fixtures: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    conf = tmp_path / "broker.conf"
+    conf.write_text(
+        "storePathRootDir=/nowhere\nmappedFileSizeCommitLog=999\nmappedFileSizeConsumeQueue=20000\n"
+        "maxHashSlotNum=1000\nmaxIndexNum=4000\n",
+        encoding="utf-8",
+    )
+    store = str(rocketmq_fixtures / "clean-store")
+    # --set wins over the file, --store over its storePathRootDir
+    args = ["topicStatus", "--store", store, "--conf", str(conf), "--set", "mappedFileSizeCommitLog=1048576"]
+    assert main([*args, "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 15
+    assert main(["topicStatus", "--store", store, "--conf", str(conf)]) == 2
+    assert "does not match the configured file size" in capsys.readouterr().err
+
+
+def test_binary_body_is_shown_as_hex(rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    store = ["--store", str(rocketmq_fixtures / "clean-store"), *FIXTURE_SETTINGS]
+    with (rocketmq_fixtures / "clean-store.messages.jsonl").open(encoding="utf-8") as f:
+        binary = next(
+            m for m in map(json.loads, f) if m["bodyLen"] > 4 and b"\xff" in bytes.fromhex(m["body"])
+        )
+    assert main(["queryMsgById", *store, "--id", binary["msgId"]]) == 0
+    body_line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("body:"))
+    assert body_line.split()[1].startswith("0x" + binary["body"][:16])
 
 
 def test_topic_status_both_forms(rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -133,6 +192,11 @@ def test_topic_status_both_forms(rocketmq_fixtures: Path, capsys: pytest.Capture
     [
         (["queryMsgById", "--store", "{missing}", "--id", "00"], "no such store directory"),
         (["queryMsgById", "--store", "{clean}", "--id", "XYZ"], "32 or 56 hex"),
+        (["queryMsgById", "--store", "{clean}", "--id", "0A000005 00002A9F00000000000000 "], "32 or 56 hex"),
+        (["queryMsgById", "--store", "{clean}", "--id", "0A00000500002A9F0000000FFFFFFFF5"], "outside"),
+        (["topicStatus", "--store", "{tmp}"], "not a store directory"),
+        (["topicStatus", "--store", "{clean}", "--conf", "{missing}"], "cannot read config file"),
+        (["topicStatus", "--store", "{clean}", "--set", "novalue"], "key=value"),
         (
             ["topicStatus", "--store", "{clean}", "--set", "mapedFileSizeCommitLog=1"],
             "mappedFileSizeCommitLog",
@@ -159,12 +223,31 @@ def test_errors_are_one_clear_line_and_exit_2(
     rocketmq_fixtures: Path, tmp_path: Path, args: list[str], message: str
 ) -> None:
     clean = str(rocketmq_fixtures / "clean-store")
-    args = [a.replace("{missing}", str(tmp_path / "nope")).replace("{clean}", clean) for a in args]
+    args = [
+        a.replace("{missing}", str(tmp_path / "nope"))
+        .replace("{clean}", clean)
+        .replace("{tmp}", str(tmp_path))
+        for a in args
+    ]
     result = admin(*args, *FIXTURE_SETTINGS)
     assert result.returncode == 2
     assert result.stderr.startswith("rmq-admin: error: ")
     assert message in result.stderr
     assert "Traceback" not in result.stderr
+    assert len(result.stderr.splitlines()) == 1
+
+
+def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv in (
+        [],
+        ["printMsg"],
+        ["queryMsgByKey", "--store", "x", "--topic", "T", "--key", "k", "--max", "0"],
+        ["printMsg", "--store", "x", "--begin", "yesterday"],
+    ):
+        with pytest.raises(SystemExit) as exc:
+            main(argv)
+        assert exc.value.code == 2
+    assert "must be at least 1" in capsys.readouterr().err
 
 
 def test_against_a_running_store_by_shm_name(tmp_path: Path) -> None:

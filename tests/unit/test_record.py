@@ -178,10 +178,10 @@ def test_validate_message_statuses() -> None:
 
 
 names = st.text(
-    st.characters(blacklist_characters="\x00\x01\x02", blacklist_categories=("Cs",)), min_size=1, max_size=20
+    st.characters(exclude_characters="\x00\x01\x02", exclude_categories=["Cs"]), min_size=1, max_size=20
 )
 topics = st.text(
-    st.characters(blacklist_characters="/\x00", blacklist_categories=("Cs",)), min_size=1, max_size=40
+    st.characters(exclude_characters="/\x00", exclude_categories=["Cs"]), min_size=1, max_size=40
 ).filter(lambda t: t not in (".", "..") and len(t.encode()) <= 127)
 ipv4 = st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535))
 ipv6 = st.tuples(st.ip_addresses(v=6).map(str), st.integers(0, 65535))
