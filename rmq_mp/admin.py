@@ -10,13 +10,18 @@ Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crash
 store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
 memory), ``--conf FILE`` and ``--set key=value`` for the settings that shape the files
 (``mappedFileSizeCommitLog`` …), and ``--json`` for machine output (one object per line). The
-JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file.
+JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file,
+and is UTF-8 whatever the locale. Expected failures (no store there, a setting that does not match
+the files, an unknown --set key, a bad msgId) print one line, ``rmq-admin: error: <store>:
+<problem>``, and exit 2, as argparse does for usage errors.
 """
 
 from __future__ import annotations
 
 import argparse
+import codecs
 import contextlib
+import io
 import json
 import os
 import sys
@@ -284,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    _utf8_stdout(machine=args.json)
     try:
         return run(args)
     except StoreError as exc:
@@ -298,6 +304,18 @@ def main(argv: list[str] | None = None) -> int:
         problem = f"{exc.strerror or exc}" + (f": {exc.filename}" if exc.filename else "")
     print(f"rmq-admin: error: {args.store or args.name}: {problem}", file=sys.stderr)
     return 2
+
+
+def _utf8_stdout(*, machine: bool) -> None:
+    """JSON lines are UTF-8 whatever the locale says (the fixture's encoding); a human table in a
+    locale that cannot spell a topic gets backslash escapes instead of a UnicodeEncodeError."""
+    out = sys.stdout
+    if not isinstance(out, io.TextIOWrapper) or codecs.lookup(out.encoding).name == "utf-8":
+        return
+    if machine:
+        out.reconfigure(encoding="utf-8")
+    else:
+        out.reconfigure(errors="backslashreplace")
 
 
 def _positive_int(text: str) -> int:

@@ -130,8 +130,8 @@ def create_message_id(store_ip: bytes, store_port: int, phy_offset: int) -> str:
 
 def decode_message_id(msg_id: str) -> tuple[Host, int]:
     """`MessageDecoder.decodeMessageId`: ((store ip, port), commit-log offset)."""
-    if len(msg_id) not in (32, 56):
-        raise InvalidMessageIdError(f"msgId must be 32 or 56 hex characters, got {len(msg_id)}: {msg_id!r}")
+    if len(msg_id) not in (32, 56) or not all(c in "0123456789abcdefABCDEF" for c in msg_id):
+        raise InvalidMessageIdError(f"msgId must be 32 or 56 hexadecimal characters: {msg_id!r}")
     try:
         raw = bytes.fromhex(msg_id)
     except ValueError as exc:

@@ -133,14 +133,19 @@ DEFAULT_DELAY_LEVEL_MS = parse_delay_levels("1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 
 def cq_tags_code(
     topic: str, properties: dict[str, str], store_timestamp: int, delay_level_ms: Sequence[int]
 ) -> int:
-    """The ConsumeQueue tags slot: tags hash, or the delivery time for delayed messages (§2.6)."""
+    """The ConsumeQueue tags slot: tags hash, or the delivery time for delayed messages (§2.6).
+
+    As 4.9.8's `checkMessageAndReturnSize`: the level is clamped to the last one and replaces the
+    tags hash only when above 0. A DELAY that is not a number keeps the tags hash (RocketMQ's
+    parseInt would make the whole record unreadable)."""
     delay = properties.get(m.PROPERTY_DELAY_TIME_LEVEL)
     if topic == m.SCHEDULE_TOPIC and delay:
         try:
             level = min(int(delay), len(delay_level_ms))
         except ValueError:
             level = 0
-        return store_timestamp + (delay_level_ms[level - 1] if level >= 1 else 1000)
+        if level > 0:
+            return store_timestamp + delay_level_ms[level - 1]
     return m.tags_code(properties.get(m.PROPERTY_TAGS))
 
 

@@ -47,23 +47,69 @@ def test_body_crc_matches_the_spec_and_crcmod() -> None:
 
 def test_properties_string_rules() -> None:
     assert m.properties_to_string({"a": "1", "b": "2"}) == "a\x011\x02b\x012"
+    assert m.properties_to_string({}) == ""
     assert m.string_to_properties("a\x011\x02b\x012\x02") == {"a": "1", "b": "2"}
     assert m.string_to_properties("\x01x\x02a\x01\x02k\x01v") == {"k": "v"}, (
         "empty names and values are dropped"
     )
     assert m.string_to_properties("") == {}
+    assert m.string_to_properties("\x02\x02k\x01v\x02\x02\x02") == {"k": "v"}, "stray separators"
+    assert m.string_to_properties("ab\x02k\x01v") == {"k": "v"}, "a chunk without \\x01 is dropped"
+    assert m.string_to_properties("k\x01v\x01w") == {"k": "v\x01w"}, "the value keeps later \\x01s"
+    assert m.string_to_properties("k\x011\x02k\x012") == {"k": "2"}, "a later duplicate wins"
+    assert m.string_to_properties("😀\x01\x02x\x01😀") == {"x": "😀"}
+
+
+def _java_string2message_properties(text: str) -> dict[str, str]:
+    """A line-by-line port of 4.9.8 `MessageDecoder.string2messageProperties`, on UTF-16 units."""
+    units = list(struct.unpack(f">{len(text.encode('utf-16-be')) // 2}H", text.encode("utf-16-be")))
+
+    def index_of(ch: str, start: int) -> int:
+        return next((i for i in range(start, len(units)) if units[i] == ord(ch)), -1)
+
+    def substring(a: int, b: int) -> str:
+        return struct.pack(f">{b - a}H", *units[a:b]).decode("utf-16-be")
+
+    result: dict[str, str] = {}
+    index = 0
+    while index < len(units):
+        new_index = index_of("\x02", index)
+        if new_index < 0:
+            new_index = len(units)
+        if new_index - index >= 3:
+            kv = index_of("\x01", index)
+            if index < kv < new_index - 1:
+                result[substring(index, kv)] = substring(kv + 1, new_index)
+        index = new_index + 1
+    return result
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(st.sampled_from(["a", "é", "😀", "\x01", "\x02"]), max_size=16))
+def test_properties_parser_agrees_with_rocketmqs(text: str) -> None:
+    assert m.string_to_properties(text) == _java_string2message_properties(text)
 
 
 def test_msg_id_round_trip_and_errors() -> None:
     v4 = m.create_message_id(bytes([10, 0, 0, 5]), 10911, 245)
     assert v4 == "0A00000500002A9F00000000000000F5"
+    assert len(v4) == 32
     assert m.decode_message_id(v4) == (("10.0.0.5", 10911), 245)
+    assert m.decode_message_id(v4.lower()) == (("10.0.0.5", 10911), 245)
     v6 = m.create_message_id(m.parse_host("[2001:db8:0:1::5]:10911")[0], 10911, 245)
+    assert v6 == "20010DB8000000010000000000000005" + "00002A9F" + "00000000000000F5"
     assert len(v6) == 56
     assert m.decode_message_id(v6) == (("2001:db8:0:1:0:0:0:5", 10911), 245)
-    for bad in ("", "XYZ", "G" * 32):
+    big = m.create_message_id(bytes([192, 168, 0, 1]), 65535, 2**63 - 1)
+    assert m.decode_message_id(big) == (("192.168.0.1", 65535), 2**63 - 1)
+    for bad in ("", "XYZ", "G" * 32, "0" * 31, "0" * 33, "0" * 55, "0" * 64, "é" * 32):
         with pytest.raises(InvalidMessageIdError):
             m.decode_message_id(bad)
+
+
+def test_msg_id_with_spaces_is_invalid() -> None:
+    with pytest.raises(InvalidMessageIdError):
+        m.decode_message_id("0A000005 00002A9F00000000000000 ")
 
 
 def test_ipv4_record_layout_field_by_field() -> None:
@@ -98,6 +144,29 @@ def test_ipv4_record_layout_field_by_field() -> None:
     assert buf[102:] == props
 
 
+def test_ipv6_record_layout_field_by_field() -> None:
+    msg = m.Message(topic="T6", body=b"abc", sys_flag=0x8, born_host=("2001:db8::1", 4567), born_timestamp=7)
+    buf = record.encode_record(msg, ("2001:db8:0:1::5", 10911))
+    sys_flag = 0x8 | 0x10 | 0x20
+    record.patch_record(buf, 0, queue_offset=1, phy_offset=2, store_timestamp=3, sys_flag=sys_flag)
+    assert len(buf) == 91 + 24 + 3 + 2
+    assert struct.unpack_from(">i", buf, 0)[0] == len(buf)
+    assert struct.unpack_from(">i", buf, 36)[0] == sys_flag
+    assert buf[48:64] == bytes.fromhex("20010db8000000000000000000000001")
+    assert struct.unpack_from(">i", buf, 64)[0] == 4567
+    assert struct.unpack_from(">q", buf, 68)[0] == 3, "STORETIMESTAMP after a 20-byte born host"
+    assert buf[76:92] == bytes.fromhex("20010db8000000010000000000000005")
+    assert struct.unpack_from(">i", buf, 92)[0] == 10911
+    assert struct.unpack_from(">iqi", buf, 96) == (0, 0, 3)
+    assert buf[112:115] == b"abc"
+    assert buf[115] == 2
+    assert buf[116:118] == b"T6"
+    assert struct.unpack_from(">h", buf, 118)[0] == 0
+    req = record.check_record(buf, 0, len(buf), check_crc=True)
+    assert (req.success, req.store_timestamp, req.queue_offset, req.phy_offset) == (True, 3, 1, 2)
+    assert record.decode_message(buf, 0, len(buf)).msg_id == m.create_message_id(bytes(buf[76:92]), 10911, 2)
+
+
 def test_ipv6_hosts_add_twelve_bytes_each_and_set_sys_flag() -> None:
     msg = m.Message(topic="T", body=b"x", born_host=("2001:db8::1", 1))
     v4 = record.encode_record(m.Message(topic="T", body=b"x"), ("10.0.0.5", 1))
@@ -128,7 +197,15 @@ def test_v2_record_with_two_byte_topic_length_is_read() -> None:
     assert req.success
     assert req.size == total
     assert req.topic == topic.decode()
-    assert record.decode_message(buf, 0, len(buf)).body == body
+    assert total == record.calc_msg_length(0, len(body), len(topic), 0) + 1, "v2 is v1 + 1 byte"
+    decoded = record.decode_message(buf, 0, len(buf))
+    assert (decoded.body, decoded.topic, decoded.queue_offset, decoded.magic_code) == (
+        body,
+        topic.decode(),
+        7,
+        record.MESSAGE_MAGIC_CODE_V2,
+    )
+    assert record.check_record(buf, 0, len(buf) - 1, check_crc=True).size == -1, "torn v2"
 
 
 def test_blank_record() -> None:
@@ -169,20 +246,40 @@ def test_validate_message_statuses() -> None:
     too_long = record.validate_message(m.Message(topic="t" * 128), max_message_size=10)
     assert too_long is not None
     assert too_long[0] is PutMessageStatus.MESSAGE_ILLEGAL
+    assert record.validate_message(m.Message(topic="t" * 127), max_message_size=10) is None
+    # the limit is on UTF-8 bytes (TOPICLEN is one byte): 64 characters, 128 bytes
+    wide = record.validate_message(m.Message(topic="é" * 64), max_message_size=10)
+    assert wide is not None
+    assert wide[0] is PutMessageStatus.MESSAGE_ILLEGAL
+    assert record.validate_message(m.Message(topic="é" * 63 + "x"), max_message_size=10) is None
+    chars = record.validate_message(m.Message(topic="T", properties={"k": "v" * 32766}), max_message_size=10)
+    assert chars is not None
+    assert chars[0] is PutMessageStatus.MESSAGE_ILLEGAL, "over 32767 chars: checkMessage"
+    fits = m.Message(topic="T", properties={"k": "v" * 32765})  # "k\x01" + 32765 = 32767 bytes
+    assert record.validate_message(fits, max_message_size=10) is None
     props = record.validate_message(m.Message(topic="T", properties={"k": "é" * 17000}), max_message_size=10)
     assert props is not None
     assert props[0] is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
     body = record.validate_message(m.Message(topic="T", body=bytes(11)), max_message_size=10)
     assert body is not None
     assert body[0] is PutMessageStatus.MESSAGE_ILLEGAL
+    assert record.validate_message(m.Message(topic="T", body=bytes(10)), max_message_size=10) is None
 
 
 names = st.text(
-    st.characters(exclude_characters="\x00\x01\x02", exclude_categories=["Cs"]), min_size=1, max_size=20
+    st.characters(exclude_characters="\x01\x02", exclude_categories=["Cs"]), min_size=1, max_size=20
 )
-topics = st.text(
-    st.characters(exclude_characters="/\x00", exclude_categories=["Cs"]), min_size=1, max_size=40
-).filter(lambda t: t not in (".", "..") and len(t.encode()) <= 127)
+
+
+def _cut_to_127_bytes(text: str) -> str:
+    return text.encode("utf-8")[:127].decode("utf-8", errors="ignore")
+
+
+topics = (
+    st.text(st.characters(exclude_characters="/\x00", exclude_categories=["Cs"]), min_size=1, max_size=127)
+    .map(_cut_to_127_bytes)
+    .filter(lambda t: t not in ("", ".", ".."))
+)
 ipv4 = st.tuples(st.ip_addresses(v=4).map(str), st.integers(0, 65535))
 ipv6 = st.tuples(st.ip_addresses(v=6).map(str), st.integers(0, 65535))
 
@@ -243,3 +340,21 @@ def test_encode_decode_round_trip(
     assert req.tags_code == m.tags_code(properties.get("TAGS"))
     assert req.keys == properties.get("KEYS", "")
     assert req.uniq_key == properties.get("UNIQ_KEY")
+
+
+def test_schedule_topic_tags_code_is_the_delivery_time() -> None:
+    props = {"DELAY": "3", "TAGS": "TagA"}
+    assert record.cq_tags_code(m.SCHEDULE_TOPIC, props, 1000, record.DEFAULT_DELAY_LEVEL_MS) == 1000 + 10_000
+    assert record.cq_tags_code(
+        m.SCHEDULE_TOPIC, {**props, "DELAY": "99"}, 0, record.DEFAULT_DELAY_LEVEL_MS
+    ) == (2 * 3_600_000), "clamped to the last level"
+    assert record.cq_tags_code("Other", props, 1000, record.DEFAULT_DELAY_LEVEL_MS) == m.java_string_hash(
+        "TagA"
+    )
+
+
+def test_schedule_topic_with_delay_level_zero_keeps_the_tags_hash() -> None:
+    props = {"DELAY": "0", "TAGS": "TagA"}
+    assert record.cq_tags_code(m.SCHEDULE_TOPIC, props, 1000, record.DEFAULT_DELAY_LEVEL_MS) == (
+        m.java_string_hash("TagA")
+    )
