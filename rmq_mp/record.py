@@ -31,10 +31,10 @@ covers only the body, a record whose tail was zeroed by a torn write can pass Ro
 rmq-mp also rejects an empty or NUL-containing topic and an all-zero properties area, which no
 producer writes and which a zeroed tail always produces.
 
-CRC: `zlib.crc32` is used, not crcmod. Measured with `python -m bench.crc` on this machine (2
-cores): crcmod's C extension takes 2.6x zlib's time on a 100-byte body, 6x on 1-4 KiB and 9x on
-64 KiB (zlib uses a sliced/hardware-assisted loop; crcmod a byte-wise table). Both agree bit for
-bit with Java's `java.util.zip.CRC32`; tests/unit/test_record.py checks crcmod against zlib.
+CRC: `zlib.crc32` is used, not crcmod. Measured with `python -m bench.crc` on this 2-core machine
+over several runs: crcmod's C extension takes 2.5-2.8x zlib's time on a 100-byte body, 6-8x on
+1 KiB, 6-11x on 4 KiB and 9-12x on 64 KiB. Both agree bit for bit with Java's
+`java.util.zip.CRC32` (tests/unit/test_record.py checks crcmod against zlib).
 """
 
 from __future__ import annotations
