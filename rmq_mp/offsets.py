@@ -1,8 +1,16 @@
-"""Consumer-group offsets: `config/consumerOffset.json` (RocketMQ's ConsumerOffsetManager).
+"""Consumer-group offsets, `config/consumerOffset.json`, and delay-level offsets,
+`config/delayOffset.json` (RocketMQ's ConsumerOffsetManager and ScheduleMessageService files).
 
-``{"offsetTable": {"<topic>@<group>": {<queueId>: <next offset to consume>}}}`` with RocketMQ's
-``@`` separator and unquoted integer queue ids. Also reads `config/delayOffset.json`
-(``{"offsetTable": {<delayLevel>: <offset>}}``), which RocketMQ stores ship.
+``consumerOffset.json``: ``{"offsetTable": {"<topic>@<group>": {<queueId>: <offset>}}}``, where
+the offset is the next queue offset the group will consume and ``@`` is RocketMQ's
+TOPIC_GROUP_SEPARATOR (topic and group names cannot contain it: RocketMQ allows only
+``[%|a-zA-Z0-9_-]``). ``delayOffset.json``: ``{"offsetTable": {<delayLevel>: <offset>}}``, the
+progress of each delay level through SCHEDULE_TOPIC_XXXX queue ``level - 1``; RocketMQ stores ship
+one, so it is read here, and rewritten unchanged if asked. Layout, parse and crash-safe writes:
+`rmq_mp.config_manager` (rocketmq-format.md §14.1).
+
+The supervisor owns both files: it loads them at start, keeps the live offsets in shared memory
+(`shm/queue_offsets.py`) and persists them every ``flushConsumerOffsetInterval`` ms and at stop.
 """
 
 from __future__ import annotations
@@ -10,59 +18,127 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.config_manager import ConfigManager
+from rmq_mp.config_manager import ConfigManager, dumps, loads
 
 TOPIC_GROUP_SEPARATOR = "@"
 
 
+def _int(value: Any, what: str) -> int:
+    """A Java int/long from the file: a JSON integer, or a quoted one (gson quotes map keys)."""
+    if isinstance(value, bool):
+        raise TypeError(f"{what}: expected an integer, got {value!r}")
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str) and value.strip().lstrip("-").isdigit():
+        return int(value)
+    raise TypeError(f"{what}: expected an integer, got {value!r}")
+
+
+def _offset_table(data: Any) -> dict[Any, Any]:
+    """``data["offsetTable"]``: a JSON object; absent means empty (fastjson keeps the default)."""
+    if not isinstance(data, dict):
+        raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+    table = data.get("offsetTable", {})
+    if not isinstance(table, dict):
+        raise TypeError(f"offsetTable: expected an object, got {type(table).__name__}")
+    return table
+
+
 class ConsumerOffsetManager(ConfigManager):
+    """``config/consumerOffset.json``: ``table[topic@group][queue_id] = next offset to consume``.
+
+    `table` is a plain attribute: the supervisor replaces it wholesale with what shared memory
+    holds before a `persist`.
+    """
+
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.table: dict[str, dict[int, int]] = {}
 
-    def encode(self) -> Any:
-        return {"offsetTable": {key: dict(sorted(q.items())) for key, q in sorted(self.table.items())}}
-
-    def encode_empty(self) -> Any:
-        return {"offsetTable": {}}
-
-    def decode(self, data: Any) -> None:
-        table = {str(k): {int(q): int(o) for q, o in v.items()} for k, v in data["offsetTable"].items()}
-        self.table = table
-
     @staticmethod
     def key(group: str, topic: str) -> str:
+        """The table key, ``topic@group``."""
         return f"{topic}{TOPIC_GROUP_SEPARATOR}{group}"
 
+    # ---------------------------------------------------------------- ConfigManager
+
+    def encode(self) -> str:
+        return dumps({"offsetTable": self.table})
+
+    def decode(self, text: str) -> None:
+        table: dict[str, dict[int, int]] = {}
+        for key, queues in _offset_table(loads(text)).items():
+            if not isinstance(key, str) or not isinstance(queues, dict):
+                raise TypeError(f'offsetTable[{key!r}]: expected "topic@group": {{queueId: offset}}')
+            table[key] = {
+                _int(q, f"{key} queue id"): _int(o, f"{key} queue {q} offset") for q, o in queues.items()
+            }
+        self.table = table
+
+    def reset(self) -> None:
+        self.table = {}
+
+    # ---------------------------------------------------------------- offsets
+
     def commit_offset(self, group: str, topic: str, queue_id: int, offset: int) -> None:
+        """Record ``offset`` as the group's next offset in the queue (RocketMQ ``commitOffset``)."""
+        for name, value in (("group", group), ("topic", topic)):
+            if not value or TOPIC_GROUP_SEPARATOR in value:
+                raise ValueError(f"{name} {value!r}: must be non-empty and contain no '@'")
+        if queue_id < 0:
+            raise ValueError(f"queue_id {queue_id}: must be >= 0")
         self.table.setdefault(self.key(group, topic), {})[queue_id] = offset
 
     def query_offset(self, group: str, topic: str, queue_id: int) -> int:
-        """The group's next offset for the queue, -1 when unknown (as RocketMQ)."""
+        """The group's next offset in the queue; -1 when it has none (as RocketMQ)."""
         return self.table.get(self.key(group, topic), {}).get(queue_id, -1)
 
     def offsets_of(self, group: str, topic: str) -> dict[int, int]:
-        return dict(self.table.get(self.key(group, topic), {}))
+        """``{queue_id: offset}`` for the group and topic (a copy; empty when unknown)."""
+        return dict(sorted(self.table.get(self.key(group, topic), {}).items()))
 
     def groups(self) -> list[str]:
-        return sorted({k.rpartition(TOPIC_GROUP_SEPARATOR)[2] for k in self.table})
+        """Every group with an offset, sorted."""
+        return sorted({self._split(key)[1] for key in self.table})
 
     def topics_of_group(self, group: str) -> list[str]:
-        return sorted(k.rpartition(TOPIC_GROUP_SEPARATOR)[0] for k in self.table if k.endswith(f"@{group}"))
+        """The topics the group has offsets for, sorted (RocketMQ ``whichTopicByConsumer``)."""
+        return sorted(topic for topic, g in map(self._split, self.table) if g == group)
+
+    def remove_group(self, group: str) -> list[str]:
+        """Forget every offset of the group (RocketMQ ``removeOffset``); the topics it had."""
+        removed = self.topics_of_group(group)
+        for topic in removed:
+            del self.table[self.key(group, topic)]
+        return removed
+
+    @staticmethod
+    def _split(key: str) -> tuple[str, str]:
+        topic, _, group = key.partition(TOPIC_GROUP_SEPARATOR)
+        return topic, group
 
 
 class DelayOffsetManager(ConfigManager):
-    """Read-mostly view of `config/delayOffset.json` (ScheduleMessageService's offsets)."""
+    """``config/delayOffset.json``: ``table[delay_level] = offset`` in SCHEDULE_TOPIC_XXXX queue
+    ``delay_level - 1``. Read so that a RocketMQ store's file is understood and kept; rmq-mp
+    has no schedule service that advances it."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
         self.table: dict[int, int] = {}
 
-    def encode(self) -> Any:
-        return {"offsetTable": dict(sorted(self.table.items()))}
+    def encode(self) -> str:
+        return dumps({"offsetTable": self.table})
 
-    def encode_empty(self) -> Any:
-        return {"offsetTable": {}}
+    def decode(self, text: str) -> None:
+        self.table = {
+            _int(level, "delay level"): _int(offset, f"delay level {level} offset")
+            for level, offset in _offset_table(loads(text)).items()
+        }
 
-    def decode(self, data: Any) -> None:
-        self.table = {int(k): int(v) for k, v in data["offsetTable"].items()}
+    def reset(self) -> None:
+        self.table = {}
+
+    def offset_of(self, delay_level: int) -> int:
+        """The level's offset; -1 when the file has none (as RocketMQ's queryOffset)."""
+        return self.table.get(delay_level, -1)

@@ -1,23 +1,44 @@
-"""Topic configs: `config/topics.json` (RocketMQ's TopicConfigManager).
+"""Topic configs: `config/topics.json` (RocketMQ's TopicConfigManager and TopicConfig).
 
-``{"dataVersion": {"counter": N, "timestamp": ms}, "topicConfigTable": {"<topic>": {...}}}``, bean
-fields in fastjson's alphabetical order. The service records every auto-created topic here.
+File (4.9's TopicConfigSerializeWrapper; bean fields alphabetical, as fastjson writes them)::
+
+    {"dataVersion": {"counter": N, "timestamp": ms},
+     "topicConfigTable": {"<topic>": {"order": false, "perm": 6, "readQueueNums": 4,
+                                      "topicFilterType": "SINGLE_TAG", "topicName": "<topic>",
+                                      "topicSysFlag": 0, "writeQueueNums": 4}}}
+
+``dataVersion`` is RocketMQ's DataVersion: every change increments ``counter`` and sets
+``timestamp`` to the wall clock in ms. 5.x files also carry ``dataVersion.stateVersion`` and a
+per-topic ``attributes`` map; those are read past and not written back. Unlike RocketMQ's
+constructor, this manager does not pre-create system topics (TBW102, SELF_TEST_TOPIC, …): it
+records the topics the store has. Layout, parse and crash-safe writes: `rmq_mp.config_manager`.
 """
 
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.config_manager import ConfigManager
+from rmq_mp.config_manager import ConfigManager, dumps, loads
 
-PERM_READ_WRITE = 6
+PERM_WRITE = 1 << 1
+PERM_READ = 1 << 2
+PERM_INHERIT = 1 << 0
+PERM_READ_WRITE = PERM_READ | PERM_WRITE
+"""6, RocketMQ's default for a new topic (PermName)."""
+
+
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 @dataclass(frozen=True, slots=True)
 class TopicConfig:
+    """One topic's RocketMQ TopicConfig: snake_case here, camelCase in the file."""
+
     topic_name: str
     read_queue_nums: int
     write_queue_nums: int
@@ -26,7 +47,20 @@ class TopicConfig:
     topic_sys_flag: int = 0
     order: bool = False
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.topic_name, str) or not self.topic_name:
+            raise ValueError(f"topic_name {self.topic_name!r}: must be a non-empty string")
+        for name in ("read_queue_nums", "write_queue_nums", "perm", "topic_sys_flag"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise ValueError(f"{name} {value!r}: must be an integer >= 0")
+        if not isinstance(self.order, bool):
+            raise ValueError(f"order {self.order!r}: must be a bool")
+        if not isinstance(self.topic_filter_type, str):
+            raise ValueError(f"topic_filter_type {self.topic_filter_type!r}: must be a string")
+
     def to_json(self) -> dict[str, Any]:
+        """The bean as fastjson writes it (field order does not matter: `dumps` sorts)."""
         return {
             "order": self.order,
             "perm": self.perm,
@@ -38,56 +72,85 @@ class TopicConfig:
         }
 
     @classmethod
-    def from_json(cls, data: dict[str, Any]) -> TopicConfig:
+    def from_json(cls, data: dict[str, Any], *, name: str | None = None) -> TopicConfig:
+        """Read a bean; ``name`` (the map key) stands in for a missing ``topicName``. Missing
+        fields take TopicConfig's Java defaults; unknown ones (5.x ``attributes``) are ignored."""
+        if not isinstance(data, dict):
+            raise TypeError(f"topic {name!r}: expected an object, got {type(data).__name__}")
+        topic_name: Any = data.get("topicName", name)
+        if name is not None and topic_name != name:
+            raise ValueError(f"topicConfigTable key {name!r} holds topicName {topic_name!r}")
         return cls(
-            topic_name=str(data["topicName"]),
-            read_queue_nums=int(data["readQueueNums"]),
-            write_queue_nums=int(data["writeQueueNums"]),
-            perm=int(data.get("perm", PERM_READ_WRITE)),
-            topic_filter_type=str(data.get("topicFilterType", "SINGLE_TAG")),
-            topic_sys_flag=int(data.get("topicSysFlag", 0)),
-            order=bool(data.get("order", False)),
+            topic_name=topic_name,
+            read_queue_nums=data.get("readQueueNums", 16),
+            write_queue_nums=data.get("writeQueueNums", 16),
+            perm=data.get("perm", PERM_READ_WRITE),
+            topic_filter_type=data.get("topicFilterType", "SINGLE_TAG"),
+            topic_sys_flag=data.get("topicSysFlag", 0),
+            order=data.get("order", False),
         )
 
 
 class TopicConfigManager(ConfigManager):
-    def __init__(self, path: Path) -> None:
+    """``config/topics.json``: topic configs plus a DataVersion bumped on every change."""
+
+    def __init__(self, path: Path, *, clock_ms: Callable[[], int] = _now_ms) -> None:
         super().__init__(path)
         self.table: dict[str, TopicConfig] = {}
         self.counter = 0
-        self.timestamp = 0
+        """DataVersion.counter: changes since the file was created."""
+        self.timestamp_ms = 0
+        """DataVersion.timestamp: wall-clock ms of the last change."""
+        self._clock_ms = clock_ms
 
-    def encode(self) -> Any:
-        return {
-            "dataVersion": {"counter": self.counter, "timestamp": self.timestamp},
-            "topicConfigTable": {name: tc.to_json() for name, tc in sorted(self.table.items())},
-        }
+    # ---------------------------------------------------------------- ConfigManager
 
-    def encode_empty(self) -> Any:
-        return {"dataVersion": {"counter": 0, "timestamp": 0}, "topicConfigTable": {}}
-
-    def decode(self, data: Any) -> None:
-        table = {str(k): TopicConfig.from_json(v) for k, v in data["topicConfigTable"].items()}
-        version = data.get("dataVersion", {})
-        self.table, self.counter, self.timestamp = (
-            table,
-            int(version.get("counter", 0)),
-            int(version.get("timestamp", 0)),
+    def encode(self) -> str:
+        return dumps(
+            {
+                "dataVersion": {"counter": self.counter, "timestamp": self.timestamp_ms},
+                "topicConfigTable": {name: tc.to_json() for name, tc in self.table.items()},
+            }
         )
+
+    def decode(self, text: str) -> None:
+        data = loads(text)
+        if not isinstance(data, dict):
+            raise TypeError(f"expected a JSON object, got {type(data).__name__}")
+        configs = data.get("topicConfigTable", {})
+        version = data.get("dataVersion", {})
+        if not isinstance(configs, dict) or not isinstance(version, dict):
+            raise TypeError("topicConfigTable and dataVersion must be objects")
+        table = {str(name): TopicConfig.from_json(bean, name=str(name)) for name, bean in configs.items()}
+        counter, timestamp_ms = version.get("counter", 0), version.get("timestamp", 0)
+        for field, value in (("counter", counter), ("timestamp", timestamp_ms)):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise TypeError(f"dataVersion.{field}: expected an integer, got {value!r}")
+        self.table, self.counter, self.timestamp_ms = table, counter, timestamp_ms
+
+    def reset(self) -> None:
+        self.table, self.counter, self.timestamp_ms = {}, 0, 0
+
+    # ---------------------------------------------------------------- topics
 
     def get(self, topic: str) -> TopicConfig | None:
         return self.table.get(topic)
 
-    def put(self, config: TopicConfig) -> None:
-        if self.table.get(config.topic_name) != config:
-            self.table[config.topic_name] = config
-            self.counter += 1
-            self.timestamp = int(time.time() * 1000)
+    def put(self, config: TopicConfig) -> bool:
+        """Add or replace the topic's config; True (and a new data version) if that changed it."""
+        if self.table.get(config.topic_name) == config:
+            return False
+        self.table[config.topic_name] = config
+        self.counter += 1
+        self.timestamp_ms = self._clock_ms()
+        return True
 
     def topics(self) -> list[str]:
         return sorted(self.table)
 
     def create_if_absent(self, topic: str, queue_nums: int) -> TopicConfig:
+        """The topic's config, first creating it with ``queue_nums`` read and write queues and
+        RocketMQ's defaults (perm 6, SINGLE_TAG) if there is none."""
         existing = self.table.get(topic)
         if existing is None:
             existing = TopicConfig(topic, queue_nums, queue_nums)
