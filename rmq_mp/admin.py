@@ -5,6 +5,7 @@
     rmq-admin queryMsgById     --id MSGID
     rmq-admin queryMsgByOffset --topic T --queue Q --offset N
     rmq-admin topicStatus      [--topic T]
+    rmq-admin deleteExpiredCommitLog --name SHM   (a running store: the cleaner runs now)
 
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
 store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
@@ -185,7 +186,30 @@ def _check_msg_id(msg_id: str) -> str:
     return msg_id
 
 
+def delete_expired_commit_log(args: argparse.Namespace) -> int:
+    """Ask a running store's cleaner for a manual run and report what it did."""
+    from rmq_mp.cleaning import request_manual_delete
+    from rmq_mp.running_store import RunningStore
+    from shm.layout import Role
+
+    if not args.name:
+        raise StoreError("deleteExpiredCommitLog needs a running store: use --name")
+    store = RunningStore.attach(args.name, Role.CONSUMER)
+    try:
+        stats = request_manual_delete(store, wait_s=args.wait)
+    finally:
+        store.close()
+    if args.json:
+        print(to_json_line(stats.as_dict()))
+    else:
+        print(f"manual deletion requested; the cleaner's run: {stats.summary()}")
+        print(f"commit-log minimum offset now {stats.min_offset}; disk {stats.disk_used_ratio:.0%} used")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
+    if args.command == "deleteExpiredCommitLog":
+        return delete_expired_commit_log(args)
     with open_store(args) as store:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
@@ -284,6 +308,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--offset", type=int, required=True)
     p = sub.add_parser("topicStatus", parents=[common], help="per queue min/max offset and last update")
     p.add_argument("--topic")
+    p = sub.add_parser(
+        "deleteExpiredCommitLog",
+        parents=[common],
+        help="running store: let the cleaner delete expired commit-log files now, whatever the hour",
+    )
+    p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the cleaner's run")
     return parser
 
 

@@ -343,6 +343,9 @@ class MessageStoreConfig:
     # rmq-mp addition (RocketMQ 5.x field; 4.9.8: system property, fraction 0.85): percent of
     # disk used above which unexpired files may be deleted; effective [30, 85].
     disk_space_clean_forcibly_ratio: int = _prop(85, ge=0, le=100)
+    # rmq-mp addition (RocketMQ #4549): keep commit-log files holding messages a known consumer
+    # group has not consumed yet, unless the disk is above the warning ratio. Off = RocketMQ.
+    clean_protect_consumer_offsets: bool = False
 
     # -- limits (pull) --------------------------------------------------------------------------
     # Bytes per pull when the data is hot (in page cache).

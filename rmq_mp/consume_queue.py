@@ -14,14 +14,18 @@ A queue that starts above offset 0 has its first file padded with pre-blank entr
 from __future__ import annotations
 
 import logging
+import os
 import struct
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rmq_mp.errors import CorruptFileError
-from rmq_mp.mapped_file import MappedFile
+from rmq_mp.mapped_file import MappedFile, offset_to_file_name
 from rmq_mp.mapped_file_queue import MappedFileQueue
 from rmq_mp.reporter import Reporter
 
@@ -358,3 +362,86 @@ class ConsumeQueueTable:
     def close(self) -> None:
         for cq in self.all():
             cq.close()
+
+
+@dataclass(frozen=True, slots=True)
+class ExpiredQueueFiles:
+    """What `plan_expired_files` found for one queue."""
+
+    paths: list[Path]
+    """Files to delete, oldest first (never the last file, which reput appends to)."""
+    min_queue_offset: int
+    """The queue's new minimum offset: its first entry still pointing into the commit log."""
+
+
+def plan_expired_files(queue_dir: Path, file_size: int, min_phy_offset: int) -> ExpiredQueueFiles:
+    """`deleteExpiredFileByOffset` + `correctMinOffset` for one queue, read from the files
+    themselves with a few preads (the cleaner maps nothing, so it never pins a file it deletes).
+
+    A file goes when its last entry points below ``min_phy_offset``, oldest first, stopping at the
+    first file that must stay (RocketMQ never deletes from the middle). The new minimum is the
+    first later entry at or above ``min_phy_offset`` (pre-blank entries point at 0, so they are
+    below it), or the queue's end when every entry is below it. Entries are dispatched in
+    commit-log order, so both are binary searches."""
+    names = sorted(p.name for p in queue_dir.iterdir() if p.name.isdigit()) if queue_dir.is_dir() else []
+    doomed: list[Path] = []
+    for name in names[:-1]:
+        entry = _pread_entry(queue_dir / name, file_size // CQ_STORE_UNIT_SIZE - 1)
+        if entry is None or entry[0] >= min_phy_offset:
+            break
+        doomed.append(queue_dir / name)
+    end_offset = 0
+    for name in names[len(doomed) :]:
+        path = queue_dir / name
+        base = int(name) // CQ_STORE_UNIT_SIZE
+        per_file = file_size // CQ_STORE_UNIT_SIZE
+        written = _first_index(per_file, partial(_unwritten, path))
+        live = _first_index(written, partial(_points_at_or_above, path, min_phy_offset))
+        if live < written:
+            return ExpiredQueueFiles(doomed, base + live)
+        end_offset = base + written
+        if written < per_file:
+            break
+    return ExpiredQueueFiles(doomed, end_offset)
+
+
+def _first_index(count: int, predicate: Callable[[int], bool]) -> int:
+    """The first i in [0, count) where a monotone ``predicate`` holds, or ``count``."""
+    low, high = 0, count
+    while low < high:
+        mid = (low + high) // 2
+        if predicate(mid):
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _pread_entry(path: Path, index: int) -> tuple[int, int, int] | None:
+    """Entry ``index`` of one file, None where none was written (or the file is short)."""
+    with path.open("rb") as f:
+        raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, index * CQ_STORE_UNIT_SIZE)
+    if len(raw) < CQ_STORE_UNIT_SIZE:
+        return None
+    phy, size, tags = _ENTRY.unpack(raw)
+    return (phy, size, tags) if size > 0 else None
+
+
+def _unwritten(path: Path, index: int) -> bool:
+    return _pread_entry(path, index) is None
+
+
+def _points_at_or_above(path: Path, phy_offset: int, index: int) -> bool:
+    entry = _pread_entry(path, index)
+    assert entry is not None, "only written entries are searched"
+    return entry[0] >= phy_offset
+
+
+def read_entry(queue_dir: Path, file_size: int, queue_offset: int) -> tuple[int, int, int] | None:
+    """(phy offset, size, tags code) of one entry read from its file, None where there is none."""
+    position = queue_offset * CQ_STORE_UNIT_SIZE
+    try:
+        return _pread_entry(queue_dir / offset_to_file_name(position - position % file_size),
+                            position % file_size // CQ_STORE_UNIT_SIZE)  # fmt: skip
+    except FileNotFoundError:
+        return None

@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
@@ -30,6 +31,9 @@ from shm import waiters as wt
 from shm.layout import Role
 from shm.pointer_table import pid_alive
 from shm.semaphores import acquire, try_acquire
+
+READ_ATTEMPTS = 3
+"""Reads retried when the cleaner deletes a file under them (each retry sees a higher minimum)."""
 
 GetResult = GetMessageResult
 """What `pull` returns: status, messages, next_begin_offset, min_offset, max_offset."""
@@ -62,6 +66,7 @@ class Consumer:
         self._reporter = Reporter()
         self.subscriptions: dict[str, Subscription] = {}
         self.committed: dict[tuple[str, int], int] = {}
+        self._holds: list[int] = []
         self._waiter_slot = self._claim_waiter_slot()
         self._waiter_sem = store.shm.semaphore(store.names.waiter(self._waiter_slot))
 
@@ -79,6 +84,7 @@ class Consumer:
                 pid = self.waiters.get(slot, wt.PID)
                 if pid == 0 or not pid_alive(pid):
                     self.waiters.set(slot, wt.WAITING, 0)
+                    self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
                     self.waiters.set(slot, wt.PID, os.getpid())
                     return slot
         finally:
@@ -87,6 +93,7 @@ class Consumer:
 
     def close(self) -> None:
         self.waiters.set(self._waiter_slot, wt.WAITING, 0)
+        self.waiters.set(self._waiter_slot, wt.HOLD, wt.NO_HOLD)
         self.waiters.set(self._waiter_slot, wt.PID, 0)
         for cq in self._cqs.values():
             cq.close()
@@ -152,13 +159,41 @@ class Consumer:
     def _read(
         self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
     ) -> GetResult:
-        slot, min_offset, max_offset = self._offsets(topic, queue_id)
-        if slot < 0:
-            return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
-        cq = self._queue_view(topic, queue_id, min_offset, max_offset)
-        self.store.sync_log()
-        return read_queue(cq, self.store.commit_log, self.store.config, offset=offset, max_msgs=max_msgs,
-                          min_offset=min_offset, max_offset=max_offset, tags=tags)  # fmt: skip
+        for attempt in range(READ_ATTEMPTS):
+            slot, min_offset, max_offset = self._offsets(topic, queue_id)
+            if slot < 0:
+                return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+            try:
+                cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+                first = cq.get_entry(offset) if min_offset <= offset < max_offset else None
+                with self.hold_from(first[0] if first else -1):
+                    self.store.sync_log(keep_from=min(self._holds, default=-1))
+                    return read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
+                                      max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
+                                      tags=tags)  # fmt: skip
+            except FileNotFoundError:
+                # The cleaner deleted a queue or log file between our reading the minimum offsets
+                # and mapping it: read the new minimum and try again.
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def hold_from(self, phy_offset: int) -> Iterator[None]:
+        """Keep the commit-log files from ``phy_offset`` on disk while this block reads them
+        (RocketMQ's `MappedFile.hold()`, across processes). The cleaner deletes a held file only
+        after `destroyMapedFileIntervalForcibly`, and even then this process's mapping of it stays
+        valid until released: nobody ever reads freed memory. ``-1`` holds nothing."""
+        if phy_offset < 0:
+            yield
+            return
+        self._holds.append(phy_offset)
+        self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds))
+        try:
+            yield
+        finally:
+            self._holds.remove(phy_offset)
+            self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds, default=wt.NO_HOLD))
 
     def _park(
         self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False

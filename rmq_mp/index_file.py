@@ -38,6 +38,11 @@ _ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), 
 _INT_MAX = 0x7FFFFFFF
 
 
+def header_end_phy_offset(header: bytes) -> int:
+    """endPhyOffset from a file's first INDEX_HEADER_SIZE bytes."""
+    return int(_HEADER.unpack_from(header, 0)[3])
+
+
 def index_file_size(hash_slot_num: int, index_num: int) -> int:
     return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_ENTRY_SIZE
 
@@ -69,6 +74,7 @@ class IndexFile:
             actual = os.fstat(fd).st_size
             if create:
                 os.ftruncate(fd, self.file_size)
+                os.posix_fallocate(fd, 0, self.file_size)  # ENOSPC here, not SIGBUS in a write
                 actual = self.file_size
             elif writable and actual != self.file_size:
                 os.ftruncate(fd, self.file_size)
@@ -78,6 +84,10 @@ class IndexFile:
                 if length
                 else None
             )
+        except BaseException:
+            if create:
+                path.unlink(missing_ok=True)
+            raise
         finally:
             os.close(fd)
         self._intact_bytes = actual

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
-from rmq_mp.index_file import IndexFile, index_file_size
+from rmq_mp.index_file import INDEX_HEADER_SIZE, IndexFile, header_end_phy_offset, index_file_size
 from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, split_keys, transaction_type
 from rmq_mp.record import DispatchRequest
 from rmq_mp.reporter import Reporter
@@ -123,6 +123,14 @@ class IndexService:
         self.files.append(created)
         return created
 
+    def drop_deleted_files(self) -> int:
+        """Unmap leading files the cleaner (another process) deleted, never the last one."""
+        dropped = 0
+        while len(self.files) > 1 and not self.files[0].path.exists():
+            self.files.pop(0).close()
+            dropped += 1
+        return dropped
+
     def last_file(self) -> IndexFile:
         if not self.files or self.files[-1].is_full():
             return self._new_file()
@@ -171,3 +179,19 @@ class IndexService:
         for index_file in self.files:
             index_file.close()
         self.files = []
+
+
+def expired_index_files(index_dir: Path, min_phy_offset: int) -> list[Path]:
+    """`IndexService.deleteExpiredFile`: index files, oldest first and never the last (reput
+    writes it), whose newest entry points below ``min_phy_offset``. Read from the headers alone."""
+    if not index_dir.is_dir():
+        return []
+    paths = sorted(p for p in index_dir.iterdir() if p.name.isdigit())
+    doomed = []
+    for path in paths[:-1]:
+        with path.open("rb") as f:
+            header = f.read(INDEX_HEADER_SIZE)
+        if len(header) < INDEX_HEADER_SIZE or header_end_phy_offset(header) >= min_phy_offset:
+            break
+        doomed.append(path)
+    return doomed

@@ -38,6 +38,9 @@ class MappedFile:
             actual = os.fstat(self._fd).st_size
             if create:
                 os.ftruncate(self._fd, file_size)
+                # Blocks reserved now: a write through the map into a hole on a full disk is a
+                # SIGBUS, a failed creation is an OSError the caller can report.
+                os.posix_fallocate(self._fd, 0, file_size)
                 actual = file_size
             self.actual_size = actual
             """Bytes the file really has; less than ``file_size`` only for a short file opened
@@ -50,6 +53,8 @@ class MappedFile:
             )
         except BaseException:
             os.close(self._fd)
+            if create:  # no half-made segment left to trip the next attempt's O_EXCL
+                path.unlink(missing_ok=True)
             raise
         self.wrote_position = 0
         self.committed_position = 0

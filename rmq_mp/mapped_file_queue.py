@@ -135,7 +135,7 @@ class MappedFileQueue:
             path = self.store_dir / offset_to_file_name(offset)
             if self.writable:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
-                MappedFile.prepare(path, size)
+                MappedFile.prepare(path, size, preallocate=True)
             self.files.append(MappedFile(path, size, writable=self.writable))
 
     def ensure_file(self, file_offset: int) -> MappedFile:
@@ -150,6 +150,15 @@ class MappedFileQueue:
         """Unmap segments wholly below ``offset`` (deleted by the cleaner in another process)."""
         while self.files and self.files[0].file_from_offset + self.mapped_file_size <= offset:
             self.files.pop(0).close()
+
+    def drop_deleted_files(self) -> int:
+        """Unmap leading segments the cleaner (another process) deleted, never the last one: the
+        mapping keeps a deleted file's disk space until it is dropped. Returns how many."""
+        dropped = 0
+        while len(self.files) > 1 and not self.files[0].path.exists():
+            self.files.pop(0).close()
+            dropped += 1
+        return dropped
 
     def get_last_mapped_file(self, start_offset: int = 0, *, create: bool = True) -> MappedFile | None:
         """The segment to append to: the last one unless full; creates the next when allowed."""

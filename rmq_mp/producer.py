@@ -25,9 +25,10 @@ from typing import Any
 from rmq_mp import message as m
 from rmq_mp import record
 from rmq_mp.commit_log import AppendMessageResult
+from rmq_mp.disk import not_writeable_reason
 from rmq_mp.mapped_file import MappedFile
 from rmq_mp.running_store import RunningStore
-from rmq_mp.status import AppendMessageStatus, PutMessageStatus
+from rmq_mp.status import AppendMessageStatus, PutMessageStatus, RunningFlags
 from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
@@ -41,13 +42,6 @@ POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
 SUPERVISOR_STALE_MS = 3000
 """A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
-WRITEABLE_MASK = 0b11110  # NOT_WRITEABLE | WRITE_LOGICS_QUEUE_ERROR | WRITE_INDEX_FILE_ERROR | DISK_FULL
-FLAG_NAMES = {
-    1 << 1: "NOT_WRITEABLE",
-    1 << 2: "WRITE_LOGICS_QUEUE_ERROR",
-    1 << 3: "WRITE_INDEX_FILE_ERROR",
-    1 << 4: "DISK_FULL",
-}
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,6 +92,7 @@ class Producer:
         self.uniq = m.UniqueIdGenerator()
         self._round_robin: dict[str, itertools.count[int]] = {}
         self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
+        self._file_offset = -1
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str]) -> Producer:
@@ -215,10 +210,10 @@ class Producer:
         if stale and not pid_alive(t.get(layout.SUPERVISOR_PID)):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
             return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead")
-        flags = t.get(layout.RUNNING_FLAGS) & WRITEABLE_MASK
+        flags = t.get(layout.RUNNING_FLAGS) & RunningFlags.put_blockers()
         if flags:
-            names = "|".join(n for bit, n in FLAG_NAMES.items() if flags & bit)
-            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, f"store not writable: {names}")
+            reason = not_writeable_reason(flags, t.get(layout.DISK_USED_PERMILLE), self.config)
+            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
         if not self.lock.acquire(LOCK_TIMEOUT_S):
             return self._refuse(todo, PutMessageStatus.OS_PAGECACHE_BUSY, "put lock busy")
         try:
@@ -233,6 +228,11 @@ class Producer:
     def _target_file(self, wrote: int) -> MappedFile | None:
         """The segment at the write position, its positions synced and its pool buffer attached."""
         mf = self.store.commit_log.file_at(wrote)
+        if mf.file_from_offset != self._file_offset:
+            # Rolled to a new file: a producer never reads back, and a mapping of a full file
+            # would pin its disk space once the cleaner deletes it.
+            self._file_offset = mf.file_from_offset
+            self.store.commit_log.release_before(mf.file_from_offset)
         mf.wrote_position = wrote - mf.file_from_offset
         if self.store.pool_enabled:
             index = self.pool.buffer_for(mf.file_from_offset)
@@ -260,7 +260,14 @@ class Producer:
         dispatchable = m.is_dispatchable(p.sys_flag)
         for _ in range(2):
             wrote = t.get(layout.WROTE_POSITION)
-            mf = self._target_file(wrote)
+            try:
+                mf = self._target_file(wrote)
+            except OSError as exc:  # the allocator fell behind and the disk refused a new file
+                return SendResult(
+                    PutMessageStatus.CREATE_MAPEDFILE_FAILED,
+                    queue_id=message.queue_id,
+                    reason=f"cannot create the commit-log file at {wrote}: {exc}",
+                )
             if mf is None:
                 return SendResult(
                     PutMessageStatus.OS_PAGECACHE_BUSY,

@@ -77,9 +77,18 @@ class RunningStore:
             return t.get(layout.FLUSHED_POSITION)
         return t.get(layout.COMMITTED_POSITION if self.pool_enabled else layout.WROTE_POSITION)
 
-    def sync_log(self, readable_end: int | None = None) -> int:
+    def sync_log(self, readable_end: int | None = None, *, keep_from: int = -1) -> int:
+        """Map the readable commit log; returns its end. ``keep_from``: a consumer's hold, which
+        keeps a file the cleaner made unavailable (but may not delete yet) readable to it."""
         end = self.readable_end() if readable_end is None else readable_end
-        self.commit_log.sync_positions(min_offset=self.shm.table.get(layout.MIN_OFFSET), readable_end=end)
+        min_offset = self.shm.table.get(layout.MIN_OFFSET)
+        if 0 <= keep_from < min_offset:
+            try:
+                self.commit_log.sync_positions(min_offset=keep_from, readable_end=end)
+                return end
+            except FileNotFoundError:
+                pass  # deleted (forcibly) before this process mapped it: gone for us too
+        self.commit_log.sync_positions(min_offset=min_offset, readable_end=end)
         return end
 
     def close(self) -> None:

@@ -28,6 +28,12 @@ class SharedCommitLog(CommitLog):
         """The segment holding ``phy_offset`` (mapped on first use)."""
         return self.mfq.ensure_file(phy_offset - phy_offset % self.mapped_file_size)
 
+    def release_before(self, phy_offset: int) -> None:
+        """Unmap segments wholly below ``phy_offset``, which this process no longer needs: each
+        process maps only the part of the log it works on, since a mapping pins the disk space
+        of a file the cleaner deleted."""
+        self.mfq.drop_files_before(phy_offset)
+
     def sync_positions(self, *, min_offset: int, readable_end: int) -> None:
         """Make this view readable over ``[min_offset, readable_end)``: map new segments, drop
         deleted ones, and set each segment's read position."""

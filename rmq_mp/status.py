@@ -80,3 +80,22 @@ class GetMessageResult:
     min_offset: int
     max_offset: int
     messages: list[MessageExt] = field(default_factory=list)
+
+
+class RunningFlags(enum.IntFlag):
+    """RocketMQ's RunningFlags bits (rocketmq-format.md §11), kept in the pointer table."""
+
+    NOT_READABLE = 1
+    NOT_WRITEABLE = 1 << 1
+    WRITE_LOGICS_QUEUE_ERROR = 1 << 2
+    WRITE_INDEX_FILE_ERROR = 1 << 3
+    DISK_FULL = 1 << 4
+
+    @classmethod
+    def put_blockers(cls) -> RunningFlags:
+        """The bits `isWriteable()` checks: any of them refuses puts."""
+        return cls.NOT_WRITEABLE | cls.WRITE_LOGICS_QUEUE_ERROR | cls.WRITE_INDEX_FILE_ERROR | cls.DISK_FULL
+
+    @classmethod
+    def names(cls, bits: int) -> list[str]:
+        return [flag.name for flag in cls if bits & flag and flag.name]

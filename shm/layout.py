@@ -8,7 +8,8 @@ first worker starts (state STARTING).
 
 Slot map (index x 8 = byte offset):
     0..31    header, log positions, timestamps, flags, statistics (FIELDS below)
-    32..63   put journal (undo record for a put interrupted by its producer's death)
+    32..36   put journal (undo record for a put interrupted by its producer's death)
+    37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
 """
@@ -113,6 +114,54 @@ JOURNAL_WROTE_BEFORE = _f("journal_wrote_before", 33, P, lock=Lock.PUT)
 JOURNAL_QUEUE_SLOT = _f("journal_queue_slot", 34, P, lock=Lock.PUT, doc="-1 when no queue offset changed")
 JOURNAL_QUEUE_OFFSET_BEFORE = _f("journal_queue_offset_before", 35, P, lock=Lock.PUT)
 JOURNAL_WROTE_AFTER = _f("journal_wrote_after", 36, P, lock=Lock.PUT, doc="end the put meant to reach")
+
+# The cleaner (workers/cleaner.py): its disk check, what its last run did and why, manual requests.
+DISK_CHECK_MS = _f("disk_check_ms", 37, CL, doc="time of the last disk check (its own schedule, #1400)")
+DISK_USED_PERMILLE = _f("disk_used_permille", 38, CL, doc="commit-log partition, used / (used + available)")
+CQ_DISK_USED_PERMILLE = _f("cq_disk_used_permille", 39, CL, doc="consume-queue partition, likewise")
+CLEAN_RUNS = _f("clean_runs", 40, CL, doc="commit-log cleaning runs that had a trigger")
+CLEAN_LAST_RUN_MS = _f("clean_last_run_ms", 41, CL)
+CLEAN_LAST_TRIGGERS = _f("clean_last_triggers", 42, CL, doc="TRIGGER_* bits of the last run")
+CLEAN_LAST_DELETED_FILES = _f("clean_last_deleted_files", 43, CL)
+CLEAN_LAST_DELETED_BYTES = _f("clean_last_deleted_bytes", 44, CL)
+CLEAN_LAST_OUTCOME = _f("clean_last_outcome", 45, CL, doc="OUTCOME_*: why the last run stopped")
+CLEAN_LAST_OUTCOME_OFFSET = _f("clean_last_outcome_offset", 46, CL, doc="the file the last run stopped at")
+CLEAN_LAST_OUTCOME_DETAIL = _f(
+    "clean_last_outcome_detail", 47, CL, doc="age in s, holder pid or protected phy offset, by outcome"
+)
+CLEAN_DELETED_FILES = _f("clean_deleted_files", 48, CL, doc="commit-log files deleted since start")
+CLEAN_DELETED_BYTES = _f("clean_deleted_bytes", 49, CL)
+CLEAN_FORCED_DESTROYS = _f(
+    "clean_forced_destroys", 50, CL, doc="files deleted while a reader held them, after the forcible interval"
+)
+CLEAN_CQ_DELETED_FILES = _f("clean_cq_deleted_files", 51, CL, doc="ConsumeQueue files deleted since start")
+CLEAN_INDEX_DELETED_FILES = _f("clean_index_deleted_files", 52, CL, doc="index files deleted since start")
+CLEAN_PENDING_OFFSET = _f(
+    "clean_pending_offset", 53, CL, doc="file made unavailable but still held by a reader, -1 none"
+)
+CLEAN_PENDING_SINCE_MS = _f("clean_pending_since_ms", 54, CL, doc="when that file was first made unavailable")
+MANUAL_DELETE_SEQ = _f(
+    "manual_delete_seq", 55, S, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
+)
+MANUAL_DELETE_DONE_SEQ = _f("manual_delete_done_seq", 56, CL, doc="the last request a finished run served")
+CLEAN_CQ_MIN_PHY_OFFSET = _f(
+    "clean_cq_min_phy_offset", 57, CL, doc="commit-log minimum the ConsumeQueues and index were cleaned to"
+)
+
+# CLEAN_LAST_TRIGGERS bits: why a run deleted anything at all (RocketMQ's three triggers).
+TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
+# CLEAN_LAST_OUTCOME values: why the last run stopped where it did (RocketMQ issue #4042).
+(
+    OUTCOME_NONE,
+    OUTCOME_NOTHING_LEFT,
+    OUTCOME_NOT_EXPIRED,
+    OUTCOME_CURRENT_FILE,
+    OUTCOME_UNDISPATCHED,
+    OUTCOME_HELD_BY_READER,
+    OUTCOME_PROTECTED,
+    OUTCOME_BATCH_LIMIT,
+    OUTCOME_DELETE_FAILED,
+) = range(9)
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

@@ -21,9 +21,12 @@ from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
 from shm.segment import SharedSegment
-from shm.semaphores import Wakeup, attach_semaphore, create_semaphore, unlink_semaphore
+from shm.semaphores import Wakeup, acquire, attach_semaphore, create_semaphore, unlink_semaphore
 from shm.transient_pool import FREE, TransientPool
 from shm.waiters import WaiterTable
+
+FLAGS_LOCK_TIMEOUT_S = 5.0
+"""The flags lock guards a few loads and stores; a wait this long means a holder died in it."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -121,6 +124,22 @@ class StoreShm:
     def wake(self, role: str) -> None:
         """Wake a worker (RocketMQ's ``service.wakeup()``)."""
         self.wakeup(role).wakeup()
+
+    def update_running_flags(self, *, set_bits: int = 0, clear_bits: int = 0) -> int:
+        """RunningFlags read-modify-write under the flags lock (several workers write them).
+        Returns the flags before the change (RocketMQ's getAndMakeDiskFull/-OK tell whether
+        the bit changed); raises ShmAttachError if the lock stays busy."""
+        lock = self.semaphore(self.names.flags_lock)
+        if not acquire(lock, FLAGS_LOCK_TIMEOUT_S):
+            raise ShmAttachError(f"{self.names.flags_lock} busy for {FLAGS_LOCK_TIMEOUT_S} s")
+        try:
+            before = self.table.get(layout.RUNNING_FLAGS)
+            after = (before | set_bits) & ~clear_bits
+            if after != before:
+                self.table.set(layout.RUNNING_FLAGS, after)
+            return before
+        finally:
+            lock.release()
 
     # ------------------------------------------------------------------ teardown
 

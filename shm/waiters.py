@@ -1,4 +1,10 @@
-"""Long-polling waiter table: consumers blocked in `pull` register here; reput wakes them.
+"""Consumer table: every attached consumer has a slot, for long polling and for file holds.
+
+Consumers blocked in `pull` register here and reput wakes them; a consumer reading commit-log
+files publishes the lowest physical offset it reads in ``hold`` (RocketMQ's `MappedFile.hold()`
+across processes), and the cleaner waits for it before deleting a file, up to
+`destroyMapedFileIntervalForcibly`. A dead consumer's slot is ignored (its pid is checked), so a
+crash never pins a file.
 
 Slot layout (native int64), one semaphore per slot (``ShmNames.waiter``):
 
@@ -7,19 +13,33 @@ Slot layout (native int64), one semaphore per slot (``ShmNames.waiter``):
       8 waiting      consumer: 1 before blocking, 0 after; reput reads it
      16 queue_slot   consumer: queue-offset-table slot it waits on (-1: any)
      24 offset       consumer: wakes once dispatched_offset > offset
+     32 hold         consumer: lowest commit-log offset it is reading, -1 none (set before pid)
 Reput posts the semaphore of every waiting slot whose queue advanced (RocketMQ's
 PullRequestHoldService notified by `arriving`).
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from shm.slot_table import SlotTable
 
-SLOT_SIZE = 32
+SLOT_SIZE = 40
 DEFAULT_CAPACITY = 64
-PID, WAITING, QUEUE_SLOT, OFFSET = 0, 8, 16, 24
+PID, WAITING, QUEUE_SLOT, OFFSET, HOLD = 0, 8, 16, 24, 32
+NO_HOLD = -1
 
 
 class WaiterTable(SlotTable):
     SLOT_SIZE = SLOT_SIZE
     DEFAULT_CAPACITY = DEFAULT_CAPACITY
+
+    def holders_below(self, end_offset: int, alive: Callable[[int], bool]) -> list[int]:
+        """Pids of live consumers holding a commit-log offset below ``end_offset``."""
+        found = []
+        for slot in range(self.capacity):
+            pid = self.get(slot, PID)
+            hold = self.get(slot, HOLD)
+            if pid and 0 <= hold < end_offset and alive(pid):
+                found.append(pid)
+        return found

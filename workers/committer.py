@@ -38,6 +38,7 @@ class CommitterService(ServiceLoop):
         t = self.table
         wrote = t.get(layout.WROTE_POSITION)
         committed = t.get(layout.COMMITTED_POSITION)
+        self.store.commit_log.release_before(committed)
         if wrote <= committed:
             return False
         if least_pages > 0 and wrote // OS_PAGE_SIZE - committed // OS_PAGE_SIZE < least_pages:

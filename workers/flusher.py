@@ -23,14 +23,13 @@ import time
 
 from rmq_mp.config import FlushDiskType
 from rmq_mp.mapped_file import OS_PAGE_SIZE
+from rmq_mp.status import RunningFlags
 from shm import flush_requests as fr
 from shm import layout
 from shm.pointer_table import now_ms
-from shm.semaphores import acquire
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.flusher")
-NOT_WRITEABLE = 1 << 1
 
 
 class FlusherService(ServiceLoop):
@@ -67,6 +66,7 @@ class FlusherService(ServiceLoop):
         flushed = t.get(layout.FLUSHED_POSITION)
         target = self.target()
         store_ts = t.get(layout.LAST_STORE_TIMESTAMP)
+        self.store.commit_log.release_before(flushed)
         if target <= flushed:
             return False
         if least_pages > 0 and target // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE < least_pages:
@@ -97,12 +97,7 @@ class FlusherService(ServiceLoop):
 
     def mark_not_writeable(self) -> None:
         """RunningFlags.makeNotWriteable, under the flags lock (several workers write the flags)."""
-        lock = self.store.shm.semaphore(self.store.names.flags_lock)
-        if acquire(lock, 5.0):
-            try:
-                self.table.set(layout.RUNNING_FLAGS, self.table.get(layout.RUNNING_FLAGS) | NOT_WRITEABLE)
-            finally:
-                lock.release()
+        self.store.shm.update_running_flags(set_bits=RunningFlags.NOT_WRITEABLE)
 
     def complete_requests(self) -> None:
         """Complete flushed requests, time out overdue ones, free abandoned ones."""

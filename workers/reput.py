@@ -8,8 +8,9 @@ last store time in the queue-offset table, and the logics/index checkpoint times
 queues every `flushIntervalConsumeQueue` ms and the checkpoint every
 `flushConsumeQueueThoroughInterval` ms. Woken by producers, committer or flusher, else every
 100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle). When the cleaner
-raised the CommitLog minimum, drops ConsumeQueue and index files wholly below it. Final pass:
-dispatch to the end, flush queues, index and checkpoint.
+deleted ConsumeQueue and index files below the CommitLog minimum, drops its mappings of them
+(a mapping keeps a deleted file's disk space) and takes the queues' new minimum offsets. Final
+pass: dispatch to the end, flush queues, index and checkpoint.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class ReputService(ServiceLoop):
             for i in range(self.store.shm.waiters.capacity)
         ]
         self.last_cq_flush = self.last_thorough = time.monotonic()
+        self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
 
     def _table_min_offset(self, cq: ConsumeQueue) -> int:
         slot = self.store.shm.queues.find(cq.topic, cq.queue_id)
@@ -83,6 +85,7 @@ class ReputService(ServiceLoop):
         offset = t.get(layout.REPUT_FROM_OFFSET)
         if offset < t.get(layout.MIN_OFFSET):
             offset = t.get(layout.MIN_OFFSET)
+        self.store.commit_log.release_before(offset)
         queues = self.store.shm.queues
         dispatched = 0
         touched: set[int] = set()
@@ -143,7 +146,20 @@ class ReputService(ServiceLoop):
                 self.checkpoint.index_msg_timestamp = self.index.files[-1].end_timestamp
             self.checkpoint.flush()
 
+    def drop_deleted_files(self) -> None:
+        """Follow the cleaner: unmap the queue and index files it deleted."""
+        cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
+        if cleaned_to == self.cleaned_to:
+            return
+        self.cleaned_to = cleaned_to
+        for cq in self.cq_table.all():
+            cq.mfq.drop_deleted_files()
+            cq.min_logic_offset = max(cq.min_logic_offset, self._table_min_offset(cq))
+        if self.index is not None:
+            self.index.drop_deleted_files()
+
     def do_work(self) -> None:
+        self.drop_deleted_files()
         while self.dispatch() >= MAX_RECORDS_PER_PASS:
             self.heartbeat()
         cfg = self.store.config

@@ -5,14 +5,15 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from rmq_mp.cleaning import CleanerStatistics
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.producer import FLAG_NAMES
+from rmq_mp.disk import disk_used_ratio
+from rmq_mp.status import RunningFlags
 from shm import layout
 from shm.layout import Role
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import now_ms
 from shm.store_shm import StoreShm
-from workers.cleaner import disk_used_ratio
 
 STATE_NAMES = {
     layout.STARTING: "STARTING",
@@ -52,6 +53,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                 "errors": t.get(layout.worker_field(role, "errors")),
             }
         flags = snap["running_flags"]
+        cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
         return {
             "store": config.store_path_root_dir,
             "shm_name": names.base,
@@ -78,7 +80,8 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                 "mlock_failed": snap["pool_mlock_failed"],
             },
             "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
-            "running_flags": [n for bit, n in FLAG_NAMES.items() if flags & bit],
+            "running_flags": RunningFlags.names(flags),
+            "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
             "workers": workers,
             "counters": {
                 k: snap[k]
@@ -118,6 +121,7 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     print(
         f"disk     {status['disk_used_ratio']:.0%} used   flags {' '.join(status['running_flags']) or 'none'}"
     )
+    print(f"cleaner  {status['cleaner']['summary']}")
     print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
     for role, w in status["workers"].items():
         print(

@@ -162,6 +162,8 @@ class Supervisor:
         ):
             t.set(f, end)
         t.set(layout.MIN_OFFSET, store.min_phy_offset())
+        t.set(layout.CLEAN_PENDING_OFFSET, -1)  # a file a crashed run left unavailable is back
+        t.set(layout.CLEAN_LAST_OUTCOME_OFFSET, -1)
         t.set(layout.PHYSIC_MSG_TIMESTAMP, store.checkpoint.physic_msg_timestamp)
         t.set(layout.LOGICS_MSG_TIMESTAMP, store.checkpoint.logics_msg_timestamp)
         t.set(layout.INDEX_MSG_TIMESTAMP, store.checkpoint.index_msg_timestamp)
