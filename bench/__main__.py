@@ -33,7 +33,7 @@ import psutil
 
 from bench import baselines, charts
 from bench.baselines import percentiles
-from bench.store import CTX, TOPIC, e2e_consumer, run_producers
+from bench.store import CTX, e2e_consumer, run_producers
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.message_store import MessageStore
 from shm import layout
@@ -71,7 +71,11 @@ class Bench:
         self.window_s: float = args.seconds or (1.5 if self.quick else 3.0)
         self.raw_cache: dict[tuple[int, int], dict[str, float]] = {}
         self.gc_cache: dict[tuple[int, int], dict[str, Any]] = {}
-        self.results: dict[str, Any] = {"quick": self.quick, "window_s": self.window_s, "cpus": os.cpu_count()}
+        self.results: dict[str, Any] = {
+            "quick": self.quick,
+            "window_s": self.window_s,
+            "cpus": os.cpu_count(),
+        }
         self.max_send_rate = 0.0
         self.counter = 0
 
@@ -117,7 +121,9 @@ class Bench:
     ) -> dict[str, Any]:
         sync = mode == "SYNC"
         window = max(self.window_s, 2.0) if sync else self.window_s
-        got = run_producers(service.names.base, producers=producers, body_size=body, batch=batch, duration_s=window)
+        got = run_producers(
+            service.names.base, producers=producers, body_size=body, batch=batch, duration_s=window
+        )
         lat = percentiles(got.pop("latencies_us"))
         got.pop("during")
         if sync:
@@ -125,7 +131,11 @@ class Bench:
             base_rate, base_p99 = base["msgs_per_s"], base["latency_us"]["p99"]
             base_name = "group commit"
         else:
-            base_rate, base_p99, base_name = self.raw(producers, body)["msgs_per_s"], float("nan"), "raw append"
+            base_rate, base_p99, base_name = (
+                self.raw(producers, body)["msgs_per_s"],
+                float("nan"),
+                "raw append",
+            )
         if mode == "ASYNC" and api == "send" and producers == 1 and body == 128:
             self.max_send_rate = got["msgs_per_s"]
         row = {
@@ -144,16 +154,22 @@ class Bench:
     def e2e(self) -> None:
         with self.store("ASYNC") as service:
             if not self.max_send_rate:
-                got = run_producers(service.names.base, producers=1, body_size=128, batch=1, duration_s=self.window_s)
+                got = run_producers(
+                    service.names.base, producers=1, body_size=128, batch=1, duration_s=self.window_s
+                )
                 self.max_send_rate = got["msgs_per_s"]
             rate = self.max_send_rate * 0.10
             duration = 3.0 if self.quick else 10.0
             expected = int(rate * duration) - 5
             ready, out = CTX.Event(), CTX.Queue()
-            consumer = CTX.Process(target=e2e_consumer, args=(service.names.base, str(service.root), expected, ready, out))
+            consumer = CTX.Process(
+                target=e2e_consumer, args=(service.names.base, str(service.root), expected, ready, out)
+            )
             consumer.start()
             ready.wait(30)
-            run_producers(service.names.base, producers=1, body_size=128, batch=1, duration_s=duration, rate_per_s=rate)
+            run_producers(
+                service.names.base, producers=1, body_size=128, batch=1, duration_s=duration, rate_per_s=rate
+            )
             latencies = sorted(ns / 1000 for ns in out.get(timeout=120))
             consumer.join(30)
         lat = percentiles(latencies)
@@ -173,7 +189,9 @@ class Bench:
             try:
                 t0 = time.monotonic()
                 while (now := time.monotonic() - t0) < seconds:
-                    samples.append((now, table.get(layout.WROTE_POSITION) - table.get(layout.REPUT_FROM_OFFSET)))
+                    samples.append(
+                        (now, table.get(layout.WROTE_POSITION) - table.get(layout.REPUT_FROM_OFFSET))
+                    )
                     time.sleep(0.25)
             finally:
                 table.close()
@@ -223,7 +241,8 @@ class Bench:
         with MessageStore.open(root, config) as store:
             report = store.recovery
         recovery_s = time.perf_counter() - t0
-        assert report is not None and report.abnormal
+        assert report is not None
+        assert report.abnormal
         scanned = report.recovered_end_offset - report.scan_from_offset
         gib = scanned / (1 << 30)
         per_gib_s = recovery_s / gib
@@ -276,13 +295,28 @@ class Bench:
 
         checks: list[tuple[str, str, bool | None]] = []
         if r := row("ASYNC", "send", 1):
-            checks.append(("ASYNC 1 producer 128 B send >= 0.25x raw append", f"{r['ratio']:.3f}x", r["ratio"] >= 0.25))
+            checks.append(
+                ("ASYNC 1 producer 128 B send >= 0.25x raw append", f"{r['ratio']:.3f}x", r["ratio"] >= 0.25)
+            )
         if r := row("ASYNC", "batch100", 1):
-            checks.append(("ASYNC 1 producer 128 B send_batch(100) >= 1.0x raw", f"{r['ratio']:.3f}x", r["ratio"] >= 1.0))
-        sync8 = row("SYNC", "send", 8) or row("SYNC", "send", max((r["producers"] for r in rows if r["mode"] == "SYNC"), default=0))
+            checks.append(
+                (
+                    "ASYNC 1 producer 128 B send_batch(100) >= 1.0x raw",
+                    f"{r['ratio']:.3f}x",
+                    r["ratio"] >= 1.0,
+                )
+            )
+        sync8 = row("SYNC", "send", 8) or row(
+            "SYNC", "send", max((r["producers"] for r in rows if r["mode"] == "SYNC"), default=0)
+        )
         if sync8:
-            checks.append((f"SYNC {sync8['producers']} producers >= 0.9x group commit msgs/s",
-                           f"{sync8['ratio']:.3f}x", sync8["ratio"] >= 0.9))
+            checks.append(
+                (
+                    f"SYNC {sync8['producers']} producers >= 0.9x group commit msgs/s",
+                    f"{sync8['ratio']:.3f}x",
+                    sync8["ratio"] >= 0.9,
+                )
+            )
             checks.append((f"SYNC {sync8['producers']} producers p99 <= 1.5x group commit p99",
                            f"{sync8['p99_ratio']:.3f}x", sync8["p99_ratio"] <= 1.5))  # fmt: skip
         if e := self.results.get("e2e"):
@@ -324,7 +358,9 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rmq-bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
-    parser.add_argument("--mode", dest="modes", action="append", choices=list(MODES), help="put modes (default all)")
+    parser.add_argument(
+        "--mode", dest="modes", action="append", choices=list(MODES), help="put modes (default all)"
+    )
     parser.add_argument("--body", type=int, help="one body size for the put matrix")
     parser.add_argument("--seconds", type=float, help="put window per row")
     parser.add_argument("--quick", action="store_true", help="fewer rows, shorter windows (a few minutes)")

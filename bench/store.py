@@ -33,7 +33,9 @@ def put_worker(
     from rmq_mp.producer import Producer
 
     body = os.urandom(body_size)
-    items = [{"topic": TOPIC, "body": body, "queue_id": (index + k) % QUEUES} for k in range(batch)]
+    items = [
+        {"topic": TOPIC, "body": body, "queue_id": index % QUEUES} for _ in range(batch)
+    ]  # one queue: a MessageBatch
     latencies_ns: list[int] = []
     sent = failures = 0
     with Producer.attach(name) as producer:
@@ -106,9 +108,7 @@ def run_producers(
     start = CTX.Event()
     out = CTX.Queue()
     procs = [
-        CTX.Process(
-            target=put_worker, args=(name, i, body_size, batch, duration_s, start, out, rate_per_s)
-        )
+        CTX.Process(target=put_worker, args=(name, i, body_size, batch, duration_s, start, out, rate_per_s))
         for i in range(producers)
     ]
     for p in procs:

@@ -71,6 +71,16 @@ class PointerTable:
                 )
         _Q.pack_into(self._buf, offset, value)
 
+    def words(self, *written: Field) -> memoryview:
+        """The table as native 64-bit words, for a hot path that reads many fields and writes
+        ``written``: the writer check runs here, once, instead of on every store (a
+        `set` costs about 0.3 us, a word store about 0.03 us; the put path does a dozen per
+        record). Release the view before `close` (a live view pins the mapping)."""
+        for field in written:
+            if self.role not in field.writers:
+                raise PermissionError(f"{self.role.value} may not write {field.name}")
+        return memoryview(self._buf).cast("q")
+
     def add(self, field: Field, delta: int) -> int:
         """Read-modify-write by the field's single writer (or under its lock)."""
         value = self.get(field) + delta
