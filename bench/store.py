@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import queue
 import time
 from typing import Any
 
@@ -38,6 +39,7 @@ def put_worker(
     ]  # one queue: a MessageBatch
     latencies_ns: list[int] = []
     sent = failures = 0
+    assertions: list[str] = []
     with Producer.attach(name) as producer:
         for _ in range(20):  # warm up: first touch, imports, caches
             producer.send(TOPIC, body, queue_id=index % QUEUES)
@@ -62,14 +64,23 @@ def put_worker(
                 failures += not result.ok
                 continue
             t0 = perf_ns()
-            if batch == 1:
-                ok = producer.send(TOPIC, body, queue_id=index % QUEUES).ok
-                failures += not ok
-            else:
-                failures += sum(not r.ok for r in producer.send_batch(items))
+            try:
+                if batch == 1:
+                    ok = producer.send(TOPIC, body, queue_id=index % QUEUES).ok
+                    failures += not ok
+                else:
+                    failures += sum(not r.ok for r in producer.send_batch(items))
+            except AssertionError as exc:  # an invariant check of the put path: count and report it
+                failures += batch
+                assertions.append(str(exc))
             latencies_ns.append(perf_ns() - t0)
             sent += batch
         elapsed = time.perf_counter() - began
+    if assertions:
+        print(
+            f"producer {index}: {len(assertions)} put-path assertions failed, first: {assertions[0]}",
+            flush=True,
+        )
     out.put((sent, failures, elapsed, latencies_ns))
 
 
@@ -91,6 +102,24 @@ def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any)
                 offset = result.next_begin_offset
                 idle_deadline = time.monotonic() + 30
     out.put(latencies_ns)
+
+
+def _collect(out: Any, procs: list[Any], timeout_s: float) -> list[Any]:
+    """One report per process; raises if a process died without reporting (no silent hang)."""
+    results: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"bench workers failed (exit codes {dead}) or timed out") from None
+    for p in procs:
+        p.join(30)
+    return results
 
 
 def run_producers(
@@ -116,9 +145,7 @@ def run_producers(
     time.sleep(0.5)
     start.set()
     extra = during(duration_s) if during is not None else None
-    results = [out.get(timeout=duration_s + 120) for _ in procs]
-    for p in procs:
-        p.join(30)
+    results = _collect(out, procs, duration_s + 120)
     msgs_per_s = sum(sent / elapsed for sent, _f, elapsed, _l in results)
     latencies_us = sorted(ns / 1000 for *_x, lat in results for ns in lat)
     return {

@@ -470,7 +470,11 @@ class Producer:
         for _ in range(ring.capacity):
             ticket = self.table.add(layout.FLUSH_REQUEST_SEQ, 1)
             slot = ticket % ring.capacity
-            if ring.get(slot, fr.STATE) != fr.WAITING or ring.get(slot, fr.DEADLINE_MS) + 1000 < now_ms():
+            state = ring.get(slot, fr.STATE)
+            # A DONE_* slot belongs to its waiter until the waiter frees it (shm/flush_requests.py);
+            # taking it earlier let that waiter's FREE overwrite the new request. Past its deadline
+            # (+1 s) its waiter has read it or given up, so it may be taken whatever it says.
+            if state == fr.FREE or (state != fr.WAITING and ring.get(slot, fr.DEADLINE_MS) + 1000 < now_ms()):
                 ring.set(slot, fr.NEXT_OFFSET, end_offset)
                 ring.set(slot, fr.DEADLINE_MS, now_ms() + self.config.sync_flush_timeout)
                 ring.set(slot, fr.PID, os.getpid())
@@ -509,4 +513,5 @@ class Producer:
                 )
         for p in waiting:
             if p.result is not None and p.result.ok:
-                assert self.table.get(layout.FLUSHED_POSITION) >= p.end_offset
+                flushed = self.table.get(layout.FLUSHED_POSITION)
+                assert flushed >= p.end_offset, f"acknowledged {p.end_offset} above flushed {flushed}"
