@@ -139,7 +139,6 @@ class Producer:
 
     def close(self) -> None:
         self._file = None
-        self._words.release()
         self.store.close()
 
     def __enter__(self) -> Producer:
