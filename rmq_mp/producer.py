@@ -19,7 +19,7 @@ import itertools
 import os
 import time
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 from rmq_mp import message as m
@@ -62,6 +62,8 @@ _PUT_FIELDS = (
     layout.PUT_BYTES,
 )
 """The pointer-table fields the put path writes (all under the put lock) by word index."""
+_WANTS_FLUSH = -2
+"""`_Pending.ring_slot` of a SYNC record waiting for its lock hold's flush request."""
 _WROTE = layout.WROTE_POSITION.index
 _J_ACTIVE = layout.JOURNAL_ACTIVE.index
 _J_BEFORE = layout.JOURNAL_WROTE_BEFORE.index
@@ -288,6 +290,8 @@ class Producer:
                 if result.commit_log_offset >= 0:  # appended (PUT_OK, or a SYNC ring-full timeout)
                     count += 1
                     size_bytes += len(p.encoded)
+            if self.store.sync_flush:
+                self._request_flush([p for p in todo if p.ring_slot == _WANTS_FLUSH])
             if count:
                 w[_LAST_STORE_TS] = store_ts
                 w[_PUT_COUNT] += count
@@ -418,15 +422,7 @@ class Producer:
                 self.store.sync_flush
                 and message.properties.get(m.PROPERTY_WAIT_STORE_MSG_OK, "true") == "true"
             ):
-                p.ring_slot = self._flush_request(end)
-                if p.ring_slot < 0:
-                    return SendResult(
-                        PutMessageStatus.FLUSH_DISK_TIMEOUT,
-                        queue_id=message.queue_id,
-                        queue_offset=queue_offset,
-                        commit_log_offset=result.phy_offset,
-                        reason="flush request ring full",
-                    )
+                p.ring_slot = _WANTS_FLUSH  # one request per lock hold covers it: `_request_flush`
             return SendResult(
                 PutMessageStatus.PUT_OK,
                 msg_id=m.create_message_id(self._store_ip, self._store_port, result.phy_offset),
@@ -463,6 +459,20 @@ class Producer:
 
     # ------------------------------------------------------------------ SYNC_FLUSH
 
+    def _request_flush(self, wanting: list[_Pending]) -> None:
+        """One group-commit request for every record of this lock hold that waits for disk (the
+        last one's end covers the others): a batch of 100 takes one ring slot, not 100, so
+        concurrent SYNC batches never fill the ring."""
+        if not wanting:
+            return
+        slot = self._flush_request(max(p.end_offset for p in wanting))
+        for p in wanting:
+            p.ring_slot = slot
+            if slot < 0 and p.result is not None:
+                p.result = replace(
+                    p.result, status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason="flush request ring full"
+                )
+
     def _flush_request(self, end_offset: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full."""
         ring = self.ring
@@ -487,20 +497,23 @@ class Producer:
             return
         timeout_s = self.config.sync_flush_timeout / 1000
         deadline = time.monotonic() + timeout_s
-        for p in waiting:
-            sem = self.store.shm.semaphore(self.store.names.flush_done(p.ring_slot))
+        outcome: dict[int, int] = {}
+        for ring_slot in dict.fromkeys(p.ring_slot for p in waiting):
+            sem = self.store.shm.semaphore(self.store.names.flush_done(ring_slot))
             while True:
-                state = self.ring.get(p.ring_slot, fr.STATE)
+                state = self.ring.get(ring_slot, fr.STATE)
                 if state in (fr.DONE_OK, fr.DONE_TIMEOUT):
-                    self.ring.set(p.ring_slot, fr.STATE, fr.FREE)
+                    self.ring.set(ring_slot, fr.STATE, fr.FREE)
                     break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:  # the flusher is not answering (stopped, or dead)
-                    self.ring.set(p.ring_slot, fr.STATE, fr.ABANDONED)
+                    self.ring.set(ring_slot, fr.STATE, fr.ABANDONED)
                     state = fr.DONE_TIMEOUT
                     break
                 acquire(sem, remaining)
-            if state != fr.DONE_OK and p.result is not None:
+            outcome[ring_slot] = state
+        for p in waiting:
+            if outcome[p.ring_slot] != fr.DONE_OK and p.result is not None:
                 p.result = SendResult(
                     PutMessageStatus.FLUSH_DISK_TIMEOUT,
                     p.result.msg_id,
