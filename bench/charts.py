@@ -1,7 +1,12 @@
-"""PNG charts of a bench run (matplotlib, the `bench` extra); skipped with a reason without it."""
+"""PNG charts of a bench run (matplotlib, the `bench` extra); skipped with a reason without it.
+
+python -m bench.charts bench/results/bench-<time>.json    # redraw a past run's charts
+"""
 
 from __future__ import annotations
 
+import json
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +39,7 @@ def write(results: dict[str, Any], prefix: Path) -> list[str]:
                 xs = sorted(raw)
                 ax.plot(xs, [raw[x] / 1000 for x in xs], "k--", label="raw append baseline")
             ax.set_xscale("log", base=2)
+            ax.set_yscale("log")  # the baseline is 10-20x the store: a linear axis flattens the store
             ax.set_xlabel("producer processes")
             ax.set_ylabel("k msgs/s")
             ax.set_title(f"{'send' if api == 'send' else 'send_batch(100)'}, {body} B bodies")
@@ -67,3 +73,9 @@ def write(results: dict[str, Any], prefix: Path) -> list[str]:
         plt.close(fig)
         lines.append(f"wrote {path}")
     return lines or ["charts skipped: no put rows in this run"]
+
+
+if __name__ == "__main__":
+    source = Path(sys.argv[1])
+    for line in write(json.loads(source.read_text()), source.with_suffix("")):
+        print(line)
