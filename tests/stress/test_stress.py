@@ -58,21 +58,27 @@ def test_producers_and_consumers_every_message_once(tmp_path: Path, mode: str) -
         ]
         for proc in consumers + producers:
             proc.start()
-        reports = [out.get(timeout=seconds + 120) for _ in producers]
-        for proc in producers:
-            proc.join(30)
-            assert proc.exitcode == 0
-        # Everything acknowledged is written; consumers stop once reput has dispatched all of it.
-        wait_until(
-            lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
-            60,
-            "reput to dispatch every acknowledged message",
-        )
-        stop.set()
-        reports += [out.get(timeout=120) for _ in consumers]
-        for proc in consumers:
-            proc.join(30)
-            assert proc.exitcode == 0
+        try:
+            reports = [out.get(timeout=seconds + 120) for _ in producers]
+            for proc in producers:
+                proc.join(30)
+                assert proc.exitcode == 0
+            # Everything acknowledged is written; consumers stop once reput has dispatched all of it.
+            wait_until(
+                lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+                60,
+                "reput to dispatch every acknowledged message",
+            )
+            stop.set()
+            reports += [out.get(timeout=120) for _ in consumers]
+            for proc in consumers:
+                proc.join(30)
+                assert proc.exitcode == 0
+        finally:  # a failed wait must not leave workers running after the test
+            for proc in consumers + producers:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join(10)
     acked = {(p, s) for kind, p, seqs, _o in reports if kind == "producer" for s in seqs}
     statuses = [name for kind, _p, _s, other in reports if kind == "producer" for name in other]
     seen = [pair for kind, _c, pairs, _p in reports if kind == "consumer" for pair in pairs]
