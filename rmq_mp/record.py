@@ -39,11 +39,14 @@ over several runs: crcmod's C extension takes 2.5-2.8x zlib's time on a 100-byte
 
 from __future__ import annotations
 
+import functools
 import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from rmq_mp import message as m
 from rmq_mp.errors import CorruptRecordError
@@ -152,8 +155,11 @@ def cq_tags_code(
 # --------------------------------------------------------------------------------------- encode
 
 
-def validate_message(message: m.Message, *, max_message_size: int) -> tuple[PutMessageStatus, str] | None:
-    """The store's put checks (§3.2 steps 2 and 4). None when the message can be encoded."""
+def validate_message(
+    message: m.Message, *, max_message_size: int, properties_text: str | None = None
+) -> tuple[PutMessageStatus, str] | None:
+    """The store's put checks (§3.2 steps 2 and 4). None when the message can be encoded.
+    ``properties_text``: the message's properties string when the caller already built it."""
     topic = message.topic
     if not topic or topic in (".", "..") or "/" in topic or "\0" in topic:
         return PutMessageStatus.MESSAGE_ILLEGAL, f"topic {topic!r} cannot name a consume-queue directory"
@@ -161,7 +167,7 @@ def validate_message(message: m.Message, *, max_message_size: int) -> tuple[PutM
         return PutMessageStatus.MESSAGE_ILLEGAL, f"topic is longer than {MAX_TOPIC_BYTES_V1} UTF-8 bytes"
     if message.queue_id < 0:
         return PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is negative"
-    props = m.properties_to_string(message.properties)
+    props = m.properties_to_string(message.properties) if properties_text is None else properties_text
     if len(props) > MAX_PROPERTIES_BYTES:
         return (
             PutMessageStatus.MESSAGE_ILLEGAL,
@@ -172,6 +178,63 @@ def validate_message(message: m.Message, *, max_message_size: int) -> tuple[PutM
     if len(message.body) > max_message_size:
         return PutMessageStatus.MESSAGE_ILLEGAL, f"body of {len(message.body)} bytes exceeds maxMessageSize"
     return None
+
+
+_V4_FIXED = struct.Struct(">iiiiiqqiq4siq4siiqi")
+"""Every fixed field of a record whose hosts are both IPv4 (88 bytes), packed in one call."""
+
+
+@functools.lru_cache(maxsize=256)
+def _host_bytes(host: m.Host) -> tuple[bytes, int]:
+    return m.parse_host(host)
+
+
+@functools.lru_cache(maxsize=4096)
+def _topic_field(topic: str) -> bytes:
+    raw = topic.encode("utf-8")
+    return bytes((len(raw),)) + raw
+
+
+def encode_record_flag(
+    message: m.Message, store_host: m.Host, properties_text: str | None = None
+) -> tuple[bytearray, int]:
+    """`encode_record` and the record's SYSFLAG. The put path's encoder: hosts and topics are
+    parsed once per process (lru caches) and an all-IPv4 record's fixed part is one
+    `struct.pack` (profiled: about half the per-record encode time was those steps)."""
+    born_ip, born_port = _host_bytes(message.born_host)
+    store_ip, store_port = _host_bytes(store_host)
+    if len(born_ip) != 4 or len(store_ip) != 4:
+        encoded = encode_record(message, store_host)
+        return encoded, _INT.unpack_from(encoded, POS_SYS_FLAG)[0]
+    topic = _topic_field(message.topic)
+    if properties_text is None:
+        properties_text = m.properties_to_string(message.properties)
+    props = properties_text.encode("utf-8")
+    body = message.body
+    sys_flag = message.sys_flag & ~(m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)
+    total = 88 + len(body) + len(topic) + 2 + len(props)
+    fixed = _V4_FIXED.pack(
+        total,
+        MESSAGE_MAGIC_CODE,
+        body_crc(body),
+        message.queue_id,
+        message.flag,
+        0,
+        0,
+        sys_flag,
+        message.born_timestamp,
+        born_ip,
+        born_port,
+        0,
+        store_ip,
+        store_port,
+        message.reconsume_times,
+        message.prepared_transaction_offset,
+        len(body),
+    )
+    record = bytearray(b"".join((fixed, body, topic, _SHORT.pack(len(props)), props)))
+    assert len(record) == total, "encoded length must equal TOTALSIZE"
+    return record, sys_flag
 
 
 def encode_record(message: m.Message, store_host: m.Host) -> bytearray:
@@ -227,6 +290,34 @@ def patch_record(
     _LONG.pack_into(buf, pos + POS_QUEUE_OFFSET, queue_offset)
     _LONG.pack_into(buf, pos + POS_PHY_OFFSET, phy_offset)
     _LONG.pack_into(buf, pos + store_timestamp_position(sys_flag), store_timestamp)
+
+
+def join_run(encoded: Sequence[bytes | bytearray]) -> tuple[bytearray, np.ndarray]:
+    """Concatenate encoded records (outside the put lock) for `patch_run`; returns the bytes and
+    each record's start within them."""
+    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
+    starts = np.zeros(len(encoded), dtype=np.int64)
+    np.cumsum(lengths[:-1], out=starts[1:])
+    return bytearray(b"".join(encoded)), starts
+
+
+_COLUMNS_8 = np.arange(8, dtype=np.int64)
+
+
+def patch_run(
+    joined: bytearray, starts: np.ndarray, *, queue_offset: int, phy_offset: int, store_timestamp: int
+) -> None:
+    """`patch_record` for a run of consecutive records of one queue, all with IPv4 born hosts, in
+    three numpy stores instead of three `pack_into` calls a record: record i gets queue offset
+    ``queue_offset + i`` and physical offset ``phy_offset + starts[i]``."""
+    n = len(starts)
+    view = np.frombuffer(joined, dtype=np.uint8)
+    for position, values in (
+        (POS_QUEUE_OFFSET, queue_offset + np.arange(n, dtype=np.int64)),
+        (POS_PHY_OFFSET, phy_offset + starts),
+        (POS_BORN_HOST + 8, np.full(n, store_timestamp, dtype=np.int64)),
+    ):
+        view[(starts + position)[:, None] + _COLUMNS_8] = values.astype(">i8").view(np.uint8).reshape(n, 8)
 
 
 def encode_blank(max_blank: int) -> bytes:

@@ -7,14 +7,11 @@ Every process opens the table with its `Role`; `set` refuses a field this role d
 from __future__ import annotations
 
 import os
-import struct
 import time
 
 from shm import layout
 from shm.layout import Field, Role
 from shm.segment import SharedSegment
-
-_Q = struct.Struct("=q")
 
 
 def now_ms() -> int:
@@ -28,6 +25,7 @@ class PointerTable:
         self.segment = segment
         self.role = role
         self._buf = segment.mm
+        self._words = segment.words
         self._allowed: set[int] = set()
         """Offsets this role was found allowed to write: the writer check stays, but costs one
         set lookup on the put path after the first write of each field."""
@@ -54,22 +52,29 @@ class PointerTable:
         return table
 
     def get(self, field: Field) -> int:
-        return int(_Q.unpack_from(self._buf, field.index * 8)[0])
+        return self._words[field.index]
 
     def set(self, field: Field, value: int) -> None:
         offset = field.index * 8
         if offset not in self._allowed:
             if self.role in field.writers:
                 self._allowed.add(offset)
-            elif not (
-                self.role is Role.SUPERVISOR
-                and _Q.unpack_from(self._buf, layout.STATE.offset)[0] == layout.STARTING
-            ):
+            elif not (self.role is Role.SUPERVISOR and self._words[layout.STATE.index] == layout.STARTING):
                 raise PermissionError(
                     f"{self.role.value} may not write {field.name} (writers: "
                     f"{sorted(r.value for r in field.writers)})"
                 )
-        _Q.pack_into(self._buf, offset, value)
+        self._words[field.index] = value
+
+    def words(self, *written: Field) -> memoryview:
+        """The table as native 64-bit words, for a hot path that reads many fields and writes
+        ``written``: the writer check runs here, once, instead of on every store (a
+        `set` costs about 0.3 us, a word store about 0.03 us; the put path does a dozen per
+        record). The view is the segment's; `close` releases it."""
+        for field in written:
+            if self.role not in field.writers:
+                raise PermissionError(f"{self.role.value} may not write {field.name}")
+        return self._words
 
     def add(self, field: Field, delta: int) -> int:
         """Read-modify-write by the field's single writer (or under its lock)."""

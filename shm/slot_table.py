@@ -6,12 +6,9 @@ subclass documents its slot layout and field writers and sets ``SLOT_SIZE``.
 
 from __future__ import annotations
 
-import struct
 from typing import ClassVar, Self
 
 from shm.segment import SharedSegment
-
-_Q = struct.Struct("=q")
 
 
 class SlotTable:
@@ -22,6 +19,8 @@ class SlotTable:
         self.segment = segment
         self.capacity = segment.size // self.SLOT_SIZE
         self._buf = segment.mm
+        self._words = segment.words
+        assert self.SLOT_SIZE % 8 == 0, "slots are whole int64 words"
 
     @classmethod
     def create(cls, name: str, capacity: int | None = None) -> Self:
@@ -33,10 +32,10 @@ class SlotTable:
         return cls(SharedSegment.attach(name))
 
     def get(self, slot: int, field: int) -> int:
-        return int(_Q.unpack_from(self._buf, slot * self.SLOT_SIZE + field)[0])
+        return self._words[(slot * self.SLOT_SIZE + field) >> 3]
 
     def set(self, slot: int, field: int, value: int) -> None:
-        _Q.pack_into(self._buf, slot * self.SLOT_SIZE + field, value)
+        self._words[(slot * self.SLOT_SIZE + field) >> 3] = value
 
     def close(self) -> None:
         self.segment.close()

@@ -1,0 +1,387 @@
+"""`python -m bench` (or `rmq-bench`): issue 6's figures on real stores, each beside its same-run
+baseline (bench/baselines.py) and the ratio; prints a table, writes bench/results/bench-<time>.json
+and, with matplotlib installed, PNG charts beside it.
+
+Scenarios (``--scenario``, repeatable; default all):
+  put       msgs/s and MB/s for producers x bodies x modes {SYNC, ASYNC, ASYNC+pool} x {send,
+            send_batch}; SYNC rows also carry p50/p99/p99.9 latency. Baselines: raw append
+            (same producers and body) and, for SYNC, the plain-Python group commit.
+  e2e       producer-to-consumer latency, ASYNC, one producer paced at 10% of its measured
+            maximum `send` rate, a long-polling consumer in another process.
+  reput     dispatch lag (wrote - reput offset) sampled under sustained maximum load.
+  recovery  abnormal recovery (SIGKILL, checkpoint removed so the whole log is scanned with CRC
+            and re-dispatched) per GiB vs reading + CRC-checking the same files.
+  cleaner   put p99 while the cleaner deletes a batch of expired files vs without.
+``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
+Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import tempfile
+import time
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import psutil
+
+from bench import baselines, charts
+from bench.baselines import percentiles
+from bench.store import CTX, e2e_consumer, run_producers
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.message_store import MessageStore
+from shm import layout
+from shm.store_shm import StoreShm
+from tests.service import RunningService, running_service, start_service
+
+RESULTS = Path(__file__).resolve().parent / "results"
+MODES: dict[str, dict[str, str]] = {
+    "SYNC": {"flushDiskType": "SYNC_FLUSH"},
+    "ASYNC": {"flushDiskType": "ASYNC_FLUSH"},
+    "ASYNC+pool": {
+        "flushDiskType": "ASYNC_FLUSH",
+        "transientStorePoolEnable": "true",
+        "transientStorePoolSize": "3",
+    },
+}
+STORE_SETTINGS = {
+    "mappedFileSizeCommitLog": str(64 << 20),
+    "mappedFileSizeConsumeQueue": "6000000",
+    "maxHashSlotNum": "500000",
+    "maxIndexNum": "2000000",
+}
+ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
+
+
+def _ratio(value: float, base: float) -> float:
+    return value / base if base else float("nan")
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace, tmp: Path) -> None:
+        self.args = args
+        self.tmp = tmp
+        self.quick: bool = args.quick
+        self.window_s: float = args.seconds or (1.5 if self.quick else 3.0)
+        self.raw_cache: dict[tuple[int, int], dict[str, float]] = {}
+        self.gc_cache: dict[tuple[int, int], dict[str, Any]] = {}
+        self.results: dict[str, Any] = {
+            "quick": self.quick,
+            "window_s": self.window_s,
+            "cpus": os.cpu_count(),
+        }
+        self.max_send_rate = 0.0
+        self.counter = 0
+
+    def store(self, mode: str, **extra: str) -> Any:
+        self.counter += 1
+        return running_service(self.tmp, f"s{self.counter}", **{**STORE_SETTINGS, **MODES[mode], **extra})
+
+    def raw(self, producers: int, body: int) -> dict[str, float]:
+        key = (producers, body)
+        if key not in self.raw_cache:
+            self.raw_cache[key] = baselines.raw_append(
+                self.tmp, producers=producers, body_size=body, duration_s=self.window_s
+            )
+        return self.raw_cache[key]
+
+    def group_commit(self, producers: int, body: int) -> dict[str, Any]:
+        key = (producers, body)
+        if key not in self.gc_cache:
+            self.gc_cache[key] = baselines.group_commit(
+                self.tmp, producers=producers, body_size=body, duration_s=max(self.window_s, 2.0)
+            )
+        return self.gc_cache[key]
+
+    # ---------------------------------------------------------------- put matrix
+
+    def put(self) -> None:
+        cpus = os.cpu_count() or 1
+        producer_counts = [1, 2] if self.quick else [n for n in (1, 2, 4, 8, 16) if n <= max(8, cpus)]
+        bodies = [128] if self.quick else [self.args.body] if self.args.body else [128, 1024, 16384]
+        rows = []
+        print(f"{'mode':<11}{'api':<11}{'prod':>5}{'body':>7}{'msgs/s':>11}{'MB/s':>8}"
+              f"{'baseline':>11}{'ratio':>7}{'p50us':>8}{'p99us':>9}{'p99.9us':>9}{'base p99':>9}")  # fmt: skip
+        for mode in self.args.modes:
+            for body in bodies:
+                with self.store(mode) as service:
+                    for api, batch in (("send", 1), ("batch100", 100)):
+                        for producers in producer_counts:
+                            rows.append(self._put_row(service, mode, api, batch, producers, body))
+        self.results["put"] = rows
+
+    def _put_row(
+        self, service: RunningService, mode: str, api: str, batch: int, producers: int, body: int
+    ) -> dict[str, Any]:
+        sync = mode == "SYNC"
+        window = max(self.window_s, 2.0) if sync else self.window_s
+        got = run_producers(
+            service.names.base, producers=producers, body_size=body, batch=batch, duration_s=window
+        )
+        lat = percentiles(got.pop("latencies_us"))
+        got.pop("during")
+        if sync:
+            base = self.group_commit(producers, body)
+            base_rate, base_p99 = base["msgs_per_s"], base["latency_us"]["p99"]
+            base_name = "group commit"
+        else:
+            base_rate, base_p99, base_name = (
+                self.raw(producers, body)["msgs_per_s"],
+                float("nan"),
+                "raw append",
+            )
+        if mode == "ASYNC" and api == "send" and producers == 1 and body == 128:
+            self.max_send_rate = got["msgs_per_s"]
+        row = {
+            "mode": mode, "api": api, "producers": producers, "body_bytes": body,
+            **got, "latency_us": lat, "baseline": base_name, "baseline_msgs_per_s": base_rate,
+            "ratio": _ratio(got["msgs_per_s"], base_rate), "baseline_p99_us": base_p99,
+            "p99_ratio": _ratio(lat["p99"], base_p99),
+        }  # fmt: skip
+        print(f"{mode:<11}{api:<11}{producers:>5}{body:>7}{got['msgs_per_s']:>11.0f}{got['mb_per_s']:>8.1f}"
+              f"{base_rate:>11.0f}{row['ratio']:>7.2f}{lat['p50']:>8.0f}{lat['p99']:>9.0f}{lat['p99.9']:>9.0f}"
+              f"{base_p99:>9.0f}" + (f"  FAILURES {got['failures']}" if got["failures"] else ""), flush=True)  # fmt: skip
+        return row
+
+    # ---------------------------------------------------------------- e2e latency
+
+    def e2e(self) -> None:
+        with self.store("ASYNC") as service:
+            if not self.max_send_rate:
+                got = run_producers(
+                    service.names.base, producers=1, body_size=128, batch=1, duration_s=self.window_s
+                )
+                self.max_send_rate = got["msgs_per_s"]
+            rate = self.max_send_rate * 0.10
+            duration = 3.0 if self.quick else 10.0
+            expected = int(rate * duration) - 5
+            ready, out = CTX.Event(), CTX.Queue()
+            consumer = CTX.Process(
+                target=e2e_consumer, args=(service.names.base, str(service.root), expected, ready, out)
+            )
+            consumer.start()
+            ready.wait(30)
+            run_producers(
+                service.names.base, producers=1, body_size=128, batch=1, duration_s=duration, rate_per_s=rate
+            )
+            latencies = sorted(ns / 1000 for ns in out.get(timeout=120))
+            consumer.join(30)
+        lat = percentiles(latencies)
+        self.results["e2e"] = {"rate_per_s": rate, "max_send_rate_per_s": self.max_send_rate, "latency_us": lat,
+                               "target": "p50 < 100 us, p99 < 1000 us"}  # fmt: skip
+        print(f"e2e ASYNC at 10% load ({rate:.0f}/s): p50 {lat['p50']:.0f} us, p99 {lat['p99']:.0f} us, "
+              f"p99.9 {lat['p99.9']:.0f} us over {lat['samples']} messages")  # fmt: skip
+
+    # ---------------------------------------------------------------- reput lag
+
+    def reput(self) -> None:
+        duration = 8.0 if self.quick else 30.0
+        samples: list[tuple[float, int]] = []
+
+        def sample(seconds: float) -> None:
+            table = service.table()
+            try:
+                t0 = time.monotonic()
+                while (now := time.monotonic() - t0) < seconds:
+                    samples.append(
+                        (now, table.get(layout.WROTE_POSITION) - table.get(layout.REPUT_FROM_OFFSET))
+                    )
+                    time.sleep(0.25)
+            finally:
+                table.close()
+
+        with self.store("ASYNC", mappedFileSizeCommitLog=str(256 << 20)) as service:
+            got = run_producers(service.names.base, producers=2, body_size=128, batch=100,
+                                duration_s=duration, during=sample)  # fmt: skip
+        third = max(1, len(samples) // 3)
+        first = [lag for _t, lag in samples[:third]]
+        last = [lag for _t, lag in samples[-third:]]
+        mean_first, mean_last = sum(first) / len(first), sum(last) / len(last)
+        bounded = max(last) <= 2 * max(first) + (1 << 20)
+        self.results["reput"] = {
+            "duration_s": duration, "put_msgs_per_s": got["msgs_per_s"], "put_mb_per_s": got["mb_per_s"],
+            "lag_bytes_samples": samples, "lag_bytes_max": max(lag for _t, lag in samples),
+            "lag_bytes_mean_first_third": mean_first, "lag_bytes_mean_last_third": mean_last, "bounded": bounded,
+        }  # fmt: skip
+        print(f"reput lag under {got['msgs_per_s']:.0f} msgs/s for {duration:.0f} s: mean first third "
+              f"{mean_first / 1024:.0f} KiB, last third {mean_last / 1024:.0f} KiB, max "
+              f"{self.results['reput']['lag_bytes_max'] / 1024:.0f} KiB -> {'bounded' if bounded else 'GROWING'}")  # fmt: skip
+
+    # ---------------------------------------------------------------- recovery
+
+    def recovery(self) -> None:
+        target = (128 << 20) if self.quick else (1 << 30)
+        body = 16384
+        service = start_service(self.tmp, "recovery", **STORE_SETTINGS, **MODES["ASYNC"])
+        try:
+            while service.read(layout.WROTE_POSITION) < target:
+                run_producers(service.names.base, producers=2, body_size=body, batch=32, duration_s=1.0)
+            _kill_store(service)
+        finally:
+            _kill_store(service)
+        root = service.root
+        files = sorted((root / "commitlog").iterdir())
+        t0 = time.perf_counter()
+        crc, read = 0, 0
+        for path in files:
+            with path.open("rb", buffering=0) as f:
+                while chunk := f.read(1 << 20):
+                    crc = zlib.crc32(chunk, crc)
+                    read += len(chunk)
+        baseline_s = time.perf_counter() - t0
+        (root / "checkpoint").unlink(missing_ok=True)  # so recovery scans (CRC) and re-dispatches it all
+        config = MessageStoreConfig.from_file(service.conf)
+        t0 = time.perf_counter()
+        with MessageStore.open(root, config) as store:
+            report = store.recovery
+        recovery_s = time.perf_counter() - t0
+        assert report is not None
+        assert report.abnormal
+        scanned = report.recovered_end_offset - report.scan_from_offset
+        gib = scanned / (1 << 30)
+        per_gib_s = recovery_s / gib
+        base_per_gib_s = baseline_s / (read / (1 << 30))
+        self.results["recovery"] = {
+            "scanned_bytes": scanned, "records_dispatched": report.records_dispatched, "body_bytes": body,
+            "recovery_s": recovery_s, "recovery_s_per_gib": per_gib_s, "baseline_read_crc_s_per_gib": base_per_gib_s,
+            "ratio": per_gib_s / base_per_gib_s, "target_ratio_max": 2.0,
+        }  # fmt: skip
+        print(f"abnormal recovery: {scanned / 2**20:.0f} MiB, {report.records_dispatched} records in "
+              f"{recovery_s:.2f} s = {per_gib_s:.2f} s/GiB; read+CRC {base_per_gib_s:.2f} s/GiB; "
+              f"ratio {per_gib_s / base_per_gib_s:.2f}")  # fmt: skip
+
+    # ---------------------------------------------------------------- cleaner
+
+    def cleaner(self) -> None:
+        size = 1 << 20
+        window = 2.0 if self.quick else 4.0
+        settings = {**STORE_SETTINGS, "mappedFileSizeCommitLog": str(size), "deleteWhen": ALL_HOURS,
+                    "fileReservedTime": "1", "cleanResourceInterval": "100", "deleteCommitLogFilesInterval": "10"}  # fmt: skip
+        with self.store("ASYNC", **settings) as service:
+            while service.read(layout.WROTE_POSITION) < 48 * size:
+                run_producers(service.names.base, producers=1, body_size=16384, batch=32, duration_s=0.5)
+            quiet = run_producers(service.names.base, producers=1, body_size=128, batch=1, duration_s=window)
+            min_before = service.read(layout.MIN_OFFSET)
+            wrote = service.read(layout.WROTE_POSITION)
+            old = time.time() - 2 * 3600
+            closed = [p for p in (service.root / "commitlog").iterdir() if int(p.name) + size <= wrote - size]
+            for path in closed:
+                os.utime(path, (old, old))
+            busy = run_producers(service.names.base, producers=1, body_size=128, batch=1, duration_s=window)
+            deleted = (service.read(layout.MIN_OFFSET) - min_before) // size
+        q, b = percentiles(quiet["latencies_us"]), percentiles(busy["latencies_us"])
+        self.results["cleaner"] = {
+            "files_deleted_during": deleted, "quiet_latency_us": q, "deleting_latency_us": b,
+            "p99_ratio": _ratio(b["p99"], q["p99"]),
+            "quiet_msgs_per_s": quiet["msgs_per_s"], "deleting_msgs_per_s": busy["msgs_per_s"],
+        }  # fmt: skip
+        print(f"put p99 while the cleaner deleted {deleted} files: {b['p99']:.0f} us vs {q['p99']:.0f} us "
+              f"without (ratio {self.results['cleaner']['p99_ratio']:.2f}); p99.9 {b['p99.9']:.0f} vs {q['p99.9']:.0f} us")  # fmt: skip
+
+    # ---------------------------------------------------------------- targets
+
+    def targets(self) -> None:
+        rows = self.results.get("put", [])
+
+        def row(mode: str, api: str, producers: int) -> dict[str, Any] | None:
+            return next((r for r in rows if r["mode"] == mode and r["api"] == api and r["producers"] == producers
+                         and r["body_bytes"] == 128), None)  # fmt: skip
+
+        checks: list[tuple[str, str, bool | None]] = []
+        if r := row("ASYNC", "send", 1):
+            checks.append(
+                ("ASYNC 1 producer 128 B send >= 0.25x raw append", f"{r['ratio']:.3f}x", r["ratio"] >= 0.25)
+            )
+        if r := row("ASYNC", "batch100", 1):
+            checks.append(
+                (
+                    "ASYNC 1 producer 128 B send_batch(100) >= 1.0x raw",
+                    f"{r['ratio']:.3f}x",
+                    r["ratio"] >= 1.0,
+                )
+            )
+        sync8 = row("SYNC", "send", 8) or row(
+            "SYNC", "send", max((r["producers"] for r in rows if r["mode"] == "SYNC"), default=0)
+        )
+        if sync8:
+            checks.append(
+                (
+                    f"SYNC {sync8['producers']} producers >= 0.9x group commit msgs/s",
+                    f"{sync8['ratio']:.3f}x",
+                    sync8["ratio"] >= 0.9,
+                )
+            )
+            checks.append((f"SYNC {sync8['producers']} producers p99 <= 1.5x group commit p99",
+                           f"{sync8['p99_ratio']:.3f}x", sync8["p99_ratio"] <= 1.5))  # fmt: skip
+        if e := self.results.get("e2e"):
+            lat = e["latency_us"]
+            checks.append(("e2e ASYNC 10% load p50 < 100 us", f"{lat['p50']:.0f} us", lat["p50"] < 100))
+            checks.append(("e2e ASYNC 10% load p99 < 1 ms", f"{lat['p99']:.0f} us", lat["p99"] < 1000))
+        if rp := self.results.get("reput"):
+            checks.append(("reput lag bounded", f"max {rp['lag_bytes_max'] / 1024:.0f} KiB", rp["bounded"]))
+        if rc := self.results.get("recovery"):
+            checks.append(("recovery <= 2x read+CRC per GiB", f"{rc['ratio']:.2f}x", rc["ratio"] <= 2.0))
+        if cl := self.results.get("cleaner"):
+            checks.append(("put p99 while deleting / without (report)", f"{cl['p99_ratio']:.2f}x", None))
+        self.results["targets"] = [{"target": t, "measured": v, "met": ok} for t, v, ok in checks]
+        print("\ntargets")
+        for t, v, ok in checks:
+            print(f"  {'-' if ok is None else 'MET ' if ok else 'MISS'}  {t:<52} {v}")
+
+
+def _kill_store(service: RunningService) -> None:
+    """SIGKILL the supervisor and every worker (an abnormal exit), then remove its shm."""
+    for proc in psutil.process_iter(["cmdline"]):
+        if service.names.base in " ".join(proc.info["cmdline"] or []):
+            os.kill(proc.pid, signal.SIGKILL)
+    if service.process.poll() is None:
+        service.process.kill()
+    service.process.wait(10)
+    StoreShm.unlink_all(service.names)
+
+
+SCENARIOS: dict[str, Callable[[Bench], None]] = {
+    "put": Bench.put,
+    "e2e": Bench.e2e,
+    "reput": Bench.reput,
+    "recovery": Bench.recovery,
+    "cleaner": Bench.cleaner,
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="rmq-bench", description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
+    parser.add_argument(
+        "--mode", dest="modes", action="append", choices=list(MODES), help="put modes (default all)"
+    )
+    parser.add_argument("--body", type=int, help="one body size for the put matrix")
+    parser.add_argument("--seconds", type=float, help="put window per row")
+    parser.add_argument("--quick", action="store_true", help="fewer rows, shorter windows (a few minutes)")
+    args = parser.parse_args(argv)
+    args.modes = args.modes or list(MODES)
+    scenarios = args.scenario or list(SCENARIOS)
+    RESULTS.mkdir(exist_ok=True)
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    with tempfile.TemporaryDirectory(prefix="rmq-bench-") as tmp:
+        bench = Bench(args, Path(tmp))
+        for name in scenarios:
+            print(f"\n== {name}", flush=True)
+            SCENARIOS[name](bench)
+        bench.targets()
+    out = RESULTS / f"bench-{stamp}.json"
+    out.write_text(json.dumps(bench.results, indent=2))
+    print(f"\nwrote {out}")
+    for line in charts.write(bench.results, RESULTS / f"bench-{stamp}"):
+        print(line)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,164 @@
+"""The two plain-Python baselines every store figure is divided by, measured in the same run.
+
+- raw append: a process appends length-prefixed records to its own file with ``os.write``, no
+  sync, no lock, no encoding beyond the 4-byte prefix. The floor cost of "a Python process puts
+  bytes into the page cache" (issue 6: about 570k records/s of 128 B on 2 cores).
+- group commit: producers append records to one file under a lock and wait on their own
+  semaphore; one flusher process fdatasyncs everything appended so far and wakes every waiter it
+  covered. The simplest correct SYNC design in Python (issue 6: about 2.9k/s with 1 producer,
+  9.4k/s with 8).
+Both run in spawned processes, started together and timed over the same window length as the
+store scenario they are compared with.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import struct
+import time
+from pathlib import Path
+from typing import Any
+
+_CTX = mp.get_context("spawn")
+_LEN = struct.Struct(">i")
+
+
+def _raw_worker(path: str, body_size: int, duration_s: float, start: Any, out: Any) -> None:
+    record = _LEN.pack(body_size) + os.urandom(body_size)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    try:
+        start.wait()
+        count = 0
+        deadline = time.perf_counter() + duration_s
+        while True:
+            for _ in range(100):
+                os.write(fd, record)
+            count += 100
+            if time.perf_counter() >= deadline:
+                break
+        elapsed = duration_s + (time.perf_counter() - deadline)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    out.put((count, elapsed))
+
+
+def raw_append(tmp: Path, *, producers: int, body_size: int, duration_s: float) -> dict[str, float]:
+    """Aggregate records/s of ``producers`` processes each appending to its own file."""
+    start = _CTX.Event()
+    out = _CTX.Queue()
+    procs = [
+        _CTX.Process(target=_raw_worker, args=(str(tmp / f"raw{i}.log"), body_size, duration_s, start, out))
+        for i in range(producers)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(0.2)
+    start.set()
+    results = [out.get(timeout=duration_s + 60) for _ in procs]
+    for p in procs:
+        p.join()
+    msgs_per_s = sum(count / elapsed for count, elapsed in results)
+    return {"msgs_per_s": msgs_per_s, "mb_per_s": msgs_per_s * (body_size + 4) / 1e6}
+
+
+def _gc_flusher(path: str, pending: Any, dones: list[Any], work: Any, stop: Any) -> None:
+    fd = os.open(path, os.O_WRONLY)
+    try:
+        while not stop.is_set():
+            if not work.acquire(timeout=0.05):
+                continue
+            while work.acquire(False):  # coalesce every request posted so far into one flush
+                pass
+            waiting = [i for i in range(len(dones)) if pending[i]]
+            os.fdatasync(fd)
+            for i in waiting:
+                pending[i] = 0
+                dones[i].release()
+    finally:
+        os.close(fd)
+
+
+def _gc_producer(
+    index: int,
+    path: str,
+    body_size: int,
+    duration_s: float,
+    lock: Any,
+    pending: Any,
+    done: Any,
+    work: Any,
+    start: Any,
+    out: Any,
+) -> None:
+    record = _LEN.pack(body_size) + os.urandom(body_size)
+    fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+    latencies_ns: list[int] = []
+    try:
+        start.wait()
+        deadline = time.perf_counter() + duration_s
+        began = time.perf_counter()
+        while time.perf_counter() < deadline:
+            t0 = time.perf_counter_ns()
+            with lock:
+                os.write(fd, record)
+            pending[index] = 1
+            work.release()
+            done.acquire()
+            latencies_ns.append(time.perf_counter_ns() - t0)
+        elapsed = time.perf_counter() - began
+    finally:
+        os.close(fd)
+    out.put((len(latencies_ns), elapsed, latencies_ns))
+
+
+def group_commit(tmp: Path, *, producers: int, body_size: int, duration_s: float) -> dict[str, Any]:
+    """msgs/s and per-send latency (us) of the plain-Python group commit."""
+    path = tmp / "group_commit.log"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    os.posix_fallocate(fd, 0, 256 << 20)  # preallocated, as the store's files are
+    os.ftruncate(fd, 0)
+    os.close(fd)
+    lock = _CTX.Lock()
+    work = _CTX.Semaphore(0)
+    pending = _CTX.Array("b", producers, lock=False)
+    dones = [_CTX.Semaphore(0) for _ in range(producers)]
+    start, stop = _CTX.Event(), _CTX.Event()
+    out = _CTX.Queue()
+    flusher = _CTX.Process(target=_gc_flusher, args=(str(path), pending, dones, work, stop))
+    flusher.start()
+    procs = [
+        _CTX.Process(
+            target=_gc_producer,
+            args=(i, str(path), body_size, duration_s, lock, pending, dones[i], work, start, out),
+        )
+        for i in range(producers)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(0.2)
+    start.set()
+    results = [out.get(timeout=duration_s + 60) for _ in procs]
+    for p in procs:
+        p.join()
+    stop.set()
+    flusher.join()
+    path.unlink()
+    latencies_us = sorted(ns / 1000 for _c, _e, lat in results for ns in lat)
+    return {
+        "msgs_per_s": sum(count / elapsed for count, elapsed, _ in results),
+        "latency_us": percentiles(latencies_us),
+    }
+
+
+def percentiles(sorted_values: list[float]) -> dict[str, float]:
+    """p50/p99/p99.9 of already sorted samples (nearest rank)."""
+    if not sorted_values:
+        return {"p50": float("nan"), "p99": float("nan"), "p99.9": float("nan"), "samples": 0}
+    n = len(sorted_values)
+
+    def at(q: float) -> float:
+        return sorted_values[min(n - 1, int(q * n))]
+
+    return {"p50": at(0.50), "p99": at(0.99), "p99.9": at(0.999), "samples": n}

@@ -1,0 +1,157 @@
+"""Store-side workloads for `python -m bench`: producer and consumer processes on a real store.
+
+Every worker is a spawned process that attaches by shm name, as any client would. Producers
+wait on a shared start event so all of them (and the clock) start together; each checks every
+status it gets back and reports failures, so a figure is never bought with lost messages.
+"""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import queue
+import time
+from typing import Any
+
+CTX = mp.get_context("spawn")
+TOPIC = "BenchTopic"
+QUEUES = 8
+
+
+def put_worker(
+    name: str,
+    index: int,
+    body_size: int,
+    batch: int,
+    duration_s: float,
+    start: Any,
+    out: Any,
+    rate_per_s: float = 0.0,
+) -> None:
+    """Send for ``duration_s`` (``batch`` 1: `send`; more: `send_batch`) and report
+    (messages, failures, elapsed s, per-call latencies in ns). ``rate_per_s`` > 0 paces sends and
+    stamps each body with CLOCK_MONOTONIC for end-to-end latency."""
+    from rmq_mp.producer import Producer
+
+    body = os.urandom(body_size)
+    items = [
+        {"topic": TOPIC, "body": body, "queue_id": index % QUEUES} for _ in range(batch)
+    ]  # one queue: a MessageBatch
+    latencies_ns: list[int] = []
+    sent = failures = 0
+    assertions: list[str] = []
+    with Producer.attach(name) as producer:
+        for _ in range(20):  # warm up: first touch, imports, caches
+            producer.send(TOPIC, body, queue_id=index % QUEUES)
+        start.wait()
+        began = time.perf_counter()
+        deadline = began + duration_s
+        interval_s = 1 / rate_per_s if rate_per_s else 0.0
+        next_at = began
+        perf_ns = time.perf_counter_ns
+        while True:
+            now = time.perf_counter()
+            if now >= deadline:
+                break
+            if interval_s:
+                if now < next_at:
+                    time.sleep(max(0.0, next_at - now - 50e-6))
+                    continue
+                next_at += interval_s
+                stamp = time.monotonic_ns().to_bytes(8, "big")
+                result = producer.send(TOPIC, stamp + body[8:], queue_id=0)
+                sent += 1
+                failures += not result.ok
+                continue
+            t0 = perf_ns()
+            try:
+                if batch == 1:
+                    ok = producer.send(TOPIC, body, queue_id=index % QUEUES).ok
+                    failures += not ok
+                else:
+                    failures += sum(not r.ok for r in producer.send_batch(items))
+            except AssertionError as exc:  # an invariant check of the put path: count and report it
+                failures += batch
+                assertions.append(str(exc))
+            latencies_ns.append(perf_ns() - t0)
+            sent += batch
+        elapsed = time.perf_counter() - began
+    if assertions:
+        print(
+            f"producer {index}: {len(assertions)} put-path assertions failed, first: {assertions[0]}",
+            flush=True,
+        )
+    out.put((sent, failures, elapsed, latencies_ns))
+
+
+def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any) -> None:
+    """Long-poll queue 0 of the bench topic; report send-to-receive latencies in ns."""
+    from rmq_mp.consumer import Consumer
+
+    latencies_ns: list[int] = []
+    with Consumer.attach(store_dir, "bench-e2e") as consumer:
+        offset = consumer.pull(TOPIC, 0, 0, 1).max_offset if expected else 0
+        ready.set()
+        idle_deadline = time.monotonic() + 30
+        while len(latencies_ns) < expected and time.monotonic() < idle_deadline:
+            result = consumer.pull(TOPIC, 0, offset, 32, timeout_s=2)
+            now = time.monotonic_ns()
+            for message in result.messages:
+                latencies_ns.append(now - int.from_bytes(message.body[:8], "big"))
+            if result.messages:
+                offset = result.next_begin_offset
+                idle_deadline = time.monotonic() + 30
+    out.put(latencies_ns)
+
+
+def _collect(out: Any, procs: list[Any], timeout_s: float) -> list[Any]:
+    """One report per process; raises if a process died without reporting (no silent hang)."""
+    results: list[Any] = []
+    deadline = time.monotonic() + timeout_s
+    while len(results) < len(procs):
+        try:
+            results.append(out.get(timeout=1.0))
+        except queue.Empty:
+            dead = [p.exitcode for p in procs if p.exitcode not in (None, 0)]
+            if dead or time.monotonic() > deadline:
+                for p in procs:
+                    p.kill()
+                raise RuntimeError(f"bench workers failed (exit codes {dead}) or timed out") from None
+    for p in procs:
+        p.join(30)
+    return results
+
+
+def run_producers(
+    name: str,
+    *,
+    producers: int,
+    body_size: int,
+    batch: int,
+    duration_s: float,
+    rate_per_s: float = 0.0,
+    during: Any = None,
+) -> dict[str, Any]:
+    """Run ``producers`` put workers together; ``during(seconds)`` runs in this process meanwhile
+    (sampling lag, say). Returns msgs/s, MB/s, failures and the workers' latencies in us."""
+    start = CTX.Event()
+    out = CTX.Queue()
+    procs = [
+        CTX.Process(target=put_worker, args=(name, i, body_size, batch, duration_s, start, out, rate_per_s))
+        for i in range(producers)
+    ]
+    for p in procs:
+        p.start()
+    time.sleep(0.5)
+    start.set()
+    extra = during(duration_s) if during is not None else None
+    results = _collect(out, procs, duration_s + 120)
+    msgs_per_s = sum(sent / elapsed for sent, _f, elapsed, _l in results)
+    latencies_us = sorted(ns / 1000 for *_x, lat in results for ns in lat)
+    return {
+        "msgs_per_s": msgs_per_s,
+        "mb_per_s": msgs_per_s * body_size / 1e6,
+        "failures": sum(f for _s, f, _e, _l in results),
+        "latencies_us": latencies_us,
+        "during": extra,
+    }
