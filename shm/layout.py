@@ -11,6 +11,7 @@ Slot map (index x 8 = byte offset):
     32..63   put journal (undo record for a put interrupted by its producer's death)
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
+    272..399 operator fields (recovery time, metrics port)
 """
 
 from __future__ import annotations
@@ -114,6 +115,10 @@ JOURNAL_QUEUE_SLOT = _f("journal_queue_slot", 34, P, lock=Lock.PUT, doc="-1 when
 JOURNAL_QUEUE_OFFSET_BEFORE = _f("journal_queue_offset_before", 35, P, lock=Lock.PUT)
 JOURNAL_WROTE_AFTER = _f("journal_wrote_after", 36, P, lock=Lock.PUT, doc="end the put meant to reach")
 
+# Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
+RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
+METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 
 POOL_BASE = 64
@@ -159,3 +164,4 @@ W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
 
 TABLE_SLOTS = WORKER_BASE + len(ROLES) * WORKER_STRIDE
 TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096
+assert max(f.index for f in FIELDS) * 8 < TABLE_SIZE, "a field lies beyond the table"

@@ -6,9 +6,12 @@ import json
 from typing import Any
 
 from rmq_mp.config import MessageStoreConfig
+from rmq_mp.errors import ShmAttachError
 from rmq_mp.producer import FLAG_NAMES
 from shm import layout
+from shm import queue_offsets as qo
 from shm.layout import Role
+from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import now_ms
 from shm.store_shm import StoreShm
@@ -50,9 +53,11 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                 "restarts": t.get(layout.worker_field(role, "restarts")),
                 "heartbeat_age_ms": now_ms() - t.get(layout.worker_field(role, "heartbeat_ms")),
                 "errors": t.get(layout.worker_field(role, "errors")),
+                "work_count": t.get(layout.worker_field(role, "work_count")),
             }
         flags = snap["running_flags"]
         return {
+            **_ops_sections(shm, snap),
             "store": config.store_path_root_dir,
             "shm_name": names.base,
             "state": STATE_NAMES.get(snap["state"], "?"),
@@ -98,6 +103,46 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
         shm.close()
 
 
+def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
+    """Producer histograms, consumer lag per group, recovery time, metrics port."""
+    metrics: dict[str, Any] = {}
+    try:
+        table = MetricsTable.attach(shm.names.metrics)
+    except ShmAttachError:  # a store started before the segment existed
+        pass
+    else:
+        try:
+            totals = table.totals()
+        finally:
+            table.close()
+        metrics = {
+            "puts": totals.puts,
+            "put_failures": totals.put_failures,
+            "put_latency_avg_us": totals.latency.sum_us // max(totals.latency.count, 1),
+            "lock_hold_avg_us": totals.lock_hold.sum_us // max(totals.lock_hold.count, 1),
+            "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
+        }
+    return {
+        "generation": snap["generation"],
+        "recovery_ms": snap["recovery_ms"],
+        "metrics_port": snap["metrics_port"],
+        "producer_metrics": metrics,
+        "consumer_groups": consumer_lags(shm),
+    }
+
+
+def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
+    """Per group and topic: committed offsets against the dispatched (broker) offsets."""
+    max_offsets = {(t, q): shm.queues.get(slot, qo.DISPATCHED) for t, q, slot in shm.queues.queues()}
+    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    for key, queue_id, slot in shm.groups.queues():
+        topic, _, group = key.partition("@")
+        row = rows.setdefault((group, topic), {"group": group, "topic": topic, "queues": 0, "lag": 0})
+        row["queues"] += 1
+        row["lag"] += max(max_offsets.get((topic, queue_id), 0) - shm.groups.get(slot, qo.COMMITTED), 0)
+    return [rows[k] for k in sorted(rows)]
+
+
 def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     status = collect_status(config)
     if as_json:
@@ -126,4 +171,17 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
         )
     c = status["counters"]
     print("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
+    m = status["producer_metrics"]
+    if m:
+        print(
+            f"producers put latency avg {m['put_latency_avg_us']} us  lock hold avg {m['lock_hold_avg_us']} us  "
+            f"holds over 500 ms {m['lock_holds_over_500ms']}  failures {m['put_failures']}"
+        )
+    for g in status["consumer_groups"]:
+        print(f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s)")
+    port = status["metrics_port"]
+    print(
+        f"recovery {status['recovery_ms']} ms   metrics "
+        + (f"http://127.0.0.1:{port}/metrics" if port else "off (metricsPort=0)")
+    )
     return 0
