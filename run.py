@@ -9,7 +9,6 @@ python run.py demo   [--conf ...] [--store DIR] [--messages N] the store as a li
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consumer import Consumer
 from rmq_mp.errors import StoreError
+from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.producer import Producer
 from shm import layout
 from shm.layout import Role
@@ -88,10 +88,11 @@ def wait_running(config: MessageStoreConfig, process: subprocess.Popen[bytes], t
 
 
 def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
-    """Start the supervisor detached, logging to <store>/logs/supervisor.log; return once running."""
-    logs = Path(config.store_path_root_dir) / "logs"
+    """Start the supervisor detached; return once running. It logs to <store>/logs/supervisor.log
+    (rotated); its stdout and stderr (a traceback, were it to crash) go to supervisor.out."""
+    logs = log_dir(config.store_path_root_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    with (logs / "supervisor.log").open("ab") as out:
+    with (logs / "supervisor.out").open("ab") as out:
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -105,7 +106,10 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     if not wait_running(config, process):
-        print(f"run.py: the store did not start; see {logs / 'supervisor.log'}", file=sys.stderr)
+        print(
+            f"run.py: the store did not start; see {logs / 'supervisor.log'} and {logs / 'supervisor.out'}",
+            file=sys.stderr,
+        )
         return 1
     print(
         f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
@@ -160,10 +164,7 @@ def main(argv: list[str] | None = None) -> int:
     demo_parser = sub.add_parser("demo", parents=[common], help="start the store, produce, consume, stop")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_process_logging(None, "run.py")
     try:
         config = MessageStoreConfig.from_file(args.conf)
         if args.store is not None:
@@ -171,6 +172,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start" and args.daemon:
             return start_daemon(args.conf, config)
         if args.command == "start":
+            setup_process_logging(config.store_path_root_dir, "supervisor")
             supervisor = Supervisor(config)
             print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
             code = supervisor.run()
