@@ -22,7 +22,6 @@ from rmq_mp.admin import iso, open_store, to_json_line
 from rmq_mp.errors import StoreError
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
-from rmq_mp.producer import FLAG_NAMES
 from rmq_mp.running_store import RunningStore
 from rmq_mp.store_status import collect_status, disk_used_ratio
 from rmq_mp.topics import TopicConfig, TopicConfigManager
@@ -328,7 +327,7 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
             "oldOffset": "Old",
             "newOffset": "New",
         },
-        footer=f"reset to {iso(timestamp_ms)}",
+        footer=f"reset to {iso(timestamp_ms) if timestamp_ms > 0 else 'the first message'}",
     )
     return 0
 
@@ -410,9 +409,7 @@ def print_store_status(status: dict[str, Any]) -> None:
     )
     print(f"{'disk used:':<22}{status['disk_used_ratio']:.0%}")
     flags = status["running_flags"]
-    print(
-        f"{'running flags:':<22}{' '.join(flags) if flags else 'none (' + ', '.join(FLAG_NAMES.values()) + ' clear)'}"
-    )
+    print(f"{'running flags:':<22}{' '.join(flags) if flags else 'none'}")
     print(f"{'recovery:':<22}{status['recovery_ms']} ms")
 
 
