@@ -2,7 +2,7 @@
 
 python run.py start  [--conf conf/broker.conf] [--store DIR]   run the store (foreground)
 python run.py stop   [--conf ...] [--store DIR]                stop it cleanly
-python run.py status [--conf ...] [--store DIR] [--json]       workers, offsets, pool, flags
+python run.py status [--conf ...] [--store DIR] [--json|--watch] workers, offsets, pool, flags
 python run.py demo   [--conf ...] [--store DIR] [--messages N] the store as a library
 """
 
@@ -27,6 +27,7 @@ from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
 from workers.status import collect_status, print_status
 from workers.supervisor import Supervisor
+from workers.watch import watch
 
 DEFAULT_CONF = Path(__file__).resolve().parent / "conf" / "broker.conf"
 
@@ -117,17 +118,6 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     return 0
 
 
-def watch_status(config: MessageStoreConfig) -> int:
-    """Redraw the status every second until Ctrl-C (or until the store stops)."""
-    try:
-        while True:
-            print("\033[H\033[2J", end="")
-            print_status(config, as_json=False)
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        return 0
-
-
 def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
     """SIGTERM the store's supervisor and wait for it to finish its clean shutdown."""
     names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
@@ -160,7 +150,11 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", parents=[common], help="stop a running store cleanly")
     status_parser = sub.add_parser("status", parents=[common], help="show a running store")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
-    status_parser.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
+    status_parser.add_argument(
+        "--watch", action="store_true", help="live view: throughput, lags, workers, pool, disk (Ctrl-C ends)"
+    )
+    status_parser.add_argument("--interval", type=float, default=1.0, help="--watch refresh period, seconds")
+    status_parser.add_argument("--count", type=int, default=0, help="--watch: stop after N refreshes")
     demo_parser = sub.add_parser("demo", parents=[common], help="start the store, produce, consume, stop")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
@@ -183,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stop":
             return stop(config)
         if args.command == "status" and args.watch:
-            return watch_status(config)
+            return watch(config, interval_s=args.interval, count=args.count)
         if args.command == "status":
             return print_status(config, as_json=args.json)
         return demo(args.conf, config, args.messages)

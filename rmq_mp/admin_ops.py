@@ -20,6 +20,7 @@ from typing import Any
 
 from rmq_mp.admin import iso, open_store, to_json_line
 from rmq_mp.errors import StoreError
+from rmq_mp.message import MessageExt
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.running_store import RunningStore
@@ -413,6 +414,59 @@ def print_store_status(status: dict[str, Any]) -> None:
     print(f"{'recovery:':<22}{status['recovery_ms']} ms")
 
 
+# ---------------------------------------------------------------------------- produce / consume
+
+
+def send_message(args: argparse.Namespace) -> int:
+    """mqadmin sendMessage: put ``--count`` copies of a text body from this process."""
+    from rmq_mp.producer import Producer
+
+    _need_running(args, "sendMessage")
+    with Producer.attach(args.name) as producer:
+        results = producer.send_batch(
+            dict(topic=args.topic, body=args.body.encode("utf-8"), tags=args.tags, keys=args.keys)
+            for _ in range(args.count)
+        )
+    rows = [
+        {
+            "status": r.status.name,
+            "msgId": r.msg_id,
+            "queueId": r.queue_id,
+            "queueOffset": r.queue_offset,
+            "reason": r.reason,
+        }
+        for r in results
+    ]
+    emit(
+        rows,
+        as_json=args.json,
+        columns={"status": "Status", "msgId": "MsgId", "queueId": "QID", "queueOffset": "QueueOffset"},
+    )
+    return 0 if all(r.ok for r in results) else 1
+
+
+def consume_message(args: argparse.Namespace) -> int:
+    """mqadmin consumeMessage: long-poll up to ``--count`` messages of a topic for a group from
+    its committed offsets (0 for a new group), then commit how far it read."""
+    from rmq_mp.admin import print_messages
+    from rmq_mp.consumer import Consumer
+
+    _need_running(args, "consumeMessage")
+    with Consumer.attach(args.name, args.group) as consumer:
+        consumer.subscribe(args.topic, args.tags or "*")
+        messages: list[MessageExt] = []
+        deadline = time.monotonic() + args.timeout
+        while len(messages) < args.count and (remaining := deadline - time.monotonic()) > 0:
+            messages.extend(consumer.poll(timeout_s=remaining, max_msgs=args.count - len(messages)))
+        consumer.commit()
+    return print_messages(messages, as_json=args.json)
+
+
+def _need_running(args: argparse.Namespace, command: str) -> None:
+    if not _running(args):
+        raise StoreError(f"{command} needs a running store: --name <shm name or store directory>")
+
+
 # ---------------------------------------------------------------------------- parsers
 
 
@@ -432,6 +486,8 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "consumerProgress": consumer_progress,
     "resetOffsetByTime": reset_offset_by_time,
     "storeStatus": store_status,
+    "sendMessage": send_message,
+    "consumeMessage": consume_message,
 }
 
 
@@ -449,3 +505,15 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", "-t", required=True)
     p.add_argument("--timestamp", "-s", required=True, help="ms since the epoch, 'now' or ISO 8601")
     sub.add_parser("storeStatus", parents=[common], help="flush progress, pointers, pool, disk, flags")
+    p = sub.add_parser("sendMessage", parents=[common], help="send a text message to a running store")
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--body", "-p", required=True, help="message body (UTF-8 text)")
+    p.add_argument("--keys", "-k")
+    p.add_argument("--tags", "-c")
+    p.add_argument("--count", type=_queue_count, default=1, help="copies to send (1..1024)")
+    p = sub.add_parser("consumeMessage", parents=[common], help="read a topic as a consumer group, commit")
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--group", "-g", default="rmq-admin")
+    p.add_argument("--tags", "-c", help="tag expression, e.g. 'TagA || TagB'")
+    p.add_argument("--count", type=int, default=32, help="most messages to read")
+    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for messages")
