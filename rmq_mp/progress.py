@@ -85,7 +85,10 @@ def progress(
         TimeElapsedColumn(),
         TimeRemainingColumn(),
     )
-    with Progress(*columns, console=console, transient=False) as bars:
+    # stdout stays the caller's (printMsg writes its JSON lines there while the bar runs)
+    with Progress(
+        *columns, console=console, transient=False, redirect_stdout=False, redirect_stderr=False
+    ) as bars:
         task = bars.add_task(description, total=total)
         bar = Bar(bars, task)
         try:

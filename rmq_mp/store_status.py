@@ -150,12 +150,21 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
 
 
 def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
-    """Per group and topic: committed offsets against the dispatched (broker) offsets."""
-    max_offsets = {(t, q): shm.queues.get(slot, qo.DISPATCHED) for t, q, slot in shm.queues.queues()}
-    rows: dict[tuple[str, str], dict[str, Any]] = {}
+    """Per group and topic: messages dispatched but not committed, over every queue of the topic
+    (a queue the group never committed counts from its min offset), as consumerProgress's Diff."""
+    by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+    for topic, queue_id, slot in shm.queues.queues():
+        by_topic.setdefault(topic, {})[queue_id] = (
+            shm.queues.get(slot, qo.MIN_OFFSET),
+            shm.queues.get(slot, qo.DISPATCHED),
+        )
+    committed: dict[tuple[str, str], dict[int, int]] = {}
     for key, queue_id, slot in shm.groups.queues():
         topic, _, group = key.partition("@")
-        row = rows.setdefault((group, topic), {"group": group, "topic": topic, "queues": 0, "lag": 0})
-        row["queues"] += 1
-        row["lag"] += max(max_offsets.get((topic, queue_id), 0) - shm.groups.get(slot, qo.COMMITTED), 0)
-    return [rows[k] for k in sorted(rows)]
+        committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+    rows = []
+    for (group, topic), offsets in sorted(committed.items()):
+        queues = by_topic.get(topic, {})
+        lag = sum(max(high - max(offsets.get(q, -1), low), 0) for q, (low, high) in queues.items())
+        rows.append({"group": group, "topic": topic, "queues": len(queues), "lag": lag})
+    return rows
