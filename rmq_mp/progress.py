@@ -93,5 +93,7 @@ def progress(
         bar = Bar(bars, task)
         try:
             yield bar
-        finally:
-            bars.update(task, completed=bar.completed if total is None else max(bar.completed, 0))
+        except BaseException:
+            bars.update(task, completed=bar.completed)  # show where it stopped
+            raise
+        bars.update(task, completed=bar.completed if total is None else total)
