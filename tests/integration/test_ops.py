@@ -348,3 +348,31 @@ def test_status_watch_renders_live_view(tmp_path: Path) -> None:
     )  # fmt: skip
     assert stopped.returncode == 2
     assert "is the store running?" in stopped.stdout + stopped.stderr
+
+
+def test_operator_commands_name_the_store_and_the_problem(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    missing = f"rmq_missing_{tmp_path.name}"[:60]
+    for command in (
+        ["topicList"],
+        ["consumerProgress"],
+        ["storeStatus"],
+        ["sendMessage", "-t", "T", "-p", "x"],
+    ):
+        code, out, err = admin(capsys, *command, "--name", missing)
+        assert code == 2
+        assert out == ""
+        assert err.startswith(f"rmq-admin: error: {missing}: ")
+        assert "is the store running?" in err
+    code, _, err = admin(
+        capsys, "resetOffsetByTime", "--name", missing, "-g", "g", "-t", "T", "-s", "yesterday"
+    )
+    assert code == 2
+    assert "--timestamp 'yesterday': expected milliseconds since the epoch, 'now' or an ISO 8601 time" in err
+    code, _, err = admin(capsys, "storeStatus", "--store", str(tmp_path / "nowhere"))
+    assert code == 2
+    assert err == f"rmq-admin: error: {tmp_path / 'nowhere'}: no such store directory\n"
+    with pytest.raises(SystemExit):
+        main(["updateTopic", "--name", missing, "--topic", "T", "-r", "0"])
+    assert "queue count must be 1..1024, got 0" in capsys.readouterr().err
