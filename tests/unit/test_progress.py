@@ -82,3 +82,19 @@ def test_print_msg_draws_a_bar_on_a_terminal(rocketmq_fixtures: Path) -> None:
     os.close(master)
     assert b"printMsg" in drawn
     assert b"\x1b[" in drawn  # drawn with terminal control sequences
+
+
+def test_audit_digests_show_progress_when_asked(
+    small_config, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
+) -> None:
+    from rmq_mp.audit import digest_report
+
+    with MessageStore.open(config=small_config) as store:
+        for i in range(50):
+            store.put_message(Message(topic="T", body=b"y%d" % i))
+    monkeypatch.setenv("RMQ_PROGRESS", "1")
+    with MessageStore.open(config=small_config, read_only=True) as store:
+        capfd.readouterr()
+        lines = digest_report(store)
+    assert lines[-1].startswith("TOTAL messages=50 mismatches=0")
+    assert "audit: queue digests" in capfd.readouterr().err
