@@ -170,9 +170,16 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
         if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
             # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
             index_from = max(index.end_phy_offset(), commit_log.min_offset())
-            for _phy, req in commit_log.iter_dispatch(index_from, check_crc=False, end_offset=dispatch_from):
-                if req.success and req.size > 0:
-                    index.build_index(req)
+            log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
+            with progress(
+                "recovery: rebuilding index", total=dispatch_from - index_from, unit="bytes"
+            ) as bar:
+                for phy, req in commit_log.iter_dispatch(
+                    index_from, check_crc=False, end_offset=dispatch_from
+                ):
+                    bar.update(phy - index_from)
+                    if req.success and req.size > 0:
+                        index.build_index(req)
         log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
         with progress("recovery: dispatching", total=max(end - dispatch_from, 0), unit="bytes") as bar:
             for phy, req in commit_log.iter_dispatch(dispatch_from, check_crc=False):
