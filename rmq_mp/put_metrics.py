@@ -28,7 +28,6 @@ log = logging.getLogger("rmq_mp.producer")
 
 class _Sender(Protocol):
     store: RunningStore
-    lock: PutLock
 
 
 class _Result(Protocol):
@@ -92,7 +91,11 @@ def timed_send(method: Callable[[_S, Any], list[_R]]) -> Callable[[_S, Any], lis
 
     @functools.wraps(method)
     def wrapper(self: _S, messages: Any) -> list[_R]:
-        self.lock.last_hold_ns = -1
+        # The hold time comes from `PutLock.last_hold_ns`; a put path with another lock still
+        # gets its latencies recorded, without hold times.
+        lock = getattr(self, "lock", None)
+        if isinstance(lock, PutLock):
+            lock.last_hold_ns = -1
         started_ns = time.perf_counter_ns()
         results = method(self, messages)
         latency_us = (time.perf_counter_ns() - started_ns) // 1000
@@ -100,7 +103,7 @@ def timed_send(method: Callable[[_S, Any], list[_R]]) -> Callable[[_S, Any], lis
         found = recorder.slot_for(self.store)
         if found is not None:
             table, slot = found
-            hold_ns = self.lock.last_hold_ns
+            hold_ns = lock.last_hold_ns if isinstance(lock, PutLock) else -1
             table.record(
                 slot,
                 puts=len(results),
