@@ -6,10 +6,12 @@
     rmq-admin queryMsgByOffset --topic T --queue Q --offset N
     rmq-admin topicStatus      [--topic T]                          per queue min/max offset, last update
     rmq-admin topicList                                              topics, queues, read/write queue counts
-    rmq-admin updateTopic      --topic T (--queues N | -r N -w N)    queue counts in config/topics.json
+    rmq-admin updateTopic      --topic T [-r N] [-w N] [-p PERM]     queue counts in config/topics.json
     rmq-admin consumerProgress [--group G]                           per group and queue: offsets and lag
     rmq-admin resetOffsetByTime --group G --topic T --timestamp MS|ISO|now
     rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
+    rmq-admin sendMessage      --topic T --body TEXT [--keys K] [--tags X] [--count N]   (running store)
+    rmq-admin consumeMessage   --topic T [--group G] [--count N] [--timeout S]          (running store)
 
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
 store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared

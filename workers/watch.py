@@ -8,6 +8,7 @@ lags, consumer lag per group, worker health and restarts, pool occupancy and the
 
 from __future__ import annotations
 
+import sys
 import time
 from typing import Any
 
@@ -100,7 +101,7 @@ def watch(
     try:
         status = collect_status(config)
     except (ShmAttachError, StoreError) as exc:
-        console.print(f"run.py: error: {exc}")
+        print(f"run.py: error: {exc}", file=sys.stderr)
         return 2
     try:
         with Live(render(status, None, 0), console=console, auto_refresh=False) as live:

@@ -347,7 +347,7 @@ def test_status_watch_renders_live_view(tmp_path: Path) -> None:
         cwd=ROOT, capture_output=True, text=True, timeout=120,
     )  # fmt: skip
     assert stopped.returncode == 2
-    assert "is the store running?" in stopped.stdout + stopped.stderr
+    assert "is the store running?" in stopped.stderr
 
 
 def test_operator_commands_name_the_store_and_the_problem(
