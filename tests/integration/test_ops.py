@@ -376,3 +376,19 @@ def test_operator_commands_name_the_store_and_the_problem(
     with pytest.raises(SystemExit):
         main(["updateTopic", "--name", missing, "--topic", "T", "-r", "0"])
     assert "queue count must be 1..1024, got 0" in capsys.readouterr().err
+
+
+def test_metrics_show_the_pool_and_commits(tmp_path: Path) -> None:
+    port = free_port()
+    settings = {"metricsPort": str(port), "transientStorePoolEnable": "true", "transientStorePoolSize": "2"}
+    with running_service(tmp_path, **settings) as service:
+        assert scrape(port)["rmq_pool_buffers"] == 2
+        with Producer.attach(service.names.base) as producer:
+            assert all(r.ok for r in producer.send_batch(dict(topic="P", body=b"z" * 500) for _ in range(50)))
+        wrote = service.read(layout.WROTE_POSITION)
+        wait_until(lambda: service.read(layout.COMMITTED_POSITION) >= wrote, 30, "the committer")
+        after = scrape(port)
+        assert after["rmq_commit_total"] >= 1
+        assert after["rmq_commit_lag_bytes"] == 0
+        assert after["rmq_pool_buffers_in_use"] == 1
+        assert after['rmq_worker_restarts_total{role="committer"}'] == 0
