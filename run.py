@@ -2,14 +2,13 @@
 
 python run.py start  [--conf conf/broker.conf] [--store DIR]   run the store (foreground)
 python run.py stop   [--conf ...] [--store DIR]                stop it cleanly
-python run.py status [--conf ...] [--store DIR] [--json]       workers, offsets, pool, flags
+python run.py status [--conf ...] [--store DIR] [--json|--watch] workers, offsets, pool, flags
 python run.py demo   [--conf ...] [--store DIR] [--messages N] the store as a library
 """
 
 from __future__ import annotations
 
 import argparse
-import logging
 import os
 import signal
 import subprocess
@@ -20,6 +19,7 @@ from pathlib import Path
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consumer import Consumer
 from rmq_mp.errors import StoreError
+from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.producer import Producer
 from shm import layout
 from shm.layout import Role
@@ -27,6 +27,7 @@ from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
 from workers.status import collect_status, print_status
 from workers.supervisor import Supervisor
+from workers.watch import watch
 
 DEFAULT_CONF = Path(__file__).resolve().parent / "conf" / "broker.conf"
 
@@ -88,10 +89,11 @@ def wait_running(config: MessageStoreConfig, process: subprocess.Popen[bytes], t
 
 
 def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
-    """Start the supervisor detached, logging to <store>/logs/supervisor.log; return once running."""
-    logs = Path(config.store_path_root_dir) / "logs"
+    """Start the supervisor detached; return once running. It logs to <store>/logs/supervisor.log
+    (rotated); its stdout and stderr (a traceback, were it to crash) go to supervisor.out."""
+    logs = log_dir(config.store_path_root_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    with (logs / "supervisor.log").open("ab") as out:
+    with (logs / "supervisor.out").open("ab") as out:
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -105,23 +107,15 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     if not wait_running(config, process):
-        print(f"run.py: the store did not start; see {logs / 'supervisor.log'}", file=sys.stderr)
+        print(
+            f"run.py: the store did not start; see {logs / 'supervisor.log'} and {logs / 'supervisor.out'}",
+            file=sys.stderr,
+        )
         return 1
     print(
         f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
     )
     return 0
-
-
-def watch_status(config: MessageStoreConfig) -> int:
-    """Redraw the status every second until Ctrl-C (or until the store stops)."""
-    try:
-        while True:
-            print("\033[H\033[2J", end="")
-            print_status(config, as_json=False)
-            time.sleep(1.0)
-    except KeyboardInterrupt:
-        return 0
 
 
 def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
@@ -156,14 +150,15 @@ def main(argv: list[str] | None = None) -> int:
     sub.add_parser("stop", parents=[common], help="stop a running store cleanly")
     status_parser = sub.add_parser("status", parents=[common], help="show a running store")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
-    status_parser.add_argument("--watch", action="store_true", help="refresh every second until Ctrl-C")
+    status_parser.add_argument(
+        "--watch", action="store_true", help="live view: throughput, lags, workers, pool, disk (Ctrl-C ends)"
+    )
+    status_parser.add_argument("--interval", type=float, default=1.0, help="--watch refresh period, seconds")
+    status_parser.add_argument("--count", type=int, default=0, help="--watch: stop after N refreshes")
     demo_parser = sub.add_parser("demo", parents=[common], help="start the store, produce, consume, stop")
     demo_parser.add_argument("--messages", type=int, default=10_000, help="messages to write")
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    setup_process_logging(None, "run.py")
     try:
         config = MessageStoreConfig.from_file(args.conf)
         if args.store is not None:
@@ -171,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start" and args.daemon:
             return start_daemon(args.conf, config)
         if args.command == "start":
+            setup_process_logging(config.store_path_root_dir, "supervisor")
             supervisor = Supervisor(config)
             print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
             code = supervisor.run()
@@ -181,7 +177,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "stop":
             return stop(config)
         if args.command == "status" and args.watch:
-            return watch_status(config)
+            return watch(config, interval_s=args.interval, count=args.count)
         if args.command == "status":
             return print_status(config, as_json=args.json)
         return demo(args.conf, config, args.messages)

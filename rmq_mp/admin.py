@@ -4,8 +4,15 @@
     rmq-admin queryMsgByKey    --topic T --key K [--max N] [--begin MS] [--end MS]
     rmq-admin queryMsgById     --id MSGID
     rmq-admin queryMsgByOffset --topic T --queue Q --offset N
-    rmq-admin topicStatus      [--topic T]
-    rmq-admin deleteExpiredCommitLog --name SHM   (a running store: the cleaner runs now)
+    rmq-admin topicStatus      [--topic T]                          per queue min/max offset, last update
+    rmq-admin topicList                                              topics, queues, read/write queue counts
+    rmq-admin updateTopic      --topic T [-r N] [-w N] [-p PERM]     queue counts in config/topics.json
+    rmq-admin consumerProgress [--group G]                           per group and queue: offsets and lag
+    rmq-admin resetOffsetByTime --group G --topic T --timestamp MS|ISO|now
+    rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
+    rmq-admin sendMessage      --topic T --body TEXT [--keys K] [--tags X] [--count N]   (running store)
+    rmq-admin consumeMessage   --topic T [--group G] [--count N] [--timeout S]          (running store)
+    rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
 
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
 store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
@@ -36,6 +43,7 @@ from rmq_mp.config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import ConfigError, InvalidMessageIdError, StoreError
 from rmq_mp.message import MessageExt, format_host
 from rmq_mp.message_store import MAX_TIMESTAMP, MessageStore
+from rmq_mp.progress import Bar, progress
 
 
 def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
@@ -210,17 +218,26 @@ def delete_expired_commit_log(args: argparse.Namespace) -> int:
 def run(args: argparse.Namespace) -> int:
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
+
+    from rmq_mp.admin_ops import COMMANDS
+
+    if args.command in COMMANDS:
+        return COMMANDS[args.command](args)
     with open_store(args) as store:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
-            return print_messages(
-                (
-                    m
-                    for m in store.iter_messages()
-                    if begin <= m.store_timestamp <= end and (args.topic is None or m.topic == args.topic)
-                ),
-                as_json=args.json,
-            )
+            first = store.min_phy_offset()
+            with progress("printMsg", total=store.max_phy_offset() - first, unit="bytes") as bar:
+                return print_messages(
+                    (
+                        m
+                        for m in store.iter_messages()
+                        if _seen(bar, m.commit_log_offset - first)
+                        and begin <= m.store_timestamp <= end
+                        and (args.topic is None or m.topic == args.topic)
+                    ),
+                    as_json=args.json,
+                )
         if args.command == "queryMsgByKey":
             end = args.end if args.end is not None else MAX_TIMESTAMP
             return print_messages(
@@ -241,6 +258,12 @@ def run(args: argparse.Namespace) -> int:
             print_detail(result.messages[0], as_json=args.json)
             return 0
         return topic_status(store, args.topic, as_json=args.json)
+
+
+def _seen(bar: Bar, done: int) -> bool:
+    """Advance the bar in a generator's filter (always True)."""
+    bar.update(done)
+    return True
 
 
 def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> int:
@@ -314,6 +337,9 @@ def build_parser() -> argparse.ArgumentParser:
         help="running store: let the cleaner delete expired commit-log files now, whatever the hour",
     )
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the cleaner's run")
+    from rmq_mp.admin_ops import add_parsers
+
+    add_parsers(sub, common)
     return parser
 
 

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from rmq_mp.errors import StoreError
 from rmq_mp.message_store import MessageStore
+from rmq_mp.progress import progress
 
 _DIGEST_HEAD = struct.Struct(">qi")
 
@@ -38,15 +39,18 @@ class QueueDigest:
 
 
 def queue_digests(store: MessageStore) -> Iterator[QueueDigest]:
-    """Digests of every non-empty queue, in Java topic order then queue id."""
-    for topic in store.topics():
-        for status in store.queue_status(topic):
-            if status.max_offset <= status.min_offset:
-                continue
+    """Digests of every non-empty queue, in Java topic order then queue id (a progress bar over
+    the entries when stderr is a terminal)."""
+    queues = [s for topic in store.topics() for s in store.queue_status(topic) if s.max_offset > s.min_offset]
+    total = sum(s.max_offset - s.min_offset for s in queues)
+    with progress("audit: queue digests", total=total) as bar:
+        for status in queues:
+            topic = status.topic
             cq = store.find_consume_queue(topic, status.queue_id)
             h = hashlib.sha256()
             count = mismatches = 0
             for queue_offset in range(status.min_offset, status.max_offset):
+                bar.advance()
                 entry = cq.get_entry(queue_offset)
                 try:
                     if entry is None:

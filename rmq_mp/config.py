@@ -388,6 +388,8 @@ class MessageStoreConfig:
     # rmq-mp addition: prefix of the store's shared-memory and semaphore names; "" = derived from
     # the store path.
     shm_name: str = ""
+    # rmq-mp addition: port of the supervisor's Prometheus endpoint on 127.0.0.1; 0 = off.
+    metrics_port: int = _prop(0, ge=0, le=65535)
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.

@@ -27,6 +27,7 @@ from rmq_mp import record
 from rmq_mp.commit_log import AppendMessageResult
 from rmq_mp.disk import not_writeable_reason
 from rmq_mp.mapped_file import MappedFile
+from rmq_mp.put_metrics import timed_send
 from rmq_mp.running_store import RunningStore
 from rmq_mp.status import AppendMessageStatus, PutMessageStatus, RunningFlags
 from shm import flush_requests as fr
@@ -171,6 +172,7 @@ class Producer:
             ]
         )[0]
 
+    @timed_send
     def send_batch(self, messages: Iterable[m.Message | Mapping[str, Any]]) -> list[SendResult]:
         """Store many messages under one put-lock hold (each keeps its own queue offset)."""
         pending: list[_Pending] = []

@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from rmq_mp import record
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.progress import progress
 
 if TYPE_CHECKING:
     from rmq_mp.message_store import MessageStore
@@ -73,18 +75,28 @@ def _find_valid_end(store: MessageStore, start_offset: int) -> int:
     commit_log = store.commit_log
     valid_end = start_offset
     last: tuple[int, record.DispatchRequest] | None = None
-    for phy, req in commit_log.iter_dispatch(start_offset, check_crc=store.config.check_crc_on_recover):
-        if req.success:
-            if req.size:
-                last = (phy, req)
-            valid_end = commit_log.roll_next_file(phy) if req.size == 0 else phy + req.size
-            continue
-        if last is not None and last[1].ends_in_nul and last[0] + last[1].size == valid_end:
-            # The final record's properties end in NUL: its tail was zero-filled by a torn write.
-            _report_dropped(store, last[0], "last record's properties end in zero bytes: a torn tail")
-            return last[0]
-        _report_dropped(store, phy, req.reason)
-        break
+    file_size = store.config.mapped_file_size_commit_log
+    scanned_file = -1
+    total = commit_log.max_offset() - start_offset
+    with progress("recovery: checking commit log", total=total, unit="bytes") as bar:
+        for phy, req in commit_log.iter_dispatch(start_offset, check_crc=store.config.check_crc_on_recover):
+            bar.update(phy - start_offset)
+            if phy // file_size != scanned_file:  # RocketMQ: "recover next physics file"
+                scanned_file = phy // file_size
+                log.info(
+                    "recovery: checking commit-log file %s", offset_to_file_name(scanned_file * file_size)
+                )
+            if req.success:
+                if req.size:
+                    last = (phy, req)
+                valid_end = commit_log.roll_next_file(phy) if req.size == 0 else phy + req.size
+                continue
+            if last is not None and last[1].ends_in_nul and last[0] + last[1].size == valid_end:
+                # The final record's properties end in NUL: its tail was zero-filled by a torn write.
+                _report_dropped(store, last[0], "last record's properties end in zero bytes: a torn tail")
+                return last[0]
+            _report_dropped(store, phy, req.reason)
+            break
     return valid_end
 
 
@@ -122,6 +134,13 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
     else:
         start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
         scan_from = files[start_index].file_from_offset
+        log.info(
+            "recovery (%s exit): scanning %d of %d commit-log file(s) from offset %d",
+            "normal" if last_exit_ok else "abnormal",
+            len(files) - start_index,
+            len(files),
+            scan_from,
+        )
         end = _find_valid_end(store, scan_from)
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
@@ -151,13 +170,23 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
         if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
             # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
             index_from = max(index.end_phy_offset(), commit_log.min_offset())
-            for _phy, req in commit_log.iter_dispatch(index_from, check_crc=False, end_offset=dispatch_from):
+            log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
+            with progress(
+                "recovery: rebuilding index", total=dispatch_from - index_from, unit="bytes"
+            ) as bar:
+                for phy, req in commit_log.iter_dispatch(
+                    index_from, check_crc=False, end_offset=dispatch_from
+                ):
+                    bar.update(phy - index_from)
+                    if req.success and req.size > 0:
+                        index.build_index(req)
+        log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
+        with progress("recovery: dispatching", total=max(end - dispatch_from, 0), unit="bytes") as bar:
+            for phy, req in commit_log.iter_dispatch(dispatch_from, check_crc=False):
+                bar.update(phy - dispatch_from)
                 if req.success and req.size > 0:
-                    index.build_index(req)
-        for _phy, req in commit_log.iter_dispatch(dispatch_from, check_crc=False):
-            if req.success and req.size > 0:
-                store.dispatcher.dispatch(req)
-                dispatched += 1
+                    store.dispatcher.dispatch(req)
+                    dispatched += 1
     store.recover_topic_queue_table()
     report = RecoveryReport(
         abnormal=not last_exit_ok,

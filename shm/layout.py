@@ -12,6 +12,7 @@ Slot map (index x 8 = byte offset):
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
+    272..399 operator fields (recovery time, metrics port)
 """
 
 from __future__ import annotations
@@ -163,6 +164,10 @@ TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
     OUTCOME_DELETE_FAILED,
 ) = range(9)
 
+# Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
+RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
+METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 
 POOL_BASE = 64
@@ -208,3 +213,4 @@ W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
 
 TABLE_SLOTS = WORKER_BASE + len(ROLES) * WORKER_STRIDE
 TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096
+assert max(f.index for f in FIELDS) * 8 < TABLE_SIZE, "a field lies beyond the table"

@@ -56,6 +56,10 @@ class ShmNames:
         return self._name("gof")
 
     @property
+    def metrics(self) -> str:
+        return self._name("metrics")
+
+    @property
     def flush_requests(self) -> str:
         return self._name("frq")
 

@@ -83,6 +83,9 @@ class PutLock:
         self.on_takeover = on_takeover
         self.pid = os.getpid()
         self.held = False
+        self._owned_ns = 0
+        self.last_hold_ns = -1
+        """Duration of this process's last hold (metrics; -1 until a hold ends)."""
 
     def acquire(self, timeout_s: float) -> bool:
         """Take the lock within ``timeout_s``; False on timeout (a live owner kept it)."""
@@ -110,6 +113,7 @@ class PutLock:
 
     def _owned(self) -> bool:
         self.held = True
+        self._owned_ns = time.perf_counter_ns()
         self.table.set(layout.PUT_LOCK_OWNER_PID, self.pid)
         self.table.set(layout.PUT_LOCK_SINCE_MS, now_ms())
         return True
@@ -124,6 +128,7 @@ class PutLock:
             if self.table.get(layout.PUT_LOCK_OWNER_PID) != dead_owner:
                 return False  # another waiter took it over first
             self.held = True
+            self._owned_ns = time.perf_counter_ns()
             self.table.set(layout.PUT_LOCK_OWNER_PID, self.pid)
             self.table.set(layout.PUT_LOCK_SINCE_MS, now_ms())
             self.table.add(layout.LOCK_RECOVERIES, 1)
@@ -137,6 +142,7 @@ class PutLock:
         self.table.set(layout.PUT_LOCK_OWNER_PID, 0)
         self.table.set(layout.PUT_LOCK_SINCE_MS, 0)
         self.held = False
+        self.last_hold_ns = time.perf_counter_ns() - self._owned_ns
         self.sem.release()
 
     def __enter__(self) -> PutLock:

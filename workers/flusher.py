@@ -30,6 +30,8 @@ from shm.pointer_table import now_ms
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.flusher")
+FLUSH_SLOW_MS = 500
+"""A flush slower than this is logged, as RocketMQ's FlushRealTimeService does."""
 
 
 class FlusherService(ServiceLoop):
@@ -74,6 +76,7 @@ class FlusherService(ServiceLoop):
         log_view = self.store.commit_log
         log_view.sync_positions(min_offset=t.get(layout.MIN_OFFSET), readable_end=target)
         size = self.store.config.mapped_file_size_commit_log
+        started = time.monotonic()
         try:
             offset = flushed
             while offset < target:
@@ -91,6 +94,15 @@ class FlusherService(ServiceLoop):
             return False
         t.set(layout.FLUSHED_POSITION, target)
         t.add(layout.FLUSH_COUNT, 1)
+        cost_ms = int((time.monotonic() - started) * 1000)
+        if cost_ms > FLUSH_SLOW_MS:  # RocketMQ: "Flush data to disk costs {} ms"
+            log.warning(
+                "flush data to disk costs %d ms ([%d, %d), %d bytes)",
+                cost_ms,
+                flushed,
+                target,
+                target - flushed,
+            )
         if store_ts:
             t.set(layout.PHYSIC_MSG_TIMESTAMP, store_ts)
         return True

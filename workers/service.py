@@ -21,6 +21,7 @@ import sys
 import time
 from typing import ClassVar
 
+from rmq_mp.logs import setup_process_logging
 from rmq_mp.running_store import RunningStore
 from shm import layout
 from shm.layout import Role
@@ -121,10 +122,7 @@ class ServiceLoop:
 
 def main(service_class: type[ServiceLoop]) -> int:
     """Entry point of ``python -m workers.<role> <shm-name> <store-dir>``."""
-    logging.basicConfig(
-        level=os.environ.get("RMQ_LOG_LEVEL", "WARNING"),
-        format=f"%(asctime)s %(levelname)s {service_class.role}[%(process)d] %(name)s: %(message)s",
-    )
+    setup_process_logging(sys.argv[2], service_class.role)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
     store = RunningStore.attach(
         sys.argv[1], Role(service_class.role), writable_log=service_class.writable_log

@@ -1,104 +1,13 @@
-"""`run.py status`: one read of a running store's pointer table, as a table or JSON."""
+"""`run.py status`: one read of a running store's shared memory, as a table or JSON."""
 
 from __future__ import annotations
 
 import json
-from typing import Any
 
-from rmq_mp.cleaning import CleanerStatistics
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.disk import disk_used_ratio
-from rmq_mp.status import RunningFlags
-from shm import layout
-from shm.layout import Role
-from shm.names import ROLES, ShmNames
-from shm.pointer_table import now_ms
-from shm.store_shm import StoreShm
+from rmq_mp.store_status import collect_status
 
-STATE_NAMES = {
-    layout.STARTING: "STARTING",
-    layout.RUNNING: "RUNNING",
-    layout.STOPPING: "STOPPING",
-    layout.STOPPED: "STOPPED",
-}
-WORKER_STATES = {
-    layout.W_STOPPED: "stopped",
-    layout.W_STARTING: "starting",
-    layout.W_READY: "ready",
-    layout.W_STOPPING: "stopping",
-}
-
-
-def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
-    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
-    shm = StoreShm.attach(names, Role.CONSUMER)
-    try:
-        t = shm.table
-        snap = t.snapshot()
-        wrote, committed = snap["wrote_position"], snap["committed_position"]
-        if not snap["pool_size"]:
-            committed = wrote  # without the pool, appended bytes are in the file at once
-        flushed, reput = snap["flushed_position"], snap["reput_from_offset"]
-        pool_size = snap["pool_size"]
-        workers = {}
-        for role in ROLES:
-            pid = t.get(layout.worker_field(role, "pid"))
-            if not pid:
-                continue
-            workers[role] = {
-                "pid": pid,
-                "state": WORKER_STATES.get(t.get(layout.worker_field(role, "state")), "?"),
-                "restarts": t.get(layout.worker_field(role, "restarts")),
-                "heartbeat_age_ms": now_ms() - t.get(layout.worker_field(role, "heartbeat_ms")),
-                "errors": t.get(layout.worker_field(role, "errors")),
-            }
-        flags = snap["running_flags"]
-        cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
-        return {
-            "store": config.store_path_root_dir,
-            "shm_name": names.base,
-            "state": STATE_NAMES.get(snap["state"], "?"),
-            "supervisor_pid": snap["supervisor_pid"],
-            "flush_disk_type": "SYNC_FLUSH" if snap["flush_disk_sync"] else "ASYNC_FLUSH",
-            "offsets": {
-                "min": snap["min_offset"],
-                "wrote": wrote,
-                "committed": committed,
-                "flushed": flushed,
-                "reput": reput,
-            },
-            "lags": {
-                "commit": wrote - committed if pool_size else 0,
-                "flush": max(wrote - flushed, 0),
-                "reput": max(
-                    (flushed if snap["flush_disk_sync"] else committed if pool_size else wrote) - reput, 0
-                ),
-            },
-            "pool": {
-                "buffers": pool_size,
-                "in_use": pool_size - shm.pool.available(),
-                "mlock_failed": snap["pool_mlock_failed"],
-            },
-            "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
-            "running_flags": RunningFlags.names(flags),
-            "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
-            "workers": workers,
-            "counters": {
-                k: snap[k]
-                for k in (
-                    "put_count",
-                    "put_bytes",
-                    "flush_count",
-                    "flush_failures",
-                    "commit_count",
-                    "dispatch_count",
-                    "lock_recoveries",
-                    "recovery_dropped_bytes",
-                )
-            },
-        }
-    finally:
-        shm.close()
+__all__ = ["collect_status", "print_status"]
 
 
 def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
@@ -130,4 +39,17 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
         )
     c = status["counters"]
     print("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
+    m = status["producer_metrics"]
+    if m:
+        print(
+            f"producers put latency avg {m['put_latency_avg_us']} us  lock hold avg {m['lock_hold_avg_us']} us  "
+            f"holds over 500 ms {m['lock_holds_over_500ms']}  failures {m['put_failures']}"
+        )
+    for g in status["consumer_groups"]:
+        print(f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s)")
+    port = status["metrics_port"]
+    print(
+        f"recovery {status['recovery_ms']} ms   metrics "
+        + (f"http://127.0.0.1:{port}/metrics" if port else "off (metricsPort=0)")
+    )
     return 0

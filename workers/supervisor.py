@@ -36,11 +36,13 @@ from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
+from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, now_ms, pid_alive
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
+from workers.ops import OpsMonitor
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -111,6 +113,8 @@ class Supervisor:
         self.store: MessageStore | None = None
         self.shm: StoreShm | None = None
         self.descriptor: SharedSegment | None = None
+        self.metrics: MetricsTable | None = None
+        self.ops: OpsMonitor | None = None
 
     def roles(self) -> list[str]:
         pool = self.config.transient_store_pool_enable
@@ -126,12 +130,19 @@ class Supervisor:
             log.warning(
                 "removed %d shared objects of a crashed run (%d pool bytes saved)", len(removed), salvaged
             )
+        recovery_started = time.monotonic()
         self.store = MessageStore.open(config=self.config)
+        recovery_ms = int((time.monotonic() - recovery_started) * 1000)
+        log.info("store %s opened and recovered in %d ms", self.root, recovery_ms)
         try:
             self._create_shared_memory()  # from the recovered store, before its files are handed over
+            assert self.shm is not None
+            self.shm.table.set(layout.RECOVERY_MS, recovery_ms)
             self.store.handover()
             for role in self.workers:
                 self._start_worker(self.workers[role])
+            self.ops = OpsMonitor(self.config, self.shm.table, self.names)
+            self.ops.start()
         except BaseException:
             self.shutdown()
             raise
@@ -149,6 +160,7 @@ class Supervisor:
         t = shm.table
         t.set(layout.STATE, layout.STARTING)
         t.set(layout.GENERATION, now_ms())
+        self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION))
         t.set(layout.SUPERVISOR_PID, os.getpid())
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
@@ -226,6 +238,8 @@ class Supervisor:
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
+            if self.ops is not None:
+                self.ops.tick()
             if (time.monotonic() - self.last_persist) * 1000 >= self.config.flush_consumer_offset_interval:
                 self.persist_config()
             time.sleep(0.05)
@@ -244,13 +258,27 @@ class Supervisor:
         queue_counts: dict[str, int] = {}
         for topic, queue_id, _slot in self.shm.queues.queues():
             queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
-        before = self.topics.counter
-        for topic, count in queue_counts.items():
-            existing = self.topics.get(topic)
-            nums = max(count, existing.read_queue_nums if existing else self.config.default_topic_queue_nums)
-            self.topics.put(TopicConfig(topic, nums, nums))
-        if self.topics.counter != before:
-            self.topics.persist()
+        # Under the flags lock, from the file: `rmq-admin updateTopic --name` changes it live.
+        lock = self.shm.semaphore(self.names.flags_lock)
+        if not acquire(lock, 5.0):
+            log.warning("flags lock busy: topics.json persist postponed")
+            return
+        try:
+            self.topics.load()
+            before = self.topics.counter
+            for topic, count in queue_counts.items():
+                existing = self.topics.get(topic)
+                if existing is None:
+                    nums = max(count, self.config.default_topic_queue_nums)
+                    self.topics.put(TopicConfig(topic, nums, nums))
+                elif count > existing.read_queue_nums:
+                    self.topics.put(
+                        TopicConfig(topic, count, max(count, existing.write_queue_nums), existing.perm)
+                    )
+            if self.topics.counter != before:
+                self.topics.persist()
+        finally:
+            lock.release()
 
     def _check_worker(self, handle: WorkerHandle) -> None:
         assert self.shm is not None
@@ -286,6 +314,8 @@ class Supervisor:
     def shutdown(self) -> bool:
         """Stop workers in order, then release everything. True if the store stopped cleanly."""
         clean = True
+        if self.ops is not None:
+            self.ops.stop()
         if self.shm is not None:
             t = self.shm.table
             t.set(layout.STATE, layout.STOPPING)
@@ -314,6 +344,9 @@ class Supervisor:
         if self.descriptor is not None:
             self.descriptor.close()
             self.descriptor = None
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None
         StoreShm.unlink_all(self.names)
         if self.store is not None:
             self.store.finish_service(clean=clean)

@@ -26,7 +26,7 @@ def fuse_unavailable() -> str:
         return "fusepy is not installed (pip install fusepy)"
     import ctypes.util
 
-    if ctypes.util.find_library("fuse") is None:
+    if ctypes.util.find_library("fuse") is None and not os.environ.get("FUSE_LIBRARY_PATH"):
         return "libfuse2 is not installed (apt-get install libfuse2)"
     if os.geteuid() != 0:
         return "mounting FUSE here needs root"

@@ -3,7 +3,8 @@
     python -m tests.faultfs <backing dir> <mount point>
 
 Every operation passes through to the backing directory, except that fsync/fdatasync return
-EIO while the file ``<backing dir>/.fail-fsync`` exists. The kernel then reports the failure to
+EIO while the file ``<backing dir>/.fail-fsync`` exists, and take the milliseconds written in
+``<backing dir>/.slow-fsync`` longer while that file exists (a slow disk). The kernel then reports the failure to
 the caller of fsync/fdatasync exactly as a failing disk would. Needs libfuse2 and fusepy.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 import errno
 import os
 import sys
+import time
 from typing import Any
 
 from fuse import FUSE, FuseOSError, Operations
@@ -21,6 +23,7 @@ class FaultFS(Operations):  # type: ignore[misc]
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self.switch = os.path.join(self.root, ".fail-fsync")
+        self.slow = os.path.join(self.root, ".slow-fsync")
 
     def _full(self, path: str) -> str:
         return os.path.join(self.root, path.lstrip("/"))
@@ -101,6 +104,11 @@ class FaultFS(Operations):  # type: ignore[misc]
     def fsync(self, path: str, datasync: int, fh: int) -> None:
         if os.path.exists(self.switch):
             raise FuseOSError(errno.EIO)
+        try:
+            with open(self.slow, encoding="ascii") as f:
+                time.sleep(int(f.read().strip() or 0) / 1000)
+        except FileNotFoundError:
+            pass
         os.fdatasync(fh) if datasync else os.fsync(fh)
 
     def fsyncdir(self, path: str, datasync: int, fh: int) -> None:

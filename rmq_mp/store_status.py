@@ -1,0 +1,159 @@
+"""A running store's state in one read of its shared memory: what `run.py status`,
+`rmq-admin storeStatus` and the metrics endpoint show.
+
+Everything comes from the pointer table, the queue and group tables and the producers' metrics
+segment; nothing is written. `collect_status` attaches in the CONSUMER role and detaches.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rmq_mp.cleaning import CleanerStatistics
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.disk import disk_used_ratio
+from rmq_mp.errors import ShmAttachError
+from rmq_mp.status import RunningFlags
+from shm import layout
+from shm import queue_offsets as qo
+from shm.layout import Role
+from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
+from shm.names import ROLES, ShmNames
+from shm.pointer_table import now_ms
+from shm.store_shm import StoreShm
+
+STATE_NAMES = {
+    layout.STARTING: "STARTING",
+    layout.RUNNING: "RUNNING",
+    layout.STOPPING: "STOPPING",
+    layout.STOPPED: "STOPPED",
+}
+WORKER_STATES = {
+    layout.W_STOPPED: "stopped",
+    layout.W_STARTING: "starting",
+    layout.W_READY: "ready",
+    layout.W_STOPPING: "stopping",
+}
+
+
+def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
+    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
+    shm = StoreShm.attach(names, Role.CONSUMER)
+    try:
+        t = shm.table
+        snap = t.snapshot()
+        wrote, committed = snap["wrote_position"], snap["committed_position"]
+        if not snap["pool_size"]:
+            committed = wrote  # without the pool, appended bytes are in the file at once
+        flushed, reput = snap["flushed_position"], snap["reput_from_offset"]
+        pool_size = snap["pool_size"]
+        workers = {}
+        for role in ROLES:
+            pid = t.get(layout.worker_field(role, "pid"))
+            if not pid:
+                continue
+            workers[role] = {
+                "pid": pid,
+                "state": WORKER_STATES.get(t.get(layout.worker_field(role, "state")), "?"),
+                "restarts": t.get(layout.worker_field(role, "restarts")),
+                "heartbeat_age_ms": now_ms() - t.get(layout.worker_field(role, "heartbeat_ms")),
+                "errors": t.get(layout.worker_field(role, "errors")),
+                "work_count": t.get(layout.worker_field(role, "work_count")),
+            }
+        flags = snap["running_flags"]
+        cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
+        return {
+            **_ops_sections(shm, snap),
+            "store": config.store_path_root_dir,
+            "shm_name": names.base,
+            "state": STATE_NAMES.get(snap["state"], "?"),
+            "supervisor_pid": snap["supervisor_pid"],
+            "flush_disk_type": "SYNC_FLUSH" if snap["flush_disk_sync"] else "ASYNC_FLUSH",
+            "offsets": {
+                "min": snap["min_offset"],
+                "wrote": wrote,
+                "committed": committed,
+                "flushed": flushed,
+                "reput": reput,
+            },
+            "lags": {
+                "commit": wrote - committed if pool_size else 0,
+                "flush": max(wrote - flushed, 0),
+                "reput": max(
+                    (flushed if snap["flush_disk_sync"] else committed if pool_size else wrote) - reput, 0
+                ),
+            },
+            "pool": {
+                "buffers": pool_size,
+                "in_use": pool_size - shm.pool.available(),
+                "mlock_failed": snap["pool_mlock_failed"],
+            },
+            "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
+            "running_flags": RunningFlags.names(flags),
+            "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
+            "workers": workers,
+            "counters": {
+                k: snap[k]
+                for k in (
+                    "put_count",
+                    "put_bytes",
+                    "flush_count",
+                    "flush_failures",
+                    "commit_count",
+                    "dispatch_count",
+                    "lock_recoveries",
+                    "recovery_dropped_bytes",
+                )
+            },
+        }
+    finally:
+        shm.close()
+
+
+def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
+    """Producer histograms, consumer lag per group, recovery time, metrics port."""
+    metrics: dict[str, Any] = {}
+    try:
+        table = MetricsTable.attach(shm.names.metrics)
+    except ShmAttachError:  # a store started before the segment existed
+        pass
+    else:
+        try:
+            totals = table.totals()
+        finally:
+            table.close()
+        metrics = {
+            "puts": totals.puts,
+            "put_failures": totals.put_failures,
+            "put_latency_avg_us": totals.latency.sum_us // max(totals.latency.count, 1),
+            "lock_hold_avg_us": totals.lock_hold.sum_us // max(totals.lock_hold.count, 1),
+            "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
+        }
+    return {
+        "generation": snap["generation"],
+        "recovery_ms": snap["recovery_ms"],
+        "metrics_port": snap["metrics_port"],
+        "producer_metrics": metrics,
+        "consumer_groups": consumer_lags(shm),
+    }
+
+
+def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
+    """Per group and topic: messages dispatched but not committed, over every queue of the topic
+    (a queue the group never committed counts from its min offset), as consumerProgress's Diff."""
+    by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+    for topic, queue_id, slot in shm.queues.queues():
+        by_topic.setdefault(topic, {})[queue_id] = (
+            shm.queues.get(slot, qo.MIN_OFFSET),
+            shm.queues.get(slot, qo.DISPATCHED),
+        )
+    committed: dict[tuple[str, str], dict[int, int]] = {}
+    for key, queue_id, slot in shm.groups.queues():
+        topic, _, group = key.partition("@")
+        committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+    rows = []
+    for (group, topic), offsets in sorted(committed.items()):
+        queues = by_topic.get(topic, {})
+        lag = sum(max(high - max(offsets.get(q, -1), low), 0) for q, (low, high) in queues.items())
+        rows.append({"group": group, "topic": topic, "queues": len(queues), "lag": lag})
+    return rows

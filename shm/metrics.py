@@ -1,0 +1,182 @@
+"""Producer metrics: put latency and put-lock hold histograms, in one segment of their own.
+
+Producers are separate processes, so their timings cannot live in a Prometheus registry: each
+producer process claims a slot here and adds its observations; the supervisor's metrics endpoint
+sums the slots on every scrape. A slot left by a dead producer is claimed by the next one and
+keeps counting, so every total only grows (what Prometheus counters require).
+
+Header (native int64):
+
+    off field        writer
+      0 magic        supervisor (create)
+      8 generation   supervisor (create): the pointer table's GENERATION, so a producer that
+                     outlived a store restart notices its mapping is stale
+     16 slots        supervisor (create)
+
+Slot ``i`` at ``HEADER_SIZE + i * SLOT_SIZE`` (native int64):
+
+    off field                         writer
+      0 owner_pid                     a producer, claiming a slot whose pid is 0 or dead under
+                                      the flags lock
+      8 puts                          owner: messages given to send/send_batch
+     16 put_failures                  owner: of those, results other than PUT_OK
+     24 latency_sum_us                owner: send_batch wall time (encode, lock wait, append,
+                                      SYNC flush wait), per call
+     32 latency_bucket[0..N]          owner: calls with latency <= BOUNDS_US[k] (not cumulative;
+                                      the last bucket is +Inf)
+     .. lock_hold_sum_us              owner: time the put lock was held, per hold
+     .. lock_hold_bucket[0..N]        owner: as latency_bucket
+"""
+
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from shm.segment import SharedSegment
+
+MAGIC = 0x524D514D45545231  # "RMQMETR1"
+BOUNDS_US: tuple[int, ...] = (
+    50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 50_000,
+    100_000, 250_000, 500_000, 1_000_000, 2_500_000, 5_000_000,
+)  # fmt: skip
+"""Histogram bucket upper bounds in microseconds (Prometheus ``le``), +Inf implied."""
+BUCKETS = len(BOUNDS_US) + 1
+LOCK_HELD_TOO_LONG_US = 500_000
+"""RocketMQ logs a put whose lock hold exceeds 500 ms ("putMessage in lock cost time")."""
+
+HEADER_SIZE = 64
+H_MAGIC, H_GENERATION, H_SLOTS = 0, 8, 16
+OWNER_PID, PUTS, PUT_FAILURES, LATENCY_SUM_US = 0, 8, 16, 24
+LATENCY_BUCKETS = 32
+LOCK_HOLD_SUM_US = LATENCY_BUCKETS + BUCKETS * 8
+LOCK_HOLD_BUCKETS = LOCK_HOLD_SUM_US + 8
+SLOT_SIZE = LOCK_HOLD_BUCKETS + BUCKETS * 8
+DEFAULT_SLOTS = 256
+
+_Q = struct.Struct("=q")
+
+
+def bucket_of(value_us: int) -> int:
+    """Index of the first bucket whose bound holds ``value_us`` (BUCKETS - 1 for +Inf)."""
+    for index, bound in enumerate(BOUNDS_US):
+        if value_us <= bound:
+            return index
+    return BUCKETS - 1
+
+
+@dataclass(frozen=True, slots=True)
+class Histogram:
+    """Summed over slots: per-bucket counts (not cumulative) and the sum, microseconds."""
+
+    buckets: tuple[int, ...]
+    sum_us: int
+
+    @property
+    def count(self) -> int:
+        return sum(self.buckets)
+
+    def cumulative(self) -> list[tuple[str, int]]:
+        """(le in seconds, cumulative count) pairs, +Inf last, as Prometheus exposes them."""
+        total, out = 0, []
+        for bound, count in zip([*(str(b / 1e6) for b in BOUNDS_US), "+Inf"], self.buckets, strict=True):
+            total += count
+            out.append((bound, total))
+        return out
+
+    def over(self, bound_us: int) -> int:
+        """Observations above ``bound_us`` (which must be one of BOUNDS_US)."""
+        return sum(self.buckets[BOUNDS_US.index(bound_us) + 1 :])
+
+
+@dataclass(frozen=True, slots=True)
+class MetricsTotals:
+    puts: int
+    put_failures: int
+    producers: int
+    latency: Histogram
+    lock_hold: Histogram
+
+
+class MetricsTable:
+    """One process's view of the segment."""
+
+    def __init__(self, segment: SharedSegment) -> None:
+        self.segment = segment
+        self._buf = segment.mm
+        self.slots = self._get(H_SLOTS)
+
+    @classmethod
+    def create(cls, name: str, generation: int, slots: int = DEFAULT_SLOTS) -> MetricsTable:
+        """Supervisor only."""
+        segment = SharedSegment.create(name, HEADER_SIZE + slots * SLOT_SIZE)
+        _Q.pack_into(segment.mm, H_SLOTS, slots)
+        _Q.pack_into(segment.mm, H_GENERATION, generation)
+        _Q.pack_into(segment.mm, H_MAGIC, MAGIC)
+        return cls(segment)
+
+    @classmethod
+    def attach(cls, name: str) -> MetricsTable:
+        from rmq_mp.errors import ShmAttachError
+
+        segment = SharedSegment.attach(name)
+        if _Q.unpack_from(segment.mm, H_MAGIC)[0] != MAGIC:
+            segment.close()
+            raise ShmAttachError(f"{name} is not an rmq-mp metrics segment")
+        return cls(segment)
+
+    @property
+    def generation(self) -> int:
+        return self._get(H_GENERATION)
+
+    def _get(self, offset: int) -> int:
+        return int(_Q.unpack_from(self._buf, offset)[0])
+
+    def _base(self, slot: int) -> int:
+        assert 0 <= slot < self.slots
+        return HEADER_SIZE + slot * SLOT_SIZE
+
+    def owner(self, slot: int) -> int:
+        return self._get(self._base(slot) + OWNER_PID)
+
+    def claim(self, slot: int, pid: int) -> None:
+        """Caller holds the flags lock and found the slot free or its owner dead."""
+        _Q.pack_into(self._buf, self._base(slot) + OWNER_PID, pid)
+
+    def record(self, slot: int, *, puts: int, failures: int, latency_us: int, lock_hold_us: int) -> None:
+        """Owner only. ``lock_hold_us`` < 0 when this call never held the lock."""
+        base = self._base(slot)
+        self._add(base + PUTS, puts)
+        self._add(base + PUT_FAILURES, failures)
+        self._add(base + LATENCY_SUM_US, latency_us)
+        self._add(base + LATENCY_BUCKETS + bucket_of(latency_us) * 8, 1)
+        if lock_hold_us >= 0:
+            self._add(base + LOCK_HOLD_SUM_US, lock_hold_us)
+            self._add(base + LOCK_HOLD_BUCKETS + bucket_of(lock_hold_us) * 8, 1)
+
+    def _add(self, offset: int, delta: int) -> None:
+        _Q.pack_into(self._buf, offset, self._get(offset) + delta)
+
+    def totals(self) -> MetricsTotals:
+        """Every slot summed (any process; a torn read is off by one observation at most)."""
+        puts = failures = producers = lat_sum = hold_sum = 0
+        lat = [0] * BUCKETS
+        hold = [0] * BUCKETS
+        for slot in range(self.slots):
+            base = self._base(slot)
+            if not self._get(base + OWNER_PID):
+                continue
+            producers += 1
+            puts += self._get(base + PUTS)
+            failures += self._get(base + PUT_FAILURES)
+            lat_sum += self._get(base + LATENCY_SUM_US)
+            hold_sum += self._get(base + LOCK_HOLD_SUM_US)
+            for k in range(BUCKETS):
+                lat[k] += self._get(base + LATENCY_BUCKETS + k * 8)
+                hold[k] += self._get(base + LOCK_HOLD_BUCKETS + k * 8)
+        return MetricsTotals(
+            puts, failures, producers, Histogram(tuple(lat), lat_sum), Histogram(tuple(hold), hold_sum)
+        )
+
+    def close(self) -> None:
+        self.segment.close()

@@ -1,0 +1,55 @@
+"""The README's quick start, run as written (its install line aside: this test runs inside that
+environment, linked in as ./.venv)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from shm.names import ShmNames
+from tests.service import ROOT, leftover_processes
+
+
+def quick_start_commands() -> list[str]:
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("## Quick start", 1)[1]
+    block = re.search(r"```bash\n(.*?)```", section, re.S)
+    assert block is not None, "the quick start has no bash block"
+    return [line for line in block.group(1).splitlines() if line.strip()]
+
+
+def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
+    commands = quick_start_commands()
+    assert commands[0].startswith("python3 -m venv .venv && .venv/bin/pip install")
+    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
+    (tmp_path / "run.py").symlink_to(ROOT / "run.py")
+    names = ShmNames.for_store(str(tmp_path / "store"))
+    env = {k: v for k, v in os.environ.items() if k not in ("RMQ_PROGRESS", "VIRTUAL_ENV")}
+    outputs = []
+    try:
+        for command in commands[1:]:
+            result = subprocess.run(
+                ["bash", "-c", command], cwd=tmp_path, capture_output=True, text=True, timeout=120, env=env
+            )
+            assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
+            outputs.append(result.stdout)
+    finally:
+        for proc in psutil.process_iter(["cmdline"]):
+            cmd = " ".join(proc.info["cmdline"] or [])
+            if names.base in cmd or (f"{tmp_path}" in cmd and "run.py" in cmd):
+                proc.kill()
+    started, sent, consumed, progress, status, stopped = outputs
+    assert f"store {tmp_path / 'store'} running" in started
+    assert sent.count("PUT_OK") == 3
+    assert "3 message(s)" in consumed
+    assert "Diff Total: 0" in progress
+    assert "RUNNING" in status
+    assert "stopped store" in stopped
+    assert (tmp_path / "store" / "logs" / "supervisor.log").exists()
+    assert names.leftovers() == []
+    assert leftover_processes(names) == []
