@@ -75,10 +75,12 @@ def resolve_store(spec: str, conf: str | None = None) -> StoreRef:
     ``conf`` (a broker.conf) when given, else from the segment files themselves (every segment
     but a torn last one has the configured size)."""
     spec = spec.strip()
+    if not Path(spec).is_dir() and "/" in spec.lstrip("/"):
+        raise StoreError(f"store {spec!r}: not a directory and no running store has that shm name")
     names = resolve_names(spec)
     try:
         descriptor = read_descriptor(names)
-    except ShmAttachError:
+    except (ShmAttachError, ValueError):
         descriptor = None
     if descriptor is not None:
         config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
