@@ -84,7 +84,7 @@ def resolve_store(spec: str, conf: str | None = None) -> StoreRef:
         descriptor = None
     if descriptor is not None:
         config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
-        root = str(descriptor["root"])
+        root = str(Path(descriptor["root"]).resolve())
         return StoreRef(
             root=root,
             commit_log_dir=str(config.commit_log_dir),
