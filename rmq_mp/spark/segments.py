@@ -80,8 +80,10 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
         req = record.check_record(buf, pos, limit, check_crc=True)
         if not req.success:
             plain = record.check_record(buf, pos, limit, check_crc=False)
-            if plain.success:  # only the CRC failed: the chain goes on
+            if plain.success:  # only the CRC failed: the chain goes on, the record is not used
                 audit.errors.append((phy, req.reason))
+                audit.records += 1
+                audit.record_bytes += plain.size
                 pos += plain.size
                 continue
             audit.errors.append((phy, plain.reason or req.reason))
