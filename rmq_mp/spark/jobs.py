@@ -179,7 +179,9 @@ def rebuild_index(
     return report
 
 
-def _check_keys(index: IndexService, indexed: list[tuple[int, int, int, str, str, str | None]]) -> tuple[int, list[str]]:
+def _check_keys(
+    index: IndexService, indexed: list[tuple[int, int, int, str, str, str | None]]
+) -> tuple[int, list[str]]:
     """Every key of every indexed record is found through the rebuilt index, at its offset."""
     total = 0
     missing: list[str] = []
@@ -200,8 +202,12 @@ def _check_keys(index: IndexService, indexed: list[tuple[int, int, int, str, str
 
 def _compare_tree(ours: Path, rebuilt: Path, prefix: str) -> dict[str, Any]:
     mine = {p.relative_to(ours): p for p in ours.rglob("*") if p.is_file()} if ours.is_dir() else {}
-    theirs = {p.relative_to(rebuilt): p for p in rebuilt.rglob("*") if p.is_file()} if rebuilt.is_dir() else {}
-    differ = sorted(str(k) for k in mine.keys() & theirs.keys() if mine[k].read_bytes() != theirs[k].read_bytes())
+    theirs = (
+        {p.relative_to(rebuilt): p for p in rebuilt.rglob("*") if p.is_file()} if rebuilt.is_dir() else {}
+    )
+    differ = sorted(
+        str(k) for k in mine.keys() & theirs.keys() if mine[k].read_bytes() != theirs[k].read_bytes()
+    )
     return {
         f"{prefix}_files": len(mine),
         f"{prefix}_identical": len(mine.keys() & theirs.keys()) - len(differ),
@@ -264,11 +270,19 @@ def export(
 
 
 def stats(
-    spark: Any, config: MessageStoreConfig, topics: frozenset[str] | None, top: int, *, out: TextIO | None = None
+    spark: Any,
+    config: MessageStoreConfig,
+    topics: frozenset[str] | None,
+    top: int,
+    *,
+    out: TextIO | None = None,
 ) -> dict[str, Any]:
     segments = list_segments(config.commit_log_dir)
     parts = run_with_progress(
-        spark, "stats", lambda: _map_segments(spark, segments, lambda seg: stats_segment(seg, topics)), out=out
+        spark,
+        "stats",
+        lambda: _map_segments(spark, segments, lambda seg: stats_segment(seg, topics)),
+        out=out,
     )
     queues: dict[tuple[str, int], QueueStats] = {}
     keys: Counter[tuple[str, str]] = Counter()
@@ -277,9 +291,7 @@ def stats(
             queues.setdefault(key, QueueStats()).merge(q)
         keys.update(part.keys)
     return {
-        "queues": [
-            {"topic": t, "queue_id": q, **asdict(s)} for (t, q), s in sorted(queues.items())
-        ],
+        "queues": [{"topic": t, "queue_id": q, **asdict(s)} for (t, q), s in sorted(queues.items())],
         "top_keys": [{"topic": t, "key": k, "count": c} for (t, k), c in keys.most_common(top)],
         "errors": [e for p in parts for e in p.audit.errors],
     }
@@ -300,11 +312,15 @@ def _print_audit(reports: list[SegmentAudit]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmq-spark", description="segment-parallel Spark jobs over an rmq-mp store")
+    parser = argparse.ArgumentParser(
+        prog="rmq-spark", description="segment-parallel Spark jobs over an rmq-mp store"
+    )
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--store", required=True, help="store directory (or a running store's shm name)")
     common.add_argument("--conf", help="broker.conf with the store's settings")
-    common.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a broker.conf property")
+    common.add_argument(
+        "--set", action="append", default=[], metavar="KEY=VALUE", help="a broker.conf property"
+    )
     common.add_argument("--master", default="local[*]", help="Spark master (default local[*])")
     common.add_argument("--json", action="store_true", help="print the report as one JSON object")
     common.add_argument("--quiet", action="store_true", help="no progress lines on stderr")

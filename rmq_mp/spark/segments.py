@@ -135,7 +135,9 @@ class SegmentRebuild:
     """(phy offset, store timestamp, sys flag, topic, keys, uniq key) of each record to index."""
 
 
-def rebuild_segment(seg: Segment, target_root: str, cq_file_size: int, delay_level_ms: list[int]) -> SegmentRebuild:
+def rebuild_segment(
+    seg: Segment, target_root: str, cq_file_size: int, delay_level_ms: list[int]
+) -> SegmentRebuild:
     """Write this segment's ConsumeQueue entries into ``target_root/consumequeue`` at their
     positions (``queue_offset * 20``; tasks never overlap, so no shuffle and no lock) and return
     what the single index writer needs."""
@@ -150,12 +152,24 @@ def rebuild_segment(seg: Segment, target_root: str, cq_file_size: int, delay_lev
             if m.is_dispatchable(req.sys_flag):
                 position = req.queue_offset * CQ_STORE_UNIT_SIZE
                 file_offset = position - position % cq_file_size
-                path = Path(target_root) / "consumequeue" / req.topic / str(req.queue_id) / offset_to_file_name(file_offset)
-                tags_code = record.cq_tags_code(req.topic, req.properties, req.store_timestamp, delay_level_ms)
-                by_file.setdefault(path, []).append((position - file_offset, _CQ_ENTRY.pack(phy, req.size, tags_code)))
+                path = (
+                    Path(target_root)
+                    / "consumequeue"
+                    / req.topic
+                    / str(req.queue_id)
+                    / offset_to_file_name(file_offset)
+                )
+                tags_code = record.cq_tags_code(
+                    req.topic, req.properties, req.store_timestamp, delay_level_ms
+                )
+                by_file.setdefault(path, []).append(
+                    (position - file_offset, _CQ_ENTRY.pack(phy, req.size, tags_code))
+                )
                 out.cq_entries += 1
             if m.transaction_type(req.sys_flag) != m.TRANSACTION_ROLLBACK_TYPE and (req.uniq_key or req.keys):
-                out.index_records.append((phy, req.store_timestamp, req.sys_flag, req.topic, req.keys, req.uniq_key))
+                out.index_records.append(
+                    (phy, req.store_timestamp, req.sys_flag, req.topic, req.keys, req.uniq_key)
+                )
     finally:
         buf.close()
     for path, writes in by_file.items():
@@ -177,7 +191,7 @@ def rebuild_segment(seg: Segment, target_root: str, cq_file_size: int, delay_lev
 
 def escape_partition_value(value: str) -> str:
     """Spark's `ExternalCatalogUtils.escapePathName`, so Spark reads the topic back unchanged."""
-    special = set('"#%\'*/:=?\\\x7f{[]^')
+    special = set("\"#%'*/:=?\\\x7f{[]^")
     return "".join(f"%{ord(c):02X}" if c in special or ord(c) < 0x20 else c for c in value)
 
 
@@ -209,7 +223,9 @@ def export_segment(seg: Segment, topics: frozenset[str] | None, target: str, bro
         try:
             table = pa.Table.from_batches(
                 [
-                    decode_batch(data, np.array(starts[i : i + EXPORT_BATCH_RECORDS], dtype=np.int64), broker=broker)
+                    decode_batch(
+                        data, np.array(starts[i : i + EXPORT_BATCH_RECORDS], dtype=np.int64), broker=broker
+                    )
                     for i in range(0, len(starts), EXPORT_BATCH_RECORDS)
                 ]
             )
@@ -222,7 +238,9 @@ def export_segment(seg: Segment, topics: frozenset[str] | None, target: str, bro
         part = table.filter(
             (pa.compute.field("topic") == key["topic"]) & (pa.compute.field("queue_id") == key["queue_id"])
         ).drop_columns(["topic", "queue_id"])
-        directory = Path(target) / f"topic={escape_partition_value(key['topic'])}" / f"queue_id={key['queue_id']}"
+        directory = (
+            Path(target) / f"topic={escape_partition_value(key['topic'])}" / f"queue_id={key['queue_id']}"
+        )
         directory.mkdir(parents=True, exist_ok=True)
         path = directory / f"part-{offset_to_file_name(seg.file_offset)}.parquet"
         tmp = path.with_name("." + path.name + ".tmp")

@@ -37,7 +37,9 @@ class SinkOptions:
         opts = {k.lower(): v for k, v in options.items()}
         store = opts.get("store") or opts.get("path")
         if not store:
-            raise ConfigError("rmq sink: option 'store' (a running store's shm name or directory) is required")
+            raise ConfigError(
+                "rmq sink: option 'store' (a running store's shm name or directory) is required"
+            )
         names = set(schema.fieldNames())
         if "body" not in names:
             raise ConfigError("rmq sink: the DataFrame needs a 'body' column")
@@ -109,8 +111,8 @@ class RmqStreamWriter(DataSourceStreamWriter):
     def write(self, iterator: Iterator[Row]) -> SinkCommit:
         return SinkCommit(send_rows(self.opts, iterator))
 
-    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def commit(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Every row was acknowledged by the store when its task finished: nothing left to do."""
 
-    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:  # noqa: N803
+    def abort(self, messages: list[WriterCommitMessage | None], batchId: int) -> None:
         """Sent messages cannot be taken back (at-least-once, as Spark's Kafka sink)."""

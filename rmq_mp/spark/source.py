@@ -38,7 +38,12 @@ from pyspark.sql.datasource import (
     LessThan,
     LessThanOrEqual,
 )
-from pyspark.sql.streaming.datasource import ReadAllAvailable, ReadLimit, ReadMaxRows, SupportsTriggerAvailableNow
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
 from pyspark.sql.types import StructType
 
 from rmq_mp import message as m
@@ -140,9 +145,7 @@ def _offsets_option(opts: dict[str, str], name: str, default: str) -> str | dict
         return text.lower()
     try:
         raw = json.loads(text)
-        parsed = {
-            str(topic): {int(q): int(o) for q, o in queues.items()} for topic, queues in raw.items()
-        }
+        parsed = {str(topic): {int(q): int(o) for q, o in queues.items()} for topic, queues in raw.items()}
     except (ValueError, AttributeError, TypeError) as exc:
         raise ConfigError(
             f'rmq source: option {name} must be earliest, latest or {{"topic": {{"queueId": offset}}}}, '
@@ -223,9 +226,10 @@ class Pushdown:
     tags: frozenset[str] | None = None
 
     def absorb(self, f: Filter) -> bool:
-        if len(f.attribute) != 1:
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        if len(attribute) != 1:
             return False
-        column = f.attribute[0]
+        column = attribute[0]
         if isinstance(f, IsNotNull):
             return column in _NEVER_NULL
         if column in ("queue_id", "queue_offset", "commit_log_offset"):
@@ -268,7 +272,9 @@ def plan_batch(opts: ReadOptions, push: Pushdown) -> list[QueueSlice]:
     """Partitions of a batch read: every queue of the chosen topics, offsets narrowed by the
     options and the pushed filters (store-time bounds by binary search on the queue)."""
     slices: list[QueueSlice] = []
-    topics = opts.topics if push.topics is None else (push.topics & opts.topics if opts.topics else push.topics)
+    topics = (
+        opts.topics if push.topics is None else (push.topics & opts.topics if opts.topics else push.topics)
+    )
     for store in opts.stores:
         for q in queue_ranges(store, topics):
             if not push.queue_id.allows(q.queue_id):
@@ -381,12 +387,12 @@ class RmqBatchReader(DataSourceReader):
         self.opts = opts
         self.push = Pushdown()
 
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:  # noqa: N802 (Spark's name)
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
         for f in filters:
             if not self.push.absorb(f):
                 yield f
 
-    def partitions(self) -> list[QueueSlice]:  # type: ignore[override]
+    def partitions(self) -> list[QueueSlice]:
         return plan_batch(self.opts, self.push)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
@@ -425,7 +431,7 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
     def _ranges(self) -> dict[str, list[QueueRange]]:
         return {store.root: queue_ranges(store, self.opts.topics) for store in self.opts.stores}
 
-    def initialOffset(self) -> StreamOffset:  # noqa: N802
+    def initialOffset(self) -> StreamOffset:
         if self._initial is None:
             start = self.opts.starting
             ts = self.opts.starting_timestamp_ms
@@ -434,20 +440,22 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             def pick(root: str, q: QueueRange) -> int:
                 offset = _resolve(start, q, absent=q.min_offset)
                 if ts is not None:
-                    offset = first_offset_at_or_after(stores[root], q, max(offset, q.min_offset), q.max_offset, ts)
+                    offset = first_offset_at_or_after(
+                        stores[root], q, max(offset, q.min_offset), q.max_offset, ts
+                    )
                 return offset
 
             self._initial = _offset_of(self._ranges(), pick)
         return self._initial
 
-    def prepareForTriggerAvailableNow(self) -> None:  # noqa: N802
+    def prepareForTriggerAvailableNow(self) -> None:
         self._target = _offset_of(self._ranges(), lambda _root, q: q.max_offset)
 
-    def getDefaultReadLimit(self) -> ReadLimit:  # noqa: N802
+    def getDefaultReadLimit(self) -> ReadLimit:
         limit = self.opts.max_records_per_trigger
         return ReadMaxRows(limit) if limit else ReadAllAvailable()
 
-    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:  # noqa: N802
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
         latest = self._target or _offset_of(self._ranges(), lambda _root, q: q.max_offset)
         if not isinstance(limit, ReadMaxRows):
             return _union(start, latest)
@@ -467,22 +475,26 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             left -= extra
         capped = {
             root: {
-                topic: {qid: start.get(root, {}).get(topic, {}).get(qid, 0) + grant[(root, topic, qid)]
-                        for qid in queues}  # fmt: skip
+                topic: {
+                    qid: start.get(root, {}).get(topic, {}).get(qid, 0) + grant[(root, topic, qid)]
+                    for qid in queues
+                }
                 for topic, queues in topics.items()
             }
             for root, topics in latest.items()
         }
         return _union(start, capped)
 
-    def partitions(self, start: StreamOffset, end: StreamOffset) -> list[QueueSlice]:  # type: ignore[override]
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> list[QueueSlice]:
         stores = {s.root: s for s in self.opts.stores}
         current = {root: {(q.topic, q.queue_id): q for q in qs} for root, qs in self._ranges().items()}
         slices: list[QueueSlice] = []
         for root, topics in end.items():
             store = stores.get(root)
             if store is None:
-                raise ConfigError(f"rmq source: the checkpoint names store {root}, which the query no longer reads")
+                raise ConfigError(
+                    f"rmq source: the checkpoint names store {root}, which the query no longer reads"
+                )
             for topic, queues in topics.items():
                 for qid_text, end_offset in queues.items():
                     queue_id = int(qid_text)
@@ -544,7 +556,7 @@ class RmqDataSource(DataSource):
     def reader(self, schema: StructType) -> DataSourceReader:
         return RmqBatchReader(ReadOptions.parse(self.options, streaming=False))
 
-    def streamReader(self, schema: StructType) -> DataSourceStreamReader:  # noqa: N802
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
         return RmqStreamReader(ReadOptions.parse(self.options, streaming=True))
 
     def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
@@ -552,7 +564,7 @@ class RmqDataSource(DataSource):
 
         return RmqWriter(SinkOptions.parse(self.options, schema))
 
-    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:  # noqa: N802
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
         from rmq_mp.spark.sink import RmqStreamWriter, SinkOptions
 
         return RmqStreamWriter(SinkOptions.parse(self.options, schema))
@@ -560,4 +572,3 @@ class RmqDataSource(DataSource):
 
 def ms_to_datetime(ms: int) -> datetime:
     return _EPOCH + timedelta(milliseconds=ms)
-

@@ -173,7 +173,10 @@ def read_cq_entries(store: StoreRef, topic: str, queue_id: int, start: int, end:
         path = store.cq_dir(topic, queue_id) / offset_to_file_name(file_index * store.cq_file_size)
         try:
             entries = np.fromfile(
-                path, dtype=CQ_ENTRY_DTYPE, count=count, offset=(offset - file_index * per_file) * CQ_STORE_UNIT_SIZE
+                path,
+                dtype=CQ_ENTRY_DTYPE,
+                count=count,
+                offset=(offset - file_index * per_file) * CQ_STORE_UNIT_SIZE,
             )
         except FileNotFoundError as exc:
             raise DataLossError(f"{topic}/{queue_id} offsets from {offset}: file {path} is gone") from exc
@@ -252,9 +255,10 @@ def first_offset_at_or_after(store: StoreRef, q: QueueRange, lo: int, hi: int, t
         while lo < hi:
             mid = (lo + hi) // 2
             entry = read_cq_entries(store, q.topic, q.queue_id, mid, mid + 1)[0]
-            if int(entry["size"]) == PRE_BLANK_SIZE or store_timestamp_ms(
-                reader, int(entry["phy"]), int(entry["size"])
-            ) < timestamp_ms:
+            if (
+                int(entry["size"]) == PRE_BLANK_SIZE
+                or store_timestamp_ms(reader, int(entry["phy"]), int(entry["size"])) < timestamp_ms
+            ):
                 lo = mid + 1
             else:
                 hi = mid

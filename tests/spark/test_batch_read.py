@@ -45,7 +45,10 @@ def test_batch_read_returns_every_dispatched_message_once_as_rocketmq_decoded_it
         assert dict(row.properties) == m["properties"]
         assert row.tags == m["tags"]
         assert row.keys == split_keys(m["keys"])
-        assert (_ms(row.born_timestamp), _ms(row.store_timestamp)) == (m["bornTimestamp"], m["storeTimestamp"])
+        assert (_ms(row.born_timestamp), _ms(row.store_timestamp)) == (
+            m["bornTimestamp"],
+            m["storeTimestamp"],
+        )
         assert (row.born_host, row.store_host) == (m["bornHost"], m["storeHost"])
         assert (row.sys_flag, row.reconsume_times) == (m["sysFlag"], m["reconsumeTimes"])
         assert row.broker == str(clean_store.resolve())

@@ -40,7 +40,8 @@ def test_rebuild_index_reproduces_the_consume_queues_byte_for_byte_and_finds_eve
     from rmq_mp.spark.jobs import rebuild_index
 
     report = rebuild_index(spark, _config(clean_store), tmp_path / "rebuilt")
-    assert report["segments"] == 8 and report["errors"] == []
+    assert report["segments"] == 8
+    assert report["errors"] == []
     assert report["cq_entries"] == 11_518
     assert report["cq_files"] == report["cq_identical"] == 19
     assert (report["cq_differ"], report["cq_missing"], report["cq_extra"]) == ([], [], [])
@@ -60,14 +61,17 @@ def test_audit_of_a_clean_store_finds_nothing(spark, clean_store: Path) -> None:
     reports = audit(spark, _config(clean_store))
     assert [r.errors for r in reports] == [[]] * 8
     assert sum(r.records for r in reports) == 12_000
-    assert all(r.blank_at is not None for r in reports[:-1]) and reports[-1].blank_at is None
+    assert all(r.blank_at is not None for r in reports[:-1])
+    assert reports[-1].blank_at is None
 
 
 def test_audit_names_the_segment_and_offset_of_a_flipped_byte(
     clean_store_copy: Path, rocketmq_fixtures: Path
 ) -> None:
     """The console script end to end (its own Spark session), progress lines included."""
-    victim = next(m for m in _messages(rocketmq_fixtures) if m["commitLogOffset"] > 3 * 2**20 and m["bodyLen"] > 20)
+    victim = next(
+        m for m in _messages(rocketmq_fixtures) if m["commitLogOffset"] > 3 * 2**20 and m["bodyLen"] > 20
+    )
     segment = clean_store_copy / "commitlog" / f"{3 * 2**20:020d}"
     data = bytearray(segment.read_bytes())
     body_at = data.find(bytes.fromhex(victim["body"]), victim["commitLogOffset"] - 3 * 2**20)
@@ -91,18 +95,29 @@ def test_export_writes_parquet_by_topic_and_queue_that_spark_reads_back(
 ) -> None:
     from rmq_mp.spark.jobs import export
 
-    topics = frozenset({"Payments", "主题-τ", "t_%RETRY%x_long-topic-name_abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789a"})
+    topics = frozenset(
+        {
+            "Payments",
+            "主题-τ",
+            "t_%RETRY%x_long-topic-name_abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789a",
+        }
+    )
     report = export(spark, _config(clean_store), tmp_path / "export", topics)
-    source = spark.read.format("rmq").option("store", str(clean_store)).option("topics", ",".join(topics)).load()
+    source = (
+        spark.read.format("rmq").option("store", str(clean_store)).option("topics", ",".join(topics)).load()
+    )
     expected = {(r.topic, r.queue_id, r.queue_offset): bytes(r.body) for r in source.collect()}
-    assert report["rows"] == len(expected) and report["errors"] == []
+    assert report["rows"] == len(expected)
+    assert report["errors"] == []
     exported = spark.read.parquet(str(tmp_path / "export"))
     got = {(r.topic, r.queue_id, r.queue_offset): bytes(r.body) for r in exported.collect()}
     assert got == expected
     assert report["mb_per_s"] > 0
 
 
-def test_stats_counts_bytes_time_range_and_top_keys_per_queue(spark, clean_store: Path, rocketmq_fixtures: Path) -> None:
+def test_stats_counts_bytes_time_range_and_top_keys_per_queue(
+    spark, clean_store: Path, rocketmq_fixtures: Path
+) -> None:
     from rmq_mp.spark.jobs import stats
 
     report = stats(spark, _config(clean_store), None, 5)

@@ -15,7 +15,9 @@ pytest.importorskip("pyspark", reason=SKIP_REASON)
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
 SYSTEM_PROPERTIES = {PROPERTY_TAGS, PROPERTY_KEYS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX}
-SCHEMA = "topic string, body binary, tags string, keys array<string>, properties map<string,string>, queue_id int"
+SCHEMA = (
+    "topic string, body binary, tags string, keys array<string>, properties map<string,string>, queue_id int"
+)
 
 
 def _rows(count: int) -> list[tuple]:
@@ -73,7 +75,11 @@ def test_a_stream_copies_a_store_into_a_running_store(spark, tmp_path: Path, cle
         .select("topic", "body", "tags", "keys", "properties", "queue_id")
     )
     expected = (
-        spark.read.format("rmq").option("store", str(clean_store)).option("topic", "Payments").load().collect()
+        spark.read.format("rmq")
+        .option("store", str(clean_store))
+        .option("topic", "Payments")
+        .load()
+        .collect()
     )
     with running_service(tmp_path) as service:
         query = (

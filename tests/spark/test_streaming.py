@@ -45,7 +45,9 @@ def _run_available_now(spark, store: str, sink: Path, checkpoint: Path, **option
     return [p["numInputRows"] for p in query.recentProgress if p["numInputRows"]]
 
 
-def test_available_now_runs_deliver_every_message_exactly_once_across_a_restart(spark, tmp_path: Path) -> None:
+def test_available_now_runs_deliver_every_message_exactly_once_across_a_restart(
+    spark, tmp_path: Path
+) -> None:
     sink, checkpoint = tmp_path / "sink", tmp_path / "checkpoint"
     sent: dict[tuple[str, int, int], bytes] = {}
 
@@ -65,7 +67,9 @@ def test_available_now_runs_deliver_every_message_exactly_once_across_a_restart(
         # A topic that did not exist before: its queues are picked up from their first offset.
         produce(service, 300, 200, ("Orders", "Audit"))
         batches = _run_available_now(spark, store, sink, checkpoint, maxRecordsPerTrigger="90")
-        assert sum(batches) == 200 and max(batches) <= 90 and len(batches) >= 3
+        assert sum(batches) == 200
+        assert max(batches) <= 90
+        assert len(batches) >= 3
         assert _run_available_now(spark, store, sink, checkpoint) == []  # nothing new: nothing read
     with running_service(tmp_path) as service:  # the same store, a new supervisor
         produce(service, 500, 250, ("Orders", "Audit"))
