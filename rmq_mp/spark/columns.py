@@ -60,14 +60,13 @@ def _be(buf: np.ndarray, pos: np.ndarray, width: int) -> np.ndarray:
 
 def gather(buf: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """The byte ranges ``buf[starts[i] : starts[i] + lengths[i]]`` concatenated, and the int32
-    offsets of each range in the result (Arrow's variable-length layout)."""
+    offsets of each range in the result (Arrow's variable-length layout). A join of memoryview
+    slices: several times faster than a per-byte index array for bodies of hundreds of bytes."""
     offsets = np.zeros(len(starts) + 1, dtype=np.int64)
     np.cumsum(lengths, out=offsets[1:])
-    total = int(offsets[-1])
-    if total == 0:
-        return np.zeros(0, dtype=np.uint8), offsets.astype(np.int32)
-    index = np.repeat(starts - offsets[:-1], lengths) + np.arange(total, dtype=np.int64)
-    return buf[index], offsets.astype(np.int32)
+    view = memoryview(buf.data)
+    data = b"".join([view[s : s + n] for s, n in zip(starts.tolist(), lengths.tolist(), strict=True)])
+    return np.frombuffer(data, dtype=np.uint8), offsets.astype(np.int32)
 
 
 def _binary(data: np.ndarray, offsets: np.ndarray, kind: pa.DataType) -> pa.Array:

@@ -218,16 +218,17 @@ class SegmentReader:
         out[-RECORD_PAD_BYTES:] = 0
         starts = np.zeros(len(phy), dtype=np.int64)
         np.cumsum(size[:-1], out=starts[1:])
-        bounds = np.flatnonzero(np.diff(file_offsets)) + 1
-        for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(phy)], strict=True):
-            seg = self.segment(int(file_offsets[lo]))
-            local = phy[lo:hi] - file_offsets[lo]
-            length = size[lo:hi]
-            if int((local + length).max()) > len(seg):
-                raise StoreError(f"commit-log record beyond segment {int(file_offsets[lo])}'s end")
-            base = starts[lo]
-            index = np.repeat(local - (starts[lo:hi] - base), length) + np.arange(int(length.sum()))
-            out[base : base + len(index)] = seg[index]
+        # Copy runs of back-to-back records (same segment, each starting where the last ended) at once.
+        ends = phy + size
+        breaks = np.flatnonzero((phy[1:] != ends[:-1]) | (file_offsets[1:] != file_offsets[:-1])) + 1
+        for lo, hi in zip(np.r_[0, breaks].tolist(), np.r_[breaks, len(phy)].tolist(), strict=True):
+            file_offset = int(file_offsets[lo])
+            seg = self.segment(file_offset)
+            begin, end = int(phy[lo]) - file_offset, int(ends[hi - 1]) - file_offset
+            if end > len(seg):
+                raise StoreError(f"commit-log record beyond segment {file_offset}'s end")
+            base = int(starts[lo])
+            out[base : base + end - begin] = seg[begin:end]
         return out, starts
 
     def close(self) -> None:
