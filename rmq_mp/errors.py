@@ -58,3 +58,9 @@ class ShmAttachError(StoreError):
 
 class StoreNotRunningError(ShmAttachError):
     """The store named is not running (no supervisor holds its shared memory)."""
+
+
+class DataLossError(StoreError):
+    """Messages a Spark query asked for are gone: below the queue's minimum offset (the cleaner
+    deleted their files) or their files vanished while reading. Raised unless the query set
+    ``failOnDataLoss=false``, as Spark's Kafka source does."""

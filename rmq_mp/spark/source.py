@@ -1,0 +1,574 @@
+"""The `rmq` PySpark data source: batch and Structured Streaming reads of ConsumeQueues.
+
+Mirrors Spark's Kafka source (options, offsets JSON, `failOnDataLoss`, `maxRecordsPerTrigger`)
+on RocketMQ's read path (`getMessage`: ConsumeQueue entry → CommitLog record). Partitions are
+(store, topic, queue, offset range); filters on queue_id, queue_offset, commit_log_offset, tags
+and store_timestamp are applied before the CommitLog is touched (tags by the entry's tags hash,
+then exactly) and are not re-checked by Spark. `read()` yields Arrow batches (columns.py).
+
+Offsets in a stream checkpoint: ``{"<store root>": {"<topic>": {"<queueId>": next_offset}}}``
+(queue ids as strings: offsets round-trip through JSON). Option names are case-insensitive
+(`self.options` lower-cases them).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from pyspark.sql.datasource import (
+    DataSource,
+    DataSourceReader,
+    DataSourceStreamReader,
+    DataSourceStreamWriter,
+    DataSourceWriter,
+    EqualTo,
+    Filter,
+    GreaterThan,
+    GreaterThanOrEqual,
+    In,
+    InputPartition,
+    IsNotNull,
+    LessThan,
+    LessThanOrEqual,
+)
+from pyspark.sql.streaming.datasource import (
+    ReadAllAvailable,
+    ReadLimit,
+    ReadMaxRows,
+    SupportsTriggerAvailableNow,
+)
+from pyspark.sql.types import StructType
+
+from rmq_mp import message as m
+from rmq_mp.errors import ConfigError, DataLossError
+from rmq_mp.spark.columns import SCHEMA_DDL, decode_batch
+from rmq_mp.spark.store_files import (
+    QueueRange,
+    SegmentReader,
+    StoreRef,
+    first_offset_at_or_after,
+    queue_ranges,
+    read_cq_entries,
+    resolve_store,
+    valid_entries,
+)
+
+EARLIEST = -2
+LATEST = -1
+BATCH_ROWS = 65536
+BATCH_BYTES = 32 << 20
+DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_NEVER_NULL = {"topic", "queue_id", "queue_offset", "commit_log_offset", "msg_id", "body", "keys",
+               "born_timestamp", "store_timestamp", "born_host", "store_host", "sys_flag",
+               "reconsume_times", "broker"}  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True)
+class ReadOptions:
+    """The source's options, parsed and checked once on the driver side."""
+
+    stores: tuple[StoreRef, ...]
+    topics: frozenset[str] | None
+    starting: str | dict[str, dict[int, int]]
+    ending: str | dict[str, dict[int, int]]
+    starting_timestamp_ms: int | None
+    max_records_per_partition: int
+    max_records_per_trigger: int | None
+    include_properties: bool
+    fail_on_data_loss: bool
+
+    @classmethod
+    def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+        opts = {k.lower(): v for k, v in options.items()}
+        spec = opts.get("store") or opts.get("path")
+        if not spec:
+            raise ConfigError("rmq source: option 'store' (a store directory or shm name) is required")
+        stores = tuple(resolve_store(s, opts.get("conf")) for s in spec.split(",") if s.strip())
+        if len({s.root for s in stores}) != len(stores):
+            raise ConfigError(f"rmq source: option 'store' names the same store twice: {spec!r}")
+        names = opts.get("topics") or opts.get("topic")
+        topics = frozenset(t.strip() for t in names.split(",") if t.strip()) if names else None
+        return cls(
+            stores=stores,
+            topics=topics,
+            starting=_offsets_option(opts, "startingoffsets", "latest" if streaming else "earliest"),
+            ending=_offsets_option(opts, "endingoffsets", "latest"),
+            starting_timestamp_ms=_int_option(opts, "startingtimestamp", None, minimum=0),
+            max_records_per_partition=_int_option(
+                opts, "maxrecordsperpartition", DEFAULT_MAX_RECORDS_PER_PARTITION, minimum=1
+            )
+            or DEFAULT_MAX_RECORDS_PER_PARTITION,
+            max_records_per_trigger=_int_option(opts, "maxrecordspertrigger", None, minimum=1),
+            include_properties=_bool_option(opts, "includeproperties", True),
+            fail_on_data_loss=_bool_option(opts, "failondataloss", True),
+        )
+
+
+def _int_option(opts: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:
+    text = opts.get(name)
+    if text is None:
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        raise ConfigError(f"rmq source: option {name} must be an integer, got {text!r}") from None
+    if value < minimum:
+        raise ConfigError(f"rmq source: option {name} must be >= {minimum}, got {value}")
+    return value
+
+
+def _bool_option(opts: dict[str, str], name: str, default: bool) -> bool:
+    text = opts.get(name)
+    if text is None:
+        return default
+    if text.strip().lower() not in ("true", "false"):
+        raise ConfigError(f"rmq source: option {name} must be true or false, got {text!r}")
+    return text.strip().lower() == "true"
+
+
+def _offsets_option(opts: dict[str, str], name: str, default: str) -> str | dict[str, dict[int, int]]:
+    """``earliest``, ``latest`` or Kafka-style ``{"topic": {"queueId": offset}}`` (-2 earliest,
+    -1 latest)."""
+    text = opts.get(name, default).strip()
+    if text.lower() in ("earliest", "latest"):
+        return text.lower()
+    try:
+        raw = json.loads(text)
+        parsed = {str(topic): {int(q): int(o) for q, o in queues.items()} for topic, queues in raw.items()}
+    except (ValueError, AttributeError, TypeError) as exc:
+        raise ConfigError(
+            f'rmq source: option {name} must be earliest, latest or {{"topic": {{"queueId": offset}}}}, '
+            f"got {text!r}"
+        ) from exc
+    for topic, queues in parsed.items():
+        for queue_id, offset in queues.items():
+            if queue_id < 0 or offset < EARLIEST:
+                raise ConfigError(f"rmq source: option {name}: bad entry {topic}/{queue_id} = {offset}")
+    return parsed
+
+
+def _resolve(option: str | dict[str, dict[int, int]], q: QueueRange, *, absent: int) -> int:
+    """The queue offset an offsets option names for one queue."""
+    if option == "earliest":
+        return q.min_offset
+    if option == "latest":
+        return q.max_offset
+    assert isinstance(option, dict)
+    value = option.get(q.topic, {}).get(q.queue_id, absent)
+    return q.min_offset if value == EARLIEST else q.max_offset if value == LATEST else value
+
+
+# ------------------------------------------------------------------------------------- filters
+
+
+def _micros(value: Any) -> int:
+    if isinstance(value, datetime):
+        if value.tzinfo is None:
+            value = value.replace(tzinfo=UTC)
+        return (value - _EPOCH) // timedelta(microseconds=1)
+    return int(value)
+
+
+@dataclass
+class Bounds:
+    """``[lo, hi)`` plus an optional set of allowed values."""
+
+    lo: int = -(1 << 63)
+    hi: int = 1 << 63
+    values: frozenset[int] | None = None
+
+    def allows(self, value: int) -> bool:
+        return self.lo <= value < self.hi and (self.values is None or value in self.values)
+
+    def absorb(self, f: Filter, convert: Any = int) -> bool:
+        if isinstance(f, In):
+            allowed = frozenset(convert(v) for v in f.value if v is not None)
+            self.values = allowed if self.values is None else self.values & allowed
+        elif isinstance(f, EqualTo):
+            v = convert(f.value)
+            self.lo, self.hi = max(self.lo, v), min(self.hi, v + 1)
+        elif isinstance(f, GreaterThan):
+            self.lo = max(self.lo, convert(f.value) + 1)
+        elif isinstance(f, GreaterThanOrEqual):
+            self.lo = max(self.lo, convert(f.value))
+        elif isinstance(f, LessThan):
+            self.hi = min(self.hi, convert(f.value))
+        elif isinstance(f, LessThanOrEqual):
+            self.hi = min(self.hi, convert(f.value) + 1)
+        else:
+            return False
+        return True
+
+    def clamp(self, lo: int, hi: int) -> tuple[int, int]:
+        return max(lo, self.lo), min(hi, self.hi)
+
+
+@dataclass
+class Pushdown:
+    """Filters the source applies itself; Spark does not re-check them."""
+
+    queue_id: Bounds = field(default_factory=Bounds)
+    queue_offset: Bounds = field(default_factory=Bounds)
+    commit_log_offset: Bounds = field(default_factory=Bounds)
+    store_timestamp_us: Bounds = field(default_factory=Bounds)
+    topics: frozenset[str] | None = None
+    tags: frozenset[str] | None = None
+
+    def absorb(self, f: Filter) -> bool:
+        attribute: tuple[str, ...] = getattr(f, "attribute", ())
+        if len(attribute) != 1:
+            return False
+        column = attribute[0]
+        if isinstance(f, IsNotNull):
+            return column in _NEVER_NULL
+        if column in ("queue_id", "queue_offset", "commit_log_offset"):
+            return bool(getattr(self, column).absorb(f))
+        if column == "store_timestamp":
+            return self.store_timestamp_us.absorb(f, _micros)
+        if column in ("topic", "tags") and isinstance(f, EqualTo | In):
+            given = [f.value] if isinstance(f, EqualTo) else list(f.value)
+            allowed = frozenset(str(v) for v in given if v is not None)
+            attr = "topics" if column == "topic" else "tags"
+            current = getattr(self, attr)
+            setattr(self, attr, allowed if current is None else current & allowed)
+            return True
+        return False
+
+
+# ------------------------------------------------------------------------------------- partitions
+
+
+@dataclass
+class QueueSlice(InputPartition):
+    """Queue offsets ``[start, end)`` of one queue of one store."""
+
+    store: StoreRef
+    topic: str
+    queue_id: int
+    start: int
+    end: int
+
+
+def _split(store: StoreRef, topic: str, queue_id: int, start: int, end: int, size: int) -> list[QueueSlice]:
+    return [QueueSlice(store, topic, queue_id, s, min(end, s + size)) for s in range(start, end, size)]
+
+
+def _ms_ceil(micros: int) -> int:
+    return -((-micros) // 1000)
+
+
+def plan_batch(opts: ReadOptions, push: Pushdown) -> list[QueueSlice]:
+    """Partitions of a batch read: every queue of the chosen topics, offsets narrowed by the
+    options and the pushed filters (store-time bounds by binary search on the queue)."""
+    slices: list[QueueSlice] = []
+    topics = (
+        opts.topics if push.topics is None else (push.topics & opts.topics if opts.topics else push.topics)
+    )
+    for store in opts.stores:
+        for q in queue_ranges(store, topics):
+            if not push.queue_id.allows(q.queue_id):
+                continue
+            start = _resolve(opts.starting, q, absent=q.min_offset)
+            end = _resolve(opts.ending, q, absent=q.max_offset)
+            if start < q.min_offset:
+                if opts.fail_on_data_loss:
+                    raise DataLossError(
+                        f"{store.root} {q.topic}/{q.queue_id}: starting offset {start} is below the queue's "
+                        f"minimum {q.min_offset} (deleted); set failOnDataLoss=false to skip"
+                    )
+                start = q.min_offset
+            start, end = push.queue_offset.clamp(start, min(end, q.max_offset))
+            if opts.starting_timestamp_ms is not None and start < end:
+                start = first_offset_at_or_after(store, q, start, end, opts.starting_timestamp_ms)
+            ts = push.store_timestamp_us
+            if ts.lo > -(1 << 63) and start < end:
+                start = first_offset_at_or_after(store, q, start, end, _ms_ceil(ts.lo))
+            if ts.hi < (1 << 63) and start < end:
+                end = first_offset_at_or_after(store, q, start, end, _ms_ceil(ts.hi))
+            slices.extend(_split(store, q.topic, q.queue_id, start, end, opts.max_records_per_partition))
+    return slices
+
+
+# ------------------------------------------------------------------------------------- reading
+
+
+def read_slice(
+    part: QueueSlice, push: Pushdown, *, include_properties: bool, fail_on_data_loss: bool = True
+) -> Iterator[pa.RecordBatch]:
+    """The rows of one partition as Arrow batches of at most BATCH_ROWS rows / ~BATCH_BYTES."""
+    reader = SegmentReader(part.store)
+    tags_codes = (
+        np.array(sorted({m.tags_code(t) for t in push.tags}), dtype=np.int64)
+        if push.tags is not None and part.topic != m.SCHEDULE_TOPIC
+        else None
+    )
+    try:
+        offset = part.start
+        while offset < part.end:
+            upto = min(part.end, offset + BATCH_ROWS)
+            try:
+                entries = read_cq_entries(part.store, part.topic, part.queue_id, offset, upto)
+            except DataLossError:
+                if fail_on_data_loss:
+                    raise
+                offset = upto
+                continue
+            queue_offsets = np.arange(offset, upto, dtype=np.int64)
+            keep = valid_entries(entries)
+            phy = entries["phy"].astype(np.int64)
+            c = push.commit_log_offset
+            keep &= (phy >= c.lo) & (phy < c.hi)
+            if c.values is not None:
+                keep &= np.isin(phy, np.array(sorted(c.values), dtype=np.int64))
+            if tags_codes is not None:
+                keep &= np.isin(entries["tags"].astype(np.int64), tags_codes)
+            size = entries["size"].astype(np.int64)
+            phy, size, queue_offsets = phy[keep], size[keep], queue_offsets[keep]
+            # Cut the batch by bytes too, so huge bodies never build a giant buffer.
+            if len(size) and int(size.sum()) > BATCH_BYTES:
+                cut = max(1, int(np.searchsorted(np.cumsum(size), BATCH_BYTES)))
+                upto = int(queue_offsets[cut - 1]) + 1
+                phy, size = phy[:cut], size[:cut]
+            offset = upto
+            if not len(phy):
+                continue
+            try:
+                buf, starts = reader.gather(phy, size)
+            except DataLossError:
+                if fail_on_data_loss:
+                    raise
+                continue
+            batch = decode_batch(
+                buf,
+                starts,
+                broker=part.store.broker,
+                expected_phy=phy,
+                expected_size=size,
+                include_properties=include_properties,
+            )
+            batch = _post_filter(batch, push)
+            if batch.num_rows:
+                yield batch
+    finally:
+        reader.close()
+
+
+def _post_filter(batch: pa.RecordBatch, push: Pushdown) -> pa.RecordBatch:
+    """Exact checks of what the entries could only narrow: tag strings, store-time bounds."""
+    mask = None
+    if push.tags is not None:
+        mask = pc.fill_null(pc.is_in(batch.column("tags"), pa.array(sorted(push.tags), pa.string())), False)
+    ts = push.store_timestamp_us
+    if ts.lo > -(1 << 63) or ts.hi < (1 << 63) or ts.values is not None:
+        micros = np.asarray(batch.column("store_timestamp").cast(pa.int64()))
+        in_range = (micros >= ts.lo) & (micros < ts.hi)
+        if ts.values is not None:
+            in_range &= np.isin(micros, np.array(sorted(ts.values), dtype=np.int64))
+        mask = pa.array(in_range) if mask is None else pc.and_(mask, pa.array(in_range))
+    return batch if mask is None else batch.filter(mask)
+
+
+# ------------------------------------------------------------------------------------- batch
+
+
+class RmqBatchReader(DataSourceReader):
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self.push = Pushdown()
+
+    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
+        for f in filters:
+            if not self.push.absorb(f):
+                yield f
+
+    def partitions(self) -> list[QueueSlice]:
+        return plan_batch(self.opts, self.push)
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, QueueSlice):  # Spark's stand-in when partitions() is empty
+            return iter(())
+        return read_slice(partition, self.push, include_properties=self.opts.include_properties)
+
+
+# ------------------------------------------------------------------------------------- streaming
+
+StreamOffset = dict[str, dict[str, dict[str, int]]]
+
+
+def _offset_of(ranges: Mapping[str, list[QueueRange]], pick: Any) -> StreamOffset:
+    return {
+        root: _nest((q.topic, q.queue_id, pick(root, q)) for q in queues) for root, queues in ranges.items()
+    }
+
+
+def _nest(items: Iterable[tuple[str, int, int]]) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for topic, queue_id, offset in items:
+        out.setdefault(topic, {})[str(queue_id)] = offset
+    return out
+
+
+class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
+    """Micro-batches of per-queue offset ranges. New queues are read from their minimum offset;
+    an offset the cleaner has deleted is `DataLossError`, or skipped with failOnDataLoss=false."""
+
+    def __init__(self, opts: ReadOptions) -> None:
+        self.opts = opts
+        self._initial: StreamOffset | None = None
+        self._target: StreamOffset | None = None
+
+    def _ranges(self) -> dict[str, list[QueueRange]]:
+        return {store.root: queue_ranges(store, self.opts.topics) for store in self.opts.stores}
+
+    def initialOffset(self) -> StreamOffset:
+        if self._initial is None:
+            start = self.opts.starting
+            ts = self.opts.starting_timestamp_ms
+            stores = {s.root: s for s in self.opts.stores}
+
+            def pick(root: str, q: QueueRange) -> int:
+                offset = _resolve(start, q, absent=q.min_offset)
+                if ts is not None:
+                    offset = first_offset_at_or_after(
+                        stores[root], q, max(offset, q.min_offset), q.max_offset, ts
+                    )
+                return offset
+
+            self._initial = _offset_of(self._ranges(), pick)
+        return self._initial
+
+    def prepareForTriggerAvailableNow(self) -> None:
+        self._target = _offset_of(self._ranges(), lambda _root, q: q.max_offset)
+
+    def getDefaultReadLimit(self) -> ReadLimit:
+        limit = self.opts.max_records_per_trigger
+        return ReadMaxRows(limit) if limit else ReadAllAvailable()
+
+    def latestOffset(self, start: StreamOffset, limit: ReadLimit) -> StreamOffset:
+        latest = self._target or _offset_of(self._ranges(), lambda _root, q: q.max_offset)
+        if not isinstance(limit, ReadMaxRows):
+            return _union(start, latest)
+        budget = limit.max_rows
+        wanted = {
+            (root, topic, qid): max(0, end - start.get(root, {}).get(topic, {}).get(qid, 0))
+            for root, topics in latest.items()
+            for topic, queues in topics.items()
+            for qid, end in queues.items()
+        }
+        total = sum(wanted.values())
+        grant = {k: (v * budget // total if total else 0) for k, v in wanted.items()}
+        left = min(budget, total) - sum(grant.values())
+        for k in sorted(wanted):  # hand the rounding remainder out in a stable order
+            extra = min(left, wanted[k] - grant[k])
+            grant[k] += extra
+            left -= extra
+        capped = {
+            root: {
+                topic: {
+                    qid: start.get(root, {}).get(topic, {}).get(qid, 0) + grant[(root, topic, qid)]
+                    for qid in queues
+                }
+                for topic, queues in topics.items()
+            }
+            for root, topics in latest.items()
+        }
+        return _union(start, capped)
+
+    def partitions(self, start: StreamOffset, end: StreamOffset) -> list[QueueSlice]:
+        stores = {s.root: s for s in self.opts.stores}
+        current = {root: {(q.topic, q.queue_id): q for q in qs} for root, qs in self._ranges().items()}
+        slices: list[QueueSlice] = []
+        for root, topics in end.items():
+            store = stores.get(root)
+            if store is None:
+                raise ConfigError(
+                    f"rmq source: the checkpoint names store {root}, which the query no longer reads"
+                )
+            for topic, queues in topics.items():
+                for qid_text, end_offset in queues.items():
+                    queue_id = int(qid_text)
+                    q = current[root].get((topic, queue_id))
+                    min_offset = q.min_offset if q else 0
+                    begin = start.get(root, {}).get(topic, {}).get(qid_text)
+                    if begin is None:
+                        begin = min_offset  # a queue that appeared after the query started
+                    if begin < min_offset:
+                        if self.opts.fail_on_data_loss:
+                            raise DataLossError(
+                                f"{root} {topic}/{queue_id}: offsets [{begin}, {min_offset}) were deleted before "
+                                "they were read; set failOnDataLoss=false to skip them"
+                            )
+                        begin = min_offset
+                    slices.extend(
+                        _split(store, topic, queue_id, begin, end_offset, self.opts.max_records_per_partition)
+                    )
+        return slices
+
+    def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
+        if not isinstance(partition, QueueSlice):
+            return iter(())
+        return read_slice(
+            partition,
+            Pushdown(),
+            include_properties=self.opts.include_properties,
+            fail_on_data_loss=self.opts.fail_on_data_loss,
+        )
+
+    def commit(self, end: StreamOffset) -> None:
+        """Nothing to do: the query's checkpoint holds the offsets (commit runs a batch late)."""
+
+
+def _union(start: StreamOffset, end: StreamOffset) -> StreamOffset:
+    """``end``, keeping queues only ``start`` knows and never moving a queue backwards."""
+    out: StreamOffset = json.loads(json.dumps(start))
+    for root, topics in end.items():
+        for topic, queues in topics.items():
+            for qid, offset in queues.items():
+                queues_out = out.setdefault(root, {}).setdefault(topic, {})
+                queues_out[qid] = max(offset, queues_out.get(qid, 0))
+    return out
+
+
+# ------------------------------------------------------------------------------------- source
+
+
+class RmqDataSource(DataSource):
+    """``spark.read.format("rmq")``, ``spark.readStream.format("rmq")``, ``df.write.format("rmq")``."""
+
+    @classmethod
+    def name(cls) -> str:
+        return "rmq"
+
+    def schema(self) -> str:
+        return SCHEMA_DDL
+
+    def reader(self, schema: StructType) -> DataSourceReader:
+        return RmqBatchReader(ReadOptions.parse(self.options, streaming=False))
+
+    def streamReader(self, schema: StructType) -> DataSourceStreamReader:
+        return RmqStreamReader(ReadOptions.parse(self.options, streaming=True))
+
+    def writer(self, schema: StructType, overwrite: bool) -> DataSourceWriter:
+        from rmq_mp.spark.sink import RmqWriter, SinkOptions
+
+        return RmqWriter(SinkOptions.parse(self.options, schema))
+
+    def streamWriter(self, schema: StructType, overwrite: bool) -> DataSourceStreamWriter:
+        from rmq_mp.spark.sink import RmqStreamWriter, SinkOptions
+
+        return RmqStreamWriter(SinkOptions.parse(self.options, schema))
+
+
+def ms_to_datetime(ms: int) -> datetime:
+    return _EPOCH + timedelta(milliseconds=ms)

@@ -1,0 +1,140 @@
+"""`rmq-spark` jobs (issue 7): one task per CommitLog segment; audit, rebuild-index, export, stats."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, is_dispatchable, split_keys, transaction_type
+
+from .conftest import SKIP_REASON
+
+pytest.importorskip("pyspark", reason=SKIP_REASON)
+pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
+
+ROOT = Path(__file__).resolve().parents[2]
+SETTINGS = ["mappedFileSizeCommitLog=1048576", "mappedFileSizeConsumeQueue=20000", "maxHashSlotNum=1000",
+            "maxIndexNum=4000"]  # fmt: skip
+
+
+def _messages(rocketmq_fixtures: Path) -> list[dict]:
+    with (rocketmq_fixtures / "clean-store.messages.jsonl").open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f]
+
+
+def _config(store: Path) -> MessageStoreConfig:
+    from rmq_mp.spark.jobs import store_config
+
+    return store_config(str(store), None, SETTINGS)
+
+
+def test_rebuild_index_reproduces_the_consume_queues_byte_for_byte_and_finds_every_key(
+    spark, clean_store: Path, rocketmq_fixtures: Path, tmp_path: Path
+) -> None:
+    from rmq_mp.spark.jobs import rebuild_index
+
+    report = rebuild_index(spark, _config(clean_store), tmp_path / "rebuilt")
+    assert report["segments"] == 8
+    assert report["errors"] == []
+    assert report["cq_entries"] == 11_518
+    assert report["cq_files"] == report["cq_identical"] == 19
+    assert (report["cq_differ"], report["cq_missing"], report["cq_extra"]) == ([], [], [])
+    keys = sum(
+        len(split_keys(m["keys"])) + ("UNIQ_KEY" in m["properties"])
+        for m in _messages(rocketmq_fixtures)
+        if transaction_type(m["sysFlag"]) != TRANSACTION_ROLLBACK_TYPE
+    )
+    assert report["keys_total"] == keys == 16_674
+    assert report["keys_missing"] == []
+    assert report["index_files"] == report["index_rebuilt_files"] == report["index_identical"]
+
+
+def test_audit_of_a_clean_store_finds_nothing(spark, clean_store: Path) -> None:
+    from rmq_mp.spark.jobs import audit
+
+    reports = audit(spark, _config(clean_store))
+    assert [r.errors for r in reports] == [[]] * 8
+    assert sum(r.records for r in reports) == 12_000
+    assert all(r.blank_at is not None for r in reports[:-1])
+    assert reports[-1].blank_at is None
+
+
+def test_audit_names_the_segment_and_offset_of_a_flipped_byte(
+    clean_store_copy: Path, rocketmq_fixtures: Path
+) -> None:
+    """The console script end to end (its own Spark session), progress lines included."""
+    victim = next(
+        m for m in _messages(rocketmq_fixtures) if m["commitLogOffset"] > 3 * 2**20 and m["bodyLen"] > 20
+    )
+    segment = clean_store_copy / "commitlog" / f"{3 * 2**20:020d}"
+    data = bytearray(segment.read_bytes())
+    body_at = data.find(bytes.fromhex(victim["body"]), victim["commitLogOffset"] - 3 * 2**20)
+    data[body_at + 7] ^= 0x20
+    segment.write_bytes(data)
+    result = subprocess.run(
+        [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(clean_store_copy), "--master", "local[2]"],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert result.returncode == 1, result.stderr
+    assert (
+        f"00000000000003145728 offset {victim['commitLogOffset']} "
+        f"(position {victim['commitLogOffset'] - 3 * 2**20}): body CRC mismatch"
+    ) in result.stdout
+    assert "8 segment(s), 12000 record(s), 1 problem(s)" in result.stdout
+    assert "audit: 8/8 tasks" in result.stderr
+
+
+def test_export_writes_parquet_by_topic_and_queue_that_spark_reads_back(
+    spark, clean_store: Path, tmp_path: Path
+) -> None:
+    from rmq_mp.spark.jobs import export
+
+    topics = frozenset(
+        {
+            "Payments",
+            "主题-τ",
+            "t_%RETRY%x_long-topic-name_abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789a",
+        }
+    )
+    report = export(spark, _config(clean_store), tmp_path / "export", topics)
+    source = (
+        spark.read.format("rmq").option("store", str(clean_store)).option("topics", ",".join(topics)).load()
+    )
+    expected = {(r.topic, r.queue_id, r.queue_offset): bytes(r.body) for r in source.collect()}
+    assert report["rows"] == len(expected)
+    assert report["errors"] == []
+    exported = spark.read.parquet(str(tmp_path / "export"))
+    got = {(r.topic, r.queue_id, r.queue_offset): bytes(r.body) for r in exported.collect()}
+    assert got == expected
+    assert report["mb_per_s"] > 0
+
+
+def test_stats_counts_bytes_time_range_and_top_keys_per_queue(
+    spark, clean_store: Path, rocketmq_fixtures: Path
+) -> None:
+    from rmq_mp.spark.jobs import stats
+
+    report = stats(spark, _config(clean_store), None, 5)
+    messages = [m for m in _messages(rocketmq_fixtures) if is_dispatchable(m["sysFlag"])]
+    by_queue: dict[tuple[str, int], list[dict]] = {}
+    for m in messages:
+        by_queue.setdefault((m["topic"], m["queueId"]), []).append(m)
+    assert len(report["queues"]) == len(by_queue)
+    for q in report["queues"]:
+        ms = by_queue[(q["topic"], q["queue_id"])]
+        assert q["count"] == len(ms)
+        assert q["record_bytes"] == sum(m["storeSize"] for m in ms)
+        assert q["body_bytes"] == sum(m["bodyLen"] for m in ms)
+        assert (q["first_store_ms"], q["last_store_ms"]) == (
+            min(m["storeTimestamp"] for m in ms), max(m["storeTimestamp"] for m in ms),
+        )  # fmt: skip
+    keys = Counter((m["topic"], k) for m in messages for k in split_keys(m["keys"]))
+    top = [(k["topic"], k["key"], k["count"]) for k in report["top_keys"]]
+    assert [c for _t, _k, c in top] == [c for _key, c in keys.most_common(5)]
+    assert all(keys[(t, k)] == c for t, k, c in top)
