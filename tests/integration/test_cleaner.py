@@ -130,6 +130,7 @@ def test_expired_files_are_deleted_only_at_the_delete_when_hour(tmp_path: Path) 
     size = 1 * MIB
     with running_service(tmp_path, **(CLEANER | {"deleteWhen": ALWAYS})) as service:
         wait_until(lambda: service.read(layout.MIN_OFFSET) == 3 * size, 20, "expired files deleted")
+        wait_until(lambda: stats(service).runs >= 1, 20, "the run recorded (after its deletions)")
         s = stats(service)
         assert s.last_triggers == "deleteWhen"
         assert "fileReservedTime is 1 h" in s.last_outcome, s
