@@ -31,7 +31,6 @@ from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
-from shm.semaphores import acquire
 
 FLAGS_LOCK_TIMEOUT_S = 5.0
 
@@ -85,13 +84,8 @@ def _attach(args: argparse.Namespace) -> Iterator[RunningStore]:
 @contextmanager
 def _flags_lock(store: RunningStore) -> Iterator[None]:
     """The lock consumers insert group offsets under and the supervisor persists config under."""
-    lock = store.shm.semaphore(store.names.flags_lock)
-    if not acquire(lock, FLAGS_LOCK_TIMEOUT_S):
-        raise StoreError(f"flags lock of {store.names.base} busy for {FLAGS_LOCK_TIMEOUT_S:.0f} s; try again")
-    try:
+    with store.shm.flags_lock("change the store's offsets or topics; try again"):
         yield
-    finally:
-        lock.release()
 
 
 def _refuse_if_running(store: MessageStore) -> None:

@@ -17,7 +17,6 @@ from rmq_mp.errors import StoreError
 from rmq_mp.mapped_file import offset_to_file_name
 from shm import layout
 from shm.pointer_table import PointerTable
-from shm.semaphores import acquire
 
 if TYPE_CHECKING:
     from rmq_mp.running_store import RunningStore
@@ -129,14 +128,9 @@ def request_manual_delete(store: RunningStore, *, wait_s: float) -> CleanerStati
     runs may delete expired files whatever the hour or disk; returns the statistics once the
     first of them finished. Raises StoreError if the cleaner does not answer within ``wait_s``."""
     table = store.shm.table
-    lock = store.shm.semaphore(store.names.flags_lock)
-    if not acquire(lock, 5.0):
-        raise StoreError("flags lock busy: cannot file a manual deletion request")
-    try:
+    with store.shm.flags_lock("file a manual deletion request"):
         seq = table.get(layout.MANUAL_DELETE_SEQ) + 1
         table.set(layout.MANUAL_DELETE_SEQ, seq)
-    finally:
-        lock.release()
     store.shm.wake("cleaner")
     deadline = time.monotonic() + wait_s
     while table.get(layout.MANUAL_DELETE_DONE_SEQ) < seq:

@@ -76,10 +76,7 @@ class Consumer:
 
     def _claim_waiter_slot(self) -> int:
         """A waiter slot of our own: free, or left by a dead consumer (under the flags lock)."""
-        lock = self.store.shm.semaphore(self.store.names.flags_lock)
-        if not acquire(lock, 5.0):
-            raise ShmAttachError("flags lock busy: cannot register for long polling")
-        try:
+        with self.store.shm.flags_lock("register for long polling"):
             for slot in range(self.waiters.capacity):
                 pid = self.waiters.get(slot, wt.PID)
                 if pid == 0 or not pid_alive(pid):
@@ -87,8 +84,6 @@ class Consumer:
                     self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
                     self.waiters.set(slot, wt.PID, os.getpid())
                     return slot
-        finally:
-            lock.release()
         raise ShmAttachError(f"all {self.waiters.capacity} long-polling slots are in use")
 
     def close(self) -> None:
@@ -276,17 +271,12 @@ class Consumer:
                 (s.topic, q): o for s in self.subscriptions.values() for q, o in s.next_offsets.items()
             }
         groups = self.store.shm.groups
-        lock = self.store.shm.semaphore(self.store.names.flags_lock)
         for (topic, queue_id), offset in offsets.items():
             key = ConsumerOffsetManager.key(self.group, topic)
             slot = groups.find(key, queue_id)
             if slot < 0:
-                if not acquire(lock, 5.0):
-                    raise ShmAttachError("flags lock busy: cannot register a group offset")
-                try:
+                with self.store.shm.flags_lock("register a group offset"):
                     slot = groups.find_or_insert(key, queue_id)
-                finally:
-                    lock.release()
             groups.set(slot, qo.COMMITTED, offset)
             self.committed[(topic, queue_id)] = offset
         return dict(self.committed)

@@ -21,13 +21,14 @@ from rmq_mp.running_store import RunningStore
 from shm import layout
 from shm.metrics import MetricsTable
 from shm.pointer_table import pid_alive
-from shm.semaphores import PutLock, acquire
+from shm.semaphores import PutLock
 
 log = logging.getLogger("rmq_mp.producer")
 
 
 class _Sender(Protocol):
     store: RunningStore
+    lock: PutLock
 
 
 class _Result(Protocol):
@@ -62,20 +63,18 @@ class _Recorder:
             table = MetricsTable.attach(store.names.metrics)
         except ShmAttachError:
             return
-        lock = store.shm.semaphore(store.names.flags_lock)
-        if not acquire(lock, 5.0):
+        try:
+            with store.shm.flags_lock("claim a metrics slot"):
+                pid = os.getpid()
+                for slot in range(table.slots):
+                    owner = table.owner(slot)
+                    if owner in (0, pid) or not pid_alive(owner):
+                        table.claim(slot, pid)
+                        self.table, self.slot = table, slot
+                        return
+        except ShmAttachError:
             table.close()
             return
-        try:
-            pid = os.getpid()
-            for slot in range(table.slots):
-                owner = table.owner(slot)
-                if owner in (0, pid) or not pid_alive(owner):
-                    table.claim(slot, pid)
-                    self.table, self.slot = table, slot
-                    return
-        finally:
-            lock.release()
         table.close()
         log.warning(
             "all %d producer metrics slots are in use: this producer's puts go unmeasured", table.slots
@@ -91,11 +90,7 @@ def timed_send(method: Callable[[_S, Any], list[_R]]) -> Callable[[_S, Any], lis
 
     @functools.wraps(method)
     def wrapper(self: _S, messages: Any) -> list[_R]:
-        # The hold time comes from `PutLock.last_hold_ns`; a put path with another lock still
-        # gets its latencies recorded, without hold times.
-        lock = getattr(self, "lock", None)
-        if isinstance(lock, PutLock):
-            lock.last_hold_ns = -1
+        self.lock.last_hold_ns = -1  # stays -1 when the call never took the lock
         started_ns = time.perf_counter_ns()
         results = method(self, messages)
         latency_us = (time.perf_counter_ns() - started_ns) // 1000
@@ -103,7 +98,7 @@ def timed_send(method: Callable[[_S, Any], list[_R]]) -> Callable[[_S, Any], lis
         found = recorder.slot_for(self.store)
         if found is not None:
             table, slot = found
-            hold_ns = lock.last_hold_ns if isinstance(lock, PutLock) else -1
+            hold_ns = self.lock.last_hold_ns
             table.record(
                 slot,
                 puts=len(results),

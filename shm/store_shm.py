@@ -8,6 +8,8 @@ also how a restarted supervisor clears a crashed run's leftovers.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,21 +127,31 @@ class StoreShm:
         """Wake a worker (RocketMQ's ``service.wakeup()``)."""
         self.wakeup(role).wakeup()
 
+    @contextmanager
+    def flags_lock(self, purpose: str) -> Iterator[None]:
+        """Hold the store's flags lock: it guards the running flags, slot claims in the consumer,
+        group-offset and metrics tables, manual requests and the supervisor's config persist.
+        Raises ShmAttachError naming ``purpose`` if it stays busy (a holder died in it)."""
+        lock = self.semaphore(self.names.flags_lock)
+        if not acquire(lock, FLAGS_LOCK_TIMEOUT_S):
+            raise ShmAttachError(
+                f"flags lock of {self.names.base} busy for {FLAGS_LOCK_TIMEOUT_S:.0f} s: cannot {purpose}"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
+
     def update_running_flags(self, *, set_bits: int = 0, clear_bits: int = 0) -> int:
         """RunningFlags read-modify-write under the flags lock (several workers write them).
         Returns the flags before the change (RocketMQ's getAndMakeDiskFull/-OK tell whether
-        the bit changed); raises ShmAttachError if the lock stays busy."""
-        lock = self.semaphore(self.names.flags_lock)
-        if not acquire(lock, FLAGS_LOCK_TIMEOUT_S):
-            raise ShmAttachError(f"{self.names.flags_lock} busy for {FLAGS_LOCK_TIMEOUT_S} s")
-        try:
+        the bit changed)."""
+        with self.flags_lock("update the running flags"):
             before = self.table.get(layout.RUNNING_FLAGS)
             after = (before | set_bits) & ~clear_bits
             if after != before:
                 self.table.set(layout.RUNNING_FLAGS, after)
             return before
-        finally:
-            lock.release()
 
     # ------------------------------------------------------------------ teardown
 

@@ -259,26 +259,28 @@ class Supervisor:
         for topic, queue_id, _slot in self.shm.queues.queues():
             queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
         # Under the flags lock, from the file: `rmq-admin updateTopic --name` changes it live.
-        lock = self.shm.semaphore(self.names.flags_lock)
-        if not acquire(lock, 5.0):
-            log.warning("flags lock busy: topics.json persist postponed")
-            return
         try:
-            self.topics.load()
-            before = self.topics.counter
-            for topic, count in queue_counts.items():
-                existing = self.topics.get(topic)
-                if existing is None:
-                    nums = max(count, self.config.default_topic_queue_nums)
-                    self.topics.put(TopicConfig(topic, nums, nums))
-                elif count > existing.read_queue_nums:
-                    self.topics.put(
-                        TopicConfig(topic, count, max(count, existing.write_queue_nums), existing.perm)
-                    )
-            if self.topics.counter != before:
-                self.topics.persist()
-        finally:
-            lock.release()
+            with self.shm.flags_lock("persist topics.json"):
+                self._persist_topics(queue_counts)
+        except ShmAttachError as exc:
+            log.warning("%s; postponed", exc)
+
+    def _persist_topics(self, queue_counts: dict[str, int]) -> None:
+        """Grow topics.json to the queues in use, from the file as it is now (`rmq-admin
+        updateTopic --name` changes it live); flags lock held."""
+        self.topics.load()
+        before = self.topics.counter
+        for topic, count in queue_counts.items():
+            existing = self.topics.get(topic)
+            if existing is None:
+                nums = max(count, self.config.default_topic_queue_nums)
+                self.topics.put(TopicConfig(topic, nums, nums))
+            elif count > existing.read_queue_nums:
+                self.topics.put(
+                    TopicConfig(topic, count, max(count, existing.write_queue_nums), existing.perm)
+                )
+        if self.topics.counter != before:
+            self.topics.persist()
 
     def _check_worker(self, handle: WorkerHandle) -> None:
         assert self.shm is not None
