@@ -36,8 +36,9 @@ log = logging.getLogger(__name__)
 
 CQ_STORE_UNIT_SIZE = 20
 PRE_BLANK_SIZE = 0x7FFFFFFF
-_ENTRY = struct.Struct(">qiq")
-_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+CQ_ENTRY = struct.Struct(">qiq")
+"""One entry: phy offset, size, tags code (big-endian); the one definition, Spark included."""
+CQ_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 
 
 def effective_file_size(configured: int) -> int:
@@ -50,7 +51,7 @@ def _valid_entry_count(mf: MappedFile, limit: int) -> tuple[int, int]:
     count = min(limit, len(mf.buf)) // CQ_STORE_UNIT_SIZE
     if count == 0:
         return 0, -1
-    entries = np.frombuffer(mf.buf, dtype=_ENTRY_DTYPE, count=count)
+    entries = np.frombuffer(mf.buf, dtype=CQ_ENTRY_DTYPE, count=count)
     try:
         bad = np.flatnonzero((entries["phy"] < 0) | (entries["size"] <= 0))
         valid = int(bad[0]) if bad.size else count
@@ -132,7 +133,7 @@ class ConsumeQueue:
             valid, _ = _valid_entry_count(mf, mf.wrote_position)
             keep = 0
             while keep < valid:
-                phy, size, _tags = _ENTRY.unpack_from(mf.buf, keep * CQ_STORE_UNIT_SIZE)
+                phy, size, _tags = CQ_ENTRY.unpack_from(mf.buf, keep * CQ_STORE_UNIT_SIZE)
                 if phy + (0 if size == PRE_BLANK_SIZE else size) > phy_offset:
                     break
                 keep += 1
@@ -145,7 +146,7 @@ class ConsumeQueue:
             if self.mfq.writable:
                 mf.zero_tail(cut)
             if keep:
-                phy, size, _tags = _ENTRY.unpack_from(mf.buf, cut - CQ_STORE_UNIT_SIZE)
+                phy, size, _tags = CQ_ENTRY.unpack_from(mf.buf, cut - CQ_STORE_UNIT_SIZE)
                 self.max_physic_offset = phy + size
             break
         if dropped:
@@ -165,7 +166,7 @@ class ConsumeQueue:
             return
         valid, _ = _valid_entry_count(first, first.read_position)
         for i in range(valid):
-            phy, size, _tags = _ENTRY.unpack_from(first.buf, i * CQ_STORE_UNIT_SIZE)
+            phy, size, _tags = CQ_ENTRY.unpack_from(first.buf, i * CQ_STORE_UNIT_SIZE)
             if size != PRE_BLANK_SIZE and phy >= min_phy_offset:
                 self.min_logic_offset = max(
                     self.min_logic_offset, first.file_from_offset + i * CQ_STORE_UNIT_SIZE
@@ -202,10 +203,10 @@ class ConsumeQueue:
                     self.queue_id,
                 )
         self.max_physic_offset = phy_offset + size
-        return mf.append(_ENTRY.pack(phy_offset, size, tags_code)) >= 0
+        return mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code)) >= 0
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
-        blank = _ENTRY.pack(0, PRE_BLANK_SIZE, 0)
+        blank = CQ_ENTRY.pack(0, PRE_BLANK_SIZE, 0)
         for _ in range(until_where % self.mapped_file_size // CQ_STORE_UNIT_SIZE):
             mf.append(blank)
 
@@ -229,7 +230,7 @@ class ConsumeQueue:
             return []
         start = position - mf.file_from_offset
         stop = min(mf.read_position, start + max_count * CQ_STORE_UNIT_SIZE)
-        return [_ENTRY.unpack_from(mf.buf, p) for p in range(start, stop, CQ_STORE_UNIT_SIZE)]
+        return [CQ_ENTRY.unpack_from(mf.buf, p) for p in range(start, stop, CQ_STORE_UNIT_SIZE)]
 
     def get_entry(self, queue_offset: int) -> tuple[int, int, int] | None:
         found = self.entries(queue_offset, 1)
@@ -246,7 +247,7 @@ class ConsumeQueue:
             return 0
         chosen = candidates[-1]
         for mf in candidates:
-            phy, size, _ = _ENTRY.unpack_from(mf.buf, mf.read_position - CQ_STORE_UNIT_SIZE)
+            phy, size, _ = CQ_ENTRY.unpack_from(mf.buf, mf.read_position - CQ_STORE_UNIT_SIZE)
             if commit_log.store_timestamp_at(phy, size) >= timestamp_ms:
                 chosen = mf
                 break
@@ -256,7 +257,7 @@ class ConsumeQueue:
         left_time = right_time = -1
         while high >= low:
             mid = (low + high) // (2 * CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
-            phy, size, _ = _ENTRY.unpack_from(chosen.buf, mid)
+            phy, size, _ = CQ_ENTRY.unpack_from(chosen.buf, mid)
             if phy < min_phy or size == PRE_BLANK_SIZE:
                 low = mid + CQ_STORE_UNIT_SIZE
                 continue
@@ -384,19 +385,20 @@ def plan_expired_files(queue_dir: Path, file_size: int, min_phy_offset: int) -> 
     below it), or the queue's end when every entry is below it. Entries are dispatched in
     commit-log order, so both are binary searches."""
     names = sorted(p.name for p in queue_dir.iterdir() if p.name.isdigit()) if queue_dir.is_dir() else []
+    per_file = file_size // CQ_STORE_UNIT_SIZE
     doomed: list[Path] = []
     for name in names[:-1]:
-        entry = _pread_entry(queue_dir / name, file_size // CQ_STORE_UNIT_SIZE - 1)
+        with (queue_dir / name).open("rb") as f:
+            entry = _pread_entry(f.fileno(), per_file - 1)
         if entry is None or entry[0] >= min_phy_offset:
             break
         doomed.append(queue_dir / name)
     end_offset = 0
     for name in names[len(doomed) :]:
-        path = queue_dir / name
         base = int(name) // CQ_STORE_UNIT_SIZE
-        per_file = file_size // CQ_STORE_UNIT_SIZE
-        written = _first_index(per_file, partial(_unwritten, path))
-        live = _first_index(written, partial(_points_at_or_above, path, min_phy_offset))
+        with (queue_dir / name).open("rb") as f:
+            written = _first_index(f.fileno(), per_file, _unwritten)
+            live = _first_index(f.fileno(), written, partial(_points_at_or_above, min_phy_offset))
         if live < written:
             return ExpiredQueueFiles(doomed, base + live)
         end_offset = base + written
@@ -405,34 +407,33 @@ def plan_expired_files(queue_dir: Path, file_size: int, min_phy_offset: int) -> 
     return ExpiredQueueFiles(doomed, end_offset)
 
 
-def _first_index(count: int, predicate: Callable[[int], bool]) -> int:
-    """The first i in [0, count) where a monotone ``predicate`` holds, or ``count``."""
+def _first_index(fd: int, count: int, predicate: Callable[[tuple[int, int, int] | None], bool]) -> int:
+    """The first entry index in [0, count) of an open queue file where a monotone ``predicate``
+    of the entry holds, or ``count``: a binary search by pread."""
     low, high = 0, count
     while low < high:
         mid = (low + high) // 2
-        if predicate(mid):
+        if predicate(_pread_entry(fd, mid)):
             high = mid
         else:
             low = mid + 1
     return low
 
 
-def _pread_entry(path: Path, index: int) -> tuple[int, int, int] | None:
-    """Entry ``index`` of one file, None where none was written (or the file is short)."""
-    with path.open("rb") as f:
-        raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, index * CQ_STORE_UNIT_SIZE)
+def _pread_entry(fd: int, index: int) -> tuple[int, int, int] | None:
+    """Entry ``index`` of an open queue file, None where none was written (or the file is short)."""
+    raw = os.pread(fd, CQ_STORE_UNIT_SIZE, index * CQ_STORE_UNIT_SIZE)
     if len(raw) < CQ_STORE_UNIT_SIZE:
         return None
-    phy, size, tags = _ENTRY.unpack(raw)
+    phy, size, tags = CQ_ENTRY.unpack(raw)
     return (phy, size, tags) if size > 0 else None
 
 
-def _unwritten(path: Path, index: int) -> bool:
-    return _pread_entry(path, index) is None
+def _unwritten(entry: tuple[int, int, int] | None) -> bool:
+    return entry is None
 
 
-def _points_at_or_above(path: Path, phy_offset: int, index: int) -> bool:
-    entry = _pread_entry(path, index)
+def _points_at_or_above(phy_offset: int, entry: tuple[int, int, int] | None) -> bool:
     assert entry is not None, "only written entries are searched"
     return entry[0] >= phy_offset
 
@@ -441,7 +442,7 @@ def read_entry(queue_dir: Path, file_size: int, queue_offset: int) -> tuple[int,
     """(phy offset, size, tags code) of one entry read from its file, None where there is none."""
     position = queue_offset * CQ_STORE_UNIT_SIZE
     try:
-        return _pread_entry(queue_dir / offset_to_file_name(position - position % file_size),
-                            position % file_size // CQ_STORE_UNIT_SIZE)  # fmt: skip
+        with (queue_dir / offset_to_file_name(position - position % file_size)).open("rb") as f:
+            return _pread_entry(f.fileno(), position % file_size // CQ_STORE_UNIT_SIZE)
     except FileNotFoundError:
         return None

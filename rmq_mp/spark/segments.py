@@ -22,12 +22,11 @@ import pyarrow.parquet as pq
 
 from rmq_mp import message as m
 from rmq_mp import record
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.spark.columns import decode_batch
 
 _SIZE_MAGIC = struct.Struct(">ii")
-_CQ_ENTRY = struct.Struct(">qiq")
 EXPORT_BATCH_RECORDS = 65536
 
 
@@ -163,7 +162,7 @@ def rebuild_segment(
                     req.topic, req.properties, req.store_timestamp, delay_level_ms
                 )
                 by_file.setdefault(path, []).append(
-                    (position - file_offset, _CQ_ENTRY.pack(phy, req.size, tags_code))
+                    (position - file_offset, CQ_ENTRY.pack(phy, req.size, tags_code))
                 )
                 out.cq_entries += 1
             if m.transaction_type(req.sys_flag) != m.TRANSACTION_ROLLBACK_TYPE and (req.uniq_key or req.keys):

@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from rmq_mp.config import MessageStoreConfig, parse_properties
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.errors import DataLossError, ShmAttachError, StoreError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
@@ -25,7 +25,6 @@ from shm import queue_offsets as qo
 from shm.queue_offsets import QueueOffsetTable
 from shm.store_shm import read_descriptor
 
-CQ_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 RECORD_PAD_BYTES = 256
 """Zero bytes after the last gathered record, so a torn record's header reads stay in bounds."""
 
