@@ -44,6 +44,18 @@ def _raw_worker(path: str, body_size: int, duration_s: float, start: Any, out: A
     out.put((count, elapsed))
 
 
+def _run_together(procs: list[Any], start: Any, out: Any, duration_s: float) -> list[Any]:
+    """Start the worker processes, release them at once, collect one result from each."""
+    for p in procs:
+        p.start()
+    time.sleep(0.2)
+    start.set()
+    results = [out.get(timeout=duration_s + 60) for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
 def raw_append(tmp: Path, *, producers: int, body_size: int, duration_s: float) -> dict[str, float]:
     """Aggregate records/s of ``producers`` processes each appending to its own file."""
     start = _CTX.Event()
@@ -52,13 +64,7 @@ def raw_append(tmp: Path, *, producers: int, body_size: int, duration_s: float) 
         _CTX.Process(target=_raw_worker, args=(str(tmp / f"raw{i}.log"), body_size, duration_s, start, out))
         for i in range(producers)
     ]
-    for p in procs:
-        p.start()
-    time.sleep(0.2)
-    start.set()
-    results = [out.get(timeout=duration_s + 60) for _ in procs]
-    for p in procs:
-        p.join()
+    results = _run_together(procs, start, out, duration_s)
     msgs_per_s = sum(count / elapsed for count, elapsed in results)
     return {"msgs_per_s": msgs_per_s, "mb_per_s": msgs_per_s * (body_size + 4) / 1e6}
 
@@ -135,13 +141,7 @@ def group_commit(tmp: Path, *, producers: int, body_size: int, duration_s: float
         )
         for i in range(producers)
     ]
-    for p in procs:
-        p.start()
-    time.sleep(0.2)
-    start.set()
-    results = [out.get(timeout=duration_s + 60) for _ in procs]
-    for p in procs:
-        p.join()
+    results = _run_together(procs, start, out, duration_s)
     stop.set()
     flusher.join()
     path.unlink()

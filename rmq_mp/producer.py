@@ -180,11 +180,8 @@ class Producer:
             message = item if isinstance(item, m.Message) else self._build(**item)
             pending.append(self._encode(message))
         todo = [p for p in pending if p.result is None]
-        run = self._run_of_one_queue(todo)
-        if run is not None:
-            self._put(todo, run)
-        elif todo:
-            self._put(todo)
+        if todo:
+            self._put(todo, self._run_of_one_queue(todo))
         if self.store.sync_flush:
             self._await_flush([p for p in todo if p.ring_slot >= 0])
         return [p.result or SendResult(PutMessageStatus.UNKNOWN_ERROR) for p in pending]

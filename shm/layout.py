@@ -79,7 +79,9 @@ SUPERVISOR_PID = _f("supervisor_pid", 3, S)
 SUPERVISOR_HEARTBEAT_MS = _f("supervisor_heartbeat_ms", 4, S, doc="workers exit when it goes stale")
 STATE = _f("state", 5, S, doc="STARTING, RUNNING, STOPPING, STOPPED")
 FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
-MIN_OFFSET = _f("min_offset", 7, CL, doc="first stored commit-log byte")
+MIN_OFFSET = _f(
+    "min_offset", 7, CL, doc="first readable commit-log byte; a file being deleted is already below it"
+)
 WROTE_POSITION = _f("wrote_position", 8, P, C, lock=Lock.PUT, doc="end of appended records")
 COMMITTED_POSITION = _f("committed_position", 9, C, doc="end of bytes copied from pool buffers to files")
 FLUSHED_POSITION = _f(

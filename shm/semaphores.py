@@ -127,10 +127,7 @@ class PutLock:
                 return self._owned()
             if self.table.get(layout.PUT_LOCK_OWNER_PID) != dead_owner:
                 return False  # another waiter took it over first
-            self.held = True
-            self._owned_ns = time.perf_counter_ns()
-            self.table.set(layout.PUT_LOCK_OWNER_PID, self.pid)
-            self.table.set(layout.PUT_LOCK_SINCE_MS, now_ms())
+            self._owned()
             self.table.add(layout.LOCK_RECOVERIES, 1)
             self.on_takeover()
             return True
