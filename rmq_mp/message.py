@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import functools
 import ipaddress
-import itertools
 import os
 import random
 import struct
@@ -143,13 +142,18 @@ def decode_message_id(msg_id: str) -> tuple[Host, int]:
 
 class UniqueIdGenerator:
     """`MessageClientIDSetter`: UNIQ_KEY = hex(ip ‖ pid:short ‖ seed:int ‖ ms since month start:int
-    ‖ counter:short), 32 upper-case hex characters for an IPv4 client. Increasing per process."""
+    ‖ counter:short), 32 upper-case hex characters for an IPv4 client. Increasing per process.
+
+    The month offset is Java's ``(int)`` cast of a long: past 24.8 days into a month it exceeds
+    2^31 - 1 and wraps, so it is formatted as 32 bits, never range-checked."""
 
     def __init__(self, ip: str = "127.0.0.1") -> None:
-        self._prefix = ipaddress.ip_address(ip).packed + struct.pack(
+        prefix = ipaddress.ip_address(ip).packed + struct.pack(
             ">Hi", os.getpid() & 0xFFFF, random.getrandbits(31)
         )
-        self._counter = itertools.count()
+        self.prefix_hex = prefix.hex().upper()
+        """The fixed part of every id this generator makes (ip, pid, seed)."""
+        self._counter = 0
         self._month_start_ms = 0
         self._next_month_ms = 0
 
@@ -160,12 +164,21 @@ class UniqueIdGenerator:
         self._month_start_ms = int(start.timestamp() * 1000)
         self._next_month_ms = int(nxt.timestamp() * 1000)
 
-    def next_id(self) -> str:
-        now_ms = int(time.time() * 1000)
+    def time_hex(self, now_ms: int) -> str:
+        """The 8 hex characters of ``now_ms`` as milliseconds since the month began."""
         if now_ms >= self._next_month_ms:
             self._roll_month(now_ms)
-        tail = struct.pack(">iH", now_ms - self._month_start_ms, next(self._counter) & 0xFFFF)
-        return (self._prefix + tail).hex().upper()
+        return f"{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
+
+    def take(self, count: int) -> int:
+        """Reserve ``count`` consecutive counter values; returns the first (mod 2^16 per id)."""
+        first = self._counter
+        self._counter = first + count
+        return first
+
+    def next_id(self, now_ms: int | None = None) -> str:
+        now_ms = int(time.time() * 1000) if now_ms is None else now_ms
+        return f"{self.prefix_hex}{self.time_hex(now_ms)}{self.take(1) & 0xFFFF:04X}"
 
 
 @dataclass(slots=True, kw_only=True)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import random
 import struct
 import zlib
+from datetime import datetime
 
 import crcmod.predefined
 import pytest
@@ -358,3 +359,19 @@ def test_schedule_topic_with_delay_level_zero_keeps_the_tags_hash() -> None:
     assert record.cq_tags_code(m.SCHEDULE_TOPIC, props, 1000, record.DEFAULT_DELAY_LEVEL_MS) == (
         m.java_string_hash("TagA")
     )
+
+
+def test_uniq_key_layout_and_late_month_wrap() -> None:
+    """UNIQ_KEY is MessageClientIDSetter's 32 hex characters; the month offset wraps as Java's
+    (int) cast does instead of failing every send from the 25th day of a month on."""
+    gen = m.UniqueIdGenerator("10.0.0.5")
+    month_start = datetime(2026, 12, 1).timestamp() * 1000
+    first = gen.next_id(int(month_start) + 5)
+    assert len(first) == 32
+    assert first == first.upper()
+    assert first.startswith(bytes([10, 0, 0, 5]).hex().upper())
+    raw = bytes.fromhex(first)
+    assert struct.unpack(">iH", raw[10:16]) == (5, 0)
+    late = int(month_start) + 30 * 86_400_000  # Dec 31st: 2.59e9 ms, beyond a signed int
+    wrapped = bytes.fromhex(gen.next_id(late))
+    assert struct.unpack(">iH", wrapped[10:16]) == (30 * 86_400_000 - 2**32, 1)
