@@ -28,15 +28,14 @@ def put_worker(
     out: Any,
     rate_per_s: float = 0.0,
 ) -> None:
-    """Send for ``duration_s`` (``batch`` 1: `send`; more: `send_batch`) and report
+    """Send for ``duration_s`` (``batch`` 1: `send`; more: `send_batch` of a `MessageBatch`) and report
     (messages, failures, elapsed s, per-call latencies in ns). ``rate_per_s`` > 0 paces sends and
     stamps each body with CLOCK_MONOTONIC for end-to-end latency."""
+    from rmq_mp.message_batch import MessageBatch
     from rmq_mp.producer import Producer
 
     body = os.urandom(body_size)
-    items = [
-        {"topic": TOPIC, "body": body, "queue_id": index % QUEUES} for _ in range(batch)
-    ]  # one queue: a MessageBatch
+    items = MessageBatch(TOPIC, [body] * batch, queue_id=index % QUEUES)  # RocketMQ's batch shape
     latencies_ns: list[int] = []
     sent = failures = 0
     assertions: list[str] = []
@@ -69,7 +68,7 @@ def put_worker(
                     ok = producer.send(TOPIC, body, queue_id=index % QUEUES).ok
                     failures += not ok
                 else:
-                    failures += sum(not r.ok for r in producer.send_batch(items))
+                    failures += producer.send_batch(items).failures
             except AssertionError as exc:  # an invariant check of the put path: count and report it
                 failures += batch
                 assertions.append(str(exc))

@@ -30,6 +30,8 @@ from rmq_mp.status import (
 _SERVICE_CLIENTS = {
     "Producer": "rmq_mp.producer",
     "SendResult": "rmq_mp.producer",
+    "SendBatchResult": "rmq_mp.producer",
+    "MessageBatch": "rmq_mp.message_batch",
     "Consumer": "rmq_mp.consumer",
     "GetResult": "rmq_mp.consumer",
 }
@@ -59,6 +61,7 @@ __all__ = [
     "GetResult",
     "InvalidMessageIdError",
     "Message",
+    "MessageBatch",
     "MessageExt",
     "MessageNotFoundError",
     "MessageStore",
@@ -67,6 +70,7 @@ __all__ = [
     "PutMessageResult",
     "PutMessageStatus",
     "QueueStatus",
+    "SendBatchResult",
     "SendResult",
     "StoreError",
     "StoreLockedError",

@@ -98,13 +98,7 @@ class CommitLog:
         pos = mf.wrote_position
         max_blank = mf.file_size - pos
         if size + record.END_FILE_MIN_BLANK_LENGTH > max_blank:
-            blank = record.encode_blank(max_blank)
-            if mf.write_buffer is not None:
-                # A reused pool buffer still holds its previous file's bytes, and the commit copies
-                # up to the file's end: zero them so the file keeps zeros after its blank record.
-                blank += bytes(max_blank - len(blank))
-            mf.fill(pos, blank)
-            mf.advance_wrote(mf.file_size)
+            self.end_file(mf)
             return AppendMessageResult(AppendMessageStatus.END_OF_FILE, mf.file_from_offset + pos, max_blank)
         phy_offset = mf.file_from_offset + pos
         record.patch_record(
@@ -118,6 +112,19 @@ class CommitLog:
         mf.append(encoded)
         mf.last_store_timestamp = store_timestamp
         return AppendMessageResult(AppendMessageStatus.PUT_OK, phy_offset, size)
+
+    @staticmethod
+    def end_file(mf: MappedFile) -> None:
+        """Close ``mf`` at its write position with a BLANK record (§2.8) and mark it full."""
+        pos = mf.wrote_position
+        max_blank = mf.file_size - pos
+        blank = record.encode_blank(max_blank)
+        if mf.write_buffer is not None:
+            # A reused pool buffer still holds its previous file's bytes, and the commit copies
+            # up to the file's end: zero them so the file keeps zeros after its blank record.
+            blank += bytes(max_blank - len(blank))
+        mf.fill(pos, blank)
+        mf.advance_wrote(mf.file_size)
 
     # ------------------------------------------------------------------ read
 

@@ -64,3 +64,8 @@ class DataLossError(StoreError):
     """Messages a Spark query asked for are gone: below the queue's minimum offset (the cleaner
     deleted their files) or their files vanished while reading. Raised unless the query set
     ``failOnDataLoss=false``, as Spark's Kafka source does."""
+
+
+class InvalidBatchError(StoreError):
+    """A `MessageBatch` that cannot be one: several topics or queues, per-message properties,
+    a delay level, or a keys list whose length is not the bodies'."""

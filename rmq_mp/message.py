@@ -156,6 +156,8 @@ class UniqueIdGenerator:
         self._counter = 0
         self._month_start_ms = 0
         self._next_month_ms = 0
+        self._prefix_ms = -1
+        self._prefix_at = ""
 
     def _roll_month(self, now_ms: int) -> None:
         now = datetime.fromtimestamp(now_ms / 1000)
@@ -170,6 +172,13 @@ class UniqueIdGenerator:
             self._roll_month(now_ms)
         return f"{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
 
+    def prefix_at(self, now_ms: int) -> str:
+        """The first 28 of an id's 32 characters at ``now_ms`` (all but the counter)."""
+        if now_ms != self._prefix_ms:
+            self._prefix_ms = now_ms
+            self._prefix_at = f"{self.prefix_hex}{self.time_hex(now_ms)}"
+        return self._prefix_at
+
     def take(self, count: int) -> int:
         """Reserve ``count`` consecutive counter values; returns the first (mod 2^16 per id)."""
         first = self._counter
@@ -178,7 +187,9 @@ class UniqueIdGenerator:
 
     def next_id(self, now_ms: int | None = None) -> str:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        return f"{self.prefix_hex}{self.time_hex(now_ms)}{self.take(1) & 0xFFFF:04X}"
+        counter = self._counter
+        self._counter = counter + 1
+        return f"{self.prefix_at(now_ms)}{counter & 0xFFFF:04X}"
 
 
 @dataclass(slots=True, kw_only=True)

@@ -1,35 +1,57 @@
 """Producer: any local process attaches to a running store by shm name and appends itself.
 
-Mirrors SendMessageProcessor + `CommitLog.putMessage` (rocketmq-format.md §3): encode outside the
-lock; under the put lock assign the queue offset, patch offsets and store time, append through
-`CommitLog.append_to` into the pool buffer (ASYNC_FLUSH with the pool) or straight into the
-shared file mapping; then wake the committer or flusher and, under SYNC_FLUSH, wait for the
-flusher to complete this put's flush request (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`).
+Mirrors SendMessageProcessor + `CommitLog.putMessage`/`putMessages` (rocketmq-format.md §3):
+records are encoded outside the lock into runs (`message_batch.EncodedRun`: consecutive records
+of one topic and queue); under the put lock each run gets its queue offsets, physical offsets
+and store time patched in and is copied into the pool buffer (ASYNC_FLUSH with the pool) or
+straight into the shared file mapping, in chunks that end where a file ends (a BLANK record
+closes the file). Then the committer or flusher is woken and, under SYNC_FLUSH, the put waits
+for the flusher to complete its flush request (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`).
 
-Crash safety of the put: before changing anything the put writes a journal (old write position,
-intended end, queue slot and old queue offset) into the pointer table; the write position is the
-commit point. A producer that dies holding the lock leaves the journal, and the next lock taker
-undoes the half-done put (queue offset restored, bytes past the write position zeroed), so a
-half-written record is never visible, not to reput and not after recovery.
+- `send`: one message, one run of one record.
+- `send_batch(MessageBatch)`: RocketMQ's batch, one run encoded column-wise with numpy and
+  stored whole in one file.
+- `send_batch([...])`: any messages under one lock hold; consecutive ones of one queue form a
+  run. Each keeps its own queue offset and result.
+
+Crash safety: before a chunk changes anything, the put writes a journal (old write position,
+intended end, queue slot and old queue offset) into the pointer table; the write position is
+the commit point. A producer that dies holding the lock leaves the journal, and the next lock
+taker undoes the half-done put (queue offset restored, bytes past the write position zeroed),
+so a half-written record is never visible, not to reput and not after recovery.
 """
 
 from __future__ import annotations
 
-import itertools
+import bisect
 import os
+import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, replace
-from typing import Any
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, overload
+
+import numpy as np
 
 from rmq_mp import message as m
 from rmq_mp import record
-from rmq_mp.commit_log import AppendMessageResult
+from rmq_mp.commit_log import CommitLog
 from rmq_mp.disk import not_writeable_reason
 from rmq_mp.mapped_file import MappedFile
-from rmq_mp.put_metrics import timed_send
+from rmq_mp.message_batch import (
+    UNIQ_KEY_PREFIX,
+    EncodedRun,
+    MessageBatch,
+    Placement,
+    UniqKeys,
+    encode_uniform,
+    join_records,
+    properties_text,
+)
+from rmq_mp.put_metrics import PutRecorder
+from rmq_mp.record import RecordRejected
 from rmq_mp.running_store import RunningStore
-from rmq_mp.status import AppendMessageStatus, PutMessageStatus, RunningFlags
+from rmq_mp.status import PutMessageStatus, RunningFlags
 from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
@@ -44,7 +66,6 @@ POOL_WAIT_S = 1.0
 SUPERVISOR_STALE_MS = 3000
 """A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
 
-
 _PUT_FIELDS = (
     layout.WROTE_POSITION,
     layout.JOURNAL_ACTIVE,
@@ -57,8 +78,6 @@ _PUT_FIELDS = (
     layout.PUT_BYTES,
 )
 """The pointer-table fields the put path writes (all under the put lock) by word index."""
-_WANTS_FLUSH = -2
-"""`_Pending.ring_slot` of a SYNC record waiting for its lock hold's flush request."""
 _WROTE = layout.WROTE_POSITION.index
 _J_ACTIVE = layout.JOURNAL_ACTIVE.index
 _J_BEFORE = layout.JOURNAL_WROTE_BEFORE.index
@@ -68,11 +87,23 @@ _J_QUEUE_OFFSET = layout.JOURNAL_QUEUE_OFFSET_BEFORE.index
 _LAST_STORE_TS = layout.LAST_STORE_TIMESTAMP.index
 _PUT_COUNT = layout.PUT_COUNT.index
 _PUT_BYTES = layout.PUT_BYTES.index
+_STATE = layout.STATE.index
+_HEARTBEAT = layout.SUPERVISOR_HEARTBEAT_MS.index
+_SUPERVISOR_PID = layout.SUPERVISOR_PID.index
+_FLAGS = layout.RUNNING_FLAGS.index
+_PUT_BLOCKERS = int(RunningFlags.put_blockers())
+_PUT_OK = PutMessageStatus.PUT_OK
+_ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
+_ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+_QUEUE_AND_PHY = struct.Struct(">qq")
+_LONG = struct.Struct(">q")
+_OWN_STORE_TIMESTAMP_POSITION = record.store_timestamp_position(0)
+"""Where STORETIMESTAMP sits in this producer's own records (IPv4 born host)."""
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)
 class SendResult:
-    """Outcome of one send. ``msg_id`` is the store's offset msgId; ``uniq_key`` the client id."""
+    """Outcome of one message. ``msg_id`` is the store's offset msgId; ``uniq_key`` the client id."""
 
     status: PutMessageStatus
     msg_id: str = ""
@@ -87,14 +118,99 @@ class SendResult:
         return self.status is PutMessageStatus.PUT_OK
 
 
-@dataclass(slots=True)
-class _Pending:
-    message: m.Message
-    encoded: bytearray
-    sys_flag: int
-    result: SendResult | None = None
-    end_offset: int = 0
-    ring_slot: int = -1
+class SendBatchResult(Sequence[SendResult]):
+    """Outcomes of one `send_batch`, one per message in order. Items are built on access, so a
+    batch's result costs nothing per message until read; ``ok``, ``failures`` and the offset
+    arrays answer for the whole batch."""
+
+    def __init__(self, runs: Sequence[EncodedRun], msg_id_prefix: str) -> None:
+        self._runs = runs
+        self._msg_id_prefix = msg_id_prefix
+        self._chunks: list[tuple[EncodedRun, Placement]] = []
+        self._firsts: list[int] = []
+        index = failures = 0
+        for run in runs:
+            for placement in run.placements:
+                self._chunks.append((run, placement))
+                self._firsts.append(index + placement.first)
+                if placement.status is not _PUT_OK:
+                    failures += placement.records
+            index += run.count
+        self._count = index
+        self.failures = failures
+        """Messages not stored PUT_OK."""
+
+    @property
+    def ok(self) -> bool:
+        """Every message was stored (and, under SYNC_FLUSH, flushed)."""
+        return self.failures == 0
+
+    def __len__(self) -> int:
+        return self._count
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        if isinstance(index, slice):
+            return [self[i] for i in range(*index.indices(self._count))]
+        if not -self._count <= index < self._count:
+            raise IndexError(index)
+        index %= self._count
+        chunk = bisect.bisect_right(self._firsts, index) - 1
+        run, placement = self._chunks[chunk]
+        in_chunk = index - self._firsts[chunk]
+        in_run = placement.first + in_chunk
+        uniq = run.uniq_keys[in_run] if run.uniq_keys else ""
+        if placement.phy_offset < 0:
+            return SendResult(placement.status, "", run.queue_id, -1, -1, uniq, placement.reason)
+        phy = placement.phy_offset + run.start(in_run) - run.start(placement.first)
+        queue_offset = placement.queue_offset + in_chunk if run.dispatchable else 0
+        return SendResult(
+            placement.status,
+            f"{self._msg_id_prefix}{phy:016X}",
+            run.queue_id,
+            queue_offset,
+            phy,
+            uniq,
+            placement.reason,
+        )
+
+    def __iter__(self) -> Iterator[SendResult]:
+        prefix = self._msg_id_prefix
+        for run, p in self._chunks:
+            for i in range(p.first, p.first + p.records):
+                uniq = run.uniq_keys[i] if run.uniq_keys else ""
+                if p.phy_offset < 0:
+                    yield SendResult(p.status, "", run.queue_id, -1, -1, uniq, p.reason)
+                    continue
+                phy = p.phy_offset + run.start(i) - run.start(p.first)
+                queue_offset = p.queue_offset + i - p.first if run.dispatchable else 0
+                yield SendResult(
+                    p.status, f"{prefix}{phy:016X}", run.queue_id, queue_offset, phy, uniq, p.reason
+                )
+
+    def commit_log_offsets(self) -> np.ndarray:
+        """Each message's commit-log offset, -1 where it was not stored."""
+        out = np.full(self._count, -1, dtype=np.int64)
+        for (run, placement), first in zip(self._chunks, self._firsts, strict=True):
+            if placement.phy_offset >= 0:
+                out[first : first + placement.records] = run.phy_offsets(placement)
+        return out
+
+    def queue_offsets(self) -> np.ndarray:
+        """Each message's queue offset, -1 where it was not stored."""
+        out = np.full(self._count, -1, dtype=np.int64)
+        for (run, placement), first in zip(self._chunks, self._firsts, strict=True):
+            if placement.phy_offset >= 0:
+                base = placement.queue_offset if run.dispatchable else 0
+                step = 1 if run.dispatchable else 0
+                out[first : first + placement.records] = base + step * np.arange(placement.records)
+        return out
+
+    def __repr__(self) -> str:
+        return f"SendBatchResult({self._count} messages, {self.failures} failed)"
 
 
 class Producer:
@@ -108,7 +224,7 @@ class Producer:
         self.pool = store.shm.pool
         self.config = store.config
         self.store_host: m.Host = (self.config.broker_ip1, self.config.listen_port)
-        self._store_ip, self._store_port = m.parse_host(self.store_host)
+        self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
         self.lock = PutLock(
             store.shm.semaphore(store.names.put_lock),
             store.shm.semaphore(store.names.put_lock_takeover),
@@ -120,14 +236,30 @@ class Producer:
         self._file: tuple[MappedFile, Any] | None = None
         """The segment being written and its pool buffer (None without a pool): a file keeps
         its buffer until it is full and wholly committed, so this stays valid until we roll."""
-        self._wake_flusher_or_committer = (
-            store.pool_enabled or store.sync_flush or not self.config.flush_commit_log_timed
+        self.encoder = record.RecordEncoder(self.store_host, self.born_host)
+        self._born_ip, self._born_port = m.parse_host(self.born_host)
+        self._msg_id_prefix = (
+            (self.encoder.store_ip + struct.pack(">i", self.encoder.store_port)).hex().upper()
+        )
+        self._max_message_size = self.config.max_message_size
+        self._sync = store.sync_flush
+        self._pool = store.pool_enabled
+        self.uniq = m.UniqueIdGenerator()
+        self._round_robin: dict[str, int] = {}
+        self._flush_until = -1
+        """End offset the current lock hold's SYNC flush request must cover (-1: none)."""
+        self._slots: dict[tuple[str, int], tuple[int, int]] = {}
+        """(topic, queue id) -> (queue-offset-table slot, word of its next offset)."""
+        self._queue_words = self.queues.words
+        wake_after_put = self._pool or self._sync or not self.config.flush_commit_log_timed
+        self._wake_after_put = (
+            store.shm.wakeup("committer" if self._pool else "flusher") if wake_after_put else None
         )
         """RocketMQ's timed ASYNC flusher sleeps its interval whatever happens, so waking it
         would only cost this put a system call."""
-        self.uniq = m.UniqueIdGenerator()
-        self._round_robin: dict[str, itertools.count[int]] = {}
-        self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
+        self._wake_reput = None if self._sync else store.shm.wakeup("reput")
+        """Under SYNC_FLUSH reput waits for the flusher: records are readable once flushed."""
+        self._metrics = PutRecorder(store)
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str]) -> Producer:
@@ -158,143 +290,479 @@ class Producer:
         flag: int = 0,
     ) -> SendResult:
         """Store one message; the result's status is RocketMQ's PutMessageStatus."""
-        return self.send_batch(
-            [
-                dict(
-                    topic=topic,
-                    body=body,
-                    tags=tags,
-                    keys=keys,
-                    properties=properties,
-                    queue_id=queue_id,
-                    flag=flag,
-                )
-            ]
-        )[0]
+        started_ns = time.perf_counter_ns()
+        born_ms = time.time_ns() // 1_000_000
+        if queue_id is None:
+            queue_id = self._queue_for(topic, None)
+        uniq = self.uniq.next_id(born_ms)
+        wait = True
+        if properties or tags or keys:
+            text = properties_text(properties, tags, keys, uniq)
+            if properties:
+                uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
+                wait = _waits_for_store(properties)
+        else:
+            text = f"{UNIQ_KEY_PREFIX}{uniq}"
+        self.lock.last_hold_ns = -1
+        try:
+            data = self._encode(topic, body, queue_id, flag, born_ms, text)
+        except RecordRejected as exc:
+            result = SendResult(exc.status, "", queue_id, -1, -1, uniq, exc.reason)
+        else:
+            result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
+        self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
+        return result
 
-    @timed_send
-    def send_batch(self, messages: Iterable[m.Message | Mapping[str, Any]]) -> list[SendResult]:
-        """Store many messages under one put-lock hold (each keeps its own queue offset)."""
-        pending: list[_Pending] = []
-        for item in messages:
-            message = item if isinstance(item, m.Message) else self._build(**item)
-            pending.append(self._encode(message))
-        todo = [p for p in pending if p.result is None]
-        if todo:
-            self._put(todo, self._run_of_one_queue(todo))
-        if self.store.sync_flush:
-            self._await_flush([p for p in todo if p.ring_slot >= 0])
-        return [p.result or SendResult(PutMessageStatus.UNKNOWN_ERROR) for p in pending]
+    def send_batch(self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]) -> SendBatchResult:
+        """Store many messages under one put-lock hold: a `MessageBatch` (RocketMQ's batch: one
+        topic and queue, whole in one file), or any `Message`s and ``send`` keyword dicts, each
+        with its own queue offset. Results come in the order given."""
+        started_ns = time.perf_counter_ns()
+        born_ms = int(time.time() * 1000)
+        if isinstance(messages, MessageBatch):
+            runs = [self._encode_batch(messages, born_ms)] if messages.bodies else []
+        else:
+            runs = self._encode_runs(messages, born_ms)
+        self.lock.last_hold_ns = -1
+        pending = [run for run in runs if run.pending]
+        if pending:
+            self._put(pending, born_ms)
+            if self._sync:
+                self._await_flush(pending)
+        result = SendBatchResult(runs, self._msg_id_prefix)
+        self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
+        return result
 
     # ------------------------------------------------------------------ encode (outside the lock)
 
-    def _build(
+    def _queue_for(self, topic: str, queue_id: int | None) -> int:
+        """``queue_id``, or the next of the topic's queues in round robin."""
+        if queue_id is not None:
+            return queue_id
+        turn = self._round_robin.get(topic, 0)
+        self._round_robin[topic] = turn + 1
+        return turn % self.config.default_topic_queue_nums
+
+    def _encode(
+        self, topic: str, body: bytes, queue_id: int, flag: int, born_ms: int, text: str
+    ) -> bytearray:
+        """One record as this producer sends it; `RecordRejected` for what the store refuses,
+        in RocketMQ's order of checks (topic, queue, properties, body)."""
+        topic_field = self.encoder.topic_field(topic)
+        if queue_id < 0:
+            raise RecordRejected(_ILLEGAL, f"queue id {queue_id} is negative")
+        props = text.encode("utf-8")
+        if len(props) > record.MAX_PROPERTIES_BYTES:
+            problem = record.properties_problem(text)
+            raise RecordRejected(_ILLEGAL, problem[1] if problem else "properties too long")
+        if len(body) > self._max_message_size:
+            raise RecordRejected(_ILLEGAL, record.body_problem(len(body), self._max_message_size))
+        return self.encoder.encode_own(topic_field, body, queue_id, flag, born_ms, props)
+
+    def _encode_item(
         self,
-        *,
         topic: str,
         body: bytes,
-        tags: str | None = None,
-        keys: str | Sequence[str] | None = None,
-        properties: Mapping[str, str] | None = None,
-        queue_id: int | None = None,
-        flag: int = 0,
-    ) -> m.Message:
-        props = dict(properties or {})
-        if tags:
-            props[m.PROPERTY_TAGS] = tags
-        if keys:
-            props[m.PROPERTY_KEYS] = keys if isinstance(keys, str) else m.KEY_SEPARATOR.join(keys)
-        props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, self.uniq.next_id())
-        if queue_id is None:
-            counter = self._round_robin.setdefault(topic, itertools.count())
-            queue_id = next(counter) % self.config.default_topic_queue_nums
-        return m.Message(
-            topic=topic,
-            body=bytes(body),
-            flag=flag,
-            properties=props,
-            queue_id=queue_id,
-            born_timestamp=now_ms(),
-            born_host=self.born_host,
+        tags: str | None,
+        keys: str | Sequence[str] | None,
+        properties: Mapping[str, str] | None,
+        queue_id: int | None,
+        flag: int,
+        born_ms: int,
+    ) -> EncodedRun:
+        """A run of the one message `send` (or a keyword dict of `send_batch`) describes."""
+        queue_id = self._queue_for(topic, queue_id)
+        uniq = self.uniq.next_id(born_ms)
+        text = properties_text(properties, tags, keys, uniq)
+        if properties:
+            uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
+        try:
+            data = self._encode(topic, body, queue_id, flag, born_ms, text)
+        except RecordRejected as exc:
+            return EncodedRun.refused(topic, queue_id, 1, exc.status, exc.reason, uniq_keys=(uniq,))
+        return EncodedRun(
+            topic,
+            queue_id,
+            data,
+            count=1,
+            record_size=len(data),
+            uniq_keys=(uniq,),
+            wait_flush=_waits_for_store(properties),
         )
 
-    def _encode(self, message: m.Message) -> _Pending:
-        props = m.properties_to_string(message.properties)
+    def _encode_message(self, message: m.Message) -> EncodedRun:
+        """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
+        uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+        text = m.properties_to_string(message.properties)
         problem = record.validate_message(
-            message, max_message_size=self.config.max_message_size, properties_text=props
+            message, max_message_size=self._max_message_size, properties_text=text
         )
-        if problem is not None:
-            p = _Pending(message, bytearray(), 0)
-            status = problem[0]
-            if status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED:  # the broker answers MESSAGE_ILLEGAL
-                status = PutMessageStatus.MESSAGE_ILLEGAL
-            p.result = SendResult(status, queue_id=message.queue_id, reason=problem[1])
-            return p
-        encoded, sys_flag = record.encode_record_flag(message, self.store_host, props)
-        return _Pending(message, encoded, sys_flag)
+        if problem is not None:  # PROPERTIES_SIZE_EXCEEDED too: the broker answers MESSAGE_ILLEGAL
+            return EncodedRun.refused(
+                message.topic, message.queue_id, 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
+            )
+        data = self.encoder.encode_message(message, text)
+        return EncodedRun(
+            message.topic,
+            message.queue_id,
+            data,
+            count=1,
+            record_size=len(data),
+            sys_flag=record.sys_flag_of(data),
+            uniq_keys=(uniq,),
+            wait_flush=_waits_for_store(message.properties),
+        )
+
+    def _encode_runs(self, items: Iterable[m.Message | Mapping[str, Any]], born_ms: int) -> list[EncodedRun]:
+        """One run of one record per item, then consecutive records of one queue (and one kind:
+        queue or not, host family, flush wait) joined into one run."""
+        singles: list[EncodedRun] = []
+        for item in items:
+            if isinstance(item, m.Message):
+                singles.append(self._encode_message(item))
+                continue
+            if not _ITEM_FIELDS.issuperset(item):
+                raise TypeError(
+                    f"send_batch items take {sorted(_ITEM_FIELDS)}, not {sorted(set(item) - _ITEM_FIELDS)}"
+                )
+            singles.append(
+                self._encode_item(
+                    item["topic"],
+                    item["body"],
+                    item.get("tags"),
+                    item.get("keys"),
+                    item.get("properties"),
+                    item.get("queue_id"),
+                    item.get("flag", 0),
+                    born_ms,
+                )
+            )
+        runs: list[EncodedRun] = []
+        group: list[EncodedRun] = []
+        for single in singles:
+            if group and not (single.pending and _same_kind(group[0], single)):
+                runs.append(_joined(group))
+                group = []
+            if single.pending:
+                group.append(single)
+            else:
+                runs.append(single)
+        if group:
+            runs.append(_joined(group))
+        return runs
+
+    def _encode_batch(self, batch: MessageBatch, born_ms: int) -> EncodedRun:
+        """A `MessageBatch` as one run: one numpy array when the bodies have one length and no
+        message has keys of its own, else its records joined."""
+        count = len(batch.bodies)
+        queue_id = self._queue_for(batch.topic, batch.queue_id)
+        first = self.uniq.take(count)
+        uniq_prefix = f"{self.uniq.prefix_hex}{self.uniq.time_hex(born_ms)}"
+        given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+        uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
+        try:
+            if batch.keys is None:
+                head = properties_text(batch.properties, batch.tags, None, "" if given_uniq else uniq_prefix)
+                rows = self._encode_uniform(batch, queue_id, born_ms, head, -1 if given_uniq else first)
+                if rows is not None:
+                    return EncodedRun(
+                        batch.topic,
+                        queue_id,
+                        rows,
+                        count=count,
+                        record_size=rows.shape[1],
+                        uniq_keys=uniq_keys,
+                        whole=True,
+                        wait_flush=_waits_for_store(batch.properties),
+                    )
+            encoded = [
+                self._encode(
+                    batch.topic,
+                    body,
+                    queue_id,
+                    batch.flag,
+                    born_ms,
+                    properties_text(
+                        batch.properties, batch.tags, batch.keys[i] if batch.keys else None, uniq_keys[i]
+                    ),
+                )
+                for i, body in enumerate(batch.bodies)
+            ]
+        except RecordRejected as exc:  # RocketMQ stores a batch whole or not at all
+            return EncodedRun.refused(
+                batch.topic, queue_id, count, exc.status, exc.reason, uniq_keys=uniq_keys
+            )
+        data, ends = join_records(encoded)
+        return EncodedRun(
+            batch.topic,
+            queue_id,
+            data,
+            count=count,
+            ends=ends,
+            uniq_keys=uniq_keys,
+            whole=True,
+            wait_flush=_waits_for_store(batch.properties),
+        )
+
+    def _encode_uniform(
+        self, batch: MessageBatch, queue_id: int, born_ms: int, head: str, uniq_counter: int
+    ) -> np.ndarray | None:
+        """`encode_uniform` after the checks `_encode` makes per record, made once."""
+        topic_field = self.encoder.topic_field(batch.topic)
+        if queue_id < 0:
+            raise RecordRejected(_ILLEGAL, f"queue id {queue_id} is negative")
+        props = head.encode("utf-8")
+        if len(props) + 4 > record.MAX_PROPERTIES_BYTES:
+            return None  # per record: `_encode` gives the exact refusal
+        largest = max(map(len, batch.bodies))
+        if largest > self._max_message_size:
+            raise RecordRejected(_ILLEGAL, record.body_problem(largest, self._max_message_size))
+        return encode_uniform(
+            self.encoder,
+            topic_field,
+            batch.bodies,
+            queue_id=queue_id,
+            flag=batch.flag,
+            born_timestamp=born_ms,
+            born_ip=self._born_ip,
+            born_port=self._born_port,
+            properties_head=props,
+            uniq_counter=uniq_counter,
+        )
 
     # ------------------------------------------------------------------ put (under the lock)
 
-    def _refuse(self, todo: list[_Pending], status: PutMessageStatus, reason: str) -> None:
-        for p in todo:
-            p.result = SendResult(status, queue_id=p.message.queue_id, reason=reason)
-
-    def _run_of_one_queue(self, todo: list[_Pending]) -> tuple[bytearray, Any] | None:
-        """RocketMQ's MessageBatch shape (one topic, one queue, IPv4 born hosts) under ASYNC
-        flush: joined outside the lock so the put lock appends it with one journal entry, one
-        numpy patch and one copy. None for anything else (appended record by record)."""
-        if len(todo) < 2 or self.store.sync_flush:
-            return None
-        first = todo[0].message
-        for p in todo:
-            if (
-                p.message.topic != first.topic
-                or p.message.queue_id != first.queue_id
-                or not m.is_dispatchable(p.sys_flag)
-                or p.sys_flag & m.BORNHOST_V6_FLAG
-            ):
-                return None
-        return record.join_run([p.encoded for p in todo])
-
-    def _put(self, todo: list[_Pending], run: tuple[bytearray, Any] | None = None) -> None:
-        t = self.table
-        if t.get(layout.STATE) != layout.RUNNING:
-            return self._refuse(
-                todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
-            )
-        stale = now_ms() - t.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
-        if stale and not pid_alive(t.get(layout.SUPERVISOR_PID)):
-            # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
-            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead")
-        flags = t.get(layout.RUNNING_FLAGS) & RunningFlags.put_blockers()
-        if flags:
-            reason = not_writeable_reason(flags, t.get(layout.DISK_USED_PERMILLE), self.config)
-            return self._refuse(todo, PutMessageStatus.SERVICE_NOT_AVAILABLE, reason)
-        if not self.lock.acquire(LOCK_TIMEOUT_S):
-            return self._refuse(todo, PutMessageStatus.OS_PAGECACHE_BUSY, "put lock busy")
+    def _refusal(self, now: int) -> tuple[PutMessageStatus, str] | None:
+        """Why no put may happen now (RocketMQ's checks before taking the lock), or None."""
         w = self._words
+        if w[_STATE] != layout.RUNNING:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
+        if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
+            # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead"
+        flags = w[_FLAGS] & _PUT_BLOCKERS
+        if flags:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(
+                flags, w[layout.DISK_USED_PERMILLE.index], self.config
+            )
+        return None
+
+    def _put(self, runs: Sequence[EncodedRun], now: int) -> None:
+        """Append ``runs`` in one lock hold; each run records its placements."""
+        refusal = self._refusal(now)
+        if refusal is None and not self.lock.acquire(LOCK_TIMEOUT_S):
+            refusal = PutMessageStatus.OS_PAGECACHE_BUSY, "put lock busy"
+        if refusal is not None:
+            for run in runs:
+                run.place(Placement(0, run.count, *refusal))
+            return
         try:
-            store_ts = now_ms()  # one store time per lock hold, as RocketMQ's batch put
-            count = size_bytes = 0
-            if run is not None and self._append_run(todo, *run, store_ts):
-                count, size_bytes, todo = len(todo), len(run[0]), []
-            for p in todo:
-                p.result = result = self._append_one(p, store_ts)
-                if result.commit_log_offset >= 0:  # appended (PUT_OK, or a SYNC ring-full timeout)
-                    count += 1
-                    size_bytes += len(p.encoded)
-            if self.store.sync_flush:
-                self._request_flush([p for p in todo if p.ring_slot == _WANTS_FLUSH])
-            if count:
-                w[_LAST_STORE_TS] = store_ts
-                w[_PUT_COUNT] += count
-                w[_PUT_BYTES] += size_bytes
+            self._append_locked(runs)
         finally:
             self.lock.release()
-        if self._wake_flusher_or_committer:
-            self.store.shm.wake("committer" if self.store.pool_enabled else "flusher")
-        if not self.store.sync_flush:
-            self.store.shm.wake("reput")
+        self._wake_workers()
+
+    def _append_locked(self, runs: Sequence[EncodedRun]) -> None:
+        """The put lock's work for ``runs``: place them, count them, ask for their flush."""
+        w = self._words
+        store_ts = self.lock.acquired_ms  # one store time per lock hold, as RocketMQ's batch put
+        self._flush_until = -1
+        count = size = 0
+        for run in runs:
+            appended, appended_bytes = self._append_run(run, store_ts)
+            count += appended
+            size += appended_bytes
+        if count:
+            w[_LAST_STORE_TS] = store_ts
+            w[_PUT_COUNT] += count
+            w[_PUT_BYTES] += size
+        if self._flush_until >= 0:
+            self._request_flush(runs)
+
+    def _wake_workers(self) -> None:
+        """After a put: the committer or flusher (if it waits for puts) and reput (ASYNC)."""
+        if self._wake_after_put is not None:
+            self._wake_after_put.wakeup()
+        if self._wake_reput is not None:
+            self._wake_reput.wakeup()
+
+    def _append_run(self, run: EncodedRun, store_ts: int) -> tuple[int, int]:
+        """Place ``run`` from the write position on, chunk by chunk: as many whole records as fit
+        before the file's end, a BLANK record, and on in the next file (a `whole` run starts in a
+        new file rather than split). Returns (records, bytes) appended."""
+        w = self._words
+        first = appended = appended_bytes = 0
+        while first < run.count:
+            wrote = w[_WROTE]
+            try:
+                mf = self._target_file(wrote)
+            except OSError as exc:  # the allocator fell behind and the disk refused a new file
+                reason = f"cannot create the commit-log file at {wrote}: {exc}"
+                run.place(
+                    Placement(first, run.count - first, PutMessageStatus.CREATE_MAPEDFILE_FAILED, reason)
+                )
+                break
+            if mf is None:
+                reason = "no free TransientStorePool buffer"
+                run.place(Placement(first, run.count - first, PutMessageStatus.OS_PAGECACHE_BUSY, reason))
+                break
+            position = mf.wrote_position
+            fit = run.fit(first, mf.file_size - position - record.END_FILE_MIN_BLANK_LENGTH)
+            if fit == 0 or (run.whole and first == 0 and fit < run.count and position > 0):
+                size = run.end(first) - run.start(first)
+                if size + record.END_FILE_MIN_BLANK_LENGTH > mf.file_size:  # no file can hold it
+                    reason = f"append failed: MESSAGE_SIZE_EXCEEDED (a record of {size} bytes)"
+                    run.place(Placement(first, 1, _ILLEGAL, reason))
+                    first += 1
+                    continue
+                self._end_file(mf, wrote)
+                continue
+            appended_bytes += self._append_chunk(run, first, fit, mf, wrote, store_ts)
+            appended += fit
+            first += fit
+        return appended, appended_bytes
+
+    def _append_chunk(
+        self, run: EncodedRun, first: int, count: int, mf: MappedFile, wrote: int, store_ts: int
+    ) -> int:
+        """Records ``[first, first + count)`` of ``run`` at ``wrote``; returns bytes."""
+        size = run.end(first + count - 1) - run.start(first)
+        slot, next_word = self._queue_slot(run.topic, run.queue_id) if run.dispatchable else (-1, -1)
+        queue_offset = self._queue_words[next_word] if slot >= 0 else -1
+        run.patch(first, count, queue_offset=queue_offset, phy_offset=wrote, store_timestamp=store_ts)
+        self._write_chunk(
+            mf, run.chunk(first, count), wrote, wrote + size, slot, next_word, queue_offset, count
+        )
+        run.place(Placement(first, count, _PUT_OK, "", wrote, max(queue_offset, 0)))
+        if self._sync and run.wait_flush:
+            self._flush_until = wrote + size
+        return size
+
+    def _write_chunk(
+        self,
+        mf: MappedFile,
+        data: Any,
+        wrote: int,
+        end: int,
+        slot: int,
+        next_word: int,
+        queue_offset: int,
+        count: int,
+    ) -> None:
+        """Copy patched records into the log at ``wrote``, journalled: the journal first, then
+        the bytes, the queue's next offset, and the write position, which is the commit point."""
+        w = self._words
+        w[_J_BEFORE] = wrote
+        w[_J_AFTER] = end
+        w[_J_SLOT] = slot
+        w[_J_QUEUE_OFFSET] = queue_offset
+        w[_J_ACTIVE] = 1
+        mf.fill(wrote - mf.file_from_offset, data)
+        if slot >= 0:
+            self._queue_words[next_word] = queue_offset + count
+        w[_WROTE] = end
+        w[_J_ACTIVE] = 0
+
+    def _queue_slot(self, topic: str, queue_id: int) -> tuple[int, int]:
+        """(queue-offset-table slot, word index of its next offset), inserting it if new."""
+        key = (topic, queue_id)
+        found = self._slots.get(key)
+        if found is None:
+            slot = self.queues.find_or_insert(topic, queue_id)
+            found = self._slots[key] = (slot, self.queues.word_index(slot, qo.NEXT_OFFSET))
+        return found
+
+    def _put_one(
+        self, topic: str, queue_id: int, data: bytearray, uniq: str, wait: bool, now: int
+    ) -> SendResult:
+        """`send`'s put: `_put` of a one-record run, flattened for the common case (the record
+        fits the current file, which this producer has mapped already); anything else goes the
+        run path. Profiled: the run machinery was a third of a send."""
+        w = self._words
+        cached = self._file
+        if (
+            cached is None
+            or w[_STATE] != layout.RUNNING
+            or w[_FLAGS] & _PUT_BLOCKERS
+            or now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS
+        ):
+            return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
+        if not self.lock.acquire(LOCK_TIMEOUT_S):
+            return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, "", queue_id, -1, -1, uniq, "put lock busy")
+        run = None
+        try:
+            wrote = w[_WROTE]
+            mf = cached[0]
+            size = len(data)
+            if 0 <= wrote - mf.file_from_offset <= mf.file_size - size - record.END_FILE_MIN_BLANK_LENGTH:
+                mf.write_buffer = cached[1]
+                store_ts = self.lock.acquired_ms
+                slot, next_word = self._queue_slot(topic, queue_id)
+                queue_offset = self._queue_words[next_word]
+                _QUEUE_AND_PHY.pack_into(data, record.POS_QUEUE_OFFSET, queue_offset, wrote)
+                _LONG.pack_into(data, _OWN_STORE_TIMESTAMP_POSITION, store_ts)
+                end = wrote + size
+                self._write_chunk(mf, data, wrote, end, slot, next_word, queue_offset, 1)
+                w[_LAST_STORE_TS] = store_ts
+                w[_PUT_COUNT] += 1
+                w[_PUT_BYTES] += size
+                ring_slot = self._flush_request(end) if self._sync and wait else -1
+            else:  # a new file first
+                run = EncodedRun(
+                    topic, queue_id, data, count=1, record_size=size, uniq_keys=(uniq,), wait_flush=wait
+                )
+                self._append_locked((run,))
+        finally:
+            self.lock.release()
+        self._wake_workers()
+        if run is not None:
+            if self._sync:
+                self._await_flush((run,))
+            return self._result_of(run)
+        result = SendResult(
+            _PUT_OK, f"{self._msg_id_prefix}{wrote:016X}", queue_id, queue_offset, wrote, uniq, ""
+        )
+        if self._sync and wait:
+            state = self._wait_for_flush(ring_slot) if ring_slot >= 0 else -1
+            if state != fr.DONE_OK:
+                result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
+                result.reason = (
+                    "not flushed within syncFlushTimeout" if ring_slot >= 0 else "flush request ring full"
+                )
+            else:
+                flushed = self.table.get(layout.FLUSHED_POSITION)
+                assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
+        return result
+
+    def _put_one_as_run(
+        self, topic: str, queue_id: int, data: bytearray, uniq: str, wait: bool, now: int
+    ) -> SendResult:
+        run = EncodedRun(
+            topic, queue_id, data, count=1, record_size=len(data), uniq_keys=(uniq,), wait_flush=wait
+        )
+        self._put((run,), now)
+        if self._sync:
+            self._await_flush((run,))
+        return self._result_of(run)
+
+    def _result_of(self, run: EncodedRun) -> SendResult:
+        """The result of a one-record run."""
+        p = run.placements[0]
+        msg_id = f"{self._msg_id_prefix}{p.phy_offset:016X}" if p.phy_offset >= 0 else ""
+        uniq = run.uniq_keys[0] if run.uniq_keys else ""
+        return SendResult(p.status, msg_id, run.queue_id, p.queue_offset, p.phy_offset, uniq, p.reason)
+
+    def _end_file(self, mf: MappedFile, wrote: int) -> None:
+        """Close the current file with a BLANK record, journalled like an append."""
+        w = self._words
+        w[_J_BEFORE] = wrote
+        w[_J_AFTER] = mf.file_from_offset + mf.file_size
+        w[_J_SLOT] = -1
+        w[_J_ACTIVE] = 1
+        CommitLog.end_file(mf)
+        w[_WROTE] = mf.file_from_offset + mf.file_size
+        w[_J_ACTIVE] = 0
+        self._file = None
 
     def _target_file(self, wrote: int) -> MappedFile | None:
         """The segment at the write position, its positions synced and its pool buffer attached."""
@@ -311,7 +779,7 @@ class Producer:
         # disk space once the cleaner deletes it.
         self.store.commit_log.release_before(mf.file_from_offset)
         mf.wrote_position = wrote - mf.file_from_offset
-        if self.store.pool_enabled:
+        if self._pool:
             index = self.pool.buffer_for(mf.file_from_offset)
             if index < 0:
                 index = self._borrow_buffer(mf.file_from_offset)
@@ -331,115 +799,6 @@ class Producer:
                 return index
             self.store.shm.wake("committer")
             time.sleep(0.005)
-
-    def _append_run(self, todo: list[_Pending], joined: bytearray, starts: Any, store_ts: int) -> bool:
-        """Append a `_run_of_one_queue` run as one put: one journal entry covers it (one queue
-        slot, one byte range), the write position moves once. False, with nothing changed, when
-        the run does not fit in the current file (the caller then rolls record by record)."""
-        w = self._words
-        wrote = w[_WROTE]
-        try:
-            mf = self._target_file(wrote)
-        except OSError:
-            return False  # record by record, where each gets CREATE_MAPEDFILE_FAILED
-        if mf is None or mf.wrote_position + len(joined) + record.END_FILE_MIN_BLANK_LENGTH > mf.file_size:
-            return False
-        first = todo[0].message
-        slot = self.queues.find_or_insert(first.topic, first.queue_id)
-        queue_offset = self.queues.get(slot, qo.NEXT_OFFSET)
-        end = wrote + len(joined)
-        w[_J_BEFORE] = wrote
-        w[_J_AFTER] = end
-        w[_J_SLOT] = slot
-        w[_J_QUEUE_OFFSET] = queue_offset
-        w[_J_ACTIVE] = 1
-        record.patch_run(
-            joined, starts, queue_offset=queue_offset, phy_offset=wrote, store_timestamp=store_ts
-        )
-        mf.append(joined)
-        mf.last_store_timestamp = store_ts
-        self.queues.set(slot, qo.NEXT_OFFSET, queue_offset + len(todo))
-        w[_WROTE] = end  # the commit point
-        w[_J_ACTIVE] = 0
-        ip, port, uniq = self._store_ip, self._store_port, m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
-        for i, (p, start) in enumerate(zip(todo, starts.tolist(), strict=True)):
-            phy = wrote + start
-            p.end_offset = end
-            p.result = SendResult(
-                PutMessageStatus.PUT_OK,
-                msg_id=m.create_message_id(ip, port, phy),
-                queue_id=first.queue_id,
-                queue_offset=queue_offset + i,
-                commit_log_offset=phy,
-                uniq_key=p.message.properties.get(uniq, ""),
-            )
-        return True
-
-    def _append_one(self, p: _Pending, store_ts: int) -> SendResult:
-        w = self._words
-        message = p.message
-        dispatchable = m.is_dispatchable(p.sys_flag)
-        for _ in range(2):
-            wrote = w[_WROTE]
-            try:
-                mf = self._target_file(wrote)
-            except OSError as exc:  # the allocator fell behind and the disk refused a new file
-                return SendResult(
-                    PutMessageStatus.CREATE_MAPEDFILE_FAILED,
-                    queue_id=message.queue_id,
-                    reason=f"cannot create the commit-log file at {wrote}: {exc}",
-                )
-            if mf is None:
-                return SendResult(
-                    PutMessageStatus.OS_PAGECACHE_BUSY,
-                    queue_id=message.queue_id,
-                    reason="no free TransientStorePool buffer",
-                )
-            slot = self.queues.find_or_insert(message.topic, message.queue_id) if dispatchable else -1
-            queue_offset = self.queues.get(slot, qo.NEXT_OFFSET) if slot >= 0 else 0
-            # The journal, then the append; the write position below is the commit point.
-            w[_J_BEFORE] = wrote
-            w[_J_AFTER] = wrote + max(len(p.encoded), record.END_FILE_MIN_BLANK_LENGTH)
-            w[_J_SLOT] = slot
-            w[_J_QUEUE_OFFSET] = queue_offset
-            w[_J_ACTIVE] = 1
-            result: AppendMessageResult = self.store.commit_log.append_to(
-                mf, p.encoded, sys_flag=p.sys_flag, queue_offset=queue_offset, store_timestamp=store_ts
-            )
-            if result.status is AppendMessageStatus.END_OF_FILE:
-                w[_WROTE] = mf.file_from_offset + mf.file_size
-                w[_J_ACTIVE] = 0
-                self._file = None
-                continue
-            if result.status is not AppendMessageStatus.PUT_OK:
-                w[_J_ACTIVE] = 0
-                return SendResult(
-                    PutMessageStatus.MESSAGE_ILLEGAL,
-                    queue_id=message.queue_id,
-                    reason=f"append failed: {result.status.name}",
-                )
-            if slot >= 0:
-                self.queues.set(slot, qo.NEXT_OFFSET, queue_offset + 1)
-            end = result.phy_offset + result.wrote_bytes
-            w[_WROTE] = end  # the commit point
-            w[_J_ACTIVE] = 0
-            p.end_offset = end
-            if (
-                self.store.sync_flush
-                and message.properties.get(m.PROPERTY_WAIT_STORE_MSG_OK, "true") == "true"
-            ):
-                p.ring_slot = _WANTS_FLUSH  # one request per lock hold covers it: `_request_flush`
-            return SendResult(
-                PutMessageStatus.PUT_OK,
-                msg_id=m.create_message_id(self._store_ip, self._store_port, result.phy_offset),
-                queue_id=message.queue_id,
-                queue_offset=queue_offset,
-                commit_log_offset=result.phy_offset,
-                uniq_key=message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, ""),
-            )
-        return SendResult(
-            PutMessageStatus.UNKNOWN_ERROR, queue_id=message.queue_id, reason="file roll failed"
-        )
 
     def _undo_interrupted_put(self) -> None:
         """Called with the lock taken over from a dead owner: roll its half-done put back."""
@@ -465,19 +824,23 @@ class Producer:
 
     # ------------------------------------------------------------------ SYNC_FLUSH
 
-    def _request_flush(self, wanting: list[_Pending]) -> None:
-        """One group-commit request for every record of this lock hold that waits for disk (the
-        last one's end covers the others): a batch of 100 takes one ring slot, not 100, so
-        concurrent SYNC batches never fill the ring."""
-        if not wanting:
-            return
-        slot = self._flush_request(max(p.end_offset for p in wanting))
-        for p in wanting:
-            p.ring_slot = slot
-            if slot < 0 and p.result is not None:
-                p.result = replace(
-                    p.result, status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason="flush request ring full"
-                )
+    def _request_flush(self, runs: Sequence[EncodedRun]) -> None:
+        """One group-commit request for every record of this lock hold that waits for disk (it
+        ends at ``_flush_until``): a batch of 100 takes one ring slot, not 100, so concurrent SYNC
+        batches never fill the ring."""
+        slot = self._flush_request(self._flush_until)
+        for run in runs:
+            if not run.wait_flush:
+                continue
+            if slot >= 0:
+                run.flush_slot = slot
+            else:
+                run.placements = [
+                    p._replace(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason="flush request ring full")
+                    if p.status is _PUT_OK
+                    else p
+                    for p in run.placements
+                ]
 
     def _flush_request(self, end_offset: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full."""
@@ -497,39 +860,75 @@ class Producer:
                 return slot
         return -1
 
-    def _await_flush(self, waiting: list[_Pending]) -> None:
-        """Wait for each request's completion; the flusher (or its watcher) completes them."""
-        if not waiting:
-            return
-        timeout_s = self.config.sync_flush_timeout / 1000
-        deadline = time.monotonic() + timeout_s
-        outcome: dict[int, int] = {}
-        for ring_slot in dict.fromkeys(p.ring_slot for p in waiting):
-            sem = self.store.shm.semaphore(self.store.names.flush_done(ring_slot))
-            while True:
-                state = self.ring.get(ring_slot, fr.STATE)
-                if state in (fr.DONE_OK, fr.DONE_TIMEOUT):
-                    self.ring.set(ring_slot, fr.STATE, fr.FREE)
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:  # the flusher is not answering (stopped, or dead)
-                    self.ring.set(ring_slot, fr.STATE, fr.ABANDONED)
-                    state = fr.DONE_TIMEOUT
-                    break
-                acquire(sem, remaining)
-            outcome[ring_slot] = state
-        for p in waiting:
-            if outcome[p.ring_slot] != fr.DONE_OK and p.result is not None:
-                p.result = SendResult(
-                    PutMessageStatus.FLUSH_DISK_TIMEOUT,
-                    p.result.msg_id,
-                    p.result.queue_id,
-                    p.result.queue_offset,
-                    p.result.commit_log_offset,
-                    p.result.uniq_key,
-                    "not flushed within syncFlushTimeout",
-                )
-        for p in waiting:
-            if p.result is not None and p.result.ok:
-                flushed = self.table.get(layout.FLUSHED_POSITION)
-                assert flushed >= p.end_offset, f"acknowledged {p.end_offset} above flushed {flushed}"
+    def _wait_for_flush(self, ring_slot: int) -> int:
+        """Wait for a request's completion (the flusher, or its watcher, completes it); returns
+        DONE_OK or DONE_TIMEOUT, and frees the slot."""
+        sem = self.store.shm.semaphore(self.store.names.flush_done(ring_slot))
+        deadline = time.monotonic() + self.config.sync_flush_timeout / 1000
+        while True:
+            state = self.ring.get(ring_slot, fr.STATE)
+            if state in (fr.DONE_OK, fr.DONE_TIMEOUT):
+                self.ring.set(ring_slot, fr.STATE, fr.FREE)
+                return state
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:  # the flusher is not answering (stopped, or dead)
+                self.ring.set(ring_slot, fr.STATE, fr.ABANDONED)
+                return fr.DONE_TIMEOUT
+            acquire(sem, remaining)
+
+    def _await_flush(self, runs: Sequence[EncodedRun]) -> None:
+        """Wait for the request of this lock hold; its runs' stored chunks become
+        FLUSH_DISK_TIMEOUT if it was not completed in time."""
+        outcome = {slot: self._wait_for_flush(slot) for slot in {run.flush_slot for run in runs} if slot >= 0}
+        flushed = self.table.get(layout.FLUSHED_POSITION)
+        for run in runs:
+            if run.flush_slot < 0:
+                continue
+            if outcome[run.flush_slot] != fr.DONE_OK:
+                run.placements = [
+                    p._replace(
+                        status=PutMessageStatus.FLUSH_DISK_TIMEOUT,
+                        reason="not flushed within syncFlushTimeout",
+                    )
+                    if p.status is _PUT_OK
+                    else p
+                    for p in run.placements
+                ]
+                continue
+            for p in run.placements:
+                if p.status is _PUT_OK:
+                    end = p.phy_offset + run.end(p.first + p.records - 1) - run.start(p.first)
+                    assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
+
+
+def _waits_for_store(properties: Mapping[str, str] | None) -> bool:
+    """RocketMQ's WAIT property (`isWaitStoreMsgOK`): absent or "true" means wait for disk."""
+    return not properties or properties.get(m.PROPERTY_WAIT_STORE_MSG_OK, "true") == "true"
+
+
+def _same_kind(a: EncodedRun, b: EncodedRun) -> bool:
+    """Whether ``b`` may extend a run that starts with ``a``."""
+    return (
+        a.topic == b.topic
+        and a.queue_id == b.queue_id
+        and a.sys_flag == b.sys_flag
+        and a.wait_flush == b.wait_flush
+    )
+
+
+def _joined(group: list[EncodedRun]) -> EncodedRun:
+    """Consecutive single-record runs of one kind as one run."""
+    if len(group) == 1:
+        return group[0]
+    head = group[0]
+    data, ends = join_records([single.data for single in group])
+    return EncodedRun(
+        head.topic,
+        head.queue_id,
+        data,
+        count=len(group),
+        ends=ends,
+        sys_flag=head.sys_flag,
+        uniq_keys=[key for single in group for key in single.uniq_keys],
+        wait_flush=head.wait_flush,
+    )

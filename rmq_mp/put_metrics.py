@@ -1,111 +1,88 @@
-"""The producer's metrics hook: `timed_send` wraps `Producer.send_batch`.
+"""The producer's metrics: every `send`/`send_batch` call's latency, put-lock hold, message count
+and failures, added to this process's slot of the store's metrics segment (`shm.metrics`).
 
-Kept outside `producer.py` so the put path stays the put path (one decorator line there). Each
-producer process claims one slot of the store's metrics segment (`shm.metrics`) the first time it
-sends, and adds every call's latency, put-lock hold, message count and failures to it. The
-supervisor serves the sums (`workers.ops`). A store without the segment, or with every slot
-held by a live process, records nothing and says so once in the producer's log.
+Kept outside `producer.py` so the put path stays the put path (one call at the end of a send).
+A process claims one slot per store the first time it sends and keeps it; the supervisor serves
+the sums (`workers.ops`). A store without the segment, or with every slot held by a live
+process, records nothing and says so once in the producer's log. Recording is a few word
+stores: it runs on every send, so it must cost well under a microsecond.
 """
 
 from __future__ import annotations
 
-import functools
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any, Protocol, TypeVar
+from bisect import bisect_left
 
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.running_store import RunningStore
-from shm import layout
+from shm import layout, metrics
 from shm.metrics import MetricsTable
 from shm.pointer_table import pid_alive
-from shm.semaphores import PutLock
 
 log = logging.getLogger("rmq_mp.producer")
 
-
-class _Sender(Protocol):
-    store: RunningStore
-    lock: PutLock
-
-
-class _Result(Protocol):
-    @property
-    def ok(self) -> bool: ...
+_BOUNDS = metrics.BOUNDS_US
+_FIRST_BOUND_US = _BOUNDS[0]
+_SLOTS: dict[tuple[str, int], tuple[MetricsTable, int] | None] = {}
+"""Per running store (shm base name and start generation): producers of one process share a slot."""
 
 
-_S = TypeVar("_S", bound=_Sender)
-_R = TypeVar("_R", bound=_Result)
+class PutRecorder:
+    """One producer's handle on its process's metrics slot for one store."""
 
+    def __init__(self, store: RunningStore) -> None:
+        key = (store.names.base, store.table.get(layout.GENERATION))
+        if key not in _SLOTS:
+            _SLOTS[key] = _claim(store)
+        claimed = _SLOTS[key]
+        self._words = claimed[0].words if claimed else None
+        base = claimed[0].slot_word(claimed[1]) if claimed else 0
+        self._puts = base + metrics.PUTS // 8
+        self._failures = base + metrics.PUT_FAILURES // 8
+        self._latency_sum = base + metrics.LATENCY_SUM_US // 8
+        self._latency_buckets = base + metrics.LATENCY_BUCKETS // 8
+        self._hold_sum = base + metrics.LOCK_HOLD_SUM_US // 8
+        self._hold_buckets = base + metrics.LOCK_HOLD_BUCKETS // 8
 
-class _Recorder:
-    """This process's slot in one store's metrics segment (re-claimed after a store restart)."""
-
-    def __init__(self) -> None:
-        self.table: MetricsTable | None = None
-        self.slot = -1
-        self.generation = 0
-
-    def slot_for(self, store: RunningStore) -> tuple[MetricsTable, int] | None:
-        generation = store.table.get(layout.GENERATION)
-        if generation != self.generation:
-            self.generation = generation
-            self._claim(store)
-        return (self.table, self.slot) if self.table is not None and self.slot >= 0 else None
-
-    def _claim(self, store: RunningStore) -> None:
-        if self.table is not None:
-            self.table.close()
-        self.table, self.slot = None, -1
-        try:
-            table = MetricsTable.attach(store.names.metrics)
-        except ShmAttachError:
+    def record(self, started_ns: int, puts: int, failures: int, lock_hold_ns: int) -> None:
+        """One call that began at ``started_ns`` (perf_counter_ns) and ends now;
+        ``lock_hold_ns`` < 0 when it never held the put lock. (`MetricsTable.record`'s
+        stores, inlined: this runs on every send.)"""
+        w = self._words
+        if w is None:
             return
-        try:
-            with store.shm.flags_lock("claim a metrics slot"):
-                pid = os.getpid()
-                for slot in range(table.slots):
-                    owner = table.owner(slot)
-                    if owner in (0, pid) or not pid_alive(owner):
-                        table.claim(slot, pid)
-                        self.table, self.slot = table, slot
-                        return
-        except ShmAttachError:
-            table.close()
-            return
-        table.close()
-        log.warning(
-            "all %d producer metrics slots are in use: this producer's puts go unmeasured", table.slots
-        )
-
-
-_RECORDERS: dict[str, _Recorder] = {}
-"""Per store (shm base name): producers of one process share a slot."""
-
-
-def timed_send(method: Callable[[_S, Any], list[_R]]) -> Callable[[_S, Any], list[_R]]:
-    """Decorate ``send_batch``: measure the call and the put-lock hold, record them in shm."""
-
-    @functools.wraps(method)
-    def wrapper(self: _S, messages: Any) -> list[_R]:
-        self.lock.last_hold_ns = -1  # stays -1 when the call never took the lock
-        started_ns = time.perf_counter_ns()
-        results = method(self, messages)
         latency_us = (time.perf_counter_ns() - started_ns) // 1000
-        recorder = _RECORDERS.setdefault(self.store.names.base, _Recorder())
-        found = recorder.slot_for(self.store)
-        if found is not None:
-            table, slot = found
-            hold_ns = self.lock.last_hold_ns
-            table.record(
-                slot,
-                puts=len(results),
-                failures=sum(not r.ok for r in results),
-                latency_us=latency_us,
-                lock_hold_us=hold_ns // 1000 if hold_ns >= 0 else -1,
-            )
-        return results
+        w[self._puts] += puts
+        if failures:
+            w[self._failures] += failures
+        w[self._latency_sum] += latency_us
+        w[
+            self._latency_buckets + (0 if latency_us <= _FIRST_BOUND_US else bisect_left(_BOUNDS, latency_us))
+        ] += 1
+        if lock_hold_ns >= 0:
+            hold_us = lock_hold_ns // 1000
+            w[self._hold_sum] += hold_us
+            w[self._hold_buckets + (0 if hold_us <= _FIRST_BOUND_US else bisect_left(_BOUNDS, hold_us))] += 1
 
-    return wrapper
+
+def _claim(store: RunningStore) -> tuple[MetricsTable, int] | None:
+    try:
+        table = MetricsTable.attach(store.names.metrics)
+    except ShmAttachError:
+        return None
+    try:
+        with store.shm.flags_lock("claim a metrics slot"):
+            pid = os.getpid()
+            for slot in range(table.slots):
+                owner = table.owner(slot)
+                if owner in (0, pid) or not pid_alive(owner):
+                    table.claim(slot, pid)
+                    return table, slot
+    except ShmAttachError:
+        table.close()
+        return None
+    table.close()
+    log.warning("all %d producer metrics slots are in use: this producer's puts go unmeasured", table.slots)
+    return None

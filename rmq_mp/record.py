@@ -155,167 +155,246 @@ def cq_tags_code(
 # --------------------------------------------------------------------------------------- encode
 
 
+def topic_problem(topic: str) -> str:
+    """Why the store refuses ``topic`` (MESSAGE_ILLEGAL), or ''."""
+    if not topic or topic in (".", "..") or "/" in topic or "\0" in topic:
+        return f"topic {topic!r} cannot name a consume-queue directory"
+    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES_V1:
+        return f"topic is longer than {MAX_TOPIC_BYTES_V1} UTF-8 bytes"
+    return ""
+
+
+def properties_problem(properties_text: str) -> tuple[PutMessageStatus, str] | None:
+    """The properties-length checks (§3.2 step 4): the string, then its UTF-8 bytes."""
+    if len(properties_text) > MAX_PROPERTIES_BYTES:
+        return (
+            PutMessageStatus.MESSAGE_ILLEGAL,
+            f"properties string is longer than {MAX_PROPERTIES_BYTES} chars",
+        )
+    if len(properties_text.encode("utf-8")) > MAX_PROPERTIES_BYTES:
+        return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties exceed {MAX_PROPERTIES_BYTES} bytes"
+    return None
+
+
+def body_problem(body_length: int, max_message_size: int) -> str:
+    if body_length > max_message_size:
+        return f"body of {body_length} bytes exceeds maxMessageSize"
+    return ""
+
+
 def validate_message(
     message: m.Message, *, max_message_size: int, properties_text: str | None = None
 ) -> tuple[PutMessageStatus, str] | None:
     """The store's put checks (§3.2 steps 2 and 4). None when the message can be encoded.
     ``properties_text``: the message's properties string when the caller already built it."""
-    topic = message.topic
-    if not topic or topic in (".", "..") or "/" in topic or "\0" in topic:
-        return PutMessageStatus.MESSAGE_ILLEGAL, f"topic {topic!r} cannot name a consume-queue directory"
-    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES_V1:
-        return PutMessageStatus.MESSAGE_ILLEGAL, f"topic is longer than {MAX_TOPIC_BYTES_V1} UTF-8 bytes"
+    if problem := topic_problem(message.topic):
+        return PutMessageStatus.MESSAGE_ILLEGAL, problem
     if message.queue_id < 0:
         return PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is negative"
     props = m.properties_to_string(message.properties) if properties_text is None else properties_text
-    if len(props) > MAX_PROPERTIES_BYTES:
-        return (
-            PutMessageStatus.MESSAGE_ILLEGAL,
-            f"properties string is longer than {MAX_PROPERTIES_BYTES} chars",
-        )
-    if len(props.encode("utf-8")) > MAX_PROPERTIES_BYTES:
-        return PutMessageStatus.PROPERTIES_SIZE_EXCEEDED, f"properties exceed {MAX_PROPERTIES_BYTES} bytes"
-    if len(message.body) > max_message_size:
-        return PutMessageStatus.MESSAGE_ILLEGAL, f"body of {len(message.body)} bytes exceeds maxMessageSize"
+    if found := properties_problem(props):
+        return found
+    if problem := body_problem(len(message.body), max_message_size):
+        return PutMessageStatus.MESSAGE_ILLEGAL, problem
     return None
 
 
-_V4_FIXED = struct.Struct(">iiiiiqqiq4siq4siiqi")
-"""Every fixed field of a record whose hosts are both IPv4 (88 bytes), packed in one call."""
+class RecordRejected(Exception):
+    """Raised by `RecordEncoder` for a message the store refuses; the put path turns it into a
+    result with this status and reason (the caller never sees it)."""
+
+    def __init__(self, status: PutMessageStatus, reason: str) -> None:
+        super().__init__(reason)
+        self.status = status
+        self.reason = reason
 
 
-@functools.lru_cache(maxsize=256)
-def _host_bytes(host: m.Host) -> tuple[bytes, int]:
-    return m.parse_host(host)
+@functools.lru_cache(maxsize=4)
+def fixed_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
+    """Every fixed field of a record, TOTALSIZE to BODYLEN, as one format: 88 bytes with IPv4
+    hosts, 100 or 112 with IPv6 ones."""
+    return struct.Struct(f">iiiiiqqiq{16 if born_v6 else 4}siq{16 if store_v6 else 4}siiqi")
 
 
-@functools.lru_cache(maxsize=4096)
-def _topic_field(topic: str) -> bytes:
-    raw = topic.encode("utf-8")
-    return bytes((len(raw),)) + raw
+class RecordEncoder:
+    """Encodes v1 records for one writer: the store host, born hosts and topics become bytes once
+    and the fixed fields are one `struct.pack` (profiled: parsing hosts and re-encoding topics
+    were half of a record's encode time). QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP are left
+    0 for `patch_record`/`patch_run` to fill under the put lock."""
 
+    def __init__(self, store_host: m.Host, born_host: m.Host = ("127.0.0.1", 0)) -> None:
+        self.store_ip, self.store_port = m.parse_host(store_host)
+        self._born_ip, self._born_port = m.parse_host(born_host)
+        if len(self._born_ip) != 4:
+            raise ValueError(f"a writer's own born host is IPv4, not {born_host}")
+        self._own_fixed = fixed_struct(False, len(self.store_ip) == 16)
+        self._own_sys_flag = m.STOREHOSTADDRESS_V6_FLAG if len(self.store_ip) == 16 else 0
+        self._topics: dict[str, bytes] = {}
 
-def encode_record_flag(
-    message: m.Message, store_host: m.Host, properties_text: str | None = None
-) -> tuple[bytearray, int]:
-    """`encode_record` and the record's SYSFLAG. The put path's encoder: hosts and topics are
-    parsed once per process (lru caches) and an all-IPv4 record's fixed part is one
-    `struct.pack` (profiled: about half the per-record encode time was those steps)."""
-    born_ip, born_port = _host_bytes(message.born_host)
-    store_ip, store_port = _host_bytes(store_host)
-    if len(born_ip) != 4 or len(store_ip) != 4:
-        encoded = encode_record(message, store_host)
-        return encoded, _INT.unpack_from(encoded, POS_SYS_FLAG)[0]
-    topic = _topic_field(message.topic)
-    if properties_text is None:
-        properties_text = m.properties_to_string(message.properties)
-    props = properties_text.encode("utf-8")
-    body = message.body
-    sys_flag = message.sys_flag & ~(m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)
-    total = 88 + len(body) + len(topic) + 2 + len(props)
-    fixed = _V4_FIXED.pack(
-        total,
-        MESSAGE_MAGIC_CODE,
-        body_crc(body),
-        message.queue_id,
-        message.flag,
-        0,
-        0,
-        sys_flag,
-        message.born_timestamp,
-        born_ip,
-        born_port,
-        0,
-        store_ip,
-        store_port,
-        message.reconsume_times,
-        message.prepared_transaction_offset,
-        len(body),
-    )
-    record = bytearray(b"".join((fixed, body, topic, _SHORT.pack(len(props)), props)))
-    assert len(record) == total, "encoded length must equal TOTALSIZE"
-    return record, sys_flag
+    def topic_field(self, topic: str) -> bytes:
+        """TOPICLEN + TOPIC; `RecordRejected` for a topic the store refuses."""
+        field_ = self._topics.get(topic)
+        if field_ is None:
+            if problem := topic_problem(topic):
+                raise RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+            raw = topic.encode("utf-8")
+            field_ = self._topics[topic] = bytes((len(raw),)) + raw
+        return field_
+
+    def encode(
+        self,
+        topic_field: bytes,
+        body: bytes,
+        *,
+        queue_id: int,
+        flag: int,
+        sys_flag: int,
+        born_timestamp: int,
+        born_ip: bytes,
+        born_port: int,
+        properties: bytes,
+        reconsume_times: int = 0,
+        prepared_transaction_offset: int = 0,
+    ) -> bytearray:
+        """One record; SYSFLAG's host bits follow the hosts."""
+        born_v6, store_v6 = len(born_ip) == 16, len(self.store_ip) == 16
+        sys_flag &= ~(m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)
+        if born_v6:
+            sys_flag |= m.BORNHOST_V6_FLAG
+        if store_v6:
+            sys_flag |= m.STOREHOSTADDRESS_V6_FLAG
+        fixed = fixed_struct(born_v6, store_v6)
+        total = fixed.size + len(body) + len(topic_field) + 2 + len(properties)
+        head = fixed.pack(
+            total,
+            MESSAGE_MAGIC_CODE,
+            zlib.crc32(body) & 0x7FFFFFFF,
+            queue_id,
+            flag,
+            0,
+            0,
+            sys_flag,
+            born_timestamp,
+            born_ip,
+            born_port,
+            0,
+            self.store_ip,
+            self.store_port,
+            reconsume_times,
+            prepared_transaction_offset,
+            len(body),
+        )
+        return bytearray().join((head, body, topic_field, _SHORT.pack(len(properties)), properties))
+
+    def encode_own(
+        self,
+        topic_field: bytes,
+        body: bytes,
+        queue_id: int,
+        flag: int,
+        born_timestamp: int,
+        properties: bytes,
+    ) -> bytearray:
+        """`encode` of a plain message born at this encoder's ``born_host`` (IPv4): the put
+        path's common case, in one `struct.pack` with no keyword handling."""
+        return bytearray().join(
+            (
+                self._own_fixed.pack(
+                    self._own_fixed.size + len(body) + len(topic_field) + 2 + len(properties),
+                    MESSAGE_MAGIC_CODE,
+                    zlib.crc32(body) & 0x7FFFFFFF,
+                    queue_id,
+                    flag,
+                    0,
+                    0,
+                    self._own_sys_flag,
+                    born_timestamp,
+                    self._born_ip,
+                    self._born_port,
+                    0,
+                    self.store_ip,
+                    self.store_port,
+                    0,
+                    0,
+                    len(body),
+                ),
+                body,
+                topic_field,
+                _SHORT.pack(len(properties)),
+                properties,
+            )
+        )
+
+    def encode_message(self, message: m.Message, properties_text: str | None = None) -> bytearray:
+        """`encode` of a `Message` as given (its born host, time, flags and properties)."""
+        if properties_text is None:
+            properties_text = m.properties_to_string(message.properties)
+        born_ip, born_port = m.parse_host(message.born_host)
+        return self.encode(
+            self.topic_field(message.topic),
+            message.body,
+            queue_id=message.queue_id,
+            flag=message.flag,
+            sys_flag=message.sys_flag,
+            born_timestamp=message.born_timestamp,
+            born_ip=born_ip,
+            born_port=born_port,
+            properties=properties_text.encode("utf-8"),
+            reconsume_times=message.reconsume_times,
+            prepared_transaction_offset=message.prepared_transaction_offset,
+        )
 
 
 def encode_record(message: m.Message, store_host: m.Host) -> bytearray:
     """Encode a v1 record with QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP left 0 for
     `patch_record` to fill under the put lock. The host bits of SYSFLAG follow the hosts."""
-    topic = message.topic.encode("utf-8")
-    props = m.properties_to_string(message.properties).encode("utf-8")
-    body = message.body
-    born_ip, born_port = m.parse_host(message.born_host)
-    store_ip, store_port = m.parse_host(store_host)
-    sys_flag = message.sys_flag & ~(m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)
-    if len(born_ip) == 16:
-        sys_flag |= m.BORNHOST_V6_FLAG
-    if len(store_ip) == 16:
-        sys_flag |= m.STOREHOSTADDRESS_V6_FLAG
-    total = calc_msg_length(sys_flag, len(body), len(topic), len(props))
-    record = bytearray(
-        b"".join(
-            (
-                _HEAD.pack(
-                    total,
-                    MESSAGE_MAGIC_CODE,
-                    body_crc(body),
-                    message.queue_id,
-                    message.flag,
-                    0,
-                    0,
-                    sys_flag,
-                    message.born_timestamp,
-                ),
-                born_ip,
-                _INT.pack(born_port),
-                _LONG.pack(0),
-                store_ip,
-                _INT.pack(store_port),
-                struct.pack(">iqi", message.reconsume_times, message.prepared_transaction_offset, len(body)),
-                body,
-                bytes((len(topic),)),
-                topic,
-                _SHORT.pack(len(props)),
-                props,
-            )
-        )
-    )
-    assert len(record) == total, "encoded length must equal TOTALSIZE"
-    return record
+    encoded = RecordEncoder(store_host).encode_message(message)
+    assert _INT.unpack_from(encoded, 0)[0] == len(encoded), "encoded length must equal TOTALSIZE"
+    return encoded
+
+
+def sys_flag_of(encoded: bytes | bytearray) -> int:
+    return int(_INT.unpack_from(encoded, POS_SYS_FLAG)[0])
+
+
+_QUEUE_AND_PHY = struct.Struct(">qq")
 
 
 def patch_record(
     buf: Any, pos: int, *, queue_offset: int, phy_offset: int, store_timestamp: int, sys_flag: int
 ) -> None:
     """Write the three fields the put lock decides into an encoded record at ``buf[pos:]``."""
-    _LONG.pack_into(buf, pos + POS_QUEUE_OFFSET, queue_offset)
-    _LONG.pack_into(buf, pos + POS_PHY_OFFSET, phy_offset)
+    _QUEUE_AND_PHY.pack_into(buf, pos + POS_QUEUE_OFFSET, queue_offset, phy_offset)
     _LONG.pack_into(buf, pos + store_timestamp_position(sys_flag), store_timestamp)
-
-
-def join_run(encoded: Sequence[bytes | bytearray]) -> tuple[bytearray, np.ndarray]:
-    """Concatenate encoded records (outside the put lock) for `patch_run`; returns the bytes and
-    each record's start within them."""
-    lengths = np.fromiter(map(len, encoded), dtype=np.int64, count=len(encoded))
-    starts = np.zeros(len(encoded), dtype=np.int64)
-    np.cumsum(lengths[:-1], out=starts[1:])
-    return bytearray(b"".join(encoded)), starts
 
 
 _COLUMNS_8 = np.arange(8, dtype=np.int64)
 
 
 def patch_run(
-    joined: bytearray, starts: np.ndarray, *, queue_offset: int, phy_offset: int, store_timestamp: int
+    data: Any,
+    starts: np.ndarray,
+    *,
+    queue_offset: int,
+    phy_offset: int,
+    store_timestamp: int,
+    store_timestamp_position: int,
 ) -> None:
-    """`patch_record` for a run of consecutive records of one queue, all with IPv4 born hosts, in
-    three numpy stores instead of three `pack_into` calls a record: record i gets queue offset
-    ``queue_offset + i`` and physical offset ``phy_offset + starts[i]``."""
+    """`patch_record` for consecutive records of one queue whose born hosts are of one family, in
+    three numpy stores instead of three `pack_into` calls a record: record i (starting at
+    ``starts[i]`` of ``data``) gets queue offset ``queue_offset + i`` (or 0 throughout when
+    ``queue_offset`` < 0: records without a queue) and physical offset ``phy_offset + starts[i]``."""
     n = len(starts)
-    view = np.frombuffer(joined, dtype=np.uint8)
+    view = np.frombuffer(data, dtype=np.uint8)
+    queue_offsets = (
+        np.arange(queue_offset, queue_offset + n, dtype=np.int64)
+        if queue_offset >= 0
+        else np.zeros(n, np.int64)
+    )
     for position, values in (
-        (POS_QUEUE_OFFSET, queue_offset + np.arange(n, dtype=np.int64)),
+        (POS_QUEUE_OFFSET, queue_offsets),
         (POS_PHY_OFFSET, phy_offset + starts),
-        (POS_BORN_HOST + 8, np.full(n, store_timestamp, dtype=np.int64)),
+        (store_timestamp_position, np.full(n, store_timestamp, dtype=np.int64)),
     ):
         view[(starts + position)[:, None] + _COLUMNS_8] = values.astype(">i8").view(np.uint8).reshape(n, 8)
 

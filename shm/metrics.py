@@ -30,6 +30,7 @@ Slot ``i`` at ``HEADER_SIZE + i * SLOT_SIZE`` (native int64):
 
 from __future__ import annotations
 
+import bisect
 import struct
 from dataclasses import dataclass
 
@@ -59,10 +60,7 @@ _Q = struct.Struct("=q")
 
 def bucket_of(value_us: int) -> int:
     """Index of the first bucket whose bound holds ``value_us`` (BUCKETS - 1 for +Inf)."""
-    for index, bound in enumerate(BOUNDS_US):
-        if value_us <= bound:
-            return index
-    return BUCKETS - 1
+    return bisect.bisect_left(BOUNDS_US, value_us)
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,6 +102,7 @@ class MetricsTable:
     def __init__(self, segment: SharedSegment) -> None:
         self.segment = segment
         self._buf = segment.mm
+        self._words = segment.words
         self.slots = self._get(H_SLOTS)
 
     @classmethod
@@ -130,32 +129,39 @@ class MetricsTable:
         return self._get(H_GENERATION)
 
     def _get(self, offset: int) -> int:
-        return int(_Q.unpack_from(self._buf, offset)[0])
+        return int(self._words[offset >> 3])
 
     def _base(self, slot: int) -> int:
         assert 0 <= slot < self.slots
         return HEADER_SIZE + slot * SLOT_SIZE
+
+    @property
+    def words(self) -> memoryview:
+        return self._words
+
+    def slot_word(self, slot: int) -> int:
+        """Word index of slot ``slot``'s first field (its owner writes the rest from there)."""
+        return self._base(slot) >> 3
 
     def owner(self, slot: int) -> int:
         return self._get(self._base(slot) + OWNER_PID)
 
     def claim(self, slot: int, pid: int) -> None:
         """Caller holds the flags lock and found the slot free or its owner dead."""
-        _Q.pack_into(self._buf, self._base(slot) + OWNER_PID, pid)
+        self._words[(self._base(slot) + OWNER_PID) >> 3] = pid
 
     def record(self, slot: int, *, puts: int, failures: int, latency_us: int, lock_hold_us: int) -> None:
-        """Owner only. ``lock_hold_us`` < 0 when this call never held the lock."""
-        base = self._base(slot)
-        self._add(base + PUTS, puts)
-        self._add(base + PUT_FAILURES, failures)
-        self._add(base + LATENCY_SUM_US, latency_us)
-        self._add(base + LATENCY_BUCKETS + bucket_of(latency_us) * 8, 1)
+        """Owner only. ``lock_hold_us`` < 0 when this call never held the lock. Whole-word
+        stores (`SharedSegment.words`): every send records, and the scraper never sees a torn count."""
+        w = self._words
+        base = self._base(slot) >> 3
+        w[base + PUTS // 8] += puts
+        w[base + PUT_FAILURES // 8] += failures
+        w[base + LATENCY_SUM_US // 8] += latency_us
+        w[base + LATENCY_BUCKETS // 8 + bisect.bisect_left(BOUNDS_US, latency_us)] += 1
         if lock_hold_us >= 0:
-            self._add(base + LOCK_HOLD_SUM_US, lock_hold_us)
-            self._add(base + LOCK_HOLD_BUCKETS + bucket_of(lock_hold_us) * 8, 1)
-
-    def _add(self, offset: int, delta: int) -> None:
-        _Q.pack_into(self._buf, offset, self._get(offset) + delta)
+            w[base + LOCK_HOLD_SUM_US // 8] += lock_hold_us
+            w[base + LOCK_HOLD_BUCKETS // 8 + bisect.bisect_left(BOUNDS_US, lock_hold_us)] += 1
 
     def totals(self) -> MetricsTotals:
         """Every slot summed (any process; a torn read is off by one observation at most)."""

@@ -18,7 +18,7 @@ import posix_ipc
 
 from rmq_mp.errors import ShmAttachError
 from shm import layout
-from shm.pointer_table import PointerTable, now_ms, pid_alive
+from shm.pointer_table import PointerTable, pid_alive
 
 SPIN_TRIES = 64
 """Non-blocking tries before sleeping in the kernel: contended hand-offs that sleep do not scale
@@ -27,6 +27,8 @@ ORPHAN_AFTER_MS = 1000
 """A lock held with no owner pid for this long was left by a process that died between taking
 (or releasing) the semaphore and writing the owner field."""
 _SLICE_S = 0.05
+_OWNER = layout.PUT_LOCK_OWNER_PID.index
+_SINCE = layout.PUT_LOCK_SINCE_MS.index
 
 
 def create_semaphore(name: str, initial: int) -> posix_ipc.Semaphore:
@@ -83,12 +85,29 @@ class PutLock:
         self.on_takeover = on_takeover
         self.pid = os.getpid()
         self.held = False
+        self._words = table.words(layout.PUT_LOCK_OWNER_PID, layout.PUT_LOCK_SINCE_MS)
         self._owned_ns = 0
+        self.acquired_ms = 0
+        """Wall-clock time the current hold began: the put's store timestamp, as RocketMQ's
+        ``beginLockTimestamp``."""
         self.last_hold_ns = -1
         """Duration of this process's last hold (metrics; -1 until a hold ends)."""
 
     def acquire(self, timeout_s: float) -> bool:
         """Take the lock within ``timeout_s``; False on timeout (a live owner kept it)."""
+        try:
+            self.sem.acquire(0)
+        except posix_ipc.BusyError:
+            return self._acquire_contended(timeout_s)
+        self._owned_ns = now_ns = time.time_ns()  # `_owned`, inlined: every put takes the lock
+        self.acquired_ms = now_ms = now_ns // 1_000_000
+        words = self._words
+        words[_OWNER] = self.pid
+        words[_SINCE] = now_ms
+        self.held = True
+        return True
+
+    def _acquire_contended(self, timeout_s: float) -> bool:
         for _ in range(SPIN_TRIES):
             if try_acquire(self.sem):
                 return self._owned()
@@ -113,9 +132,10 @@ class PutLock:
 
     def _owned(self) -> bool:
         self.held = True
-        self._owned_ns = time.perf_counter_ns()
-        self.table.set(layout.PUT_LOCK_OWNER_PID, self.pid)
-        self.table.set(layout.PUT_LOCK_SINCE_MS, now_ms())
+        self._owned_ns = now_ns = time.time_ns()
+        self.acquired_ms = now_ns // 1_000_000
+        self._words[_OWNER] = self.pid
+        self._words[_SINCE] = self.acquired_ms
         return True
 
     def _take_over(self, dead_owner: int) -> bool:
@@ -136,10 +156,11 @@ class PutLock:
 
     def release(self) -> None:
         assert self.held, "release of a put lock this process does not hold"
-        self.table.set(layout.PUT_LOCK_OWNER_PID, 0)
-        self.table.set(layout.PUT_LOCK_SINCE_MS, 0)
+        words = self._words
+        words[_OWNER] = 0
+        words[_SINCE] = 0
         self.held = False
-        self.last_hold_ns = time.perf_counter_ns() - self._owned_ns
+        self.last_hold_ns = time.time_ns() - self._owned_ns  # wall clock: may step, metrics only
         self.sem.release()
 
     def __enter__(self) -> PutLock:

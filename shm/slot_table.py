@@ -31,6 +31,14 @@ class SlotTable:
     def attach(cls, name: str) -> Self:
         return cls(SharedSegment.attach(name))
 
+    @property
+    def words(self) -> memoryview:
+        """The segment as native int64 words (`word_index` finds a field's)."""
+        return self._words
+
+    def word_index(self, slot: int, field: int) -> int:
+        return (slot * self.SLOT_SIZE + field) >> 3
+
     def get(self, slot: int, field: int) -> int:
         return self._words[(slot * self.SLOT_SIZE + field) >> 3]
 

@@ -374,12 +374,12 @@ def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path) -> None
             "import os, signal\n"
             "from rmq_mp.producer import Producer\n"
             f"p = Producer.attach({service.names.base!r})\n"
-            "real_append = p.store.commit_log.append_to\n"
-            "def dying_append(mf, encoded, **kw):\n"
-            "    half = encoded[: len(encoded) // 2]\n"
-            "    mf.fill(mf.wrote_position, bytes(half))\n"
+            "from rmq_mp.mapped_file import MappedFile\n"
+            "real_fill = MappedFile.fill\n"
+            "def dying_fill(mf, pos, data):\n"  # the put's journalled copy into the log, cut in half
+            "    real_fill(mf, pos, bytes(data)[: len(data) // 2])\n"
             "    os.kill(os.getpid(), signal.SIGKILL)\n"
-            "p.store.commit_log.append_to = dying_append\n"
+            "MappedFile.fill = dying_fill\n"
             "p.send('L', b'half written' * 10, queue_id=0)\n"
         )
         victim = subprocess.run([sys.executable, "-c", code], cwd=ROOT, timeout=60)
