@@ -61,12 +61,19 @@ def try_acquire(sem: posix_ipc.Semaphore) -> bool:
 
 
 def acquire(sem: posix_ipc.Semaphore, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` (0 = poll). False on timeout."""
-    try:
-        sem.acquire(max(timeout_s, 0))
-    except posix_ipc.BusyError:
-        return False
-    return True
+    """Wait up to ``timeout_s`` (0 = poll). False on timeout. A wait a signal interrupts goes on
+    for the time left (PEP 475's rule, which posix_ipc does not follow: it raised SignalError into
+    the supervisor while it restarted a killed worker). The signal's handler has run by then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            sem.acquire(max(timeout_s, 0))
+        except posix_ipc.BusyError:
+            return False
+        except posix_ipc.SignalError:
+            timeout_s = deadline - time.monotonic()
+            continue
+        return True
 
 
 class PutLock:
