@@ -257,8 +257,9 @@ class Producer:
         )
         """RocketMQ's timed ASYNC flusher sleeps its interval whatever happens, so waking it
         would only cost this put a system call."""
-        self._wake_reput = None if self._sync else store.shm.wakeup("reput")
-        """Under SYNC_FLUSH reput waits for the flusher: records are readable once flushed."""
+        self._wake_reput = None if self._sync or self._pool else store.shm.wakeup("reput")
+        """Reput reads what is readable: flushed under SYNC_FLUSH, committed with the pool; the
+        flusher or committer wakes it then."""
         self._metrics = PutRecorder(store)
 
     @classmethod
@@ -843,21 +844,29 @@ class Producer:
                 ]
 
     def _flush_request(self, end_offset: int) -> int:
-        """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full."""
+        """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full.
+
+        The ticket is published (FLUSH_REQUEST_SEQ) only after its slot says WAITING: the flusher
+        reads the sequence without the lock, and a ticket it saw before the slot was filled
+        would look answered and never be looked at again (the put then timed out)."""
         ring = self.ring
+        ticket = self.table.get(layout.FLUSH_REQUEST_SEQ)
+        now = now_ms()
         for _ in range(ring.capacity):
-            ticket = self.table.add(layout.FLUSH_REQUEST_SEQ, 1)
+            ticket += 1
             slot = ticket % ring.capacity
             state = ring.get(slot, fr.STATE)
             # A DONE_* slot belongs to its waiter until the waiter frees it (shm/flush_requests.py);
             # taking it earlier let that waiter's FREE overwrite the new request. Past its deadline
             # (+1 s) its waiter has read it or given up, so it may be taken whatever it says.
-            if state == fr.FREE or (state != fr.WAITING and ring.get(slot, fr.DEADLINE_MS) + 1000 < now_ms()):
+            if state == fr.FREE or (state != fr.WAITING and ring.get(slot, fr.DEADLINE_MS) + 1000 < now):
                 ring.set(slot, fr.NEXT_OFFSET, end_offset)
-                ring.set(slot, fr.DEADLINE_MS, now_ms() + self.config.sync_flush_timeout)
+                ring.set(slot, fr.DEADLINE_MS, now + self.config.sync_flush_timeout)
                 ring.set(slot, fr.PID, os.getpid())
                 ring.set(slot, fr.STATE, fr.WAITING)
+                self.table.set(layout.FLUSH_REQUEST_SEQ, ticket)
                 return slot
+        self.table.set(layout.FLUSH_REQUEST_SEQ, ticket)
         return -1
 
     def _wait_for_flush(self, ring_slot: int) -> int:

@@ -179,20 +179,33 @@ class PutLock:
 
 
 class Wakeup:
-    """ServiceThread's wakeup/waitForRunning across processes."""
+    """ServiceThread's wakeup/waitForRunning across processes, RocketMQ's ``hasNotified`` flag
+    included: the worker's ``notified`` word is 1 while it is awake or a wake is pending, so a
+    waker posts the semaphore only to a worker that is going to sleep or asleep. (Clearing the
+    flag on waking instead made every put during a pass post again: a futex wake per put.)"""
 
     def __init__(self, sem: posix_ipc.Semaphore, table: PointerTable, role: str) -> None:
         self.sem = sem
         self.table = table
         self.notified = layout.worker_field(role, "notified")
+        self._words = table.words()
+        self._index = self.notified.index
 
     def wakeup(self) -> None:
-        if self.table.get(self.notified) == 0:
-            self.table.set(self.notified, 1)
+        words = self._words
+        if words[self._index] == 0:
+            words[self._index] = 1
             self.sem.release()
 
-    def wait(self, timeout_s: float) -> bool:
-        """Wait for a wakeup or the timeout; True if woken. Clears the notified flag."""
+    def wait(self, timeout_s: float, has_work: Callable[[], bool] = lambda: False) -> bool:
+        """Sleep until woken or ``timeout_s`` passes; True if woken. The flag is armed first and
+        ``has_work`` checked after arming, so work published before the arming is not slept
+        through (a waker that saw the flag still set did not post)."""
+        words = self._words
+        words[self._index] = 0
+        if has_work():
+            words[self._index] = 1
+            return True
         woken = acquire(self.sem, timeout_s)
-        self.table.set(self.notified, 0)
+        words[self._index] = 1
         return woken

@@ -23,12 +23,20 @@ class AllocatorService(ServiceLoop):
     def interval_s(self) -> float:
         return 0.1
 
-    def do_work(self) -> None:
+    def target(self) -> int:
+        """End of the last file to have ready: the current one and FILES_AHEAD more."""
         size = self.store.config.mapped_file_size_commit_log
         wrote = self.table.get(layout.WROTE_POSITION)
-        current = wrote - wrote % size
+        return wrote - wrote % size + (FILES_AHEAD + 1) * size
+
+    def has_work(self) -> bool:
+        return self.table.get(layout.ALLOCATED_UNTIL) < self.target()
+
+    def do_work(self) -> None:
+        size = self.store.config.mapped_file_size_commit_log
+        target = self.target()
+        current = target - (FILES_AHEAD + 1) * size
         until = self.table.get(layout.ALLOCATED_UNTIL)
-        target = current + (FILES_AHEAD + 1) * size
         if until >= target:
             return
         directory = self.store.paths.commit_log

@@ -28,10 +28,19 @@ class CommitterService(ServiceLoop):
     def interval_s(self) -> float:
         return self.store.config.commit_interval_commit_log / 1000
 
-    def do_work(self) -> None:
+    def least_pages(self) -> int:
+        """Pages a commit waits for: commitCommitLogLeastPages, or 0 once the thorough interval passed."""
         cfg = self.store.config
         thorough = (time.monotonic() - self.last_commit) * 1000 >= cfg.commit_commit_log_thorough_interval
-        self.commit(0 if thorough else cfg.commit_commit_log_least_pages)
+        return 0 if thorough else cfg.commit_commit_log_least_pages
+
+    def has_work(self) -> bool:
+        wrote = self.table.get(layout.WROTE_POSITION)
+        committed = self.table.get(layout.COMMITTED_POSITION)
+        return wrote > committed and wrote // OS_PAGE_SIZE - committed // OS_PAGE_SIZE >= self.least_pages()
+
+    def do_work(self) -> None:
+        self.commit(self.least_pages())
 
     def commit(self, least_pages: int) -> bool:
         """`MappedFileQueue.commit(leastPages)`; True if bytes moved."""

@@ -5,14 +5,15 @@ Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeServ
 (RocketMQ 4.9.8 does: issue #2706); the failure is counted and waiting producers time out.
 
 - SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): flush
-  ``[flushed, wrote)``, then complete every waiting request at or below the flushed offset and
-  time out those past their deadline (the watcher's job); wake reput, since under SYNC_FLUSH
-  consumers see only flushed records.
+  ``[flushed, wrote)``, then complete every open request (the tickets after the last one
+  answered) at or below the flushed offset and time out those past their deadline (the
+  watcher's job); wake reput, since under SYNC_FLUSH consumers see only flushed records.
 - ASYNC_FLUSH: every `flushIntervalCommitLog` ms, flush when `flushCommitLogLeastPages` pages are
   dirty or `flushCommitLogThoroughInterval` ms passed; `flushCommitLogTimed` makes the interval a
   plain sleep that wakeups do not shorten.
 Writes PHYSIC_MSG_TIMESTAMP after each flush; with `enableRunningFlagsInFlush` a failed fsync
-sets NOT_WRITEABLE, so puts are refused with the reason until restart. Final pass: flush everything (10 tries).
+sets NOT_WRITEABLE, so puts are refused with the reason until restart; a failed fsync is retried on
+the interval, never in a loop. Final pass: flush everything (10 tries).
 """
 
 from __future__ import annotations
@@ -40,23 +41,43 @@ class FlusherService(ServiceLoop):
     def on_start(self) -> None:
         self.sync = self.store.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
         self.last_thorough = time.monotonic()
+        self.failing = False
+        """The last fsync failed: retry on the interval, never in a loop."""
         self.done_sems = [
             self.store.shm.semaphore(self.store.names.flush_done(i))
             for i in range(self.store.shm.ring.capacity)
         ]
+        self.answered_through = self.table.get(layout.FLUSH_REQUEST_SEQ)
+        """Every ticket up to this one is answered. A producer's ticket is FLUSH_REQUEST_SEQ after
+        its increment, so the open ones are (answered_through, FLUSH_REQUEST_SEQ]."""
+        self.seen_through = self.answered_through
+        """The last ticket a pass has seen: a newer one is work; an older open one (its bytes not
+        yet flushable, or its fsync failed) is retried on the 10 ms interval, not in a busy loop."""
 
     def interval_s(self) -> float:
         cfg = self.store.config
         if self.sync:
-            return 0.01 if self._requests_waiting() else 0.2
+            return 0.01 if self.answered_through < self.table.get(layout.FLUSH_REQUEST_SEQ) else 0.2
         if cfg.flush_commit_log_timed:
             time.sleep(cfg.flush_interval_commit_log / 1000)
             return 0
         return cfg.flush_interval_commit_log / 1000
 
-    def _requests_waiting(self) -> bool:
-        ring = self.store.shm.ring
-        return any(ring.get(i, fr.STATE) == fr.WAITING for i in range(ring.capacity))
+    def least_pages(self) -> int:
+        """ASYNC: flushCommitLogLeastPages, or 0 once the thorough interval passed."""
+        cfg = self.store.config
+        thorough = (time.monotonic() - self.last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval
+        return 0 if thorough else cfg.flush_commit_log_least_pages
+
+    def has_work(self) -> bool:
+        """SYNC: a request came since the last pass began; ASYNC: enough dirty pages (the timed
+        flusher sleeps its interval and never asks)."""
+        if self.sync:
+            return self.seen_through < self.table.get(layout.FLUSH_REQUEST_SEQ)
+        if self.failing:  # retried on the interval
+            return False
+        flushed = self.table.get(layout.FLUSHED_POSITION)
+        return self.target() // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE >= max(self.least_pages(), 1)
 
     def target(self) -> int:
         t = self.table
@@ -85,6 +106,7 @@ class FlusherService(ServiceLoop):
                 mf.flush()
                 offset = mf.file_from_offset + size
         except OSError as exc:
+            self.failing = True
             t.add(layout.FLUSH_FAILURES, 1)
             log.error(
                 "flush of [%d, %d) failed, flushed offset stays at %d: %s", flushed, target, flushed, exc
@@ -92,6 +114,7 @@ class FlusherService(ServiceLoop):
             if self.store.config.enable_running_flags_in_flush:
                 self.mark_not_writeable()
             return False
+        self.failing = False
         t.set(layout.FLUSHED_POSITION, target)
         t.add(layout.FLUSH_COUNT, 1)
         cost_ms = int((time.monotonic() - started) * 1000)
@@ -112,11 +135,18 @@ class FlusherService(ServiceLoop):
         self.store.shm.update_running_flags(set_bits=RunningFlags.NOT_WRITEABLE)
 
     def complete_requests(self) -> None:
-        """Complete flushed requests, time out overdue ones, free abandoned ones."""
+        """Complete flushed requests, time out overdue ones (FlushDiskWatcher), free abandoned
+        ones. Only tickets after the last one answered are looked at: a request's end offset
+        grows with its ticket (both are taken under the put lock), so answering stops at the
+        first one not yet flushed, and with 8 producers that is a handful of slots, not 256."""
         ring = self.store.shm.ring
         flushed = self.table.get(layout.FLUSHED_POSITION)
         now = now_ms()
-        for slot in range(ring.capacity):
+        last_ticket = self.table.get(layout.FLUSH_REQUEST_SEQ)
+        first = max(self.answered_through, last_ticket - ring.capacity) + 1
+        answered_through = last_ticket
+        for ticket in range(first, last_ticket + 1):
+            slot = ticket % ring.capacity
             state = ring.get(slot, fr.STATE)
             if state == fr.WAITING:
                 if ring.get(slot, fr.NEXT_OFFSET) <= flushed:
@@ -125,21 +155,24 @@ class FlusherService(ServiceLoop):
                 elif ring.get(slot, fr.DEADLINE_MS) <= now:
                     ring.set(slot, fr.STATE, fr.DONE_TIMEOUT)
                     self.done_sems[slot].release()
+                else:
+                    answered_through = min(answered_through, ticket - 1)
             elif state == fr.ABANDONED:
                 ring.set(slot, fr.STATE, fr.FREE)
+        self.answered_through = answered_through
 
     def do_work(self) -> None:
-        cfg = self.store.config
         if self.sync:
+            self.seen_through = self.table.get(layout.FLUSH_REQUEST_SEQ)
             advanced = self.flush(0)
             self.complete_requests()
             if advanced:
                 self.store.shm.wake("reput")
             return
-        thorough = (time.monotonic() - self.last_thorough) * 1000 >= cfg.flush_commit_log_thorough_interval
-        if thorough:
+        least_pages = self.least_pages()
+        if least_pages == 0:
             self.last_thorough = time.monotonic()
-        self.flush(0 if thorough else cfg.flush_commit_log_least_pages)
+        self.flush(least_pages)
 
     def final_pass(self) -> None:
         for _ in range(10):

@@ -70,6 +70,8 @@ class ReputService(ServiceLoop):
         ]
         self.last_cq_flush = self.last_thorough = time.monotonic()
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
+        self.stuck_at = -1
+        """REPUT_FROM where the last pass met an unreadable record (-1: none)."""
 
     def _table_min_offset(self, cq: ConsumeQueue) -> int:
         slot = self.store.shm.queues.find(cq.topic, cq.queue_id)
@@ -77,6 +79,12 @@ class ReputService(ServiceLoop):
 
     def interval_s(self) -> float:
         return 0.1
+
+    def has_work(self) -> bool:
+        """Records past REPUT_FROM are readable (and the last pass did not stop short of them on
+        an unreadable record: that one waits for the interval, not a busy loop)."""
+        reput_from = self.table.get(layout.REPUT_FROM_OFFSET)
+        return self.store.readable_end() > reput_from and reput_from != self.stuck_at
 
     def dispatch(self, limit: int = MAX_RECORDS_PER_PASS) -> int:
         """Dispatch up to ``limit`` records from REPUT_FROM; returns how many."""
@@ -108,6 +116,7 @@ class ReputService(ServiceLoop):
                 offset = phy + req.size
             else:
                 log.error("unreadable record at %d below the readable end %d: %s", phy, end, req.reason)
+                self.stuck_at = offset
                 break
             if dispatched >= limit:
                 break

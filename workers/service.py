@@ -2,7 +2,8 @@
 
     start: attach to the store's shared memory in the worker's role, `on_start()`, post the
            ready semaphore (the supervisor's start handshake), state READY;
-    loop:  wait on the wakeup semaphore with a timeout of `interval_s()`, `do_work()`, heartbeat;
+    loop:  unless `has_work()`, wait on the wakeup semaphore with a timeout of `interval_s()`;
+           `do_work()`, heartbeat;
     stop:  when the supervisor sets this worker's stop flag, or dies (the parent pid changes): `final_pass()`
            (RocketMQ's shutdown retries), state STOPPED, exit.
 
@@ -58,6 +59,12 @@ class ServiceLoop:
     def on_start(self) -> None:
         """Open what the worker needs before it reports ready."""
 
+    def has_work(self) -> bool:
+        """Whether `do_work` has something to do now, from a few shared words: checked after the
+        worker arms its wakeup flag, so a wake that came during the last pass is not lost. A
+        worker that answers False relies on its interval for such wakes."""
+        return False
+
     def do_work(self) -> None:
         raise NotImplementedError
 
@@ -103,7 +110,10 @@ class ServiceLoop:
         deadline = time.monotonic() + self.interval_s()
         while True:
             remaining = deadline - time.monotonic()
-            if self.wakeup.wait(max(0.0, min(remaining, STOP_CHECK_S))) or remaining <= STOP_CHECK_S:
+            if (
+                self.wakeup.wait(max(0.0, min(remaining, STOP_CHECK_S)), self.has_work)
+                or remaining <= STOP_CHECK_S
+            ):
                 return not self.stopping()
             if self.stopping():
                 return False

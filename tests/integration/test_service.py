@@ -207,6 +207,36 @@ def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
         assert sorted(got) == [b"x", b"y"], "untagged and TagZ messages are filtered out"
 
 
+def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: Path) -> None:
+    """The flusher reads FLUSH_REQUEST_SEQ without the put lock and answers tickets up to it: a
+    ticket published before its slot said WAITING looked answered and was never looked at again
+    (a put then failed with FLUSH_DISK_TIMEOUT after syncFlushTimeout, about 1 in 40k SYNC sends
+    under 8 producers). The order of the producer's shared writes is recorded and checked."""
+    from shm import flush_requests as fr
+
+    with (
+        running_service(tmp_path, flushDiskType="SYNC_FLUSH") as service,
+        Producer.attach(service.root) as producer,
+    ):
+        writes: list[tuple[str, int, int]] = []
+        ring_set, table_set = producer.ring.set, producer.table.set
+        producer.ring.set = lambda slot, field, value: (
+            writes.append(("ring", field, value)),
+            ring_set(slot, field, value),
+        )[1]  # type: ignore[method-assign]
+        producer.table.set = lambda field, value: (
+            writes.append(("table", field.index, value)),
+            table_set(field, value),
+        )[1]  # type: ignore[method-assign]
+        for _ in range(3):
+            assert producer.send("Sync", b"x", queue_id=0).ok
+            assert producer.send_batch([dict(topic="Sync", body=b"y", queue_id=1)] * 2).ok
+        published = [i for i, w in enumerate(writes) if w[:2] == ("table", layout.FLUSH_REQUEST_SEQ.index)]
+        waiting = [i for i, w in enumerate(writes) if w == ("ring", fr.STATE, fr.WAITING)]
+        assert len(published) == len(waiting) == 6
+        assert all(w < p for w, p in zip(waiting, published, strict=True)), writes
+
+
 def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
     with (
         running_service(tmp_path, flushDiskType="SYNC_FLUSH", syncFlushTimeout="700") as service,
