@@ -38,7 +38,7 @@ from rmq_mp.config import MessageStoreConfig
 from rmq_mp.message_store import MessageStore
 from shm import layout
 from shm.store_shm import StoreShm
-from tests.service import RunningService, running_service, start_service
+from tests.service import RunningService, running_service, start_service, wait_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES: dict[str, dict[str, str]] = {
@@ -160,6 +160,11 @@ class Bench:
                 self.max_send_rate = got["msgs_per_s"]
             rate = self.max_send_rate * 0.10
             duration = 3.0 if self.quick else 10.0
+            wait_until(  # a backlog from the rate measurement would be dispatched during the paced run
+                lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+                120,
+                "reput to catch up before the paced run",
+            )
             expected = int(rate * duration) - 5
             ready, out = CTX.Event(), CTX.Queue()
             consumer = CTX.Process(

@@ -15,6 +15,8 @@ from typing import Any
 
 CTX = mp.get_context("spawn")
 TOPIC = "BenchTopic"
+E2E_TOPIC = "BenchE2E"
+"""The paced e2e producer's topic: only stamped bodies in it."""
 QUEUES = 8
 
 
@@ -58,7 +60,7 @@ def put_worker(
                     continue
                 next_at += interval_s
                 stamp = time.monotonic_ns().to_bytes(8, "big")
-                result = producer.send(TOPIC, stamp + body[8:], queue_id=0)
+                result = producer.send(E2E_TOPIC, stamp + body[8:], queue_id=0)
                 sent += 1
                 failures += not result.ok
                 continue
@@ -84,16 +86,16 @@ def put_worker(
 
 
 def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any) -> None:
-    """Long-poll queue 0 of the bench topic; report send-to-receive latencies in ns."""
+    """Long-poll queue 0 of the e2e topic; report send-to-receive latencies in ns."""
     from rmq_mp.consumer import Consumer
 
     latencies_ns: list[int] = []
     with Consumer.attach(store_dir, "bench-e2e") as consumer:
-        offset = consumer.pull(TOPIC, 0, 0, 1).max_offset if expected else 0
+        offset = consumer.pull(E2E_TOPIC, 0, 0, 1).max_offset if expected else 0
         ready.set()
         idle_deadline = time.monotonic() + 30
         while len(latencies_ns) < expected and time.monotonic() < idle_deadline:
-            result = consumer.pull(TOPIC, 0, offset, 32, timeout_s=2)
+            result = consumer.pull(E2E_TOPIC, 0, offset, 32, timeout_s=2)
             now = time.monotonic_ns()
             for message in result.messages:
                 latencies_ns.append(now - int.from_bytes(message.body[:8], "big"))

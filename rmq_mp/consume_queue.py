@@ -16,7 +16,7 @@ from __future__ import annotations
 import logging
 import os
 import struct
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -219,22 +219,23 @@ class ConsumeQueue:
         """The next queue offset to be written."""
         return self.mfq.max_offset() // CQ_STORE_UNIT_SIZE
 
-    def entries(self, queue_offset: int, max_count: int) -> list[tuple[int, int, int]]:
+    def entries(self, queue_offset: int, max_count: int) -> Iterator[tuple[int, int, int]]:
         """Up to ``max_count`` (phy offset, size, tags code) from ``queue_offset``, within one file
-        (RocketMQ's `getIndexBuffer` slice)."""
+        (RocketMQ's `getIndexBuffer` slice), unpacked as they are taken: a pull of one message
+        reads one entry, not the 800 a 16 KB slice holds."""
         position = queue_offset * CQ_STORE_UNIT_SIZE
         if position < self.min_logic_offset:
-            return []
+            return iter(())
         mf = self.mfq.find_mapped_file_by_offset(position)
         if mf is None:
-            return []
+            return iter(())
         start = position - mf.file_from_offset
         stop = min(mf.read_position, start + max_count * CQ_STORE_UNIT_SIZE)
-        return [CQ_ENTRY.unpack_from(mf.buf, p) for p in range(start, stop, CQ_STORE_UNIT_SIZE)]
+        buf, unpack = mf.buf, CQ_ENTRY.unpack_from
+        return (unpack(buf, p) for p in range(start, stop, CQ_STORE_UNIT_SIZE))
 
     def get_entry(self, queue_offset: int) -> tuple[int, int, int] | None:
-        found = self.entries(queue_offset, 1)
-        return found[0] if found else None
+        return next(self.entries(queue_offset, 1), None)
 
     def offset_in_queue_by_time(self, timestamp_ms: int, commit_log: CommitLog) -> int:
         """`getOffsetInQueueByTime`: binary search on store times (§4.4).

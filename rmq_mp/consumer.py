@@ -30,8 +30,10 @@ from shm import queue_offsets as qo
 from shm import waiters as wt
 from shm.layout import Role
 from shm.pointer_table import pid_alive
-from shm.semaphores import acquire, try_acquire
+from shm.semaphores import acquire, spin_until, try_acquire
 
+PARK_SPIN_S = 0.0002
+"""A long poll watches its queue this long before sleeping: a wake by reput costs 50-70 us."""
 READ_ATTEMPTS = 3
 """Reads retried when the cleaner deletes a file under them (each retry sees a higher minimum)."""
 
@@ -193,7 +195,8 @@ class Consumer:
     def _park(
         self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False
     ) -> None:
-        """Register in our waiter slot, re-check (no lost wakeup), sleep until woken or timeout."""
+        """Register in our waiter slot, re-check (no lost wakeup) for PARK_SPIN_S, then sleep until
+        woken or timeout."""
         slot = -1 if any_queue else self.queues.find(topic, queue_id)
         w = self.waiters
         while try_acquire(self._waiter_sem):  # drop stale posts
@@ -205,7 +208,9 @@ class Consumer:
             slot_now = self.queues.find(topic, queue_id)
             if slot_now != slot:  # the queue appeared meanwhile: wait for any dispatch instead
                 w.set(self._waiter_slot, wt.QUEUE_SLOT, -1)
-            elif slot_now >= 0 and self.queues.get(slot_now, qo.DISPATCHED) > offset:
+            elif slot_now >= 0 and spin_until(
+                lambda: self.queues.get(slot_now, qo.DISPATCHED) > offset, min(PARK_SPIN_S, timeout_s)
+            ):
                 w.set(self._waiter_slot, wt.WAITING, 0)
                 return
         acquire(self._waiter_sem, timeout_s)

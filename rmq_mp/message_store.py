@@ -12,6 +12,7 @@ taking the lock or writing a byte: recovery's analysis runs in memory only.
 from __future__ import annotations
 
 import fcntl
+import itertools
 import logging
 import os
 import threading
@@ -425,7 +426,8 @@ def read_queue(
         next_offset = min_offset if min_offset == 0 else max_offset
         return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
     entries = cq.entries(offset, min(max(16000 // 20, max_msgs), max_offset - offset))
-    if not entries:
+    first = next(entries, None)
+    if first is None:
         per_file = cq.mapped_file_size // 20
         return GetMessageResult(
             GetMessageStatus.OFFSET_FOUND_NULL, offset + per_file - offset % per_file, min_offset, max_offset
@@ -436,7 +438,7 @@ def read_queue(
     total_bytes = 0
     min_phy = commit_log.min_offset()
     scanned = 0
-    for phy, size, tags_code in entries:
+    for phy, size, tags_code in itertools.chain((first,), entries):
         if messages and (
             len(messages) >= min(max_msgs, config.max_transfer_count_on_message_in_memory)
             or total_bytes + size > config.max_transfer_bytes_on_message_in_memory

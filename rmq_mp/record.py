@@ -462,32 +462,46 @@ class _Fields:
     topic: str
     properties_text: str
     ends_in_nul: bool
+    topic_length: int
+    """UTF-8 bytes, as stored (TOTALSIZE is checked against these, not re-encoded text)."""
+    properties_length: int
 
 
 def _parse(buf: Any, pos: int, limit: int) -> _Fields:
-    """Read every field of the record at ``pos``; `_Invalid` if it is not whole and well-formed."""
+    """Read every field of the record at ``pos``; `_Invalid` if it is not whole and well-formed.
+    The fixed fields are one `fixed_struct` unpack (the encoder's format): this runs for every
+    record a consumer reads and reput dispatches."""
     if limit - pos < _HEAD.size:
         raise _Invalid("fewer bytes left than a record header")
-    total, magic, crc, queue_id, flag, queue_offset, phy_offset, sys_flag, born_ts = _HEAD.unpack_from(
-        buf, pos
-    )
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
     if magic not in (MESSAGE_MAGIC_CODE, MESSAGE_MAGIC_CODE_V2):
         raise _Invalid(f"unknown magic code {magic & 0xFFFFFFFF:#010x}")
     end = pos + total
     if total < _HEAD.size or end > limit:
         raise _Invalid(f"TOTALSIZE {total} runs past the readable end")
     try:
-        p = pos + POS_BORN_HOST
-        ip_len = 16 if sys_flag & m.BORNHOST_V6_FLAG else 4
-        born_ip = bytes(buf[p : p + ip_len])
-        (born_port,) = _INT.unpack_from(buf, p + ip_len)
-        p += ip_len + 4
-        (store_ts,) = _LONG.unpack_from(buf, p)
-        p += 8
-        ip_len = 16 if sys_flag & m.STOREHOSTADDRESS_V6_FLAG else 4
-        store_ip = bytes(buf[p : p + ip_len])
-        reconsume, prepared, body_len = struct.unpack_from(">iqi", buf, p + ip_len + 4)
-        p += ip_len + 4 + 16
+        (sys_flag,) = _INT.unpack_from(buf, pos + POS_SYS_FLAG)
+        fixed = fixed_struct(bool(sys_flag & m.BORNHOST_V6_FLAG), bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG))
+        (
+            _total,
+            _magic,
+            crc,
+            queue_id,
+            flag,
+            queue_offset,
+            phy_offset,
+            _sys_flag,
+            born_ts,
+            born_ip,
+            born_port,
+            store_ts,
+            store_ip,
+            store_port,
+            reconsume,
+            prepared,
+            body_len,
+        ) = fixed.unpack_from(buf, pos)
+        p = pos + fixed.size
         if body_len < 0 or p + body_len > end:
             raise _Invalid(f"BODYLEN {body_len} does not fit in the record")
         body_start = p
@@ -528,7 +542,7 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
         born_port,
         store_ts,
         store_ip,
-        _INT.unpack_from(buf, pos + _store_host_port_pos(sys_flag))[0],
+        store_port,
         reconsume,
         prepared,
         body_start,
@@ -536,21 +550,14 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
         topic,
         props,
         ends_in_nul,
+        len(topic_bytes),
+        len(props_bytes),
     )
-
-
-def _store_host_port_pos(sys_flag: int) -> int:
-    born = host_length(bool(sys_flag & m.BORNHOST_V6_FLAG))
-    return POS_BORN_HOST + born + 8 + (16 if sys_flag & m.STOREHOSTADDRESS_V6_FLAG else 4)
 
 
 def _expected_length(f: _Fields) -> int:
     return calc_msg_length(
-        f.sys_flag,
-        f.body_length,
-        len(f.topic.encode("utf-8")),
-        len(f.properties_text.encode("utf-8")),
-        v2=f.magic == MESSAGE_MAGIC_CODE_V2,
+        f.sys_flag, f.body_length, f.topic_length, f.properties_length, v2=f.magic == MESSAGE_MAGIC_CODE_V2
     )
 
 
@@ -610,8 +617,8 @@ def decode_message(buf: Any, pos: int, limit: int, *, file_position: int = -1) -
         raise CorruptRecordError(f"no valid record at position {pos}: {exc}") from exc
     if _expected_length(f) != f.total_size:
         raise CorruptRecordError(f"record at position {pos}: TOTALSIZE does not match its fields")
-    born = (m.format_ip(f.born_ip), f.born_port)
-    store = (m.format_ip(f.store_ip), f.store_port)
+    born = (_format_ip(f.born_ip), f.born_port)
+    store = (_format_ip(f.store_ip), f.store_port)
     return m.MessageExt(
         store_size=f.total_size,
         magic_code=f.magic,
@@ -630,6 +637,17 @@ def decode_message(buf: Any, pos: int, limit: int, *, file_position: int = -1) -
         body=bytes(buf[f.body_start : f.body_start + f.body_length]),
         topic=f.topic,
         properties=m.string_to_properties(f.properties_text),
-        msg_id=m.create_message_id(f.store_ip, f.store_port, f.phy_offset),
+        msg_id=f"{_msg_id_prefix(f.store_ip, f.store_port)}{f.phy_offset & 0xFFFFFFFFFFFFFFFF:016X}",
         file_position=file_position,
     )
+
+
+@functools.lru_cache(maxsize=64)
+def _format_ip(ip: bytes) -> str:
+    return m.format_ip(ip)
+
+
+@functools.lru_cache(maxsize=64)
+def _msg_id_prefix(store_ip: bytes, store_port: int) -> str:
+    """`create_message_id` without the offset: records of one store share it."""
+    return m.create_message_id(store_ip, store_port, 0)[:-16]

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+import numpy as np
+
 from shm.slot_table import SlotTable
 
 SLOT_SIZE = 40
@@ -33,6 +35,12 @@ NO_HOLD = -1
 class WaiterTable(SlotTable):
     SLOT_SIZE = SLOT_SIZE
     DEFAULT_CAPACITY = DEFAULT_CAPACITY
+
+    def waiting_slots(self) -> list[int]:
+        """Slots whose consumer is parked (WAITING = 1), found in one vectorised comparison:
+        reput asks after every pass that dispatched, and most of the 64 slots are idle."""
+        column = np.frombuffer(self.segment.mm, dtype=np.int64, count=self.capacity * SLOT_SIZE // 8)
+        return np.flatnonzero(column[WAITING // 8 :: SLOT_SIZE // 8] == 1).tolist()
 
     def holders_below(self, end_offset: int, alive: Callable[[int], bool]) -> list[int]:
         """Pids of live consumers holding a commit-log offset below ``end_offset``."""

@@ -27,6 +27,7 @@ from rmq_mp.running_store import RunningStore
 from shm import layout
 from shm.layout import Role
 from shm.pointer_table import now_ms
+from shm.semaphores import spin_until
 
 log = logging.getLogger("rmq_mp.worker")
 
@@ -43,6 +44,8 @@ def set_thread_name(name: str) -> None:
 class ServiceLoop:
     role: ClassVar[str]
     writable_log: ClassVar[bool] = False
+    spin_s: ClassVar[float] = 0.0
+    """After a pass, poll `has_work` this long before sleeping (a worker on the latency path)."""
 
     def __init__(self, store: RunningStore) -> None:
         self.store = store
@@ -107,6 +110,8 @@ class ServiceLoop:
     def _wait(self) -> bool:
         """Wait for a wakeup or the interval, in slices short enough to notice a stop request or
         a dead supervisor within half a second. False when it is time to stop."""
+        if spin_until(self.has_work, self.spin_s):
+            return not self.stopping()
         deadline = time.monotonic() + self.interval_s()
         while True:
             remaining = deadline - time.monotonic()
