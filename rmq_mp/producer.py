@@ -28,7 +28,7 @@ import os
 import struct
 import time
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
@@ -101,21 +101,35 @@ _OWN_STORE_TIMESTAMP_POSITION = record.store_timestamp_position(0)
 """Where STORETIMESTAMP sits in this producer's own records (IPv4 born host)."""
 
 
-@dataclass(slots=True)
+@dataclass(slots=True, repr=False)
 class SendResult:
-    """Outcome of one message. ``msg_id`` is the store's offset msgId; ``uniq_key`` the client id."""
+    """Outcome of one message. ``msg_id`` is the store's offset msgId (built when read: most
+    senders never look at it); ``uniq_key`` the client id."""
 
     status: PutMessageStatus
-    msg_id: str = ""
     queue_id: int = -1
     queue_offset: int = -1
     commit_log_offset: int = -1
     uniq_key: str = ""
     reason: str = ""
+    msg_id_prefix: str = field(default="", compare=False)
+    """Hex of the store host (ip and port): a msgId is this and the offset's 16 hex digits."""
 
     @property
     def ok(self) -> bool:
         return self.status is PutMessageStatus.PUT_OK
+
+    @property
+    def msg_id(self) -> str:
+        """`MessageDecoder.createMessageId` of the stored record ('' when nothing was stored)."""
+        return f"{self.msg_id_prefix}{self.commit_log_offset:016X}" if self.commit_log_offset >= 0 else ""
+
+    def __repr__(self) -> str:
+        return (
+            f"SendResult(status={self.status.name}, msg_id={self.msg_id!r}, queue_id={self.queue_id}, "
+            f"queue_offset={self.queue_offset}, commit_log_offset={self.commit_log_offset}, "
+            f"uniq_key={self.uniq_key!r}, reason={self.reason!r})"
+        )
 
 
 class SendBatchResult(Sequence[SendResult]):
@@ -164,17 +178,11 @@ class SendBatchResult(Sequence[SendResult]):
         in_run = placement.first + in_chunk
         uniq = run.uniq_keys[in_run] if run.uniq_keys else ""
         if placement.phy_offset < 0:
-            return SendResult(placement.status, "", run.queue_id, -1, -1, uniq, placement.reason)
+            return SendResult(placement.status, run.queue_id, -1, -1, uniq, placement.reason)
         phy = placement.phy_offset + run.start(in_run) - run.start(placement.first)
         queue_offset = placement.queue_offset + in_chunk if run.dispatchable else 0
         return SendResult(
-            placement.status,
-            f"{self._msg_id_prefix}{phy:016X}",
-            run.queue_id,
-            queue_offset,
-            phy,
-            uniq,
-            placement.reason,
+            placement.status, run.queue_id, queue_offset, phy, uniq, placement.reason, self._msg_id_prefix
         )
 
     def __iter__(self) -> Iterator[SendResult]:
@@ -183,13 +191,11 @@ class SendBatchResult(Sequence[SendResult]):
             for i in range(p.first, p.first + p.records):
                 uniq = run.uniq_keys[i] if run.uniq_keys else ""
                 if p.phy_offset < 0:
-                    yield SendResult(p.status, "", run.queue_id, -1, -1, uniq, p.reason)
+                    yield SendResult(p.status, run.queue_id, -1, -1, uniq, p.reason)
                     continue
                 phy = p.phy_offset + run.start(i) - run.start(p.first)
                 queue_offset = p.queue_offset + i - p.first if run.dispatchable else 0
-                yield SendResult(
-                    p.status, f"{prefix}{phy:016X}", run.queue_id, queue_offset, phy, uniq, p.reason
-                )
+                yield SendResult(p.status, run.queue_id, queue_offset, phy, uniq, p.reason, prefix)
 
     def commit_log_offsets(self) -> np.ndarray:
         """Each message's commit-log offset, -1 where it was not stored."""
@@ -308,7 +314,7 @@ class Producer:
         try:
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
-            result = SendResult(exc.status, "", queue_id, -1, -1, uniq, exc.reason)
+            result = SendResult(exc.status, queue_id, -1, -1, uniq, exc.reason)
         else:
             result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
         self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
@@ -689,7 +695,7 @@ class Producer:
         ):
             return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
         if not self.lock.acquire(LOCK_TIMEOUT_S):
-            return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, "", queue_id, -1, -1, uniq, "put lock busy")
+            return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, "put lock busy")
         run = None
         try:
             wrote = w[_WROTE]
@@ -720,9 +726,7 @@ class Producer:
             if self._sync:
                 self._await_flush((run,))
             return self._result_of(run)
-        result = SendResult(
-            _PUT_OK, f"{self._msg_id_prefix}{wrote:016X}", queue_id, queue_offset, wrote, uniq, ""
-        )
+        result = SendResult(_PUT_OK, queue_id, queue_offset, wrote, uniq, "", self._msg_id_prefix)
         if self._sync and wait:
             state = self._wait_for_flush(ring_slot) if ring_slot >= 0 else -1
             if state != fr.DONE_OK:
@@ -749,9 +753,10 @@ class Producer:
     def _result_of(self, run: EncodedRun) -> SendResult:
         """The result of a one-record run."""
         p = run.placements[0]
-        msg_id = f"{self._msg_id_prefix}{p.phy_offset:016X}" if p.phy_offset >= 0 else ""
         uniq = run.uniq_keys[0] if run.uniq_keys else ""
-        return SendResult(p.status, msg_id, run.queue_id, p.queue_offset, p.phy_offset, uniq, p.reason)
+        return SendResult(
+            p.status, run.queue_id, p.queue_offset, p.phy_offset, uniq, p.reason, self._msg_id_prefix
+        )
 
     def _end_file(self, mf: MappedFile, wrote: int) -> None:
         """Close the current file with a BLANK record, journalled like an append."""
