@@ -140,18 +140,13 @@ def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[i
     try:
         started = time.perf_counter()
         if batch:
-            offset = commit_log.min_offset()
-            while offset < end:
-                moved = False
-                for step in commit_log.iter_batches(
-                    offset, check_crc=False, end_offset=end, max_records=BATCH_RECORDS
-                ):
-                    dispatcher.dispatch_batch(step.batch)
-                    records += len(step.batch)
-                    offset, moved = step.next_offset, True
-                    if step.tail is not None and not step.tail.success:
-                        raise AssertionError(f"invalid record at {step.stop}: {step.tail.reason}")
-                assert moved
+            for step in commit_log.iter_batches(
+                commit_log.min_offset(), check_crc=False, end_offset=end, batch_records=BATCH_RECORDS
+            ):
+                dispatcher.dispatch_batch(step.batch)
+                records += len(step.batch)
+                if step.tail is not None and not step.tail.success:
+                    raise AssertionError(f"invalid record at {step.stop}: {step.tail.reason}")
         else:
             for _phy, req in commit_log.iter_dispatch(
                 commit_log.min_offset(), check_crc=False, end_offset=end

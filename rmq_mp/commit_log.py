@@ -21,6 +21,10 @@ from rmq_mp.message import MessageExt
 from rmq_mp.reporter import Reporter
 from rmq_mp.status import AppendMessageStatus
 
+BATCH_RECORDS = 65_536
+"""Records per `iter_batches` step by default: enough to amortise numpy's fixed cost per call,
+few enough that a step's columns stay a few MiB."""
+
 
 @dataclass(frozen=True, slots=True)
 class AppendMessageResult:
@@ -188,15 +192,22 @@ class CommitLog:
             offset = self.roll_next_file(offset) if req.size == 0 else offset + req.size
 
     def iter_batches(
-        self, from_offset: int, *, check_crc: bool, end_offset: int | None = None, max_records: int
+        self,
+        from_offset: int,
+        *,
+        check_crc: bool,
+        end_offset: int | None = None,
+        max_records: int | None = None,
+        batch_records: int = BATCH_RECORDS,
     ) -> Iterator[BatchStep]:
         """`iter_dispatch` in columns: walk from ``from_offset`` to ``end_offset`` (default: the
-        readable end), at most ``max_records`` records, one `record_batch.scan_segment` per file
-        part. Blank records roll to the next file inside the walk; it stops after the first
+        readable end), at most ``max_records`` records (default: no limit), one
+        `record_batch.scan_segment` of at most ``batch_records`` per step (a step stays within a
+        file). Blank records roll to the next file inside the walk; it stops after the first
         failure, which the last step carries in ``tail`` for the caller to decide on."""
         end = self.max_offset() if end_offset is None else end_offset
         offset = from_offset
-        remaining = max_records
+        remaining = (1 << 62) if max_records is None else max_records
         while offset < end and remaining > 0:
             mf = self.mfq.find_mapped_file_by_offset(offset)
             if mf is None:
@@ -215,7 +226,7 @@ class CommitLog:
                 file_from_offset=mf.file_from_offset,
                 check_crc=check_crc,
                 delay_level_ms=self.delay_level_ms,
-                max_records=remaining,
+                max_records=min(remaining, batch_records),
             )
             stop = mf.file_from_offset + scan.stop
             tail = scan.tail

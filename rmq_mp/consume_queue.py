@@ -175,6 +175,24 @@ class ConsumeQueue:
             )
         return dropped
 
+    def tail_in_order(self) -> bool:
+        """The last file's entries end in non-decreasing commit-log order (pre-blanks count as
+        ending at 0, as `truncate_dirty_logic_files` counts them). Always so unless the file is
+        damaged; recovery dispatches while it scans only then (see recovery.py)."""
+        last = self.mfq.last_file()
+        if last is None:
+            return True
+        valid, _ = _valid_entry_count(last, last.wrote_position)
+        if valid < 2:
+            return True
+        entries = np.frombuffer(last.buf, dtype=CQ_ENTRY_DTYPE, count=valid)
+        try:
+            sizes = entries["size"].astype(np.int64)
+            ends = entries["phy"].astype(np.int64) + np.where(sizes == PRE_BLANK_SIZE, 0, sizes)
+        finally:
+            del entries
+        return bool((ends[1:] >= ends[:-1]).all())
+
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """First entry of the first file that still points into the commit log (pre-blanks skipped)."""
         first = self.mfq.first_file()

@@ -302,6 +302,23 @@ class IndexFile:
 
     # ------------------------------------------------------------------ recovery
 
+    def is_intact(self) -> bool:
+        """The file had all its bytes when opened (not cut by a crash or a full disk)."""
+        return self._intact_bytes >= self.file_size
+
+    def in_order(self) -> bool:
+        """Entries point at non-decreasing commit-log offsets, as dispatch writes them."""
+        if self._mm is None or self.index_count <= 2:
+            return True
+        entries = np.frombuffer(
+            self._mm, dtype=_ENTRY_DTYPE, count=self.index_count - 1, offset=self._entry_pos(1)
+        )
+        try:
+            phys = entries["phy"]
+            return bool((phys[1:] >= phys[:-1]).all())
+        finally:
+            del entries, phys
+
     def intact_entry_limit(self) -> int:
         """Entries wholly inside the bytes the file really had (a cut file loses its tail)."""
         return max(0, (self._intact_bytes - self._slots_end()) // INDEX_ENTRY_SIZE)

@@ -99,6 +99,11 @@ class IndexService:
             if index_file.entry_count() == 0 and index_file is self.files[-1] and len(self.files) > 1:
                 self._remove(index_file)
 
+    def safe_to_extend_before_recovery(self) -> bool:
+        """Every file is whole and the newest one's entries are in log order: then recovery may
+        dispatch before `recover` cuts (its cuts cannot reach what dispatch adds)."""
+        return all(f.is_intact() for f in self.files) and (not self.files or self.files[-1].in_order())
+
     def _remove(self, index_file: IndexFile) -> None:
         self.files.remove(index_file)
         index_file.destroy()
