@@ -153,6 +153,8 @@ class SegmentScan:
     start: int
     stop: int
     tail: DispatchRequest | None
+    one_by_one: int = 0
+    """Records of the batch whose properties (or whole record) were read one at a time."""
 
 
 # ----------------------------------------------------------------------------------- hashing
@@ -264,7 +266,8 @@ def scan_segment(
         batch, stop, tail = decoder.decode(file_from_offset)
     finally:
         del view
-    return SegmentScan(batch, pos, stop, tail)
+    one_by_one = int(np.count_nonzero((decoder.slow | decoder.loose)[: len(batch)]))
+    return SegmentScan(batch, pos, stop, tail, one_by_one)
 
 
 @dataclass(slots=True)
@@ -385,6 +388,8 @@ class _Decoder:
             return RecordBatch.empty(), self.walk.stop, self.walk.tail
         view = self.view
         inside = starts + _HEAD_DTYPE.itemsize <= len(view)
+        if len(view) < _HEAD_DTYPE.itemsize:  # too short for a gather: read zeros, decode one by one
+            view = np.concatenate((view, np.zeros(_HEAD_DTYPE.itemsize, dtype=np.uint8)))
         head = _gather(view, np.where(inside, starts, 0), _HEAD_DTYPE)
         total = head["total"].astype(np.int64)
         sys_flag = head["sys_flag"].astype(np.int64)
@@ -666,7 +671,7 @@ class _Decoder:
                 if not (req.success and req.size > 0):
                     cut, tail, stop = row, req, pos
                     break
-                assert req.size == total[row], "the walk stepped by TOTALSIZE"
+                total[row] = req.size  # the head of a record near the buffer's end was not read
                 sys_flag[row] = req.sys_flag
                 store_ts[row] = req.store_timestamp
                 queue_id[row] = req.queue_id
