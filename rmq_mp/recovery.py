@@ -56,6 +56,8 @@ class RecoveryReport:
     cq_entries_truncated: int
     index_entries_truncated: int
     duration_ms: int
+    one_pass: bool = False
+    """The records were dispatched by the checking pass itself (no second walk after the cuts)."""
 
 
 def _choose_abnormal_start(store: MessageStore) -> int:
@@ -337,9 +339,9 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
     else:
         dispatch_from = scan_from
     dispatched = 0
+    one_pass_done = replay is not None and replay.exact and not (cq_dropped or index_damaged)
     if store.writable:
-        one_pass = replay is not None and replay.exact and not (cq_dropped or index_damaged)
-        if one_pass:
+        if one_pass_done:
             assert replay is not None
             dispatched = pre_dispatched + replay.dispatched
             log.info("recovery: dispatched [%d, %d) while checking", dispatch_from, end)
@@ -366,6 +368,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
         cq_entries_truncated=cq_dropped,
         index_entries_truncated=index_dropped,
         duration_ms=int((time.monotonic() - started) * 1000),
+        one_pass=store.writable and one_pass_done,
     )
     log.info("recovery done: %s", report)
     return report
