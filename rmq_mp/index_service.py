@@ -194,7 +194,7 @@ class IndexService:
             current = self.last_file()
             end = current.end_phy_offset
             if phy[i] < end:
-                i += 1
+                i = _first_at_least(phy, i, end)  # already indexed: skipped as one record would be
                 continue
             if phy[i] == end and current.entry_count() > 0:
                 self.build_index_hashes(
@@ -236,6 +236,19 @@ class IndexService:
         for index_file in self.files:
             index_file.close()
         self.files = []
+
+
+def _first_at_least(values: np.ndarray, start: int, bound: int) -> int:
+    """First index from ``start`` whose value is at least ``bound`` (len if none), looking at
+    windows that double in size, so a long run costs one pass and a short one little."""
+    step = 64
+    while start < len(values):
+        found = np.flatnonzero(values[start : start + step] >= bound)
+        if len(found):
+            return start + int(found[0])
+        start += step
+        step *= 2
+    return len(values)
 
 
 def expired_index_files(index_dir: Path, min_phy_offset: int) -> list[Path]:
