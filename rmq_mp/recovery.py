@@ -164,8 +164,7 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None) -> _Sc
     file_size = store.config.mapped_file_size_commit_log
     scanned_file = -1
     total = commit_log.max_offset() - start_offset
-    label = "recovery: checking and dispatching" if replay is not None else "recovery: checking commit log"
-    with progress(label, total=total, unit="bytes") as bar:
+    with progress("recovery: checking commit log", total=total, unit="bytes") as bar:
         for step in commit_log.iter_batches(start_offset, check_crc=store.config.check_crc_on_recover):
             bar.update(step.stop - start_offset)
             if step.start // file_size != scanned_file:  # RocketMQ: "recover next physics file"
