@@ -77,7 +77,12 @@ class Dispatcher:
         rows = np.flatnonzero((transaction == 0) | (transaction == TRANSACTION_COMMIT_TYPE))
         progress: list[QueueProgress] = []
         if len(rows):
-            queue_key = (batch.topic_index[rows] << 32) | (batch.queue_id[rows] & 0xFFFFFFFF)
+            topic_index, queue_ids = batch.topic_index[rows], batch.queue_id[rows]
+            queue_span = int(queue_ids.max()) + 1
+            if int(queue_ids.min()) >= 0 and (int(topic_index.max()) + 1) * queue_span <= 1 << 16:
+                queue_key = (topic_index * queue_span + queue_ids).astype(np.uint16)  # radix-sorted
+            else:
+                queue_key = (topic_index << 32) | (queue_ids & 0xFFFFFFFF)
             order = np.argsort(queue_key, kind="stable")
             sorted_keys = queue_key[order]
             bounds = np.flatnonzero(np.diff(sorted_keys)) + 1

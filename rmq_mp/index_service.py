@@ -182,7 +182,8 @@ class IndexService:
         key_hash = batch.key_hash[indexed]
         if not len(key_record):
             return
-        records, key_start = np.unique(key_record, return_index=True)
+        key_start = np.flatnonzero(np.diff(key_record, prepend=-1))  # keys are listed by record
+        records = key_record[key_start]
         key_stop = np.append(key_start[1:], len(key_record))
         phy = batch.phy_offset[records]
         timestamp = batch.store_timestamp[records]

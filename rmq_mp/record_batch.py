@@ -201,7 +201,7 @@ def java_hash_strings(texts: Sequence[str]) -> np.ndarray:
     flat = np.frombuffer(b"".join(units), dtype=">u2").astype(np.uint32)
     starts = np.zeros(len(units), dtype=np.int64)
     np.cumsum(lengths[:-1], out=starts[1:])
-    for length in np.unique(lengths).tolist():
+    for length in distinct(lengths):
         if length == 0:
             continue
         rows = np.flatnonzero(lengths == length)
@@ -216,6 +216,15 @@ def index_hash_strings(keys: Sequence[str]) -> np.ndarray:
     magnitude = np.abs(signed)
     magnitude[magnitude > 0x7FFFFFFF] = 0
     return magnitude
+
+
+def distinct(values: np.ndarray) -> list[int]:
+    """The distinct values, ascending; without a sort when they are all the same (the common
+    case: one topic length, one key length)."""
+    if not len(values):
+        return []
+    low, high = int(values.min()), int(values.max())
+    return [low] if low == high else np.unique(values).tolist()
 
 
 # ----------------------------------------------------------------------------------- views
@@ -454,7 +463,7 @@ class _Decoder:
         """Topic index of each row, per distinct topic length (a 2D gather from the tails)."""
         width = self.tail.shape[1]
         lengths = self.topic_len[rows]
-        for length in np.unique(lengths).tolist():
+        for length in distinct(lengths):
             group = rows[lengths == length]
             first = group * width + width - (self.tail_len[group] - 1)
             matrix = _gather_rows(self.tail.reshape(-1), first, length)
@@ -585,7 +594,7 @@ class _Decoder:
         length = end - start
         row = start // width
         hashes = np.zeros(len(start), dtype=np.uint32)
-        for size in np.unique(length).tolist():
+        for size in distinct(length):
             pick = np.flatnonzero(length == size)
             hashes[pick] = java_hash_rows(_gather_rows(flat, start[pick], size))
         return row, hashes
@@ -604,7 +613,7 @@ class _Decoder:
         """Index keys ``topic#text`` for texts ``flat[start:end]`` (ASCII: one unit a byte)."""
         length = end - start
         row, hashes = self._hash_values(flat, start, end, width)
-        for size in np.unique(length).tolist():
+        for size in distinct(length):
             pick = np.flatnonzero(length == size)
             hashes_full = index_hash(prefix[row[pick]], size, hashes[pick])
             order = np.zeros(len(pick), dtype=np.int64) if first else 1 + start[pick] % width
