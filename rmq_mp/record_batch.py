@@ -527,26 +527,23 @@ class _Decoder:
         props = np.ascontiguousarray(tails[:, tails.shape[1] - width :])  # right-aligned
         start_col = width - props_len
         in_props = None if not start_col.any() else np.arange(width) >= start_col[:, None]
-        odd_bytes = props.view(np.int8) <= 0  # NUL or >= 0x80
-        if in_props is not None:
-            odd_bytes &= in_props
-        odd = np.unique(np.flatnonzero(odd_bytes) // width)
-        if len(odd):
-            nul = (props[odd] == 0) & (in_props[odd] if in_props is not None else True)
-            nul_rows = nul.any(axis=1)
-            self.slow[rows[odd[nul_rows]]] = True
-            self.loose[rows[odd[~nul_rows]]] = True
-            keep = np.ones(len(rows), dtype=bool)
-            keep[odd] = False
-            rows, props, start_col = rows[keep], props[keep], start_col[keep]
-            in_props = in_props[keep] if in_props is not None else None
-            if not len(rows):
-                return
         flat = props.reshape(-1)
-        separators = flat <= 2
+        # One comparison finds the separators and the odd bytes: as int8, NUL is 0 and bytes
+        # >= 0x80 are negative. A row with odd bytes is set aside, its separators ignored.
+        special_mask = flat.view(np.int8) <= 2
         if in_props is not None:
-            separators &= in_props.reshape(-1)
-        at = np.flatnonzero(separators)
+            special_mask &= in_props.reshape(-1)
+        at = np.flatnonzero(special_mask)
+        values = flat[at]
+        odd_at = at[(values == 0) | (values >= 0x80)]
+        if len(odd_at):
+            odd = np.unique(odd_at // width)
+            nul = np.unique(odd_at[flat[odd_at] == 0] // width)
+            self.slow[rows[nul]] = True
+            self.loose[rows[np.setdiff1d(odd, nul, assume_unique=True)]] = True
+            set_aside = np.zeros(len(rows), dtype=bool)
+            set_aside[odd] = True
+            at = at[~set_aside[at // width] & ((values == 1) | (values == 2))]
         row = at // width
         is_two = flat[at] == 2
         # For each \x01: the chunk around it (bounded by \x02s and its row's properties).
