@@ -3,29 +3,32 @@ records, as numpy columns, in one pass over a mapped segment.
 
 Why: reading one record at a time (`record.check_record`: struct unpacking, UTF-8 decoding, a
 properties dict, Java hash codes character by character) costs about 10 us a record, so reput
-fell behind producers and recovery took four times a read of the log. Dispatch needs only the
-header fields, the topic, and the hash codes of TAGS, UNIQ_KEY and the words of KEYS; and the
-records of a run usually share their layout. So a scan:
+fell behind producers and recovery took several times a read of the log. Dispatch needs only
+the header fields, the topic, and the hash codes of TAGS, UNIQ_KEY and the words of KEYS. So a
+scan (bench/NOTES.md has the measurements behind each step):
 
-1. walks the TOTALSIZE chain: a run of records of equal size is guessed from two equal
-   headers and verified with numpy; other records are stepped one at a time;
-2. gathers every header field of every record at once (an overlapping zero-copy view of the
-   segment, indexed by the record positions), checks the lengths as `calMsgLength` does, and
-   with ``check_crc`` the body CRC (zlib over a slice of the map, no copy);
-3. groups records by properties length and separator layout (the positions of the \\x01 and
-   \\x02 bytes, and the names between them): one layout read from its first record gives the
-   column ranges of TAGS, KEYS and UNIQ_KEY for the whole group, as `string_to_properties`
-   would find them (the last valid chunk of a name wins);
-4. computes Java `String.hashCode` column-wise for those ranges (ASCII text: one code unit a
-   byte) and the index key hash of ``topic#key`` as ``hash(topic#) * 31^len(key) + hash(key)``
+1. walks the TOTALSIZE chain: a run of records of equal size is guessed from two equal heads
+   and verified with numpy; other records are stepped one at a time;
+2. gathers the first 112 bytes of every record in one copy (an overlapping zero-copy view of
+   the segment, indexed by the record positions; overlapping dtype fields cover every host
+   layout), and the record's tail (topic length, topic, properties length, properties) in a
+   second; checks the lengths as `calMsgLength` does, and with ``check_crc`` the body CRC
+   (zlib over a slice of the map, no copy);
+3. reads the properties of all records at once as `string_to_properties` would: chunks
+   between \x02 separators, each counting when its first \x01 leaves a non-empty name and
+   value, the last chunk of a name winning (names compared as 4- or 8-byte words);
+4. computes Java `String.hashCode` over rows of equal length (ASCII text: one code unit a byte),
+   and the index key hash of ``topic#key`` as ``hash(topic#) * 31^len(key) + hash(key)``
    (mod 2^32), then `IndexFile.indexKeyHashMethod`'s abs.
 
-A record outside that shape goes through `record.check_record` alone: v2 magic, a topic or
-properties that are not ASCII where it matters, NUL bytes in the properties (a torn tail),
-SCHEDULE_TOPIC_XXXX (the tags code is a delivery time), a layout shared by too few records, a
-failed check. So a batch holds exactly what the per-record reader yields, in log order, and a
-scan stops where that reader stops: at a blank record (end of file) or an invalid one, which it
-returns as the ``tail`` for the caller to decide on (recovery cuts, reput skips or waits).
+Records whose properties hold a byte >= 0x80 have them parsed one record at a time (the
+"loose" path; their hash codes are still computed together, over UTF-16 code units). Anything
+else unusual goes through `record.check_record` alone: v2 magic, NUL bytes in the properties (a
+torn tail), a topic it would refuse, SCHEDULE_TOPIC_XXXX (the tags code is a delivery time), a
+tail over MAX_TAIL_BYTES, a failed check. So a batch holds exactly what the per-record reader
+yields, in log order, and a scan stops where that reader stops: at a blank record (end of file)
+or an invalid one, which it returns as the ``tail`` for the caller to decide on (recovery cuts,
+reput skips or waits).
 
 Nothing returned refers to the map: every column is a copy, so the segment can be unmapped.
 """
@@ -58,9 +61,6 @@ _HEAD_DTYPE = np.dtype(
 table): STORETIMESTAMP after an IPv4 (b4) or IPv6 (b6) born host, BODYLEN after two IPv4 hosts
 (44), one of each (46) or two IPv6 (66). Overlapping fields: one gather reads them all."""
 
-_I2 = np.dtype(">i2")
-_I4 = np.dtype(">i4")
-_I8 = np.dtype(">i8")
 _U4 = np.dtype("<u4")
 _U8 = np.dtype("<u8")
 _V4_OVERHEAD = 91
@@ -72,7 +72,8 @@ _NAME_CODES = {
 """The property names dispatch reads, as the little-endian word of their 4 or 8 bytes."""
 _SPACE = ord(m.KEY_SEPARATOR)
 RUN_PROBE_RECORDS = 16384
-"""How many equal-size records one numpy probe checks at most."""
+"""How many equal-size records one numpy probe checks at most (probes start at 64 and double
+while the runs fill them)."""
 MAX_TOPICS_PER_LENGTH = 16
 """Distinct topics of one length picked out column-wise before the rest go one by one."""
 MAX_TAIL_BYTES = 1024
@@ -310,16 +311,19 @@ def _walk(
     unpack = record._SIZE_MAGIC.unpack_from
     v1 = record.MESSAGE_MAGIC_CODE
     head_size = record._HEAD.size
+    probe_size = 64
     while p < limit and count < max_records:
         if limit - p >= 8:
             size, magic = unpack(buf, p)
             if magic == v1 and size >= head_size and p + size <= limit:
                 nxt = p + size
-                probe = min((limit - p) // size, max_records - count, RUN_PROBE_RECORDS)
+                probe = min((limit - p) // size, max_records - count, probe_size)
                 if probe >= 4 and unpack(buf, nxt) == (size, magic):
                     heads = _gather(view, p + np.arange(probe, dtype=np.int64) * size, _U8)
                     differ = np.flatnonzero(heads != heads[0])
                     run = int(differ[0]) if len(differ) else probe
+                    # Long runs: probe further next time; short ones: probe little.
+                    probe_size = min(probe_size * 2, RUN_PROBE_RECORDS) if run == probe else 64
                     if singles:
                         chunks.append(np.array(singles, dtype=np.int64))
                         singles = []
