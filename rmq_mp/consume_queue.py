@@ -8,7 +8,9 @@ Entry layout (rocketmq-format.md §4.1), big-endian, entry N at byte N*20 of the
      12    8 tags code (long): Java hash of TAGS, or delivery time for delayed messages
 
 A queue that starts above offset 0 has its first file padded with pre-blank entries
-``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4).
+``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4);
+`put_position_infos` (batch dispatch) appends many entries with the bytes of one
+`putMessagePositionInfo` at a time, in one copy per file.
 """
 
 from __future__ import annotations
@@ -248,11 +250,16 @@ class ConsumeQueue:
         anything else (duplicates, the first entry of a new queue above offset 0, gaps) goes
         entry by entry."""
         n = len(phy_offset)
+        if n and max(int(phy_offset.max()), -int(phy_offset.min())) >= _HUGE:
+            return all(  # sums could leave int64: entry by entry, as Python ints
+                self.put_message_position_info(phy_offset=p, size=s, tags_code=t, queue_offset=q)
+                for p, s, t, q in zip(
+                    phy_offset.tolist(), size.tolist(), tags_code.tolist(), queue_offset.tolist(), strict=True
+                )
+            )
         ends = phy_offset + size
         steps_ok = (queue_offset[1:] - queue_offset[:-1] == 1) & (ends[1:] > ends[:-1])
         breaks = np.flatnonzero(~steps_ok)
-        if n and max(int(phy_offset.max()), -int(phy_offset.min())) >= _HUGE:
-            breaks = np.arange(n)  # sums could leave int64: entry by entry, as Python ints
         i = 0
         while i < n:
             if ends[i] <= self.max_physic_offset:

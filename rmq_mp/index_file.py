@@ -10,7 +10,8 @@ Layout (rocketmq-format.md §5.1), big-endian:
                       prevIndex:int (older entry of the same slot, 0 = end of chain)
 
 Entry 0 is never used. Chains run newest to oldest, so lookups return newest first. Mirrors
-`IndexFile` and `IndexHeader`; `truncate` is rmq-mp's: after a crash, entries pointing past the
+`IndexFile` and `IndexHeader`; `put_hashes` (batch dispatch) writes many keys with the bytes of
+one `putKey` at a time; `truncate` is rmq-mp's: after a crash, entries pointing past the
 recovered commit log are cut (slots rewound along their chains) instead of destroying the whole
 file as RocketMQ does (#3868, #8007).
 """
