@@ -8,7 +8,9 @@ Scenarios (``--scenario``, repeatable; default all):
             (same producers and body) and, for SYNC, the plain-Python group commit.
   e2e       producer-to-consumer latency, ASYNC, one producer paced at 10% of its measured
             maximum `send` rate, a long-polling consumer in another process.
-  reput     dispatch lag (wrote - reput offset) sampled under sustained maximum load.
+  reput     dispatch lag (wrote - reput offset) sampled under sustained maximum load, and the
+            reput process's CPU time per dispatched record; then reput's catch-up rate: paused
+            while one producer builds a backlog, resumed, timed until dispatch reaches the end.
   recovery  abnormal recovery (SIGKILL, checkpoint removed so the whole log is scanned with CRC
             and re-dispatched) per GiB vs reading + CRC-checking the same files.
   cleaner   put p99 while the cleaner deletes a batch of expired files vs without.
@@ -189,34 +191,49 @@ class Bench:
         duration = 8.0 if self.quick else 30.0
         samples: list[tuple[float, int]] = []
 
+        reput_cpu: dict[str, float] = {}
+
         def sample(seconds: float) -> None:
             table = service.table()
+            reput = _worker_process(service, "workers.reput")
             try:
                 t0 = time.monotonic()
+                cpu0, count0 = sum(reput.cpu_times()[:2]), table.get(layout.DISPATCH_COUNT)
                 while (now := time.monotonic() - t0) < seconds:
                     samples.append(
                         (now, table.get(layout.WROTE_POSITION) - table.get(layout.REPUT_FROM_OFFSET))
                     )
                     time.sleep(0.25)
+                cpu = sum(reput.cpu_times()[:2]) - cpu0
+                reput_cpu.update(cpu_s=cpu, records=table.get(layout.DISPATCH_COUNT) - count0, wall_s=now)
             finally:
                 table.close()
 
         with self.store("ASYNC", mappedFileSizeCommitLog=str(256 << 20)) as service:
             got = run_producers(service.names.base, producers=2, body_size=128, batch=100,
                                 duration_s=duration, during=sample)  # fmt: skip
+            catch_up = _reput_catch_up(service, duration_s=4.0 if self.quick else 10.0)
         third = max(1, len(samples) // 3)
         first = [lag for _t, lag in samples[:third]]
         last = [lag for _t, lag in samples[-third:]]
         mean_first, mean_last = sum(first) / len(first), sum(last) / len(last)
         bounded = max(last) <= 2 * max(first) + (1 << 20)
+        cpu_us = reput_cpu["cpu_s"] / max(reput_cpu["records"], 1) * 1e6
         self.results["reput"] = {
             "duration_s": duration, "put_msgs_per_s": got["msgs_per_s"], "put_mb_per_s": got["mb_per_s"],
             "lag_bytes_samples": samples, "lag_bytes_max": max(lag for _t, lag in samples),
             "lag_bytes_mean_first_third": mean_first, "lag_bytes_mean_last_third": mean_last, "bounded": bounded,
+            "reput_cpu_us_per_record": cpu_us, "reput_capacity_records_per_s": 1e6 / cpu_us,
+            "reput_cpu_share": reput_cpu["cpu_s"] / reput_cpu["wall_s"], "catch_up": catch_up,
         }  # fmt: skip
         print(f"reput lag under {got['msgs_per_s']:.0f} msgs/s for {duration:.0f} s: mean first third "
               f"{mean_first / 1024:.0f} KiB, last third {mean_last / 1024:.0f} KiB, max "
-              f"{self.results['reput']['lag_bytes_max'] / 1024:.0f} KiB -> {'bounded' if bounded else 'GROWING'}")  # fmt: skip
+              f"{self.results['reput']['lag_bytes_max'] / 1024:.0f} KiB -> {'bounded' if bounded else 'GROWING'}; "
+              f"reput used {cpu_us:.2f} cpu-us a record ({reput_cpu['cpu_s'] / reput_cpu['wall_s']:.0%} of a core), "
+              f"so one core dispatches {1e6 / cpu_us:,.0f} records/s")  # fmt: skip
+        print(f"reput catch-up: {catch_up['records']} records put while reput was paused, dispatched in "
+              f"{catch_up['seconds']:.2f} s = {catch_up['records_per_s']:,.0f} records/s "
+              f"({catch_up['cpu_us_per_record']:.2f} cpu-us a record)")  # fmt: skip
 
     # ---------------------------------------------------------------- recovery
 
@@ -338,6 +355,44 @@ class Bench:
         print("\ntargets")
         for t, v, ok in checks:
             print(f"  {'-' if ok is None else 'MET ' if ok else 'MISS'}  {t:<52} {v}")
+
+
+def _reput_catch_up(service: RunningService, *, duration_s: float) -> dict[str, float]:
+    """Reput's dispatch capacity: pause the reput worker (SIGSTOP) while one producer sends
+    batches of 100 x 128 B for ``duration_s``, resume it, and time how fast it drains the backlog
+    (its batches are then as large as MAX_RECORDS_PER_PASS, as under a sustained overload)."""
+    reput = _worker_process(service, "workers.reput")
+    table = service.table()
+    try:
+        reput.suspend()
+        try:
+            run_producers(service.names.base, producers=1, body_size=128, batch=100, duration_s=duration_s)
+        finally:
+            cpu0, count0 = sum(reput.cpu_times()[:2]), table.get(layout.DISPATCH_COUNT)
+            target = table.get(layout.WROTE_POSITION)
+            t0 = time.perf_counter()
+            reput.resume()
+        deadline = t0 + 300
+        while table.get(layout.REPUT_FROM_OFFSET) < target and time.perf_counter() < deadline:
+            time.sleep(0.002)
+        seconds = time.perf_counter() - t0
+        records = table.get(layout.DISPATCH_COUNT) - count0
+        cpu_s = sum(reput.cpu_times()[:2]) - cpu0
+    finally:
+        table.close()
+    return {
+        "records": records, "seconds": seconds, "records_per_s": records / seconds,
+        "cpu_us_per_record": cpu_s / max(records, 1) * 1e6,
+    }  # fmt: skip
+
+
+def _worker_process(service: RunningService, module: str) -> psutil.Process:
+    """The store's worker process running ``python -m <module>``."""
+    for proc in psutil.process_iter(["cmdline"]):
+        cmdline = proc.info["cmdline"] or []
+        if module in cmdline and service.names.base in " ".join(cmdline):
+            return proc
+    raise RuntimeError(f"no {module} process for store {service.names.base}")
 
 
 def _kill_store(service: RunningService) -> None:

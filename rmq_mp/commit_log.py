@@ -2,8 +2,9 @@
 
 Mirrors the data half of RocketMQ's `CommitLog` (rocketmq-format.md §2, §3.4, §7.3): appending an
 encoded record (with the end-of-file blank and the roll to the next file), reading a record at a
-physical offset, and walking records for recovery and reput. The flush, commit and reput
-services that RocketMQ hides inside this class live in `workers/`.
+physical offset, and walking records for recovery and reput (one record at a time, or as
+`record_batch` columns). The flush, commit and reput services that RocketMQ hides inside this
+class live in `workers/`.
 """
 
 from __future__ import annotations
@@ -12,13 +13,17 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from rmq_mp import record
+from rmq_mp import record, record_batch
 from rmq_mp.errors import MessageNotFoundError
 from rmq_mp.mapped_file import MappedFile
 from rmq_mp.mapped_file_queue import MappedFileQueue
 from rmq_mp.message import MessageExt
 from rmq_mp.reporter import Reporter
 from rmq_mp.status import AppendMessageStatus
+
+BATCH_RECORDS = 65_536
+"""Records per `iter_batches` step by default: enough to amortise numpy's fixed cost per call,
+few enough that a step's columns stay a few MiB."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,5 +198,67 @@ class CommitLog:
                 return
             offset = self.roll_next_file(offset) if req.size == 0 else offset + req.size
 
+    def iter_batches(
+        self,
+        from_offset: int,
+        *,
+        check_crc: bool,
+        end_offset: int | None = None,
+        max_records: int | None = None,
+        batch_records: int = BATCH_RECORDS,
+    ) -> Iterator[BatchStep]:
+        """`iter_dispatch` in columns: walk from ``from_offset`` to ``end_offset`` (default: the
+        readable end), at most ``max_records`` records (default: no limit), one
+        `record_batch.scan_segment` of at most ``batch_records`` per step (a step stays within a
+        file). Blank records roll to the next file inside the walk; it stops after the first
+        failure, which the last step carries in ``tail`` for the caller to decide on."""
+        end = self.max_offset() if end_offset is None else end_offset
+        offset = from_offset
+        remaining = (1 << 62) if max_records is None else max_records
+        while offset < end and remaining > 0:
+            mf = self.mfq.find_mapped_file_by_offset(offset)
+            if mf is None:
+                return
+            pos = offset - mf.file_from_offset
+            limit = min(mf.read_position, end - mf.file_from_offset)
+            if pos >= limit:
+                if mf.read_position < mf.file_size:
+                    return
+                offset = self.roll_next_file(offset)
+                continue
+            scan = record_batch.scan_segment(
+                mf.buf,
+                pos,
+                limit,
+                file_from_offset=mf.file_from_offset,
+                check_crc=check_crc,
+                delay_level_ms=self.delay_level_ms,
+                max_records=min(remaining, batch_records),
+            )
+            stop = mf.file_from_offset + scan.stop
+            tail = scan.tail
+            if tail is not None and tail.success:  # a blank record: the rest of the file is empty
+                next_offset = self.roll_next_file(stop)
+            else:
+                next_offset = stop
+            yield BatchStep(scan.batch, offset, stop, tail, next_offset)
+            remaining -= len(scan.batch)
+            if tail is not None and not tail.success:
+                return
+            offset = next_offset
+
     def flush(self) -> bool:
         return self.mfq.flush()
+
+
+@dataclass(frozen=True, slots=True)
+class BatchStep:
+    """One part of an `iter_batches` walk: the valid records of ``[start, stop)`` and what stopped
+    it at ``stop`` (``tail``: None at the walk's limit, `record.BLANK` at a file's end, else the
+    invalid record). ``next_offset`` is where the walk goes on (the next file after a blank)."""
+
+    batch: record_batch.RecordBatch
+    start: int
+    stop: int
+    tail: record.DispatchRequest | None
+    next_offset: int

@@ -8,7 +8,9 @@ Entry layout (rocketmq-format.md §4.1), big-endian, entry N at byte N*20 of the
      12    8 tags code (long): Java hash of TAGS, or delivery time for delayed messages
 
 A queue that starts above offset 0 has its first file padded with pre-blank entries
-``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4).
+``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4);
+`put_position_infos` (batch dispatch) appends many entries with the bytes of one
+`putMessagePositionInfo` at a time, in one copy per file.
 """
 
 from __future__ import annotations
@@ -39,6 +41,22 @@ PRE_BLANK_SIZE = 0x7FFFFFFF
 CQ_ENTRY = struct.Struct(">qiq")
 """One entry: phy offset, size, tags code (big-endian); the one definition, Spark included."""
 CQ_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
+
+
+_HUGE = 1 << 62
+
+
+def _first_above(values: np.ndarray, start: int, bound: int) -> int:
+    """First index from ``start`` whose value exceeds ``bound`` (len if none), looking at
+    windows that double in size, so a long run costs one pass and a short one little."""
+    step = 64
+    while start < len(values):
+        above = values[start : start + step] > bound
+        if above.any():
+            return start + int(np.argmax(above))
+        start += step
+        step *= 2
+    return len(values)
 
 
 def effective_file_size(configured: int) -> int:
@@ -159,6 +177,24 @@ class ConsumeQueue:
             )
         return dropped
 
+    def tail_in_order(self) -> bool:
+        """The last file's entries end in non-decreasing commit-log order (pre-blanks count as
+        ending at 0, as `truncate_dirty_logic_files` counts them). Always so unless the file is
+        damaged; recovery dispatches while it scans only then (see recovery.py)."""
+        last = self.mfq.last_file()
+        if last is None:
+            return True
+        valid, _ = _valid_entry_count(last, last.wrote_position)
+        if valid < 2:
+            return True
+        entries = np.frombuffer(last.buf, dtype=CQ_ENTRY_DTYPE, count=valid)
+        try:
+            sizes = entries["size"].astype(np.int64)
+            ends = entries["phy"].astype(np.int64) + np.where(sizes == PRE_BLANK_SIZE, 0, sizes)
+        finally:
+            del entries
+        return bool((ends[1:] >= ends[:-1]).all())
+
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """First entry of the first file that still points into the commit log (pre-blanks skipped)."""
         first = self.mfq.first_file()
@@ -204,6 +240,81 @@ class ConsumeQueue:
                 )
         self.max_physic_offset = phy_offset + size
         return mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code)) >= 0
+
+    def put_position_infos(
+        self, *, phy_offset: np.ndarray, size: np.ndarray, tags_code: np.ndarray, queue_offset: np.ndarray
+    ) -> bool:
+        """`put_message_position_info` for this queue's records of a dispatch batch, in log order,
+        with the same result byte for byte. A run that simply continues the queue (each entry at
+        the next queue offset, each ending above the last) is written as one block per file;
+        anything else (duplicates, the first entry of a new queue above offset 0, gaps) goes
+        entry by entry."""
+        n = len(phy_offset)
+        if n and max(int(phy_offset.max()), -int(phy_offset.min())) >= _HUGE:
+            return all(  # sums could leave int64: entry by entry, as Python ints
+                self.put_message_position_info(phy_offset=p, size=s, tags_code=t, queue_offset=q)
+                for p, s, t, q in zip(
+                    phy_offset.tolist(), size.tolist(), tags_code.tolist(), queue_offset.tolist(), strict=True
+                )
+            )
+        ends = phy_offset + size
+        steps_ok = (queue_offset[1:] - queue_offset[:-1] == 1) & (ends[1:] > ends[:-1])
+        breaks = np.flatnonzero(~steps_ok)
+        i = 0
+        while i < n:
+            if ends[i] <= self.max_physic_offset:
+                i = _first_above(ends, i, self.max_physic_offset)  # duplicates: skipped as is
+                continue
+            later = breaks[np.searchsorted(breaks, i) :]
+            run_end = int(later[0]) + 1 if len(later) else n
+            if self._continues_at(int(ends[i]), int(queue_offset[i])):
+                if not self._append_run(phy_offset[i:run_end], size[i:run_end], tags_code[i:run_end]):
+                    return False
+                i = run_end
+                continue
+            if not self.put_message_position_info(
+                phy_offset=int(phy_offset[i]),
+                size=int(size[i]),
+                tags_code=int(tags_code[i]),
+                queue_offset=int(queue_offset[i]),
+            ):
+                return False
+            i += 1
+        return True
+
+    def _continues_at(self, end: int, queue_offset: int) -> bool:
+        """The entry would be appended as is: not a duplicate, at the queue's next position, and
+        no pre-blank fill (the queue has a file, or starts at offset 0)."""
+        if end <= self.max_physic_offset:
+            return False
+        last = self.mfq.last_file()
+        current = last.file_from_offset + last.wrote_position if last is not None else 0
+        return queue_offset * CQ_STORE_UNIT_SIZE == current and (last is not None or queue_offset == 0)
+
+    def _append_run(self, phy_offset: np.ndarray, size: np.ndarray, tags_code: np.ndarray) -> bool:
+        """Append entries that continue the queue, one copy per file."""
+        entries = np.empty(len(phy_offset), dtype=CQ_ENTRY_DTYPE)
+        entries["phy"] = phy_offset
+        entries["size"] = size
+        entries["tags"] = tags_code
+        data = entries.tobytes()
+        done = 0
+        while done < len(data):
+            last = self.mfq.last_file()
+            expect = (last.file_from_offset + last.wrote_position) if last is not None else 0
+            mf = self.mfq.get_last_mapped_file(expect)
+            if mf is None:
+                return False
+            room = mf.file_size - mf.wrote_position
+            assert room % CQ_STORE_UNIT_SIZE == 0, "queue files hold whole entries"
+            take = min(room, len(data) - done)
+            if mf.append(data[done : done + take]) < 0:
+                return False
+            done += take
+            self.max_physic_offset = int(phy_offset[done // CQ_STORE_UNIT_SIZE - 1]) + int(
+                size[done // CQ_STORE_UNIT_SIZE - 1]
+            )
+        return True
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
         blank = CQ_ENTRY.pack(0, PRE_BLANK_SIZE, 0)

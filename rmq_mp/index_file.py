@@ -10,7 +10,8 @@ Layout (rocketmq-format.md §5.1), big-endian:
                       prevIndex:int (older entry of the same slot, 0 = end of chain)
 
 Entry 0 is never used. Chains run newest to oldest, so lookups return newest first. Mirrors
-`IndexFile` and `IndexHeader`; `truncate` is rmq-mp's: after a crash, entries pointing past the
+`IndexFile` and `IndexHeader`; `put_hashes` (batch dispatch) writes many keys with the bytes of
+one `putKey` at a time; `truncate` is rmq-mp's: after a crash, entries pointing past the
 recovered commit log are cut (slots rewound along their chains) instead of destroying the whole
 file as RocketMQ does (#3868, #8007).
 """
@@ -148,11 +149,14 @@ class IndexFile:
 
     def put_key(self, key: str, phy_offset: int, store_timestamp: int) -> bool:
         """`putKey`: False when the file is full."""
+        return self.put_hash(index_key_hash(key), phy_offset, store_timestamp)
+
+    def put_hash(self, key_hash: int, phy_offset: int, store_timestamp: int) -> bool:
+        """`putKey` of a key whose `indexKeyHashMethod` value is ``key_hash``."""
         assert self._mm is not None
         assert self.writable
         if self.index_count >= self.index_num:
             return False
-        key_hash = index_key_hash(key)
         slot_pos = self._slot_pos(key_hash)
         (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
         if slot_value <= 0 or slot_value > self.index_count:
@@ -176,6 +180,86 @@ class IndexFile:
         self._write_header()
         return True
 
+    def put_hashes(self, key_hash: np.ndarray, phy_offset: np.ndarray, store_timestamp: np.ndarray) -> int:
+        """`put_hash` for keys in order, as many as the file takes; returns how many it took.
+
+        The same bytes as one put at a time, written once: the entries as one block, each slot
+        once (its newest entry), the header once. Each entry's ``prevIndex`` is the entry before
+        it in the same slot: within the block that is the previous key of the slot (a stable sort
+        by slot lists them in order), and for a slot's first key the slot's value before the
+        block. Slot values beyond the entry count (only a torn put leaves them, repaired at open)
+        or timestamps that could overflow int64 arithmetic go one put at a time."""
+        assert self._mm is not None
+        assert self.writable
+        count = min(self.index_num - self.index_count, len(key_hash))
+        if count <= 0:
+            return 0
+        key_hash, phy_offset, store_timestamp = key_hash[:count], phy_offset[:count], store_timestamp[:count]
+        first = self.index_count
+        begin = self.begin_timestamp if first > 1 else int(store_timestamp[0])
+        if max(abs(begin), abs(self.begin_timestamp), int(np.abs(store_timestamp).max())) >= 1 << 61:
+            return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+        slots = key_hash % self.hash_slot_num
+        slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            before = slot_table[slots].astype(np.int64)
+        finally:
+            del slot_table
+        if bool((before > first).any()):
+            return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+        before[before < 0] = 0
+        slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            numbers = first + np.arange(count, dtype=np.int64)
+            # Stable order by slot: the keys' positions break ties, so a plain (vectorised) sort
+            # of unique composites does it, about half the time of a stable argsort (measured).
+            shift = count.bit_length()
+            order = np.sort((slots << shift) | np.arange(count, dtype=np.int64)) & ((1 << shift) - 1)
+            sorted_slots = slots[order]
+            starts_group = np.ones(count, dtype=bool)
+            starts_group[1:] = sorted_slots[1:] != sorted_slots[:-1]
+            prev_sorted = np.empty(count, dtype=np.int64)
+            prev_sorted[starts_group] = before[order][starts_group]
+            prev_sorted[1:][~starts_group[1:]] = numbers[order][:-1][~starts_group[1:]]
+            prev = np.empty(count, dtype=np.int64)
+            prev[order] = prev_sorted
+            new_slots = int(np.count_nonzero(prev_sorted[starts_group] == 0))
+            ends_group = np.ones(count, dtype=bool)
+            ends_group[:-1] = starts_group[1:]
+            # Entries first, then slots, then the header: the order `putKey` writes in, so a
+            # crash in between leaves what `_repair_torn_put` recognises.
+            begins = np.full(count, begin, dtype=np.int64)
+            begins[0] = self.begin_timestamp
+            diff = np.trunc((store_timestamp - begins) / 1000.0)
+            time_diff = np.where(begins <= 0, 0, np.clip(diff, 0, _INT_MAX)).astype(np.int64)
+            entries = np.empty(count, dtype=_ENTRY_DTYPE)
+            entries["hash"] = key_hash
+            entries["phy"] = phy_offset
+            entries["time_diff"] = time_diff
+            entries["prev"] = prev
+            start = self._entry_pos(first)
+            self._mm[start : start + count * INDEX_ENTRY_SIZE] = entries.tobytes()
+            slot_table[sorted_slots[ends_group]] = numbers[order][ends_group]
+        finally:
+            del slot_table
+        if first <= 1:
+            self.begin_phy_offset = int(phy_offset[0])
+            self.begin_timestamp = int(store_timestamp[0])
+        self.hash_slot_count += new_slots
+        self.index_count += count
+        self.end_phy_offset = int(phy_offset[-1])
+        self.end_timestamp = int(store_timestamp[-1])
+        self._write_header()
+        return count
+
+    def _put_one_by_one(
+        self, key_hash: np.ndarray, phy_offset: np.ndarray, store_timestamp: np.ndarray
+    ) -> int:
+        for h, phy, ts in zip(key_hash.tolist(), phy_offset.tolist(), store_timestamp.tolist(), strict=True):
+            if not self.put_hash(h, phy, ts):
+                raise AssertionError("put_hashes takes no more keys than the file has room for")
+        return len(key_hash)
+
     # ------------------------------------------------------------------ read
 
     def is_time_matched(self, begin: int, end: int) -> bool:
@@ -189,8 +273,11 @@ class IndexFile:
     def select_phy_offsets(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
         """Offsets of entries whose hash equals ``key``'s within [begin, end], newest first.
         Candidates only: different keys can share a hash, callers verify the record."""
+        return self.select_by_hash(index_key_hash(key), max_num, begin, end)
+
+    def select_by_hash(self, key_hash: int, max_num: int, begin: int, end: int) -> list[int]:
+        """`select_phy_offsets` of a key given by its `indexKeyHashMethod` value."""
         buf = self._buf
-        key_hash = index_key_hash(key)
         slot_pos = self._slot_pos(key_hash)
         if slot_pos + HASH_SLOT_SIZE > len(buf) or self.index_count <= 1:
             return []
@@ -218,6 +305,23 @@ class IndexFile:
         return [_ENTRY.unpack_from(self._buf, self._entry_pos(n)) for n in range(1, self.index_count)]
 
     # ------------------------------------------------------------------ recovery
+
+    def is_intact(self) -> bool:
+        """The file had all its bytes when opened (not cut by a crash or a full disk)."""
+        return self._intact_bytes >= self.file_size
+
+    def in_order(self) -> bool:
+        """Entries point at non-decreasing commit-log offsets, as dispatch writes them."""
+        if self._mm is None or self.index_count <= 2:
+            return True
+        entries = np.frombuffer(
+            self._mm, dtype=_ENTRY_DTYPE, count=self.index_count - 1, offset=self._entry_pos(1)
+        )
+        try:
+            phys = entries["phy"]
+            return bool((phys[1:] >= phys[:-1]).all())
+        finally:
+            del entries, phys
 
     def intact_entry_limit(self) -> int:
         """Entries wholly inside the bytes the file really had (a cut file loses its tail)."""

@@ -14,9 +14,12 @@ from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 
+import numpy as np
+
 from rmq_mp.index_file import INDEX_HEADER_SIZE, IndexFile, header_end_phy_offset, index_file_size
-from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, split_keys, transaction_type
+from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, split_keys, transaction_type
 from rmq_mp.record import DispatchRequest
+from rmq_mp.record_batch import RecordBatch
 from rmq_mp.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -96,6 +99,11 @@ class IndexService:
             if index_file.entry_count() == 0 and index_file is self.files[-1] and len(self.files) > 1:
                 self._remove(index_file)
 
+    def safe_to_extend_before_recovery(self) -> bool:
+        """Every file is whole and the newest one's entries are in log order: then recovery may
+        dispatch before `recover` cuts (its cuts cannot reach what dispatch adds)."""
+        return all(f.is_intact() for f in self.files) and (not self.files or self.files[-1].in_order())
+
     def _remove(self, index_file: IndexFile) -> None:
         self.files.remove(index_file)
         index_file.destroy()
@@ -141,21 +149,71 @@ class IndexService:
         if transaction_type(req.sys_flag) == TRANSACTION_ROLLBACK_TYPE:
             return
         keys = index_keys(req)
-        if not keys:
-            return
+        if keys:
+            self.build_index_hashes(req.phy_offset, req.store_timestamp, [index_key_hash(k) for k in keys])
+
+    def build_index_hashes(self, phy_offset: int, store_timestamp: int, key_hashes: list[int]) -> None:
+        """`build_index` of one record with keys, given their `indexKeyHashMethod` values."""
         current = self.last_file()
-        if req.phy_offset < current.end_phy_offset:
+        if phy_offset < current.end_phy_offset:
             return
-        if req.phy_offset == current.end_phy_offset and current.entry_count() > 0:
+        if phy_offset == current.end_phy_offset and current.entry_count() > 0:
             # Partly indexed before a crash: skip the keys already there (RocketMQ adds them twice).
-            keys = [
-                k for k in keys if req.phy_offset not in current.select_phy_offsets(k, 1 << 30, 0, 1 << 62)
+            key_hashes = [
+                h for h in key_hashes if phy_offset not in current.select_by_hash(h, 1 << 30, 0, 1 << 62)
             ]
-        for key in keys:
-            if not current.put_key(key, req.phy_offset, req.store_timestamp):
+        for key_hash in key_hashes:
+            if not current.put_hash(key_hash, phy_offset, store_timestamp):
                 current = self._new_file()
-                if not current.put_key(key, req.phy_offset, req.store_timestamp):
+                if not current.put_hash(key_hash, phy_offset, store_timestamp):
                     raise AssertionError("a fresh index file must accept a key")
+
+    def build_index_batch(self, batch: RecordBatch) -> None:
+        """`build_index` for every record of a dispatch batch, in order, with the same bytes.
+
+        Records come in runs: those below the index's end are skipped as one record would be;
+        the record at its end (partly indexed before a crash) goes alone; then a run of records
+        at strictly increasing offsets puts its keys in blocks of `IndexFile.put_hashes`, a new
+        file whenever one fills (mid-record too, as one key at a time would)."""
+        if not len(batch.key_record):
+            return
+        indexed = (batch.sys_flag[batch.key_record] & TRANSACTION_ROLLBACK_TYPE) != TRANSACTION_ROLLBACK_TYPE
+        key_record = batch.key_record[indexed]
+        key_hash = batch.key_hash[indexed]
+        if not len(key_record):
+            return
+        key_start = np.flatnonzero(np.diff(key_record, prepend=-1))  # keys are listed by record
+        records = key_record[key_start]
+        key_stop = np.append(key_start[1:], len(key_record))
+        phy = batch.phy_offset[records]
+        timestamp = batch.store_timestamp[records]
+        rising = np.flatnonzero(phy[1:] <= phy[:-1])  # run breaks: record i+1 not above record i
+        key_phy = batch.phy_offset[key_record]
+        key_timestamp = batch.store_timestamp[key_record]
+        i, n = 0, len(records)
+        while i < n:
+            current = self.last_file()
+            end = current.end_phy_offset
+            if phy[i] < end:
+                i = _first_at_least(phy, i, end)  # already indexed: skipped as one record would be
+                continue
+            if phy[i] == end and current.entry_count() > 0:
+                self.build_index_hashes(
+                    int(phy[i]), int(timestamp[i]), key_hash[key_start[i] : key_stop[i]].tolist()
+                )
+                i += 1
+                continue
+            later = rising[np.searchsorted(rising, i) :]
+            run_end = int(later[0]) + 1 if len(later) else n
+            done, stop = int(key_start[i]), int(key_stop[run_end - 1])
+            while True:
+                done += current.put_hashes(key_hash[done:stop], key_phy[done:stop], key_timestamp[done:stop])
+                if done >= stop:
+                    break
+                current = self._new_file()
+                if current.is_full():
+                    raise AssertionError("a fresh index file must accept a key")
+            i = run_end
 
     def query_offset(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
         """Candidate phy offsets for a full key (``topic#key``), newest first (`queryOffset`)."""
@@ -179,6 +237,19 @@ class IndexService:
         for index_file in self.files:
             index_file.close()
         self.files = []
+
+
+def _first_at_least(values: np.ndarray, start: int, bound: int) -> int:
+    """First index from ``start`` whose value is at least ``bound`` (len if none), looking at
+    windows that double in size, so a long run costs one pass and a short one little."""
+    step = 64
+    while start < len(values):
+        found = np.flatnonzero(values[start : start + step] >= bound)
+        if len(found):
+            return start + int(found[0])
+        start += step
+        step *= 2
+    return len(values)
 
 
 def expired_index_files(index_dir: Path, min_phy_offset: int) -> list[Path]:

@@ -2,11 +2,24 @@
 bring the ConsumeQueues and index back in line.
 
 Mirrors `DefaultMessageStore.load/recover`, `CommitLog.recoverNormally/recoverAbnormally` and
-`ConsumeQueue.recover/truncateDirtyLogicFiles` (rocketmq-format.md §8). Two passes instead of
-RocketMQ's one: the first finds the valid end (body CRC checked when `checkCRCOnRecover`), then
-ConsumeQueue and index entries at or past it are cut, then the second pass dispatches the replay
-range (after an abnormal exit: from the checkpoint-selected file; after a normal one: from where
-dispatch had got to). Dropped byte ranges go through the store's `Reporter`.
+`ConsumeQueue.recover/truncateDirtyLogicFiles` (rocketmq-format.md §8). One pass over the log, as
+RocketMQ's abnormal recovery does: each batch of records is checked (body CRC when
+`checkCRCOnRecover`) and, from where dispatch must replay, dispatched to the ConsumeQueues and the
+index (`record_batch`, `Dispatcher.dispatch_batch`); then the log, queue and index entries at or
+past the valid end are cut. The replay range is, after an abnormal exit, from the
+checkpoint-selected file; after a normal one, from where dispatch had got to. Dropped byte ranges
+go through the store's `Reporter`.
+
+Why cutting after dispatching gives the same files as cutting first (rmq-mp's earlier two
+passes, whose results and reports this keeps): dispatch is idempotent and per queue; it appends
+only above a queue's (or the index's) last entry, and a cut removes a suffix of entries, those
+ending past the valid end. When the entries are in log order (checked before the pass: each
+queue's last file and the newest index file; the index files whole), a queue or index that the cut
+shortens already ended past the valid end, so the pass appended nothing to it; one the cut leaves
+alone ends up as a dispatch after an (empty) cut would leave it. The pass cannot know that
+beforehand, so whenever a cut does drop entries, the replay range is dispatched once more after
+the cuts, as the two-pass recovery did (entries now missing are rebuilt, the rest are duplicates);
+the same when the replay does not start on a record boundary of the pass, or the checks fail.
 """
 
 from __future__ import annotations
@@ -16,9 +29,13 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+import numpy as np
+
 from rmq_mp import record
+from rmq_mp.consume_queue import ConsumeQueue
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.progress import progress
+from rmq_mp.record_batch import RecordBatch
 
 if TYPE_CHECKING:
     from rmq_mp.message_store import MessageStore
@@ -39,6 +56,8 @@ class RecoveryReport:
     cq_entries_truncated: int
     index_entries_truncated: int
     duration_ms: int
+    one_pass: bool = False
+    """The records were dispatched by the checking pass itself (no second walk after the cuts)."""
 
 
 def _choose_abnormal_start(store: MessageStore) -> int:
@@ -70,34 +89,120 @@ def _choose_abnormal_start(store: MessageStore) -> int:
     return 0
 
 
-def _find_valid_end(store: MessageStore, start_offset: int) -> int:
-    """First pass: offset just past the last valid record, reporting what lies beyond it."""
+@dataclass(slots=True)
+class _Replay:
+    """Dispatch of ``[start, valid end)`` as the scan reaches it."""
+
+    store: MessageStore
+    start: int
+    dispatched: int = 0
+    started: bool = False
+    exact: bool = True
+    """False once the replay cannot be what a dispatch walk from ``start`` would do (it does not
+    start on a record boundary of the scan, or that walk would have stopped earlier)."""
+    pending: RecordBatch | None = None
+    """The newest record, held back while it may be a torn tail (properties ending in NUL)."""
+
+    def batch(self, batch: RecordBatch, step_start: int) -> None:
+        """Dispatch the records of ``batch`` (found by a walk step from ``step_start``) that lie
+        at or after ``start``; hold back a last record whose properties end in NUL."""
+        first = 0
+        if not self.started:
+            if step_start > self.start:
+                self.exact = False  # the scan stepped over `start`: a walk from it would differ
+                return
+            if step_start < self.start:
+                first = int(np.searchsorted(batch.position, self.start))
+                if first < len(batch):
+                    if int(batch.position[first]) != self.start:
+                        self.exact = False  # `start` is inside a record
+                        return
+                elif not len(batch) or batch.end_offset() != self.start:
+                    return  # `start` is further on
+            self.started = True
+        if first >= len(batch):
+            return
+        self.flush()
+        last = len(batch) - 1 if bool(batch.ends_in_nul[-1]) else len(batch)
+        self._dispatch(batch if (first, last) == (0, len(batch)) else batch.slice(first, last))
+        if last < len(batch):
+            self.pending = batch.slice(last, len(batch))
+
+    def reached(self, offset: int) -> None:
+        """The walk moved on to ``offset`` (past a blank record): a held-back record stays."""
+        self.flush()
+        if not self.started and offset == self.start:
+            self.started = True
+        elif not self.started and offset > self.start:
+            self.exact = False
+
+    def flush(self) -> None:
+        if self.pending is not None:
+            self._dispatch(self.pending)
+            self.pending = None
+
+    def _dispatch(self, batch: RecordBatch) -> None:
+        if len(batch):
+            self.store.dispatcher.dispatch_batch(batch)
+            self.dispatched += len(batch)
+
+
+@dataclass(frozen=True, slots=True)
+class _Scan:
+    end: int
+    replay: _Replay | None
+
+
+def _scan(store: MessageStore, start_offset: int, replay: _Replay | None) -> _Scan:
+    """The pass: offset just past the last valid record, reporting what lies beyond it; records
+    from ``replay.start`` on are dispatched as they are found valid."""
     commit_log = store.commit_log
     valid_end = start_offset
-    last: tuple[int, record.DispatchRequest] | None = None
+    last_end = -1
+    last_position = -1
+    last_nul = False
     file_size = store.config.mapped_file_size_commit_log
     scanned_file = -1
     total = commit_log.max_offset() - start_offset
     with progress("recovery: checking commit log", total=total, unit="bytes") as bar:
-        for phy, req in commit_log.iter_dispatch(start_offset, check_crc=store.config.check_crc_on_recover):
-            bar.update(phy - start_offset)
-            if phy // file_size != scanned_file:  # RocketMQ: "recover next physics file"
-                scanned_file = phy // file_size
+        for step in commit_log.iter_batches(start_offset, check_crc=store.config.check_crc_on_recover):
+            bar.update(step.stop - start_offset)
+            if step.start // file_size != scanned_file:  # RocketMQ: "recover next physics file"
+                scanned_file = step.start // file_size
                 log.info(
                     "recovery: checking commit-log file %s", offset_to_file_name(scanned_file * file_size)
                 )
-            if req.success:
-                if req.size:
-                    last = (phy, req)
-                valid_end = commit_log.roll_next_file(phy) if req.size == 0 else phy + req.size
+            batch = step.batch
+            if len(batch):
+                last_position = int(batch.position[-1])
+                last_end = batch.end_offset()
+                last_nul = bool(batch.ends_in_nul[-1])
+                valid_end = last_end
+            if replay is not None:
+                replay.batch(batch, step.start)
+            tail = step.tail
+            if tail is None:
                 continue
-            if last is not None and last[1].ends_in_nul and last[0] + last[1].size == valid_end:
+            if tail.success:  # blank: the rest of the file is empty
+                valid_end = step.next_offset
+                if replay is not None:
+                    replay.reached(valid_end)
+                continue
+            if last_nul and last_end == valid_end:
                 # The final record's properties end in NUL: its tail was zero-filled by a torn write.
-                _report_dropped(store, last[0], "last record's properties end in zero bytes: a torn tail")
-                return last[0]
-            _report_dropped(store, phy, req.reason)
+                _report_dropped(
+                    store, last_position, "last record's properties end in zero bytes: a torn tail"
+                )
+                if replay is not None:
+                    replay.pending = None
+                return _Scan(last_position, replay)
+            _report_dropped(store, step.stop, tail.reason)
             break
-    return valid_end
+    if replay is not None:
+        replay.flush()
+        if not replay.started and replay.start < valid_end:
+            replay.exact = False
+    return _Scan(valid_end, replay)
 
 
 def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
@@ -118,15 +223,53 @@ def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
         )
 
 
-def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
-    """Run recovery on a loaded store. Read-only stores get the same analysis, nothing written."""
+def _dispatch_range(store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool) -> int:
+    """Dispatch the records of ``[start, end)`` (default: to the log's end) without CRC checks,
+    stopping at the first invalid record as RocketMQ's walk does; returns how many."""
+    commit_log = store.commit_log
+    stop = commit_log.max_offset() if end is None else end
+    dispatched = 0
+    with progress(label, total=max(stop - start, 0), unit="bytes") as bar:
+        for step in commit_log.iter_batches(start, check_crc=False, end_offset=end):
+            bar.update(step.stop - start)
+            if index_only:
+                assert store.index_service is not None
+                store.index_service.build_index_batch(step.batch)
+            else:
+                store.dispatcher.dispatch_batch(step.batch)
+            dispatched += len(step.batch)
+    return dispatched
+
+
+def _pre_range_ok(store: MessageStore, start: int, scan_from: int) -> tuple[int, bool]:
+    """Dispatch ``[start, scan_from)`` (replay starting before the scanned files); returns
+    (records, whether the walk reached ``scan_from``: if not, a walk from ``start`` stops early)."""
+    dispatched = 0
+    reached = False
+    for step in store.commit_log.iter_batches(start, check_crc=False, end_offset=scan_from):
+        store.dispatcher.dispatch_batch(step.batch)
+        dispatched += len(step.batch)
+        if step.tail is not None and not step.tail.success:
+            return dispatched, False
+        reached = step.next_offset >= scan_from
+    return dispatched, reached or start >= scan_from
+
+
+def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -> RecoveryReport:
+    """Run recovery on a loaded store. Read-only stores get the same analysis, nothing written.
+    ``one_pass=False`` cuts first and dispatches after, in a second walk (what the one pass is
+    tested against)."""
     started = time.monotonic()
     commit_log = store.commit_log
     files = commit_log.mfq.files
     for cq in store.all_consume_queues():
         cq.recover()
-    max_phy_of_cq = max((cq.max_physic_offset for cq in store.all_consume_queues()), default=-1)
+    queue_ends: dict[ConsumeQueue, int] = {cq: cq.max_physic_offset for cq in store.all_consume_queues()}
+    max_phy_of_cq = max(queue_ends.values(), default=-1)
+    index = store.index_service
 
+    replay: _Replay | None = None
+    pre_dispatched = 0
     if not files:
         scan_from = end = 0
         if store.writable:
@@ -141,52 +284,78 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
             len(files),
             scan_from,
         )
-        end = _find_valid_end(store, scan_from)
+        if (
+            one_pass
+            and store.writable
+            and (index is None or index.safe_to_extend_before_recovery())
+            and all(cq.tail_in_order() for cq in queue_ends)
+        ):
+            if store.cq_table.discarded:
+                planned = commit_log.min_offset()
+            elif last_exit_ok:
+                planned = max(commit_log.min_offset(), max_phy_of_cq, 0)
+            else:
+                planned = scan_from
+            replay = _Replay(store, planned)
+            if planned < scan_from:
+                pre_dispatched, reached = _pre_range_ok(store, planned, scan_from)
+                replay = _Replay(store, scan_from) if reached else None
+                if not reached:
+                    log.info("recovery: replay from %d stops before the scanned files", planned)
+        elif one_pass and store.writable:
+            log.info("recovery: queue or index files out of order or cut; dispatching after the cuts")
+        end = _scan(store, scan_from, replay).end
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
 
     cq_dropped = 0
+    truncated: set[ConsumeQueue] = set()
     if max_phy_of_cq >= end or not last_exit_ok:
-        cq_dropped = sum(cq.truncate_dirty_logic_files(end) for cq in store.all_consume_queues())
+        for cq in store.all_consume_queues():
+            dropped = cq.truncate_dirty_logic_files(end)
+            if dropped:
+                truncated.add(cq)
+            cq_dropped += dropped
     index_dropped = 0
     index_damaged = False
-    if store.index_service is not None and store.writable:
+    if index is not None and store.writable:
         before = store.reporter.count("index-entries-truncated")
         removed_before = store.reporter.count("index-file-removed")
-        store.index_service.recover(end, lambda phy: commit_log.store_timestamp_at(phy, 1))
+        index.recover(end, lambda phy: commit_log.store_timestamp_at(phy, 1))
         index_dropped = store.reporter.count("index-entries-truncated") - before
         index_damaged = bool(index_dropped) or store.reporter.count("index-file-removed") > removed_before
 
     if store.cq_table.discarded:
         dispatch_from = commit_log.min_offset()
     elif last_exit_ok:
-        after_cq = max((cq.max_physic_offset for cq in store.all_consume_queues()), default=-1)
+        # The queues' ends after the cuts alone: a queue the pass wrote to and no cut touched is
+        # as it was before the pass.
+        after_cq = max(
+            (cq.max_physic_offset if cq in truncated else queue_end for cq, queue_end in queue_ends.items()),
+            default=-1,
+        )
         dispatch_from = max(commit_log.min_offset(), after_cq, 0)
     else:
         dispatch_from = scan_from
     dispatched = 0
+    one_pass_done = replay is not None and replay.exact and not (cq_dropped or index_damaged)
     if store.writable:
-        index = store.index_service
-        if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
-            # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
-            index_from = max(index.end_phy_offset(), commit_log.min_offset())
-            log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
-            with progress(
-                "recovery: rebuilding index", total=dispatch_from - index_from, unit="bytes"
-            ) as bar:
-                for phy, req in commit_log.iter_dispatch(
-                    index_from, check_crc=False, end_offset=dispatch_from
-                ):
-                    bar.update(phy - index_from)
-                    if req.success and req.size > 0:
-                        index.build_index(req)
-        log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
-        with progress("recovery: dispatching", total=max(end - dispatch_from, 0), unit="bytes") as bar:
-            for phy, req in commit_log.iter_dispatch(dispatch_from, check_crc=False):
-                bar.update(phy - dispatch_from)
-                if req.success and req.size > 0:
-                    store.dispatcher.dispatch(req)
-                    dispatched += 1
+        if one_pass_done:
+            assert replay is not None
+            dispatched = pre_dispatched + replay.dispatched
+            log.info("recovery: dispatched [%d, %d) while checking", dispatch_from, end)
+        else:
+            if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
+                # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
+                index_from = max(index.end_phy_offset(), commit_log.min_offset())
+                log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
+                _dispatch_range(
+                    store, index_from, dispatch_from, "recovery: rebuilding index", index_only=True
+                )
+            log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
+            dispatched = _dispatch_range(
+                store, dispatch_from, None, "recovery: dispatching", index_only=False
+            )
     store.recover_topic_queue_table()
     report = RecoveryReport(
         abnormal=not last_exit_ok,
@@ -198,6 +367,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool) -> RecoveryReport:
         cq_entries_truncated=cq_dropped,
         index_entries_truncated=index_dropped,
         duration_ms=int((time.monotonic() - started) * 1000),
+        one_pass=store.writable and one_pass_done,
     )
     log.info("recovery done: %s", report)
     return report

@@ -61,17 +61,17 @@ def try_acquire(sem: posix_ipc.Semaphore) -> bool:
 
 
 def acquire(sem: posix_ipc.Semaphore, timeout_s: float) -> bool:
-    """Wait up to ``timeout_s`` (0 = poll). False on timeout. A wait a signal interrupts goes on
-    for the time left (PEP 475's rule, which posix_ipc does not follow: it raised SignalError into
-    the supervisor while it restarted a killed worker). The signal's handler has run by then."""
-    deadline = time.monotonic() + timeout_s
+    """Wait up to ``timeout_s`` (0 = poll). False on timeout. A signal whose Python handler
+    returns (the supervisor's SIGTERM sets its stop flag) does not end the wait: posix_ipc
+    reports the EINTR as SignalError, and the wait goes on for the time left, as SA_RESTART
+    would (the supervisor died of it while waiting for a restarted worker's ready semaphore)."""
+    deadline = time.monotonic() + max(timeout_s, 0)
     while True:
         try:
-            sem.acquire(max(timeout_s, 0))
+            sem.acquire(max(deadline - time.monotonic(), 0))
         except posix_ipc.BusyError:
             return False
         except posix_ipc.SignalError:
-            timeout_s = deadline - time.monotonic()
             continue
         return True
 

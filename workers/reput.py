@@ -2,8 +2,8 @@
 
 Mirrors ReputMessageService and FlushConsumeQueueService (rocketmq-format.md §7.7, §7.8). The only
 writer of ConsumeQueue and index files while the store runs, through the library's `Dispatcher`
-(the code recovery uses). Reads up to what consumers may see: FLUSHED under SYNC_FLUSH, COMMITTED
-with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched offset and
+(the code recovery uses), a batch of records at a time (`Dispatcher.dispatch_batch`). Reads up to
+what consumers may see: FLUSHED under SYNC_FLUSH, COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched offset and
 last store time in the queue-offset table, and the logics/index checkpoint timestamps; flushes
 queues every `flushIntervalConsumeQueue` ms and the checkpoint every
 `flushConsumeQueueThoroughInterval` ms. Woken by producers, committer or flusher, else every
@@ -23,7 +23,6 @@ from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.dispatch import Dispatcher
 from rmq_mp.index_service import IndexService
-from rmq_mp.message import is_dispatchable
 from rmq_mp.reporter import Reporter
 from shm import layout
 from shm import queue_offsets as qo
@@ -90,7 +89,12 @@ class ReputService(ServiceLoop):
         return self.store.readable_end() > reput_from and reput_from != self.stuck_at
 
     def dispatch(self, limit: int = MAX_RECORDS_PER_PASS) -> int:
-        """Dispatch up to ``limit`` records from REPUT_FROM; returns how many."""
+        """Dispatch up to ``limit`` records from REPUT_FROM; returns how many.
+
+        Records go in batches (`CommitLog.iter_batches`, `Dispatcher.dispatch_batch`): a
+        queue's DISPATCHED and LAST_STORE_TS are published after its batch's entries are written,
+        from the batch's last record of that queue. A record that fails its length check is
+        skipped ("[BUG]"), as RocketMQ's reput does; an unreadable one stops the pass there."""
         t = self.table
         end = self.store.sync_log()
         offset = t.get(layout.REPUT_FROM_OFFSET)
@@ -101,28 +105,38 @@ class ReputService(ServiceLoop):
         dispatched = 0
         touched: set[int] = set()
         log_view = self.store.commit_log
-        for phy, req in log_view.iter_dispatch(offset, check_crc=False, end_offset=end):
-            if req.success and req.size > 0:
-                self.dispatcher.dispatch(req)
-                if is_dispatchable(req.sys_flag):
-                    slot = queues.find(req.topic, req.queue_id)
-                    if slot >= 0:
-                        queues.set(slot, qo.DISPATCHED, req.queue_offset + 1)
-                        queues.set(slot, qo.LAST_STORE_TS, req.store_timestamp)
-                        touched.add(slot)
-                offset = phy + req.size
-                dispatched += 1
-            elif req.success:
-                offset = log_view.roll_next_file(phy)
-            elif req.size > 0:
-                log.error("[BUG] record at %d: %s; skipping %d bytes", phy, req.reason, req.size)
-                offset = phy + req.size
-            else:
-                log.error("unreadable record at %d below the readable end %d: %s", phy, end, req.reason)
-                self.stuck_at = offset
+        while dispatched < limit:
+            resume = -1
+            for step in log_view.iter_batches(
+                offset, check_crc=False, end_offset=end, max_records=limit - dispatched
+            ):
+                if len(step.batch):
+                    for queue in self.dispatcher.dispatch_batch(step.batch):
+                        slot = queues.find(queue.topic, queue.queue_id)
+                        if slot >= 0:
+                            queues.set(slot, qo.DISPATCHED, queue.queue_offset + 1)
+                            queues.set(slot, qo.LAST_STORE_TS, queue.store_timestamp)
+                            touched.add(slot)
+                    dispatched += len(step.batch)
+                offset = step.next_offset
+                tail = step.tail
+                if tail is not None and not tail.success:
+                    if tail.size > 0:
+                        log.error(
+                            "[BUG] record at %d: %s; skipping %d bytes", step.stop, tail.reason, tail.size
+                        )
+                        resume = step.stop + tail.size
+                    else:
+                        log.error(
+                            "unreadable record at %d below the readable end %d: %s",
+                            step.stop,
+                            end,
+                            tail.reason,
+                        )
+                        self.stuck_at = offset
+            if resume < 0:
                 break
-            if dispatched >= limit:
-                break
+            offset = resume
         if offset != t.get(layout.REPUT_FROM_OFFSET):
             t.set(layout.REPUT_FROM_OFFSET, offset)
             t.add(layout.DISPATCH_COUNT, dispatched)
