@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from rmq_mp.errors import ShmAttachError, StoreError
 from rmq_mp.message import MessageExt
-from rmq_mp.message_store import read_queue
+from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.reporter import Reporter
 from rmq_mp.running_store import RunningStore
@@ -160,6 +160,9 @@ class Consumer:
             slot, min_offset, max_offset = self._offsets(topic, queue_id)
             if slot < 0:
                 return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+            decided = offset_status(offset, min_offset, max_offset)
+            if decided is not None:  # nothing to read (a caught-up long poll): no file touched
+                return decided
             try:
                 cq = self._queue_view(topic, queue_id, min_offset, max_offset)
                 first = cq.get_entry(offset) if min_offset <= offset < max_offset else None

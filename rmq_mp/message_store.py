@@ -401,6 +401,21 @@ class MessageStore:
                 yield self.commit_log.look_message_by_offset(phy)
 
 
+def offset_status(offset: int, min_offset: int, max_offset: int) -> GetMessageResult | None:
+    """`getMessage`'s answer when the offsets alone decide it (no message can be returned), else
+    None: a long poll asks this before mapping anything."""
+    if max_offset == 0:
+        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
+    if offset < min_offset:
+        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
+    if offset == max_offset:
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+    if offset > max_offset:
+        next_offset = min_offset if min_offset == 0 else max_offset
+        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
+    return None
+
+
 def read_queue(
     cq: ConsumeQueue,
     commit_log: CommitLog,
@@ -416,15 +431,9 @@ def read_queue(
     `Consumer` (which takes the offsets from shared memory). ``tags``: only messages whose TAGS is
     one of these (tags-code match on the queue entry, then the string, as RocketMQ's broker and
     client filters do); unmatched entries are skipped and counted in the next offset."""
-    if max_offset == 0:
-        return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, min_offset, max_offset)
-    if offset < min_offset:
-        return GetMessageResult(GetMessageStatus.OFFSET_TOO_SMALL, min_offset, min_offset, max_offset)
-    if offset == max_offset:
-        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
-    if offset > max_offset:
-        next_offset = min_offset if min_offset == 0 else max_offset
-        return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
+    decided = offset_status(offset, min_offset, max_offset)
+    if decided is not None:
+        return decided
     entries = cq.entries(offset, min(max(16000 // 20, max_msgs), max_offset - offset))
     first = next(entries, None)
     if first is None:
