@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 
 OS_PAGE_SIZE = 4096
+PWRITE_MIN_BYTES = OS_PAGE_SIZE
+"""Writes of at least this many bytes into a file go by `pwrite` rather than through the map."""
 
 
 def offset_to_file_name(offset: int) -> str:
@@ -135,10 +137,23 @@ class MappedFile:
         self.advance_wrote(end)
         return pos
 
-    def fill(self, pos: int, data: bytes) -> None:
-        """Write ``data`` at ``pos`` without moving positions (blank records, header patches)."""
-        assert pos + len(data) <= self.file_size
-        self._target()[pos : pos + len(data)] = data
+    def fill(self, pos: int, data: Any) -> None:
+        """Write ``data`` at ``pos`` without moving positions (a put's records, blank records).
+
+        Into the pool buffer when one is attached; into the file otherwise, through the map for
+        small writes and with `pwrite` from PWRITE_MIN_BYTES on: the first store to each fresh
+        page of a shared file mapping traps into the kernel (about 6 us a page here), one
+        `pwrite` of a batch does the same page-cache work for half (bench/NOTES.md). Both land
+        in the page cache every mapping of the file reads."""
+        size = len(data)
+        assert pos + size <= self.file_size
+        if self.write_buffer is None and size >= PWRITE_MIN_BYTES:
+            done = 0
+            view = memoryview(data).cast("B")
+            while done < size:
+                done += os.pwrite(self._fd, view[done:], pos + done)
+            return
+        self._target()[pos : pos + size] = data
 
     def commit(self, until: int) -> int:
         """Copy ``[committed, until)`` from the pool buffer into the file (`MappedFile.commit`)."""

@@ -260,7 +260,7 @@ class EncodedRun:
             rows = self.data[first : first + count]
             # QUEUEOFFSET and PHYSICALOFFSET are adjacent: one (count, 2) big-endian view, one add.
             offsets = rows[:, record.POS_QUEUE_OFFSET : record.POS_QUEUE_OFFSET + 16].view(">i8")
-            np.add(self._steps(count), (max(queue_offset, 0), phy_offset), out=offsets)
+            np.add(self._steps(count), np.array((max(queue_offset, 0), phy_offset)), out=offsets)
             if queue_offset < 0:
                 offsets[:, 0] = 0
             rows[:, ts_pos : ts_pos + 8].view(">i8")[:] = store_timestamp
@@ -283,9 +283,7 @@ class EncodedRun:
         )
 
     def _steps(self, count: int) -> np.ndarray:
-        """(i, i * record_size) for i < count: what record i adds to its chunk's first offsets."""
-        steps = np.arange(count, dtype=np.int64)
-        return np.stack((steps, steps * self.record_size), axis=1)
+        return _steps(count, self.record_size)
 
     def place(self, placement: Placement) -> None:
         self.placements.append(placement)
@@ -313,15 +311,22 @@ def encode_uniform(
     born_port: int,
     properties_head: bytes,
     uniq_counter: int,
+    max_body_size: int,
 ) -> np.ndarray | None:
     """Records of equal-length ``bodies`` as one (count, size) array, or None when any two
     lengths differ. Each record's properties are ``properties_head`` followed by the 4 hex digits
-    of ``uniq_counter + i``, the tail of its UNIQ_KEY (nothing when ``uniq_counter`` < 0)."""
+    of ``uniq_counter + i``, the tail of its UNIQ_KEY (nothing when ``uniq_counter`` < 0).
+    `RecordRejected` when a body exceeds ``max_body_size`` (the whole batch is refused)."""
     count = len(bodies)
     lengths = set(map(len, bodies))
+    largest = max(lengths)
+    if largest > max_body_size:
+        raise record.RecordRejected(
+            PutMessageStatus.MESSAGE_ILLEGAL, record.body_problem(largest, max_body_size)
+        )
     if len(lengths) != 1:
         return None
-    (body_size,) = lengths
+    body_size = largest
     counter_digits = 4 if uniq_counter >= 0 else 0
     template = encoder.encode(
         topic_field,
@@ -345,9 +350,23 @@ def encode_uniform(
         crc_column = out[:, record.POS_BODY_CRC : record.POS_BODY_CRC + 4].view(">u4")[:, 0]
         np.bitwise_and(crcs, 0x7FFFFFFF, out=crc_column)
     if counter_digits:
-        counters = np.arange(uniq_counter, uniq_counter + count, dtype=np.int64) & 0xFFFF
-        out[:, size - 4 :].view(">u4")[:, 0] = _hex4()[counters]
+        first = uniq_counter & 0xFFFF
+        if first + count <= 1 << 16:  # a slice of the table; a wrapping batch takes it modulo
+            digits = _hex4()[first : first + count]
+        else:
+            digits = _hex4()[np.arange(first, first + count) & 0xFFFF]
+        out[:, size - 4 :].view(">u4")[:, 0] = digits
     return out
+
+
+@functools.lru_cache(maxsize=64)
+def _steps(count: int, record_size: int) -> np.ndarray:
+    """(i, i * record_size) for i < count: what record i adds to its chunk's first queue offset
+    and physical offset. Cached: a producer's batches come in a few sizes."""
+    steps = np.arange(count, dtype=np.int64)
+    table = np.stack((steps, steps * record_size), axis=1)
+    table.flags.writeable = False
+    return table
 
 
 @functools.cache

@@ -521,9 +521,6 @@ class Producer:
         props = head.encode("utf-8")
         if len(props) + 4 > record.MAX_PROPERTIES_BYTES:
             return None  # per record: `_encode` gives the exact refusal
-        largest = max(map(len, batch.bodies))
-        if largest > self._max_message_size:
-            raise RecordRejected(_ILLEGAL, record.body_problem(largest, self._max_message_size))
         return encode_uniform(
             self.encoder,
             topic_field,
@@ -535,6 +532,7 @@ class Producer:
             born_port=self._born_port,
             properties_head=props,
             uniq_counter=uniq_counter,
+            max_body_size=self._max_message_size,
         )
 
     # ------------------------------------------------------------------ put (under the lock)
