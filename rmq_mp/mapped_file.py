@@ -64,6 +64,9 @@ class MappedFile:
         self.committed_position = 0
         self.flushed_position = 0
         self.last_store_timestamp = 0
+        self.pwrite_min_bytes = PWRITE_MIN_BYTES
+        """`fill` writes this many bytes or more with `pwrite` (0 under SYNC_FLUSH, whose flush
+        after every put write-protects the page the next put writes)."""
         self.write_buffer: mmap.mmap | None = None
         """A TransientStorePool buffer: appends go there and `commit` copies them to the file."""
 
@@ -141,13 +144,14 @@ class MappedFile:
         """Write ``data`` at ``pos`` without moving positions (a put's records, blank records).
 
         Into the pool buffer when one is attached; into the file otherwise, through the map for
-        small writes and with `pwrite` from PWRITE_MIN_BYTES on: the first store to each fresh
-        page of a shared file mapping traps into the kernel (about 6 us a page here), one
-        `pwrite` of a batch does the same page-cache work for half (bench/NOTES.md). Both land
-        in the page cache every mapping of the file reads."""
+        small writes and with `pwrite` from ``pwrite_min_bytes`` on: the first store to each
+        fresh page of a shared file mapping traps into the kernel (about 6 us a page here), and
+        so does the next store after every flush (writeback write-protects the page); one
+        `pwrite` of a batch does the page-cache work for half (bench/NOTES.md). Both land in the
+        page cache every mapping of the file reads."""
         size = len(data)
         assert pos + size <= self.file_size
-        if self.write_buffer is None and size >= PWRITE_MIN_BYTES:
+        if self.write_buffer is None and size >= self.pwrite_min_bytes:
             done = 0
             view = memoryview(data).cast("B")
             while done < size:

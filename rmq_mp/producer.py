@@ -790,6 +790,8 @@ class Producer:
                 if index < 0:
                     return None
             mf.write_buffer = self.pool.buffers[index].mm
+        if self._sync:
+            mf.pwrite_min_bytes = 0
         self._file = (mf, mf.write_buffer)
         return mf
 

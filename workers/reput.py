@@ -8,11 +8,11 @@ COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queu
 offset and last store time in the queue-offset table, and the logics/index checkpoint
 timestamps; flushes queues every `flushIntervalConsumeQueue` ms and the checkpoint every
 `flushConsumeQueueThoroughInterval` ms. Woken by producers, committer or flusher, else every
-100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); after a pass it
-watches for the next record for `spin_s` before sleeping. When the cleaner deleted ConsumeQueue
-and index files below the CommitLog minimum, drops its mappings of them (a mapping keeps a
-deleted file's disk space) and takes the queues' new minimum offsets. Final pass: dispatch to
-the end, flush queues, index and checkpoint.
+100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); under plain
+ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`).
+When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
+mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
+offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
 """
 
 from __future__ import annotations
@@ -34,15 +34,13 @@ from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
+SPIN_S = 0.0002
 SMALL_PASS_RECORDS = 32
 """Records a pass dispatches one by one before it turns to batches (measured crossover ~30)."""
 
 
 class ReputService(ServiceLoop):
     role = "reput"
-    spin_s = 0.0002
-    """Consumers' latency runs through reput: after a pass it looks for the next put a little
-    while before sleeping, which saves a cross-process wake per message under steady load."""
 
     def on_start(self) -> None:
         cfg = self.store.config
@@ -86,6 +84,14 @@ class ReputService(ServiceLoop):
 
     def interval_s(self) -> float:
         return 0.1
+
+    def spin_s(self) -> float:
+        """Consumers' latency runs through reput: with plain ASYNC_FLUSH, where each put makes a
+        record readable, it looks for the next one for SPIN_S before sleeping (a cross-process
+        wake per message saved under steady load). Under SYNC_FLUSH or with the pool records
+        become readable only at the next flush or commit, which wakes it: spinning would only
+        take CPU from the producers and the flusher."""
+        return 0.0 if self.store.sync_flush or self.store.pool_enabled else SPIN_S
 
     def has_work(self) -> bool:
         """Records past REPUT_FROM are readable (and the last pass did not stop short of them on

@@ -44,8 +44,6 @@ def set_thread_name(name: str) -> None:
 class ServiceLoop:
     role: ClassVar[str]
     writable_log: ClassVar[bool] = False
-    spin_s: ClassVar[float] = 0.0
-    """After a pass, poll `has_work` this long before sleeping (a worker on the latency path)."""
 
     def __init__(self, store: RunningStore) -> None:
         self.store = store
@@ -61,6 +59,11 @@ class ServiceLoop:
 
     def on_start(self) -> None:
         """Open what the worker needs before it reports ready."""
+
+    def spin_s(self) -> float:
+        """After a pass, poll `has_work` this long before sleeping: for a worker on the latency
+        path whose next work usually comes sooner than a sleeping process wakes."""
+        return 0.0
 
     def has_work(self) -> bool:
         """Whether `do_work` has something to do now, from a few shared words: checked after the
@@ -110,7 +113,7 @@ class ServiceLoop:
     def _wait(self) -> bool:
         """Wait for a wakeup or the interval, in slices short enough to notice a stop request or
         a dead supervisor within half a second. False when it is time to stop."""
-        if spin_until(self.has_work, self.spin_s):
+        if spin_until(self.has_work, self.spin_s()):
             return not self.stopping()
         deadline = time.monotonic() + self.interval_s()
         while True:
