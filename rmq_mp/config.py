@@ -390,6 +390,9 @@ class MessageStoreConfig:
     shm_name: str = ""
     # rmq-mp addition: port of the supervisor's Prometheus endpoint on 127.0.0.1; 0 = off.
     metrics_port: int = _prop(0, ge=0, le=65535)
+    # rmq-mp addition: bytes the commit log may run ahead of dispatch before puts wait for reput
+    # (and are refused OS_PAGECACHE_BUSY if it does not catch up); 0 = no limit.
+    max_dispatch_lag_bytes: int = _prop(64 << 20, ge=0, java_long=True)
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.

@@ -4,9 +4,11 @@ Mirrors SendMessageProcessor + `CommitLog.putMessage`/`putMessages` (rocketmq-fo
 records are encoded outside the lock into runs (`message_batch.EncodedRun`: consecutive records
 of one topic and queue); under the put lock each run gets its queue offsets, physical offsets
 and store time patched in and is copied into the pool buffer (ASYNC_FLUSH with the pool) or
-straight into the shared file mapping, in chunks that end where a file ends (a BLANK record
-closes the file). Then the committer or flusher is woken and, under SYNC_FLUSH, the put waits
-for the flusher to complete its flush request (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`).
+into the file (through the shared mapping, or by pwrite: `MappedFile.fill`), in chunks that end
+where a file ends (a BLANK record closes the file). Then the committer or flusher is woken and,
+under SYNC_FLUSH, the put waits for the flusher to complete its flush request
+(FLUSH_DISK_TIMEOUT after `syncFlushTimeout`). A put waits first while dispatch is more than
+`maxDispatchLagBytes` behind (back-pressure: reput must keep up).
 
 - `send`: one message, one run of one record.
 - `send_batch(MessageBatch)`: RocketMQ's batch, one run encoded column-wise with numpy and
@@ -65,6 +67,8 @@ POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
 SUPERVISOR_STALE_MS = 3000
 """A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
+DISPATCH_WAIT_S = 0.001
+"""How often a put held back by maxDispatchLagBytes looks at reput's progress."""
 
 _PUT_FIELDS = (
     layout.WROTE_POSITION,
@@ -91,6 +95,7 @@ _STATE = layout.STATE.index
 _HEARTBEAT = layout.SUPERVISOR_HEARTBEAT_MS.index
 _SUPERVISOR_PID = layout.SUPERVISOR_PID.index
 _FLAGS = layout.RUNNING_FLAGS.index
+_REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
 _ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
@@ -248,6 +253,7 @@ class Producer:
             (self.encoder.store_ip + struct.pack(">i", self.encoder.store_port)).hex().upper()
         )
         self._max_message_size = self.config.max_message_size
+        self._max_lag = self.config.max_dispatch_lag_bytes
         self._sync = store.sync_flush
         self._pool = store.pool_enabled
         self.uniq = m.UniqueIdGenerator()
@@ -550,6 +556,24 @@ class Producer:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(
                 flags, w[layout.DISK_USED_PERMILLE.index], self.config
             )
+        if self._max_lag and w[_WROTE] - w[_REPUT_FROM] > self._max_lag:
+            return self._wait_for_dispatch()
+        return None
+
+    def _wait_for_dispatch(self) -> tuple[PutMessageStatus, str] | None:
+        """Back-pressure: the log is more than maxDispatchLagBytes ahead of reput, so consumers
+        would see new records ever later and a crash would replay ever more. Wait for reput to
+        catch up (None), or give up after LOCK_TIMEOUT_S with the reason (reput stuck or gone)."""
+        w = self._words
+        self._wake_workers()
+        deadline = time.monotonic() + LOCK_TIMEOUT_S
+        while (lag := w[_WROTE] - w[_REPUT_FROM]) > self._max_lag:
+            if time.monotonic() >= deadline:
+                return PutMessageStatus.OS_PAGECACHE_BUSY, (
+                    f"dispatch is {lag} bytes behind the commit log, more than maxDispatchLagBytes "
+                    f"{self._max_lag}: reput is not keeping up"
+                )
+            time.sleep(DISPATCH_WAIT_S)
         return None
 
     def _put(self, runs: Sequence[EncodedRun], now: int) -> None:
@@ -690,6 +714,7 @@ class Producer:
             or w[_STATE] != layout.RUNNING
             or w[_FLAGS] & _PUT_BLOCKERS
             or now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS
+            or (self._max_lag and w[_WROTE] - w[_REPUT_FROM] > self._max_lag)
         ):
             return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
         if not self.lock.acquire(LOCK_TIMEOUT_S):

@@ -207,6 +207,50 @@ def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
         assert sorted(got) == [b"x", b"y"], "untagged and TagZ messages are filtered out"
 
 
+def test_puts_wait_for_dispatch_beyond_max_dispatch_lag(tmp_path: Path) -> None:
+    """Back-pressure: with reput stopped the log runs ahead until maxDispatchLagBytes; then a put
+    waits for reput (and succeeds once it catches up), or is refused OS_PAGECACHE_BUSY with the
+    reason when reput does not come back. Nothing acknowledged is lost either way."""
+    from threading import Timer
+
+    limit = 64 << 10
+    with (
+        running_service(tmp_path, maxDispatchLagBytes=str(limit)) as service,
+        Producer.attach(service.root) as producer,
+    ):
+        reput = psutil.Process(service.worker_pid("reput"))
+        acked = [producer.send("Lag", b"warm", queue_id=0)]
+        reput.suspend()
+        try:
+            while service.read(layout.WROTE_POSITION) - service.read(layout.REPUT_FROM_OFFSET) <= limit:
+                acked.append(producer.send("Lag", b"x" * 1024, queue_id=0))
+            assert all(r.ok for r in acked)
+            resume = Timer(0.5, reput.resume)
+            resume.start()
+            started = time.monotonic()
+            waited = producer.send("Lag", b"waited for reput", queue_id=0)
+            assert waited.ok, waited
+            assert time.monotonic() - started >= 0.4, "the put waited for dispatch to catch up"
+            acked.append(waited)
+            resume.join()
+            reput.suspend()
+            while service.read(layout.WROTE_POSITION) - service.read(layout.REPUT_FROM_OFFSET) <= limit:
+                acked.append(producer.send("Lag", b"y" * 1024, queue_id=0))
+            refused = producer.send("Lag", b"refused", queue_id=0)
+            assert refused.status is PutMessageStatus.OS_PAGECACHE_BUSY
+            assert "maxDispatchLagBytes" in refused.reason, refused.reason
+        finally:
+            reput.resume()
+        after = producer.send("Lag", b"after", queue_id=0)
+        assert after.ok
+        acked.append(after)
+        with Consumer.attach(service.root, "lag") as consumer:
+            wait_until(
+                lambda: consumer.pull("Lag", 0, 0, 1).max_offset == len(acked), 10, "everything dispatched"
+            )
+            assert [r.queue_offset for r in acked] == list(range(len(acked)))
+
+
 def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: Path) -> None:
     """The flusher reads FLUSH_REQUEST_SEQ without the put lock and answers tickets up to it: a
     ticket published before its slot said WAITING looked answered and was never looked at again
