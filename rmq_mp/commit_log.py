@@ -171,6 +171,18 @@ class CommitLog:
         (ts,) = record._LONG.unpack_from(mf.buf, pos + record.store_timestamp_position(sys_flag))
         return int(ts)
 
+    def _span(self, offset: int, end: int) -> tuple[MappedFile, int, int] | int | None:
+        """Where a walk at ``offset`` (up to ``end``) reads next: (file, position, limit) inside one
+        file; the next file's offset when this one is read to its end; None where the log ends."""
+        mf = self.mfq.find_mapped_file_by_offset(offset)
+        if mf is None:
+            return None
+        pos = offset - mf.file_from_offset
+        limit = min(mf.read_position, end - mf.file_from_offset)
+        if pos < limit:
+            return mf, pos, limit
+        return self.roll_next_file(offset) if mf.read_position >= mf.file_size else None
+
     def iter_dispatch(
         self, from_offset: int, *, check_crc: bool, end_offset: int | None = None
     ) -> Iterator[tuple[int, record.DispatchRequest]]:
@@ -180,16 +192,13 @@ class CommitLog:
         end = self.max_offset() if end_offset is None else end_offset
         offset = from_offset
         while offset < end:
-            mf = self.mfq.find_mapped_file_by_offset(offset)
-            if mf is None:
+            span = self._span(offset, end)
+            if span is None:
                 return
-            pos = offset - mf.file_from_offset
-            limit = min(mf.read_position, end - mf.file_from_offset)
-            if pos >= limit:
-                if mf.read_position < mf.file_size:
-                    return
-                offset = self.roll_next_file(offset)
+            if isinstance(span, int):
+                offset = span
                 continue
+            mf, pos, limit = span
             req = record.check_record(
                 mf.buf, pos, limit, check_crc=check_crc, delay_level_ms=self.delay_level_ms
             )
@@ -216,16 +225,13 @@ class CommitLog:
         offset = from_offset
         remaining = (1 << 62) if max_records is None else max_records
         while offset < end and remaining > 0:
-            mf = self.mfq.find_mapped_file_by_offset(offset)
-            if mf is None:
+            span = self._span(offset, end)
+            if span is None:
                 return
-            pos = offset - mf.file_from_offset
-            limit = min(mf.read_position, end - mf.file_from_offset)
-            if pos >= limit:
-                if mf.read_position < mf.file_size:
-                    return
-                offset = self.roll_next_file(offset)
+            if isinstance(span, int):
+                offset = span
                 continue
+            mf, pos, limit = span
             scan = record_batch.scan_segment(
                 mf.buf,
                 pos,

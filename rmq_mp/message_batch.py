@@ -33,8 +33,6 @@ from rmq_mp import record
 from rmq_mp.errors import InvalidBatchError
 from rmq_mp.status import PutMessageStatus
 
-_QUEUE_AND_PHY = struct.Struct(">qq")
-_LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
 _HEX_DIGITS = np.frombuffer(b"0123456789ABCDEF", dtype=np.uint8)
 _NIBBLE_SHIFTS = np.array([12, 8, 4, 0], dtype=np.uint32)
@@ -267,10 +265,10 @@ class EncodedRun:
             return
         base = self.start(first)
         if count == 1:
-            _QUEUE_AND_PHY.pack_into(
+            record.OFFSETS.pack_into(
                 self.data, base + record.POS_QUEUE_OFFSET, max(queue_offset, 0), phy_offset
             )
-            _LONG.pack_into(self.data, base + ts_pos, store_timestamp)
+            record.TIMESTAMP.pack_into(self.data, base + ts_pos, store_timestamp)
             return
         starts = np.array([self.start(i) for i in range(first, first + count)], dtype=np.int64)
         record.patch_run(

@@ -100,8 +100,6 @@ _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
 _ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
-_QUEUE_AND_PHY = struct.Struct(">qq")
-_LONG = struct.Struct(">q")
 _OWN_STORE_TIMESTAMP_POSITION = record.store_timestamp_position(0)
 """Where STORETIMESTAMP sits in this producer's own records (IPv4 born host)."""
 
@@ -729,8 +727,8 @@ class Producer:
                 store_ts = self.lock.acquired_ms
                 slot, next_word = self._queue_slot(topic, queue_id)
                 queue_offset = self._queue_words[next_word]
-                _QUEUE_AND_PHY.pack_into(data, record.POS_QUEUE_OFFSET, queue_offset, wrote)
-                _LONG.pack_into(data, _OWN_STORE_TIMESTAMP_POSITION, store_ts)
+                record.OFFSETS.pack_into(data, record.POS_QUEUE_OFFSET, queue_offset, wrote)
+                record.TIMESTAMP.pack_into(data, _OWN_STORE_TIMESTAMP_POSITION, store_ts)
                 end = wrote + size
                 self._write_chunk(mf, data, wrote, end, slot, next_word, queue_offset, 1)
                 w[_LAST_STORE_TS] = store_ts

@@ -44,7 +44,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -357,15 +357,18 @@ def sys_flag_of(encoded: bytes | bytearray) -> int:
     return int(_INT.unpack_from(encoded, POS_SYS_FLAG)[0])
 
 
-_QUEUE_AND_PHY = struct.Struct(">qq")
+OFFSETS = struct.Struct(">qq")
+"""QUEUEOFFSET and PHYSICALOFFSET, adjacent in every record (the put lock patches them)."""
+TIMESTAMP = struct.Struct(">q")
+"""STORETIMESTAMP (at `store_timestamp_position`)."""
 
 
 def patch_record(
     buf: Any, pos: int, *, queue_offset: int, phy_offset: int, store_timestamp: int, sys_flag: int
 ) -> None:
     """Write the three fields the put lock decides into an encoded record at ``buf[pos:]``."""
-    _QUEUE_AND_PHY.pack_into(buf, pos + POS_QUEUE_OFFSET, queue_offset, phy_offset)
-    _LONG.pack_into(buf, pos + store_timestamp_position(sys_flag), store_timestamp)
+    OFFSETS.pack_into(buf, pos + POS_QUEUE_OFFSET, queue_offset, phy_offset)
+    TIMESTAMP.pack_into(buf, pos + store_timestamp_position(sys_flag), store_timestamp)
 
 
 _COLUMNS_8 = np.arange(8, dtype=np.int64)
@@ -467,6 +470,10 @@ class _Fields:
     properties_length: int
 
 
+_FixedFields = tuple[int, int, int, int, int, int, int, int, int, bytes, int, int, bytes, int, int, int, int]
+"""What `fixed_struct` unpacks: TOTALSIZE to BODYLEN."""
+
+
 def _parse(buf: Any, pos: int, limit: int) -> _Fields:
     """Read every field of the record at ``pos``; `_Invalid` if it is not whole and well-formed.
     The fixed fields are one `fixed_struct` unpack (the encoder's format): this runs for every
@@ -482,25 +489,8 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
     try:
         (sys_flag,) = _INT.unpack_from(buf, pos + POS_SYS_FLAG)
         fixed = fixed_struct(bool(sys_flag & m.BORNHOST_V6_FLAG), bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG))
-        (
-            _total,
-            _magic,
-            crc,
-            queue_id,
-            flag,
-            queue_offset,
-            phy_offset,
-            _sys_flag,
-            born_ts,
-            born_ip,
-            born_port,
-            store_ts,
-            store_ip,
-            store_port,
-            reconsume,
-            prepared,
-            body_len,
-        ) = fixed.unpack_from(buf, pos)
+        fields = cast(_FixedFields, fixed.unpack_from(buf, pos))
+        body_len = fields[16]
         p = pos + fixed.size
         if body_len < 0 or p + body_len > end:
             raise _Invalid(f"BODYLEN {body_len} does not fit in the record")
@@ -528,30 +518,9 @@ def _parse(buf: Any, pos: int, limit: int) -> _Fields:
         ends_in_nul = props_bytes.endswith(b"\0")
     except (struct.error, IndexError, UnicodeDecodeError) as exc:
         raise _Invalid(f"malformed record: {exc}") from exc
+    # The fixed fields, TOTALSIZE to PREPAREDTRANSACTIONOFFSET, are `_Fields`' first 16.
     return _Fields(
-        total,
-        magic,
-        crc,
-        queue_id,
-        flag,
-        queue_offset,
-        phy_offset,
-        sys_flag,
-        born_ts,
-        born_ip,
-        born_port,
-        store_ts,
-        store_ip,
-        store_port,
-        reconsume,
-        prepared,
-        body_start,
-        body_len,
-        topic,
-        props,
-        ends_in_nul,
-        len(topic_bytes),
-        len(props_bytes),
+        *fields[:16], body_start, body_len, topic, props, ends_in_nul, len(topic_bytes), len(props_bytes)
     )
 
 
