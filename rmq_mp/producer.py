@@ -705,16 +705,13 @@ class Producer:
         """`send`'s put: `_put` of a one-record run, flattened for the common case (the record
         fits the current file, which this producer has mapped already); anything else goes the
         run path. Profiled: the run machinery was a third of a send."""
-        w = self._words
+        refusal = self._refusal(now)
+        if refusal is not None:
+            return SendResult(refusal[0], queue_id, -1, -1, uniq, refusal[1], self._msg_id_prefix)
         cached = self._file
-        if (
-            cached is None
-            or w[_STATE] != layout.RUNNING
-            or w[_FLAGS] & _PUT_BLOCKERS
-            or now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS
-            or (self._max_lag and w[_WROTE] - w[_REPUT_FROM] > self._max_lag)
-        ):
+        if cached is None:
             return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
+        w = self._words
         if not self.lock.acquire(LOCK_TIMEOUT_S):
             return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, "put lock busy")
         run = None
