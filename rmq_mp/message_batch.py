@@ -286,6 +286,16 @@ class EncodedRun:
     def place(self, placement: Placement) -> None:
         self.placements.append(placement)
 
+    def not_flushed(self, reason: str) -> None:
+        """Its stored chunks were not flushed as asked (SYNC_FLUSH): FLUSH_DISK_TIMEOUT, as
+        RocketMQ answers (the records stay in the log)."""
+        self.placements = [
+            p._replace(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason=reason)
+            if p.status is PutMessageStatus.PUT_OK
+            else p
+            for p in self.placements
+        ]
+
     def phy_offsets(self, placement: Placement) -> np.ndarray:
         """Commit-log offset of each record of a placed chunk."""
         first, count = placement.first, placement.records

@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
+import posix_ipc
 
 from rmq_mp import message as m
 from rmq_mp import record
@@ -58,7 +59,7 @@ from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import pid_alive
 from shm.semaphores import PutLock, acquire
 
 LOCK_TIMEOUT_S = 3.0
@@ -80,6 +81,7 @@ _PUT_FIELDS = (
     layout.LAST_STORE_TIMESTAMP,
     layout.PUT_COUNT,
     layout.PUT_BYTES,
+    layout.FLUSH_REQUEST_SEQ,
 )
 """The pointer-table fields the put path writes (all under the put lock) by word index."""
 _WROTE = layout.WROTE_POSITION.index
@@ -96,6 +98,10 @@ _HEARTBEAT = layout.SUPERVISOR_HEARTBEAT_MS.index
 _SUPERVISOR_PID = layout.SUPERVISOR_PID.index
 _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
+_FLUSH_SEQ = layout.FLUSH_REQUEST_SEQ.index
+_FLUSHED = layout.FLUSHED_POSITION.index
+_RING_FULL = "flush request ring full"
+_NOT_FLUSHED = "not flushed within syncFlushTimeout"
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
 _ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
@@ -271,6 +277,9 @@ class Producer:
         """Reput reads what is readable: flushed under SYNC_FLUSH, committed with the pool; the
         flusher or committer wakes it then."""
         self._metrics = PutRecorder(store)
+        self._ring_words = self.ring.words
+        self._done_sems: list[posix_ipc.Semaphore | None] = [None] * self.ring.capacity
+        """Completion semaphores of the flush-request ring slots, attached on first use."""
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str]) -> Producer:
@@ -746,14 +755,12 @@ class Producer:
             return self._result_of(run)
         result = SendResult(_PUT_OK, queue_id, queue_offset, wrote, uniq, "", self._msg_id_prefix)
         if self._sync and wait:
-            state = self._wait_for_flush(ring_slot) if ring_slot >= 0 else -1
-            if state != fr.DONE_OK:
+            failure = self._flush_failure(ring_slot)
+            if failure:
                 result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
-                result.reason = (
-                    "not flushed within syncFlushTimeout" if ring_slot >= 0 else "flush request ring full"
-                )
+                result.reason = failure
             else:
-                flushed = self.table.get(layout.FLUSHED_POSITION)
+                flushed = w[_FLUSHED]
                 assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
         return result
 
@@ -861,73 +868,76 @@ class Producer:
             if slot >= 0:
                 run.flush_slot = slot
             else:
-                run.placements = [
-                    p._replace(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason="flush request ring full")
-                    if p.status is _PUT_OK
-                    else p
-                    for p in run.placements
-                ]
+                run.not_flushed(_RING_FULL)
 
     def _flush_request(self, end_offset: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full.
 
         The ticket is published (FLUSH_REQUEST_SEQ) only after its slot says WAITING: the flusher
         reads the sequence without the lock, and a ticket it saw before the slot was filled
-        would look answered and never be looked at again (the put then timed out)."""
-        ring = self.ring
-        ticket = self.table.get(layout.FLUSH_REQUEST_SEQ)
-        now = now_ms()
-        for _ in range(ring.capacity):
+        would look answered and never be looked at again (the put then timed out). Word stores
+        (as the rest of the put path), since every SYNC put comes here under the lock."""
+        ring, w = self._ring_words, self._words
+        word = self.ring.word_index
+        capacity = self.ring.capacity
+        ticket = w[_FLUSH_SEQ]
+        now = self.lock.acquired_ms
+        for _ in range(capacity):
             ticket += 1
-            slot = ticket % ring.capacity
-            state = ring.get(slot, fr.STATE)
+            slot = ticket % capacity
+            state = ring[word(slot, fr.STATE)]
             # A DONE_* slot belongs to its waiter until the waiter frees it (shm/flush_requests.py);
             # taking it earlier let that waiter's FREE overwrite the new request. Past its deadline
             # (+1 s) its waiter has read it or given up, so it may be taken whatever it says.
-            if state == fr.FREE or (state != fr.WAITING and ring.get(slot, fr.DEADLINE_MS) + 1000 < now):
-                ring.set(slot, fr.NEXT_OFFSET, end_offset)
-                ring.set(slot, fr.DEADLINE_MS, now + self.config.sync_flush_timeout)
-                ring.set(slot, fr.PID, os.getpid())
-                ring.set(slot, fr.STATE, fr.WAITING)
-                self.table.set(layout.FLUSH_REQUEST_SEQ, ticket)
+            if state == fr.FREE or (state != fr.WAITING and ring[word(slot, fr.DEADLINE_MS)] + 1000 < now):
+                ring[word(slot, fr.NEXT_OFFSET)] = end_offset
+                ring[word(slot, fr.DEADLINE_MS)] = now + self.config.sync_flush_timeout
+                ring[word(slot, fr.PID)] = self.lock.pid
+                ring[word(slot, fr.STATE)] = fr.WAITING
+                w[_FLUSH_SEQ] = ticket
                 return slot
-        self.table.set(layout.FLUSH_REQUEST_SEQ, ticket)
+        w[_FLUSH_SEQ] = ticket
         return -1
+
+    def _flush_failure(self, ring_slot: int) -> str:
+        """Wait for a SYNC put's flush request: "" once its bytes are on disk, else why they
+        are FLUSH_DISK_TIMEOUT (no ring slot was free, or the flusher did not answer in time)."""
+        if ring_slot < 0:
+            return _RING_FULL
+        return "" if self._wait_for_flush(ring_slot) == fr.DONE_OK else _NOT_FLUSHED
 
     def _wait_for_flush(self, ring_slot: int) -> int:
         """Wait for a request's completion (the flusher, or its watcher, completes it); returns
         DONE_OK or DONE_TIMEOUT, and frees the slot."""
-        sem = self.store.shm.semaphore(self.store.names.flush_done(ring_slot))
+        sem = self._done_sems[ring_slot]
+        if sem is None:
+            sem = self._done_sems[ring_slot] = self.store.shm.semaphore(
+                self.store.names.flush_done(ring_slot)
+            )
+        ring = self._ring_words
+        state_word = self.ring.word_index(ring_slot, fr.STATE)
         deadline = time.monotonic() + self.config.sync_flush_timeout / 1000
         while True:
-            state = self.ring.get(ring_slot, fr.STATE)
-            if state in (fr.DONE_OK, fr.DONE_TIMEOUT):
-                self.ring.set(ring_slot, fr.STATE, fr.FREE)
+            state = ring[state_word]
+            if state == fr.DONE_OK or state == fr.DONE_TIMEOUT:
+                ring[state_word] = fr.FREE
                 return state
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # the flusher is not answering (stopped, or dead)
-                self.ring.set(ring_slot, fr.STATE, fr.ABANDONED)
+                ring[state_word] = fr.ABANDONED
                 return fr.DONE_TIMEOUT
             acquire(sem, remaining)
 
     def _await_flush(self, runs: Sequence[EncodedRun]) -> None:
         """Wait for the request of this lock hold; its runs' stored chunks become
         FLUSH_DISK_TIMEOUT if it was not completed in time."""
-        outcome = {slot: self._wait_for_flush(slot) for slot in {run.flush_slot for run in runs} if slot >= 0}
-        flushed = self.table.get(layout.FLUSHED_POSITION)
+        failure = {slot: self._flush_failure(slot) for slot in {run.flush_slot for run in runs} if slot >= 0}
+        flushed = self._words[_FLUSHED]
         for run in runs:
             if run.flush_slot < 0:
                 continue
-            if outcome[run.flush_slot] != fr.DONE_OK:
-                run.placements = [
-                    p._replace(
-                        status=PutMessageStatus.FLUSH_DISK_TIMEOUT,
-                        reason="not flushed within syncFlushTimeout",
-                    )
-                    if p.status is _PUT_OK
-                    else p
-                    for p in run.placements
-                ]
+            if failure[run.flush_slot]:
+                run.not_flushed(failure[run.flush_slot])
                 continue
             for p in run.placements:
                 if p.status is _PUT_OK:

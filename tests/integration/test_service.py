@@ -10,6 +10,7 @@ import sys
 import time
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
 import psutil
 import pytest
@@ -263,20 +264,32 @@ def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: 
         Producer.attach(service.root) as producer,
     ):
         writes: list[tuple[str, int, int]] = []
-        ring_set, table_set = producer.ring.set, producer.table.set
-        producer.ring.set = lambda slot, field, value: (
-            writes.append(("ring", field, value)),
-            ring_set(slot, field, value),
-        )[1]  # type: ignore[method-assign]
-        producer.table.set = lambda field, value: (
-            writes.append(("table", field.index, value)),
-            table_set(field, value),
-        )[1]  # type: ignore[method-assign]
+
+        class Recorded:
+            """The producer's word view of a segment, recording each store in order."""
+
+            def __init__(self, name: str, words: Any) -> None:
+                self.name, self.words = name, words
+
+            def __getitem__(self, index: int) -> int:
+                return int(self.words[index])
+
+            def __setitem__(self, index: int, value: int) -> None:
+                writes.append((self.name, index, value))
+                self.words[index] = value
+
+        producer._ring_words = Recorded("ring", producer._ring_words)  # type: ignore[assignment]
+        producer._words = Recorded("table", producer._words)  # type: ignore[assignment]
+        state_words = {producer.ring.word_index(slot, fr.STATE) for slot in range(producer.ring.capacity)}
         for _ in range(3):
             assert producer.send("Sync", b"x", queue_id=0).ok
             assert producer.send_batch([dict(topic="Sync", body=b"y", queue_id=1)] * 2).ok
         published = [i for i, w in enumerate(writes) if w[:2] == ("table", layout.FLUSH_REQUEST_SEQ.index)]
-        waiting = [i for i, w in enumerate(writes) if w == ("ring", fr.STATE, fr.WAITING)]
+        waiting = [
+            i
+            for i, (name, word, value) in enumerate(writes)
+            if name == "ring" and word in state_words and value == fr.WAITING
+        ]
         assert len(published) == len(waiting) == 6
         assert all(w < p for w, p in zip(waiting, published, strict=True)), writes
 
