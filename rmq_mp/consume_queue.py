@@ -392,8 +392,8 @@ class ConsumeQueue:
                 target = right if timestamp_ms - left_time > right_time - timestamp_ms else left
         return (chosen.file_from_offset + max(target, 0)) // CQ_STORE_UNIT_SIZE
 
-    def flush(self) -> bool:
-        return self.mfq.flush()
+    def flush(self, least_pages: int = 0) -> bool:
+        return self.mfq.flush(least_pages)
 
 
 def java_string_order(text: str) -> bytes:

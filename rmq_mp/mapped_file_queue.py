@@ -13,7 +13,7 @@ import re
 from pathlib import Path
 
 from rmq_mp.errors import CorruptFileError
-from rmq_mp.mapped_file import MappedFile, offset_to_file_name
+from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
 from rmq_mp.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -214,11 +214,17 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------ durability
 
-    def flush(self) -> bool:
-        """Force every segment between ``flushed_where`` and the end. True if anything moved."""
+    def flush(self, least_pages: int = 0) -> bool:
+        """Force every segment between ``flushed_where`` and the end. True if anything moved.
+        With ``least_pages``, a segment not yet full waits until that many 4 KiB pages are
+        unflushed (RocketMQ's `isAbleToFlush`)."""
         before = self.flushed_where
         for mf in self.files:
             if mf.file_from_offset + mf.read_position > self.flushed_where:
+                full = mf.read_position == mf.file_size
+                dirty_pages = mf.read_position // OS_PAGE_SIZE - mf.flushed_position // OS_PAGE_SIZE
+                if least_pages > 0 and not full and dirty_pages < least_pages:
+                    break
                 mf.flush()
                 self.flushed_where = mf.file_from_offset + mf.flushed_position
         return self.flushed_where != before

@@ -8,16 +8,13 @@ layout modules in `shm/` compute.
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
 import mmap
 import os
 
 import posix_ipc
 
 from rmq_mp.errors import ShmAttachError
-
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+from rmq_mp.mapped_file import lock_in_memory
 
 
 class SharedSegment:
@@ -63,14 +60,9 @@ class SharedSegment:
 
     def mlock(self) -> str:
         """Pin the pages (RocketMQ's TransientStorePool does). Returns '' or why it failed."""
-        buf = (ctypes.c_char * self.size).from_buffer(self.mm)
-        try:
-            if _libc.mlock(ctypes.addressof(buf), ctypes.c_size_t(self.size)) != 0:
-                return os.strerror(ctypes.get_errno())
-        finally:
-            del buf
-        self.locked = True
-        return ""
+        reason = lock_in_memory(self.mm)
+        self.locked = not reason
+        return reason
 
     def close(self) -> None:
         if self._words is not None:  # a live view pins the mapping

@@ -6,8 +6,9 @@ writer of ConsumeQueue and index files while the store runs, through the library
 (`Dispatcher.dispatch_batch`). Reads up to what consumers may see: FLUSHED under SYNC_FLUSH,
 COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched
 offset and last store time in the queue-offset table, and the logics/index checkpoint
-timestamps; flushes queues every `flushIntervalConsumeQueue` ms and the checkpoint every
-`flushConsumeQueueThoroughInterval` ms. Woken by producers, committer or flusher, else every
+timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
+`flushConsumeQueueLeastPages` dirty pages and the index, and every
+`flushConsumeQueueThoroughInterval` ms all queues and the checkpoint. Woken by producers, committer or flusher, else every
 100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); under plain
 ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`).
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
@@ -218,8 +219,11 @@ class ReputService(ServiceLoop):
                 self.waiter_sems[slot].release()
 
     def flush_queues(self, thorough: bool) -> None:
+        """FlushConsumeQueueService: queues with `flushConsumeQueueLeastPages` dirty pages (all
+        of them when ``thorough``), the index, and when ``thorough`` the checkpoint."""
+        least_pages = 0 if thorough else self.store.config.flush_consume_queue_least_pages
         for cq in self.cq_table.all():
-            cq.flush()
+            cq.flush(least_pages)
         if self.index is not None:
             self.index.flush()
         if thorough:

@@ -1,0 +1,63 @@
+"""warmMapedFileEnable: the allocator warms and mlocks each commit-log file it creates ahead, keeps
+it locked while it is current or ahead, and lets it go once writes have moved past it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.producer import Producer
+from shm import layout
+from tests.service import running_service, wait_until
+
+
+def locked_kib(pid: int, commit_log: Path) -> dict[str, int]:
+    """Resident KiB of each commit-log file process ``pid`` has mapped and mlocked, from
+    /proc/<pid>/smaps (its "Locked:" line is proportional, so shared with writers it shrinks)."""
+    locked: dict[str, int] = {}
+    name, rss = "", 0
+    for line in Path(f"/proc/{pid}/smaps").read_text().splitlines():
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 6:  # a mapping's header line
+            name = Path(fields[5]).name if fields[5].startswith(str(commit_log)) else ""
+        elif name and fields[0] == "Rss:":
+            rss = int(fields[1])
+        elif name and fields[0] == "VmFlags:" and "lo" in fields[1:]:
+            locked[name] = rss
+
+    return locked
+
+
+@pytest.mark.parametrize("flush", ["ASYNC_FLUSH", "SYNC_FLUSH"])
+def test_files_made_ahead_are_warmed_and_locked_until_writes_pass_them(tmp_path: Path, flush: str) -> None:
+    settings = dict(warmMapedFileEnable="true", flushDiskType=flush, flushLeastPagesWhenWarmMapedFile="64")
+    with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
+        size = service.config.mapped_file_size_commit_log
+        allocator = service.worker_pid("allocator")
+        commit_log = service.config.commit_log_dir.resolve()
+        names = [offset_to_file_name(i * size) for i in range(6)]
+        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= 3 * size, 10, "three files made")
+        assert locked_kib(allocator, commit_log) == dict.fromkeys(names[:3], size // 1024)
+        bodies = [b"%06d" % i + bytes(2000) for i in range(1200)]  # ~2.5 files of records
+        for body in bodies:
+            assert producer.send("W", body, queue_id=0).ok
+        current = service.read(layout.WROTE_POSITION) // size
+        wait_until(
+            lambda: (
+                locked_kib(allocator, commit_log) == dict.fromkeys(names[current : current + 3], size // 1024)
+            ),
+            10,
+            "files behind the write position released, the new ones locked",
+        )
+    with running_service(tmp_path) as service:  # the warmed files hold exactly what was put
+        from rmq_mp.consumer import Consumer
+
+        with Consumer.attach(service.root, "g") as consumer:
+            got: list[bytes] = []
+            while len(got) < len(bodies):
+                result = consumer.pull("W", 0, len(got), 32, timeout_s=5)
+                assert result.messages, result.status
+                got.extend(m.body for m in result.messages)
+            assert got == bodies
