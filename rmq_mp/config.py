@@ -64,8 +64,9 @@ class FlushDiskType(enum.Enum):
 
 
 class BrokerRole(enum.Enum):
-    """`BrokerRole`: SLAVE rejects puts (SERVICE_NOT_AVAILABLE); SYNC_MASTER would wait for a slave
-    (replication is out of rmq-mp's scope)."""
+    """`BrokerRole`: SLAVE refuses puts (SERVICE_NOT_AVAILABLE); SYNC_MASTER stores them but, having
+    no slave (replication is out of rmq-mp's scope), answers puts that wait for the store
+    SLAVE_NOT_AVAILABLE, as RocketMQ does with no slave connected."""
 
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
@@ -254,9 +255,9 @@ class MessageStoreConfig:
     max_message_size: int = _prop(4194304, ge=1)
     # Verify each record's body CRC during recovery (slower startup, catches bit rot).
     check_crc_on_recover: bool = True
-    # Put lock: true = mutex, false = spin lock (4.9.8 default true).
+    # Put lock: true = mutex (watch 20 us, then sleep), false = spin lock (never sleeps).
     use_reentrant_lock_when_put_message: bool = True
-    # Pre-touch (and mlock) each new commit-log file before use.
+    # The allocator pre-touches and mlocks each file it creates ahead, until writes pass it.
     warm_maped_file_enable: bool = False
     # Pages (4 KiB) between forced flushes while warming a file under SYNC_FLUSH.
     flush_least_pages_when_warm_maped_file: int = _prop(4096, ge=0)
@@ -281,7 +282,7 @@ class MessageStoreConfig:
     enable_running_flags_in_flush: bool = False
     # ConsumeQueue flush period, ms.
     flush_interval_consume_queue: int = _prop(1000, ge=0)
-    # Dirty pages (4 KiB) needed before a ConsumeQueue flush.
+    # Dirty pages (4 KiB) a ConsumeQueue needs before the periodic (not thorough) flush.
     flush_consume_queue_least_pages: int = _prop(2, ge=0)
     # Thorough ConsumeQueue + checkpoint flush period, ms.
     flush_consume_queue_thorough_interval: int = _prop(60000, ge=0)
@@ -291,7 +292,7 @@ class MessageStoreConfig:
     transient_store_pool_enable: bool = False
     # Number of pool buffers, each `mapped_file_size_commit_log` bytes.
     transient_store_pool_size: int = _prop(5, ge=0)
-    # Fail commit-log file creation when no pool buffer is free, instead of waiting.
+    # No free pool buffer for a new file: CREATE_MAPEDFILE_FAILED at once instead of waiting 1 s.
     fast_fail_if_no_buffer_in_store_pool: bool = False
     # Pool → file commit period, ms.
     commit_interval_commit_log: int = _prop(200, ge=0)
@@ -315,7 +316,7 @@ class MessageStoreConfig:
     max_msgs_num_batch: int = _prop(64, ge=1)
     # Abnormal recovery also waits for the index timestamp in the checkpoint.
     message_index_safe: bool = False
-    # Broker cap on uniq-key query results.
+    # Results of a key query that names no maximum.
     default_query_max_num: int = _prop(32, ge=1)
 
     # -- cleaning and disk ----------------------------------------------------------------------
@@ -327,7 +328,7 @@ class MessageStoreConfig:
     delete_consume_queue_files_interval: int = _prop(100, ge=0)
     # Delete a file still referenced after this long, ms.
     destroy_maped_file_interval_forcibly: int = _prop(120000, ge=0)
-    # Retry period for a first file that failed to delete, ms.
+    # No effect in rmq-mp: no deletion hangs (see conf/broker.conf).
     redelete_hanged_file_interval: int = _prop(120000, ge=0)
     # Local hours (`;`-separated, 0..23) when time-based deletion runs.
     delete_when: str = "04"
@@ -360,13 +361,11 @@ class MessageStoreConfig:
     access_message_in_memory_max_ratio: int = _prop(40, ge=0, le=100)
 
     # -- role, delay, dispatch ------------------------------------------------------------------
-    # SLAVE rejects puts; SYNC_MASTER would wait for replication (out of scope).
+    # SLAVE refuses puts; SYNC_MASTER answers waiting puts SLAVE_NOT_AVAILABLE (no replication).
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
-    # Dispatch only below the confirm offset (DLedger/duplication).
-    duplication_enable: bool = False
     # Delay levels (space-separated `<n>s|m|h|d`), level 1 first.
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    # delayOffset.json persist period, ms.
+    # No effect in rmq-mp: delayed messages are stored, not delivered (see conf/broker.conf).
     flush_delay_offset_interval: int = _prop(10000, ge=0, java_long=True)
 
     # -- broker identity (BrokerConfig / NettyServerConfig keys the store reads) ----------------
@@ -381,7 +380,7 @@ class MessageStoreConfig:
     default_topic_queue_nums: int = _prop(8, ge=1)
     # consumerOffset.json persist period, ms.
     flush_consumer_offset_interval: int = _prop(5000, ge=0)
-    # Pulls that find nothing wait for new messages instead of returning at once.
+    # A waiting pull is woken on arrival (true) or looks again every second (false).
     long_polling_enable: bool = True
 
     # -- rmq-mp additions -----------------------------------------------------------------------
@@ -583,6 +582,8 @@ UNSUPPORTED_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
     {
         "enableDLegerCommitLog": "the DLedger commit log is not supported by rmq-mp; only false is accepted",
         "enableConsumeQueueExt": "ConsumeQueueExt files are not supported by rmq-mp; only false is accepted",
+        "duplicationEnable": "dispatch below a replication confirm offset needs replication, which rmq-mp "
+        "does not have; only false is accepted",
     }
 )
 

@@ -35,6 +35,9 @@ from shm.semaphores import acquire, spin_until, try_acquire
 PARK_SPIN_S = 0.0002
 """A long poll watches its queue this long before sleeping: a wake by reput costs 50-70 us."""
 READ_ATTEMPTS = 3
+SHORT_POLLING_S = 1.0
+"""With longPollingEnable=false, how long a pull that found nothing sleeps before it looks again
+(RocketMQ's BrokerConfig shortPollingTimeMills): new messages do not wake it."""
 """Reads retried when the cleaner deletes a file under them (each retry sees a higher minimum)."""
 
 GetResult = GetMessageResult
@@ -199,7 +202,11 @@ class Consumer:
         self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False
     ) -> None:
         """Register in our waiter slot, re-check (no lost wakeup) for PARK_SPIN_S, then sleep until
-        woken or timeout."""
+        woken or timeout. With longPollingEnable=false: sleep SHORT_POLLING_S (or the timeout)
+        without registering, as RocketMQ's short polling."""
+        if not self.store.config.long_polling_enable:
+            time.sleep(min(timeout_s, SHORT_POLLING_S))
+            return
         slot = -1 if any_queue else self.queues.find(topic, queue_id)
         w = self.waiters
         while try_acquire(self._waiter_sem):  # drop stale posts

@@ -286,13 +286,11 @@ class EncodedRun:
     def place(self, placement: Placement) -> None:
         self.placements.append(placement)
 
-    def not_flushed(self, reason: str) -> None:
-        """Its stored chunks were not flushed as asked (SYNC_FLUSH): FLUSH_DISK_TIMEOUT, as
-        RocketMQ answers (the records stay in the log)."""
+    def answer_stored(self, status: PutMessageStatus, reason: str) -> None:
+        """Its stored chunks (PUT_OK) are answered ``status`` instead: in the log, but not as
+        durable or replicated as the put asked (FLUSH_DISK_TIMEOUT, SLAVE_NOT_AVAILABLE)."""
         self.placements = [
-            p._replace(status=PutMessageStatus.FLUSH_DISK_TIMEOUT, reason=reason)
-            if p.status is PutMessageStatus.PUT_OK
-            else p
+            p._replace(status=status, reason=reason) if p.status is PutMessageStatus.PUT_OK else p
             for p in self.placements
         ]
 

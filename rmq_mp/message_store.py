@@ -51,6 +51,9 @@ from rmq_mp.status import (
 log = logging.getLogger(__name__)
 
 MAX_TIMESTAMP = (1 << 63) - 1
+TOTAL_MEMORY_BYTES = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+"""Physical memory (RocketMQ's StoreUtil.TOTAL_PHYSICAL_MEMORY_SIZE): `accessMessageInMemoryMaxRatio`
+percent of it is taken to hold the newest commit-log bytes in the page cache."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -372,13 +375,16 @@ class MessageStore:
         return self.commit_log.look_message_by_offset(phy_offset)
 
     def query_message(
-        self, topic: str, key: str, max_num: int = 32, begin: int = 0, end: int = MAX_TIMESTAMP
+        self, topic: str, key: str, max_num: int | None = None, begin: int = 0, end: int = MAX_TIMESTAMP
     ) -> list[m.MessageExt]:
         """Messages of ``topic`` whose UNIQ_KEY or one of whose KEYS equals ``key``, newest first,
-        store time within [begin, end] at second granularity. Each index hit is checked against
-        its record, so a hash collision never returns another key's message (RocketMQ #3613)."""
+        store time within [begin, end] at second granularity, at most ``max_num``
+        (`defaultQueryMaxNum` if not given; `maxMsgsNumBatch` caps it). Each index hit is checked
+        against its record, so a hash collision never returns another key's message (RocketMQ #3613)."""
         if self.index_service is None:
             return []
+        if max_num is None:
+            max_num = self.config.default_query_max_num
         found = []
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
             try:
@@ -446,13 +452,21 @@ def read_queue(
     messages: list[m.MessageExt] = []
     total_bytes = 0
     min_phy = commit_log.min_offset()
+    # RocketMQ's checkInDiskByCommitOffset: records further than this behind the log's end are
+    # taken to be on disk, not in the page cache, and a pull returns fewer of them.
+    in_memory_bytes = TOTAL_MEMORY_BYTES * config.access_message_in_memory_max_ratio // 100
+    end_phy = commit_log.max_offset()
     scanned = 0
     for phy, size, tags_code in itertools.chain((first,), entries):
-        if messages and (
-            len(messages) >= min(max_msgs, config.max_transfer_count_on_message_in_memory)
-            or total_bytes + size > config.max_transfer_bytes_on_message_in_memory
-        ):
-            break
+        if messages:  # RocketMQ's isTheBatchFull
+            if end_phy - phy > in_memory_bytes:
+                max_count = config.max_transfer_count_on_message_in_disk
+                max_bytes = config.max_transfer_bytes_on_message_in_disk
+            else:
+                max_count = config.max_transfer_count_on_message_in_memory
+                max_bytes = config.max_transfer_bytes_on_message_in_memory
+            if len(messages) >= min(max_msgs, max_count) or total_bytes + size > max_bytes:
+                break
         scanned += 1
         if size == PRE_BLANK_SIZE or (codes is not None and tags_code not in codes):
             continue

@@ -8,7 +8,10 @@ into the file (through the shared mapping, or by pwrite: `MappedFile.fill`), in 
 where a file ends (a BLANK record closes the file). Then the committer or flusher is woken and,
 under SYNC_FLUSH, the put waits for the flusher to complete its flush request
 (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`). A put waits first while dispatch is more than
-`maxDispatchLagBytes` behind (back-pressure: reput must keep up).
+`maxDispatchLagBytes` behind (back-pressure: reput must keep up). Before the lock, RocketMQ's
+checks: a SLAVE refuses puts, and a put lock held over `osPageCacheBusyTimeOutMills` by a live
+put answers OS_PAGECACHE_BUSY at once; a SYNC_MASTER, having no slave, answers puts that wait
+for the store SLAVE_NOT_AVAILABLE once stored.
 
 - `send`: one message, one run of one record.
 - `send_batch(MessageBatch)`: RocketMQ's batch, one run encoded column-wise with numpy and
@@ -34,11 +37,11 @@ from dataclasses import dataclass, field
 from typing import Any, overload
 
 import numpy as np
-import posix_ipc
 
 from rmq_mp import message as m
 from rmq_mp import record
 from rmq_mp.commit_log import CommitLog
+from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
 from rmq_mp.mapped_file import MappedFile
 from rmq_mp.message_batch import (
@@ -99,11 +102,15 @@ _SUPERVISOR_PID = layout.SUPERVISOR_PID.index
 _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _FLUSH_SEQ = layout.FLUSH_REQUEST_SEQ.index
+_LOCK_OWNER = layout.PUT_LOCK_OWNER_PID.index
+_LOCK_SINCE = layout.PUT_LOCK_SINCE_MS.index
 _FLUSHED = layout.FLUSHED_POSITION.index
 _RING_FULL = "flush request ring full"
 _NOT_FLUSHED = "not flushed within syncFlushTimeout"
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
+_CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
+_NO_SLAVE = "stored, but no slave has it: rmq-mp has no replication (brokerRole=SYNC_MASTER)"
 _ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _OWN_STORE_TIMESTAMP_POSITION = record.store_timestamp_position(0)
@@ -245,6 +252,7 @@ class Producer:
             store.shm.semaphore(store.names.put_lock_takeover),
             self.table,
             on_takeover=self._undo_interrupted_put,
+            spin=not self.config.use_reentrant_lock_when_put_message,
         )
         self._words = self.table.words(*_PUT_FIELDS)
         """Pointer-table words for the put path (writer check done once, in `words`)."""
@@ -258,6 +266,9 @@ class Producer:
         )
         self._max_message_size = self.config.max_message_size
         self._max_lag = self.config.max_dispatch_lag_bytes
+        self._busy_ms = self.config.os_page_cache_busy_time_out_mills
+        self._slave = self.config.broker_role is BrokerRole.SLAVE
+        self._sync_master = self.config.broker_role is BrokerRole.SYNC_MASTER
         self._sync = store.sync_flush
         self._pool = store.pool_enabled
         self.uniq = m.UniqueIdGenerator()
@@ -278,8 +289,6 @@ class Producer:
         flusher or committer wakes it then."""
         self._metrics = PutRecorder(store)
         self._ring_words = self.ring.words
-        self._done_sems: list[posix_ipc.Semaphore | None] = [None] * self.ring.capacity
-        """Completion semaphores of the flush-request ring slots, attached on first use."""
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str]) -> Producer:
@@ -347,8 +356,7 @@ class Producer:
         pending = [run for run in runs if run.pending]
         if pending:
             self._put(pending, born_ms)
-            if self._sync:
-                self._await_flush(pending)
+            self._acknowledge(pending)
         result = SendBatchResult(runs, self._msg_id_prefix)
         self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
         return result
@@ -555,6 +563,8 @@ class Producer:
         w = self._words
         if w[_STATE] != layout.RUNNING:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
+        if self._slave:
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "message store is in slave mode (brokerRole=SLAVE)"
         if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead"
@@ -562,6 +572,13 @@ class Producer:
         if flags:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(
                 flags, w[layout.DISK_USED_PERMILLE.index], self.config
+            )
+        held_ms = now - w[_LOCK_SINCE]
+        # RocketMQ's isOSPageCacheBusy; SINCE is 0 when the lock is free. A dead holder is not
+        # "busy": the put goes on to take its lock over.
+        if self._busy_ms < held_ms < 10_000_000 and pid_alive(w[_LOCK_OWNER]):
+            return PutMessageStatus.OS_PAGECACHE_BUSY, (
+                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
             )
         if self._max_lag and w[_WROTE] - w[_REPUT_FROM] > self._max_lag:
             return self._wait_for_dispatch()
@@ -634,13 +651,17 @@ class Producer:
                 mf = self._target_file(wrote)
             except OSError as exc:  # the allocator fell behind and the disk refused a new file
                 reason = f"cannot create the commit-log file at {wrote}: {exc}"
-                run.place(
-                    Placement(first, run.count - first, PutMessageStatus.CREATE_MAPEDFILE_FAILED, reason)
-                )
+                run.place(Placement(first, run.count - first, _CREATE_FAILED, reason))
                 break
             if mf is None:
-                reason = "no free TransientStorePool buffer"
-                run.place(Placement(first, run.count - first, PutMessageStatus.OS_PAGECACHE_BUSY, reason))
+                if self.config.fast_fail_if_no_buffer_in_store_pool:
+                    status, reason = (
+                        _CREATE_FAILED,
+                        "no free TransientStorePool buffer (fastFailIfNoBufferInStorePool)",
+                    )
+                else:
+                    status, reason = PutMessageStatus.OS_PAGECACHE_BUSY, "no free TransientStorePool buffer"
+                run.place(Placement(first, run.count - first, status, reason))
                 break
             position = mf.wrote_position
             fit = run.fit(first, mf.file_size - position - record.END_FILE_MIN_BLANK_LENGTH)
@@ -750,8 +771,7 @@ class Producer:
             self.lock.release()
         self._wake_workers()
         if run is not None:
-            if self._sync:
-                self._await_flush((run,))
+            self._acknowledge((run,))
             return self._result_of(run)
         result = SendResult(_PUT_OK, queue_id, queue_offset, wrote, uniq, "", self._msg_id_prefix)
         if self._sync and wait:
@@ -762,6 +782,9 @@ class Producer:
             else:
                 flushed = w[_FLUSHED]
                 assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
+        if self._sync_master and wait and result.status is _PUT_OK:
+            result.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
+            result.reason = _NO_SLAVE
         return result
 
     def _put_one_as_run(
@@ -771,8 +794,7 @@ class Producer:
             topic, queue_id, data, count=1, record_size=len(data), uniq_keys=(uniq,), wait_flush=wait
         )
         self._put((run,), now)
-        if self._sync:
-            self._await_flush((run,))
+        self._acknowledge((run,))
         return self._result_of(run)
 
     def _result_of(self, run: EncodedRun) -> SendResult:
@@ -824,11 +846,12 @@ class Producer:
 
     def _borrow_buffer(self, file_offset: int) -> int:
         """A free pool buffer for a new file, waiting boundedly for the committer to return one
-        (the lock is held; the committer returns buffers without it when we are waiting)."""
+        (the lock is held; the committer returns buffers without it when we are waiting), or not
+        at all with fastFailIfNoBufferInStorePool."""
         deadline = time.monotonic() + POOL_WAIT_S
         while True:
             index = self.pool.borrow(file_offset)
-            if index >= 0 or time.monotonic() >= deadline:
+            if index >= 0 or self.config.fast_fail_if_no_buffer_in_store_pool or time.monotonic() >= deadline:
                 return index
             self.store.shm.wake("committer")
             time.sleep(0.005)
@@ -868,7 +891,7 @@ class Producer:
             if slot >= 0:
                 run.flush_slot = slot
             else:
-                run.not_flushed(_RING_FULL)
+                run.answer_stored(PutMessageStatus.FLUSH_DISK_TIMEOUT, _RING_FULL)
 
     def _flush_request(self, end_offset: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full.
@@ -909,11 +932,7 @@ class Producer:
     def _wait_for_flush(self, ring_slot: int) -> int:
         """Wait for a request's completion (the flusher, or its watcher, completes it); returns
         DONE_OK or DONE_TIMEOUT, and frees the slot."""
-        sem = self._done_sems[ring_slot]
-        if sem is None:
-            sem = self._done_sems[ring_slot] = self.store.shm.semaphore(
-                self.store.names.flush_done(ring_slot)
-            )
+        sem = self.store.shm.flush_done(ring_slot)
         ring = self._ring_words
         state_word = self.ring.word_index(ring_slot, fr.STATE)
         deadline = time.monotonic() + self.config.sync_flush_timeout / 1000
@@ -928,6 +947,17 @@ class Producer:
                 return fr.DONE_TIMEOUT
             acquire(sem, remaining)
 
+    def _acknowledge(self, runs: Sequence[EncodedRun]) -> None:
+        """After the put: what the runs that wait for the store were promised. Under SYNC_FLUSH
+        their flush; as SYNC_MASTER a slave's copy, which rmq-mp never has (RocketMQ with no
+        slave connected answers SLAVE_NOT_AVAILABLE; a flush failure is reported first)."""
+        if self._sync:
+            self._await_flush(runs)
+        if self._sync_master:
+            for run in runs:
+                if run.wait_flush:
+                    run.answer_stored(PutMessageStatus.SLAVE_NOT_AVAILABLE, _NO_SLAVE)
+
     def _await_flush(self, runs: Sequence[EncodedRun]) -> None:
         """Wait for the request of this lock hold; its runs' stored chunks become
         FLUSH_DISK_TIMEOUT if it was not completed in time."""
@@ -937,7 +967,7 @@ class Producer:
             if run.flush_slot < 0:
                 continue
             if failure[run.flush_slot]:
-                run.not_flushed(failure[run.flush_slot])
+                run.answer_stored(PutMessageStatus.FLUSH_DISK_TIMEOUT, failure[run.flush_slot])
                 continue
             for p in run.placements:
                 if p.status is _PUT_OK:

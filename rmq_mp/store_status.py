@@ -66,6 +66,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
             **_ops_sections(shm, snap),
             "store": config.store_path_root_dir,
             "shm_name": names.base,
+            "broker": f"{config.broker_cluster_name}/{config.broker_name} {config.broker_role.value}",
             "state": STATE_NAMES.get(snap["state"], "?"),
             "supervisor_pid": snap["supervisor_pid"],
             "flush_disk_type": "SYNC_FLUSH" if snap["flush_disk_sync"] else "ASYNC_FLUSH",

@@ -94,7 +94,11 @@ def spin_until(ready: Callable[[], bool], spin_s: float) -> bool:
 
 
 class PutLock:
-    """The put lock of one process. ``held`` is this process's view (asserted by writers)."""
+    """The put lock of one process. ``held`` is this process's view (asserted by writers).
+
+    As RocketMQ's `useReentrantLockWhenPutMessage`: a mutex (``spin`` False: a contended
+    acquire watches the lock for SPIN_S, then sleeps in the kernel) or a spin lock (``spin``
+    True: it never sleeps, yielding the CPU between looks; for few producers on idle cores)."""
 
     def __init__(
         self,
@@ -102,7 +106,10 @@ class PutLock:
         takeover: posix_ipc.Semaphore,
         table: PointerTable,
         on_takeover: Callable[[], None],
+        *,
+        spin: bool = False,
     ) -> None:
+        self.spin = spin
         self.sem = sem
         self.takeover = takeover
         self.table = table
@@ -132,17 +139,20 @@ class PutLock:
         return True
 
     def _acquire_contended(self, timeout_s: float) -> bool:
+        """Watch, then sleep (mutex) or keep watching (spin lock), in slices: between slices a
+        holder that died is taken over."""
         sem = self.sem
-        spin_until = time.perf_counter() + SPIN_S
-        while time.perf_counter() < spin_until:
-            if sem.value and try_acquire(sem):
-                return self._owned()
-            os.sched_yield()
         deadline = time.monotonic() + timeout_s
         orphan_since = 0.0
+        watch_s = _SLICE_S if self.spin else SPIN_S
         while True:
+            watch_until = time.perf_counter() + watch_s
+            while time.perf_counter() < watch_until:
+                if sem.value and try_acquire(sem):
+                    return self._owned()
+                os.sched_yield()
             remaining = deadline - time.monotonic()
-            if acquire(self.sem, min(_SLICE_S, max(remaining, 0))):
+            if not self.spin and acquire(self.sem, min(_SLICE_S, max(remaining, 0))):
                 return self._owned()
             owner = self.table.get(layout.PUT_LOCK_OWNER_PID)
             if owner and not pid_alive(owner):

@@ -65,6 +65,7 @@ class StoreShm:
         self.waiters = waiters
         self.pool = pool
         self._sems: dict[str, posix_ipc.Semaphore] = {}
+        self._flush_done: list[posix_ipc.Semaphore | None] = [None] * ring.capacity
         self._wakeups: dict[str, Wakeup] = {}
 
     # ------------------------------------------------------------------ create / attach
@@ -115,6 +116,14 @@ class StoreShm:
         sem = self._sems.get(name)
         if sem is None:
             sem = self._sems[name] = attach_semaphore(name)
+        return sem
+
+    def flush_done(self, slot: int) -> posix_ipc.Semaphore:
+        """The completion semaphore of flush-request ring slot ``slot`` (by index: a SYNC put
+        waits on one every time, and naming it each time cost more than the lookup)."""
+        sem = self._flush_done[slot]
+        if sem is None:
+            sem = self._flush_done[slot] = self.semaphore(self.names.flush_done(slot))
         return sem
 
     def wakeup(self, role: str) -> Wakeup:

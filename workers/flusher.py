@@ -43,10 +43,6 @@ class FlusherService(ServiceLoop):
         self.last_thorough = time.monotonic()
         self.failing = False
         """The last fsync failed: retry on the interval, never in a loop."""
-        self.done_sems = [
-            self.store.shm.semaphore(self.store.names.flush_done(i))
-            for i in range(self.store.shm.ring.capacity)
-        ]
         self.answered_through = self.table.get(layout.FLUSH_REQUEST_SEQ)
         """Every ticket up to this one is answered. A producer's ticket is FLUSH_REQUEST_SEQ after
         its increment, so the open ones are (answered_through, FLUSH_REQUEST_SEQ]."""
@@ -151,10 +147,10 @@ class FlusherService(ServiceLoop):
             if state == fr.WAITING:
                 if ring.get(slot, fr.NEXT_OFFSET) <= flushed:
                     ring.set(slot, fr.STATE, fr.DONE_OK)
-                    self.done_sems[slot].release()
+                    self.store.shm.flush_done(slot).release()
                 elif ring.get(slot, fr.DEADLINE_MS) <= now:
                     ring.set(slot, fr.STATE, fr.DONE_TIMEOUT)
-                    self.done_sems[slot].release()
+                    self.store.shm.flush_done(slot).release()
                 else:
                     answered_through = min(answered_through, ticket - 1)
             elif state == fr.ABANDONED:

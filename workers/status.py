@@ -17,7 +17,7 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
         return 0
     print(
         f"store {status['store']}  shm {status['shm_name']}  {status['state']}  supervisor pid "
-        f"{status['supervisor_pid']}  {status['flush_disk_type']}"
+        f"{status['supervisor_pid']}  {status['flush_disk_type']}  broker {status['broker']}"
     )
     o, lag = status["offsets"], status["lags"]
     print(

@@ -112,6 +112,7 @@ def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) ->
         )
         info = json.loads(status.stdout)
         assert info["state"] == "RUNNING"
+        assert info["broker"] == "DefaultCluster/broker-a ASYNC_MASTER"  # cluster/name role
         assert set(info["workers"]) == {"allocator", "flusher", "reput", "cleaner"}
         assert all(w["state"] == "ready" for w in info["workers"].values())
         for role, w in info["workers"].items():
@@ -136,6 +137,7 @@ def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) ->
             check=True,
         ).stdout
         assert "RUNNING" in human
+        assert "broker DefaultCluster/broker-a ASYNC_MASTER" in human
         assert "reput" in human
         assert "pool" in human
         assert "flags" in human
@@ -340,6 +342,9 @@ def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
     )
     with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
         assert service.read(layout.POOL_SIZE) == 2
+        assert service.read(layout.POOL_MLOCK_FAILED) == 0, (
+            "both buffers mlocked (2 MiB: under any RLIMIT_MEMLOCK)"
+        )
         committed = lambda: service.read(layout.COMMITTED_POSITION)  # noqa: E731
         producer.send("P", b"a" * 100, queue_id=0)
         wait_until(lambda: committed() > 0, 5, "first (thorough) commit")
@@ -452,10 +457,14 @@ def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:
         assert stopped.reason
 
 
-def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path) -> None:
+@pytest.mark.parametrize("reentrant", ["true", "false"])
+def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path, reentrant: str) -> None:
     """A producer SIGKILLed inside the put lock, mid-put: the next producer takes the lock over,
-    the half-written record is never visible, and queue offsets stay contiguous."""
-    with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
+    the half-written record is never visible, and queue offsets stay contiguous. With either
+    lock (useReentrantLockWhenPutMessage: a mutex that sleeps, or a spin lock)."""
+    settings = {"useReentrantLockWhenPutMessage": reentrant}
+    with running_service(tmp_path, **settings) as service, Producer.attach(service.root) as producer:
+        assert producer.lock.spin is (reentrant == "false")
         assert producer.send("L", b"before", queue_id=0).ok
         code = (
             "import os, signal\n"

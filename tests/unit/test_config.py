@@ -268,6 +268,9 @@ def test_unsupported_feature_accepted_only_at_default():
     assert load("enableDLegerCommitLog=false").ignored_properties == ("enableDLegerCommitLog=false",)
     with pytest.raises(ConfigError, match="DLedger"):
         load("enableDLegerCommitLog=true")
+    assert load("duplicationEnable=false").ignored_properties == ("duplicationEnable=false",)
+    with pytest.raises(ConfigError, match="replication"):
+        load("duplicationEnable=true")
 
 
 @pytest.mark.parametrize(

@@ -181,3 +181,44 @@ def test_store_without_commit_log_drops_its_queues(small_config: MessageStoreCon
     with MessageStore.open(config=small_config) as store:
         assert store.topics() == []
         assert put(store).queue_offset == 0
+
+
+def test_query_by_key_returns_default_query_max_num_unless_told(small_config: MessageStoreConfig) -> None:
+    """defaultQueryMaxNum is the cap when the caller names none (RocketMQ's broker cap for
+    uniq-key queries); an explicit max_num wins."""
+    config = small_config.replace(default_query_max_num=3)
+    with MessageStore.open(config=config) as store:
+        for i in range(5):
+            put(store, body=str(i).encode(), KEYS="k")
+        assert [x.body for x in store.query_message("T", "k")] == [b"4", b"3", b"2"]
+        assert len(store.query_message("T", "k", max_num=5)) == 5
+
+
+@pytest.mark.parametrize(("ratio", "expected"), [(40, 20), (0, 8)])
+def test_a_pull_of_records_on_disk_returns_fewer(
+    small_config: MessageStoreConfig, ratio: int, expected: int
+) -> None:
+    """RocketMQ's isTheBatchFull: records further behind the log's end than
+    accessMessageInMemoryMaxRatio percent of RAM count as on disk, and a pull returns at most
+    maxTransferCountOnMessageInDisk (8) of them instead of ...InMemory (32); at 0 percent
+    every record but the newest is on disk."""
+    config = small_config.replace(access_message_in_memory_max_ratio=ratio)
+    with MessageStore.open(config=config) as store:
+        for i in range(20):
+            put(store, body=b"%d" % i)
+        got = store.get_message("T", 0, 0, 32)
+        assert got.status is GetMessageStatus.FOUND
+        assert len(got.messages) == expected
+        assert got.next_begin_offset == expected
+
+
+def test_a_pull_on_disk_is_bounded_by_max_transfer_bytes_on_message_in_disk(
+    small_config: MessageStoreConfig,
+) -> None:
+    config = small_config.replace(
+        access_message_in_memory_max_ratio=0, max_transfer_bytes_on_message_in_disk=1000
+    )
+    with MessageStore.open(config=config) as store:
+        sizes = [put(store, body=bytes(300)).wrote_bytes for _ in range(6)]
+        got = store.get_message("T", 0, 0, 32)
+        assert len(got.messages) == 1000 // sizes[0]
