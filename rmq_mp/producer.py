@@ -102,8 +102,6 @@ _SUPERVISOR_PID = layout.SUPERVISOR_PID.index
 _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _FLUSH_SEQ = layout.FLUSH_REQUEST_SEQ.index
-_LOCK_OWNER = layout.PUT_LOCK_OWNER_PID.index
-_LOCK_SINCE = layout.PUT_LOCK_SINCE_MS.index
 _FLUSHED = layout.FLUSHED_POSITION.index
 _RING_FULL = "flush request ring full"
 _NOT_FLUSHED = "not flushed within syncFlushTimeout"
@@ -253,6 +251,7 @@ class Producer:
             self.table,
             on_takeover=self._undo_interrupted_put,
             spin=not self.config.use_reentrant_lock_when_put_message,
+            busy_ms=self.config.os_page_cache_busy_time_out_mills,
         )
         self._words = self.table.words(*_PUT_FIELDS)
         """Pointer-table words for the put path (writer check done once, in `words`)."""
@@ -266,10 +265,12 @@ class Producer:
         )
         self._max_message_size = self.config.max_message_size
         self._max_lag = self.config.max_dispatch_lag_bytes
-        self._busy_ms = self.config.os_page_cache_busy_time_out_mills
         self._slave = self.config.broker_role is BrokerRole.SLAVE
+        self._accepting_state = -1 if self._slave else layout.RUNNING
         self._sync_master = self.config.broker_role is BrokerRole.SYNC_MASTER
         self._sync = store.sync_flush
+        self._acks = self._sync or self._sync_master
+        """A put that waits for the store is answered after more than its append."""
         self._pool = store.pool_enabled
         self.uniq = m.UniqueIdGenerator()
         self._round_robin: dict[str, int] = {}
@@ -561,10 +562,13 @@ class Producer:
     def _refusal(self, now: int) -> tuple[PutMessageStatus, str] | None:
         """Why no put may happen now (RocketMQ's checks before taking the lock), or None."""
         w = self._words
-        if w[_STATE] != layout.RUNNING:
+        if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
+            if self._slave:
+                return (
+                    PutMessageStatus.SERVICE_NOT_AVAILABLE,
+                    "message store is in slave mode (brokerRole=SLAVE)",
+                )
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
-        if self._slave:
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "message store is in slave mode (brokerRole=SLAVE)"
         if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead"
@@ -572,13 +576,6 @@ class Producer:
         if flags:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(
                 flags, w[layout.DISK_USED_PERMILLE.index], self.config
-            )
-        held_ms = now - w[_LOCK_SINCE]
-        # RocketMQ's isOSPageCacheBusy; SINCE is 0 when the lock is free. A dead holder is not
-        # "busy": the put goes on to take its lock over.
-        if self._busy_ms < held_ms < 10_000_000 and pid_alive(w[_LOCK_OWNER]):
-            return PutMessageStatus.OS_PAGECACHE_BUSY, (
-                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
             )
         if self._max_lag and w[_WROTE] - w[_REPUT_FROM] > self._max_lag:
             return self._wait_for_dispatch()
@@ -604,7 +601,7 @@ class Producer:
         """Append ``runs`` in one lock hold; each run records its placements."""
         refusal = self._refusal(now)
         if refusal is None and not self.lock.acquire(LOCK_TIMEOUT_S):
-            refusal = PutMessageStatus.OS_PAGECACHE_BUSY, "put lock busy"
+            refusal = PutMessageStatus.OS_PAGECACHE_BUSY, self.lock.refusal
         if refusal is not None:
             for run in runs:
                 run.place(Placement(0, run.count, *refusal))
@@ -743,7 +740,7 @@ class Producer:
             return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
         w = self._words
         if not self.lock.acquire(LOCK_TIMEOUT_S):
-            return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, "put lock busy")
+            return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, self.lock.refusal)
         run = None
         try:
             wrote = w[_WROTE]
@@ -774,17 +771,17 @@ class Producer:
             self._acknowledge((run,))
             return self._result_of(run)
         result = SendResult(_PUT_OK, queue_id, queue_offset, wrote, uniq, "", self._msg_id_prefix)
-        if self._sync and wait:
-            failure = self._flush_failure(ring_slot)
+        if self._acks and wait:  # `_acknowledge`, for one record
+            failure = self._flush_failure(ring_slot) if self._sync else ""
             if failure:
                 result.status = PutMessageStatus.FLUSH_DISK_TIMEOUT
                 result.reason = failure
-            else:
+            elif self._sync:
                 flushed = w[_FLUSHED]
                 assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
-        if self._sync_master and wait and result.status is _PUT_OK:
-            result.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
-            result.reason = _NO_SLAVE
+            if self._sync_master and result.status is _PUT_OK:
+                result.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
+                result.reason = _NO_SLAVE
         return result
 
     def _put_one_as_run(

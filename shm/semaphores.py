@@ -108,8 +108,14 @@ class PutLock:
         on_takeover: Callable[[], None],
         *,
         spin: bool = False,
+        busy_ms: int = 1000,
     ) -> None:
         self.spin = spin
+        self.busy_ms = busy_ms
+        """RocketMQ's osPageCacheBusyTimeOutMills: a lock a live put has held longer is "busy",
+        and a contended `acquire` gives up at once instead of queueing behind it."""
+        self.refusal = ""
+        """Why the last `acquire` returned False."""
         self.sem = sem
         self.takeover = takeover
         self.table = table
@@ -140,12 +146,16 @@ class PutLock:
 
     def _acquire_contended(self, timeout_s: float) -> bool:
         """Watch, then sleep (mutex) or keep watching (spin lock), in slices: between slices a
-        holder that died is taken over."""
+        holder that died is taken over. Refused at once, and at any slice, while a live holder
+        has held the lock over ``busy_ms`` (RocketMQ's isOSPageCacheBusy, checked before a put
+        waits: here, off the path of a free lock)."""
         sem = self.sem
         deadline = time.monotonic() + timeout_s
         orphan_since = 0.0
         watch_s = _SLICE_S if self.spin else SPIN_S
         while True:
+            if self._busy():
+                return False
             watch_until = time.perf_counter() + watch_s
             while time.perf_counter() < watch_until:
                 if sem.value and try_acquire(sem):
@@ -165,7 +175,18 @@ class PutLock:
             else:
                 orphan_since = 0.0
             if remaining <= 0:
+                self.refusal = "put lock busy"
                 return False
+
+    def _busy(self) -> bool:
+        """A live holder has held the lock longer than ``busy_ms`` (SINCE is 0 when it is free)."""
+        held_ms = time.time_ns() // 1_000_000 - self._words[_SINCE]
+        if self.busy_ms < held_ms < 10_000_000 and pid_alive(self._words[_OWNER]):
+            self.refusal = (
+                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
+            )
+            return True
+        return False
 
     def _owned(self) -> bool:
         self.held = True
