@@ -42,7 +42,8 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
         if not wait_running(config, supervisor):
             print("run.py: the store did not start", file=sys.stderr)
             return 1
-        with Producer.attach(root) as producer, Consumer.attach(root, "demo-group") as consumer:
+        name = ShmNames.for_store(root, config.shm_name).base  # shmName, when set, names it
+        with Producer.attach(name) as producer, Consumer.attach(name, "demo-group") as consumer:
             consumer.subscribe("DemoOrders", "TagA || TagB")
             started = time.monotonic()
             results = producer.send_batch(

@@ -242,10 +242,10 @@ class MessageStoreConfig:
     # Root of every store file. RocketMQ: ${user.home}/store. Relative → against the cwd; `~`
     # expanded (rmq-mp; Java would create a directory named `~`).
     store_path_root_dir: str = os.path.expanduser("~/store")
-    # Commit-log directories, `,`-separated (multi-path); "" = `<root>/commitlog`
-    # (see `commit_log_dirs`). RocketMQ 4.9.8: null with the same fallback.
+    # Commit-log directory; "" = `<root>/commitlog` (see `commit_log_dirs`). RocketMQ's
+    # `,`-separated multi-path list is parsed but refused by `MessageStore` (not supported yet).
     store_path_commit_log: str = ""
-    # Extra commit-log directories, `,`-separated, loaded but never written. "" = none.
+    # Extra read-only commit-log directories: not supported yet, must be "" (`MessageStore`).
     read_only_commit_log_store_paths: str = ""
 
     # -- commit log -----------------------------------------------------------------------------
@@ -294,7 +294,7 @@ class MessageStoreConfig:
     transient_store_pool_size: int = _prop(5, ge=0)
     # No free pool buffer for a new file: CREATE_MAPEDFILE_FAILED at once instead of waiting 1 s.
     fast_fail_if_no_buffer_in_store_pool: bool = False
-    # Pool → file commit period, ms.
+    # Longest wait between the committer's checks, ms (puts wake it).
     commit_interval_commit_log: int = _prop(200, ge=0)
     # Uncommitted pages (4 KiB) needed before a commit.
     commit_commit_log_least_pages: int = _prop(4, ge=0)
@@ -363,9 +363,10 @@ class MessageStoreConfig:
     # -- role, delay, dispatch ------------------------------------------------------------------
     # SLAVE refuses puts; SYNC_MASTER answers waiting puts SLAVE_NOT_AVAILABLE (no replication).
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
-    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first.
+    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: only for the delivery time of
+    # SCHEDULE_TOPIC_XXXX queue entries (rmq-mp does not delay messages).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    # No effect in rmq-mp: delayed messages are stored, not delivered (see conf/broker.conf).
+    # No effect in rmq-mp: it does not delay messages (see conf/broker.conf).
     flush_delay_offset_interval: int = _prop(10000, ge=0, java_long=True)
 
     # -- broker identity (BrokerConfig / NettyServerConfig keys the store reads) ----------------
@@ -376,7 +377,7 @@ class MessageStoreConfig:
     broker_ip1: str = "127.0.0.1"
     # Store-host port written into every record (NettyServerConfig.listenPort).
     listen_port: int = _prop(10911, ge=1, le=65535)
-    # Queues of an auto-created topic.
+    # Queues of an auto-created topic; `send` without a queue id rotates over this many.
     default_topic_queue_nums: int = _prop(8, ge=1)
     # consumerOffset.json persist period, ms.
     flush_consumer_offset_interval: int = _prop(5000, ge=0)

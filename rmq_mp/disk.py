@@ -53,6 +53,11 @@ class DiskThresholds:
             config.disk_space_warning_level_ratio / 100,
         )
 
+    def space_to_delete(self, ratio: float) -> bool:
+        """RocketMQ's isSpaceToDelete for one partition: unknown usage, or above diskMaxUsedSpaceRatio,
+        whatever the other ratios are (one set above it does not make this true earlier)."""
+        return ratio < 0 or ratio > self.max_used
+
     def level(self, ratio: float) -> DiskLevel:
         if ratio < 0:
             return DiskLevel.UNKNOWN

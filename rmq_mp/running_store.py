@@ -46,7 +46,12 @@ class RunningStore:
         except ShmAttachError as exc:
             if "not allowed" in str(exc):
                 raise
-            raise StoreNotRunningError(f"store {os.fspath(name)} is not running ({exc})") from exc
+            hint = (
+                "; a store whose broker.conf sets shmName is attached by that name"
+                if os.path.isdir(os.fspath(name))
+                else ""
+            )
+            raise StoreNotRunningError(f"store {os.fspath(name)} is not running ({exc}){hint}") from exc
         config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
         paths = StorePaths.of(descriptor["root"], config.commit_log_dir)
         commit_log = SharedCommitLog(

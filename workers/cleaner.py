@@ -153,9 +153,9 @@ class CleanerService(ServiceLoop):
         bits = 0
         if datetime.now().hour in cfg.delete_when_hours:
             bits |= layout.TRIGGER_TIME
-        levels = (self.thresholds.level(commit_log), self.thresholds.level(consume_queue))
-        if any(level is DiskLevel.UNKNOWN or level >= DiskLevel.ABOVE_MAX_USED for level in levels):
+        if self.thresholds.space_to_delete(commit_log) or self.thresholds.space_to_delete(consume_queue):
             bits |= layout.TRIGGER_SPACE
+        levels = (self.thresholds.level(commit_log), self.thresholds.level(consume_queue))
         seq = self.table.get(layout.MANUAL_DELETE_SEQ)
         if seq > self.manual_seen:
             self.manual_seen = seq

@@ -661,3 +661,15 @@ def test_attaching_while_a_segment_is_being_created_is_a_typed_error(tmp_path: P
     finally:
         unsized.close_fd()
         unsized.unlink()
+
+
+def test_a_store_with_shm_name_is_attached_by_that_name(tmp_path: Path) -> None:
+    """With shmName set, the segments are named by it: attaching by the store directory (which
+    derives the default name) says so instead of only "not running"."""
+    shm_name = f"rmqt{os.getpid()}_{abs(hash(tmp_path)) % 10**8}"
+    with running_service(tmp_path, shmName=shm_name) as service:
+        assert service.names.base == shm_name
+        with pytest.raises(StoreNotRunningError, match="shmName"):
+            Producer.attach(service.root)
+        with Producer.attach(shm_name) as producer:
+            assert producer.send("N", b"by name").ok
