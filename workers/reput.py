@@ -7,8 +7,9 @@ writer of ConsumeQueue and index files while the store runs, through the library
 COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched
 offset and last store time in the queue-offset table, and the logics/index checkpoint
 timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
-`flushConsumeQueueLeastPages` dirty pages and the index, and every
-`flushConsumeQueueThoroughInterval` ms all queues and the checkpoint. Woken by producers, committer or flusher, else every
+`flushConsumeQueueLeastPages` dirty pages, and every `flushConsumeQueueThoroughInterval` ms all
+queues, the index and then the checkpoint. An index file is otherwise flushed when it is full (as
+RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). Woken by producers, committer or flusher, else every
 100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); under plain
 ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`).
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
@@ -219,14 +220,15 @@ class ReputService(ServiceLoop):
                 self.waiter_sems[slot].release()
 
     def flush_queues(self, thorough: bool) -> None:
-        """FlushConsumeQueueService: queues with `flushConsumeQueueLeastPages` dirty pages (all
-        of them when ``thorough``), the index, and when ``thorough`` the checkpoint."""
+        """FlushConsumeQueueService: queues with `flushConsumeQueueLeastPages` dirty pages; when
+        ``thorough`` all queues and the index, then the checkpoint, whose timestamps say what a
+        crash need not replay (so they are written only once what they cover is on disk)."""
         least_pages = 0 if thorough else self.store.config.flush_consume_queue_least_pages
         for cq in self.cq_table.all():
             cq.flush(least_pages)
-        if self.index is not None:
-            self.index.flush()
         if thorough:
+            if self.index is not None:
+                self.index.flush()
             self.checkpoint.physic_msg_timestamp = self.table.get(layout.PHYSIC_MSG_TIMESTAMP)
             if self.index is not None and self.index.files:
                 self.checkpoint.index_msg_timestamp = self.index.files[-1].end_timestamp
