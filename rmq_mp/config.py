@@ -377,7 +377,7 @@ class MessageStoreConfig:
     broker_ip1: str = "127.0.0.1"
     # Store-host port written into every record (NettyServerConfig.listenPort).
     listen_port: int = _prop(10911, ge=1, le=65535)
-    # Queues of an auto-created topic; `send` without a queue id rotates over this many.
+    # Queues of an auto-created topic (and those `send` rotates over until topics.json has it).
     default_topic_queue_nums: int = _prop(8, ge=1)
     # consumerOffset.json persist period, ms.
     flush_consumer_offset_interval: int = _prop(5000, ge=0)

@@ -58,6 +58,7 @@ from rmq_mp.put_metrics import PutRecorder
 from rmq_mp.record import RecordRejected
 from rmq_mp.running_store import RunningStore
 from rmq_mp.status import PutMessageStatus, RunningFlags
+from rmq_mp.topics import TopicConfigManager
 from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
@@ -73,6 +74,8 @@ SUPERVISOR_STALE_MS = 3000
 """A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
 DISPATCH_WAIT_S = 0.001
 """How often a put held back by maxDispatchLagBytes looks at reput's progress."""
+TOPICS_RECHECK_S = 1.0
+"""How often a send without a queue id looks whether config/topics.json changed."""
 
 _PUT_FIELDS = (
     layout.WROTE_POSITION,
@@ -274,6 +277,9 @@ class Producer:
         self._pool = store.pool_enabled
         self.uniq = m.UniqueIdGenerator()
         self._round_robin: dict[str, int] = {}
+        self._topics = TopicConfigManager(store.paths.topics)
+        self._topics_checked_s = -TOPICS_RECHECK_S
+        self._topics_mtime_ns = -1
         self._flush_until = -1
         """End offset the current lock hold's SYNC flush request must cover (-1: none)."""
         self._slots: dict[tuple[str, int], tuple[int, int]] = {}
@@ -365,12 +371,34 @@ class Producer:
     # ------------------------------------------------------------------ encode (outside the lock)
 
     def _queue_for(self, topic: str, queue_id: int | None) -> int:
-        """``queue_id``, or the next of the topic's queues in round robin."""
+        """``queue_id``, or the next of the topic's write queues in round robin (as RocketMQ's
+        client rotates over the topic's route): its writeQueueNums in config/topics.json, or
+        defaultTopicQueueNums for a topic not there yet."""
         if queue_id is not None:
             return queue_id
         turn = self._round_robin.get(topic, 0)
         self._round_robin[topic] = turn + 1
-        return turn % self.config.default_topic_queue_nums
+        return turn % self._write_queue_nums(topic)
+
+    def _write_queue_nums(self, topic: str) -> int:
+        """From topics.json, re-read when it changed (`rmq-admin updateTopic`, the supervisor's
+        saves of auto-created topics), looked at no more than every TOPICS_RECHECK_S."""
+        now = time.monotonic()
+        if now - self._topics_checked_s >= TOPICS_RECHECK_S:
+            self._topics_checked_s = now
+            try:
+                mtime_ns = self._topics.path.stat().st_mtime_ns
+            except FileNotFoundError:
+                mtime_ns = 0
+            if mtime_ns != self._topics_mtime_ns:
+                self._topics_mtime_ns = mtime_ns
+                self._topics.load()
+        found = self._topics.get(topic)
+        return (
+            found.write_queue_nums
+            if found is not None and found.write_queue_nums > 0
+            else (self.config.default_topic_queue_nums)
+        )
 
     def _encode(
         self, topic: str, body: bytes, queue_id: int, flag: int, born_ms: int, text: str

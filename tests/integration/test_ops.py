@@ -8,6 +8,7 @@ import re
 import socket
 import subprocess
 import sys
+import time
 import urllib.request
 from pathlib import Path
 
@@ -392,3 +393,17 @@ def test_metrics_show_the_pool_and_commits(tmp_path: Path) -> None:
         assert after["rmq_commit_lag_bytes"] == 0
         assert after["rmq_pool_buffers_in_use"] == 1
         assert after['rmq_worker_restarts_total{role="committer"}'] == 0
+
+
+def test_send_without_a_queue_rotates_over_the_topics_write_queues(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """As RocketMQ's client rotates over the topic's route: writeQueueNums from topics.json (here
+    changed by updateTopic while the producer is attached), defaultTopicQueueNums (8) before."""
+    with running_service(tmp_path) as service, Producer.attach(service.names.base) as producer:
+        assert [producer.send("Rot", b"x").queue_id for _ in range(3)] == [0, 1, 2]
+        code, _, _ = admin(capsys, "updateTopic", "--name", service.names.base, "--topic", "Rot", "-w", "2")
+        assert code == 0
+        time.sleep(1.1)  # the producer looks at topics.json at most once a second
+        assert [producer.send("Rot", b"y").queue_id for _ in range(4)] == [1, 0, 1, 0]
+        assert [r.queue_id for r in producer.send_batch([dict(topic="Rot", body=b"z")] * 2)] == [1, 0]
