@@ -673,3 +673,20 @@ def test_a_store_with_shm_name_is_attached_by_that_name(tmp_path: Path) -> None:
             Producer.attach(service.root)
         with Producer.attach(shm_name) as producer:
             assert producer.send("N", b"by name").ok
+
+
+def test_producers_on_the_spin_lock_store_every_message_once(tmp_path: Path) -> None:
+    """useReentrantLockWhenPutMessage=false: four producer processes contending on the spin lock
+    (no sleeping in the kernel) still store every message once, in contiguous queues."""
+    producers, count = 4, 2_000
+    with running_service(tmp_path, useReentrantLockWhenPutMessage="false") as service:
+        outs = run_producers(service, tmp_path, producers, count, batch=1)
+        for out in outs:
+            assert {json.loads(line)["status"] for line in out.read_text().splitlines()} == {"PUT_OK"}
+        wait_until(
+            lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+            60,
+            "dispatch to catch up",
+        )
+        with Consumer.attach(service.names.base, "checker") as consumer:
+            check_everything_once(read_all(consumer), producers, count)
