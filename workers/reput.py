@@ -11,7 +11,8 @@ timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
 queues, the index and then the checkpoint. An index file is otherwise flushed when it is full (as
 RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). Woken by producers, committer or flusher, else every
 100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); under plain
-ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`).
+ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`);
+under SYNC_FLUSH or with the pool its passes start at most every `reputBatchIntervalMs`.
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
 mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
 offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
@@ -38,7 +39,8 @@ log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
 SPIN_S = 0.0002
 SMALL_PASS_RECORDS = 32
-"""Records a pass dispatches one by one before it turns to batches (measured crossover ~30)."""
+"""Records a pass dispatches one by one before it turns to batches (measured crossover ~30:
+`python -m bench.dispatch` and a per-pass timing, 2026-11-25)."""
 
 
 class ReputService(ServiceLoop):
@@ -79,6 +81,9 @@ class ReputService(ServiceLoop):
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
         self.stuck_at = -1
         """REPUT_FROM where the last pass met an unreadable record (-1: none)."""
+        self.record_bytes = 1 << 30
+        """Mean record size (with any BLANK) of the last pass: how many records a pass's bytes
+        hold. Until a pass says, any pass counts as small."""
 
     def _table_min_offset(self, cq: ConsumeQueue) -> int:
         slot = self.store.shm.queues.find(cq.topic, cq.queue_id)
@@ -95,6 +100,15 @@ class ReputService(ServiceLoop):
         take CPU from the producers and the flusher."""
         return 0.0 if self.store.sync_flush or self.store.pool_enabled else SPIN_S
 
+    def min_pass_interval_s(self) -> float:
+        """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each
+        flush; the pool: at each commit): a pass costs ~0.1 ms before its first record, so one
+        per flush took half a core from SYNC producers and slowed the flusher's fsync. Plain
+        ASYNC_FLUSH dispatches at once: consumers' latency runs through reput."""
+        if self.store.sync_flush or self.store.pool_enabled:
+            return self.store.config.reput_batch_interval_ms / 1000
+        return 0.0
+
     def has_work(self) -> bool:
         """Records past REPUT_FROM are readable (and the last pass did not stop short of them on
         an unreadable record: that one waits for the interval, not a busy loop)."""
@@ -104,26 +118,32 @@ class ReputService(ServiceLoop):
     def dispatch(self, limit: int = MAX_RECORDS_PER_PASS) -> int:
         """Dispatch up to ``limit`` records from REPUT_FROM; returns how many.
 
-        The first SMALL_PASS_RECORDS go one by one (`Dispatcher.dispatch`), the rest in batches
-        (`CommitLog.iter_batches`, `Dispatcher.dispatch_batch`): a batch costs about 0.4 ms of
-        numpy set-up and then well under a microsecond a record, one record about 20 us, so a
-        light load (a record or two a pass, where consumers wait on reput) goes one by one and
-        a backlog in batches. Both write the same bytes. A queue's DISPATCHED and LAST_STORE_TS
-        are published after its entries are written. A record that fails its length check is
-        skipped ("[BUG]"), as RocketMQ's reput does; an unreadable one stops the pass there."""
+        A batch (`CommitLog.iter_batches`, `Dispatcher.dispatch_batch`) costs about 0.6 ms of
+        numpy set-up and then 1-2 us a record, one record (`Dispatcher.dispatch`) about 25 us:
+        a pass expected to hold fewer than SMALL_PASS_RECORDS (its bytes over the last passes'
+        mean record size) goes one by one, up to that many, and the rest (or a bigger pass
+        whole) in batches. Light load, where consumers wait on reput, is a record or two a
+        pass; a backlog, or a paced pass under SYNC_FLUSH, many. Both write the same bytes. A
+        queue's DISPATCHED and LAST_STORE_TS are published after its entries are written. A
+        record that fails its length check is skipped ("[BUG]"), as RocketMQ's reput does; an
+        unreadable one stops the pass there."""
         t = self.table
         end = self.store.sync_log()
-        offset = t.get(layout.REPUT_FROM_OFFSET)
+        start = offset = t.get(layout.REPUT_FROM_OFFSET)
         if offset < t.get(layout.MIN_OFFSET):
-            offset = t.get(layout.MIN_OFFSET)
+            start = offset = t.get(layout.MIN_OFFSET)
         self.store.commit_log.release_before(offset)
         touched: set[int] = set()
-        offset, dispatched, stopped = self._dispatch_records(
-            offset, end, min(limit, SMALL_PASS_RECORDS), touched
-        )
+        dispatched, stopped = 0, False
+        if end - offset < SMALL_PASS_RECORDS * self.record_bytes:
+            offset, dispatched, stopped = self._dispatch_records(
+                offset, end, min(limit, SMALL_PASS_RECORDS), touched
+            )
         if not stopped and offset < end and dispatched < limit:
             offset, batched = self._dispatch_batches(offset, end, limit - dispatched, touched)
             dispatched += batched
+        if dispatched:
+            self.record_bytes = (offset - start) // dispatched
         if offset != t.get(layout.REPUT_FROM_OFFSET):
             t.set(layout.REPUT_FROM_OFFSET, offset)
             t.add(layout.DISPATCH_COUNT, dispatched)

@@ -2,8 +2,8 @@
 
     start: attach to the store's shared memory in the worker's role, `on_start()`, post the
            ready semaphore (the supervisor's start handshake), state READY;
-    loop:  unless `has_work()`, wait on the wakeup semaphore with a timeout of `interval_s()`;
-           `do_work()`, heartbeat;
+    loop:  at least `min_pass_interval_s()` after the last pass began, unless `has_work()`, wait
+           on the wakeup semaphore with a timeout of `interval_s()`; `do_work()`, heartbeat;
     stop:  when the supervisor sets this worker's stop flag, or dies (the parent pid changes): `final_pass()`
            (RocketMQ's shutdown retries), state STOPPED, exit.
 
@@ -51,6 +51,8 @@ class ServiceLoop:
         self.wakeup = store.shm.wakeup(self.role)
         self._field = {name: layout.worker_field(self.role, name) for name in layout.WORKER_FIELDS}
         self.supervisor_pid = self.table.get(layout.SUPERVISOR_PID)
+        self._pass_started = 0.0
+        """time.monotonic() when the last `do_work` began (`min_pass_interval_s`)."""
 
     # ------------------------------------------------------------------ hooks
 
@@ -63,6 +65,11 @@ class ServiceLoop:
     def spin_s(self) -> float:
         """After a pass, poll `has_work` this long before sleeping: for a worker on the latency
         path whose next work usually comes sooner than a sleeping process wakes."""
+        return 0.0
+
+    def min_pass_interval_s(self) -> float:
+        """Passes start at least this far apart: a worker whose work comes in bursts and costs
+        mostly per pass (reput under SYNC_FLUSH) does more of it per pass, for less CPU."""
         return 0.0
 
     def has_work(self) -> bool:
@@ -113,6 +120,9 @@ class ServiceLoop:
     def _wait(self) -> bool:
         """Wait for a wakeup or the interval, in slices short enough to notice a stop request or
         a dead supervisor within half a second. False when it is time to stop."""
+        pause_s = self._pass_started + self.min_pass_interval_s() - time.monotonic()
+        if pause_s > 0:
+            time.sleep(min(pause_s, STOP_CHECK_S))
         if spin_until(self.has_work, self.spin_s()):
             return not self.stopping()
         deadline = time.monotonic() + self.interval_s()
@@ -127,6 +137,7 @@ class ServiceLoop:
                 return False
 
     def _work_once(self) -> None:
+        self._pass_started = time.monotonic()
         try:
             self.do_work()
         except Exception:

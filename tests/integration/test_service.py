@@ -329,6 +329,35 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
         ]
 
 
+def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> None:
+    """Under SYNC_FLUSH records become readable at each flush; reput starts a pass at most every
+    reputBatchIntervalMs (a pass per flush took half a core from the producers), yet a record
+    after a quiet spell is dispatched at once, and every record is dispatched in the end."""
+    interval_s = 1.0
+    passes = layout.worker_field("reput", "work_count")
+    with (
+        running_service(tmp_path, flushDiskType="SYNC_FLUSH", reputBatchIntervalMs="1000") as service,
+        Producer.attach(service.root) as producer,
+        Consumer.attach(service.root, "g") as consumer,
+    ):
+        time.sleep(interval_s * 1.2)  # a quiet spell: the next pass may start at once
+        started = time.monotonic()
+        assert producer.send("Paced", b"first", queue_id=0).ok
+        assert [m.body for m in consumer.pull("Paced", 0, 0, timeout_s=5).messages] == [b"first"]
+        assert time.monotonic() - started < interval_s * 0.7, "dispatched at once, not after the interval"
+        before = service.read(passes)
+        sent = 1
+        deadline = time.monotonic() + interval_s * 1.5
+        while time.monotonic() < deadline:
+            assert producer.send("Paced", b"%d" % sent, queue_id=0).ok
+            sent += 1
+        assert sent > 50
+        wait_until(lambda: consumer.pull("Paced", 0, 0, 1).max_offset == sent, 10, "every record dispatched")
+        assert service.read(passes) - before <= 4, "one pass per interval, not one per flush"
+        bodies = [m.body for m in consumer.pull("Paced", 0, 1, 32).messages]
+        assert bodies == [b"%d" % i for i in range(1, min(sent, 33))]
+
+
 def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
     settings = dict(
         transientStorePoolEnable="true",
