@@ -23,13 +23,15 @@ Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import shutil
 import signal
 import tempfile
 import time
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -56,12 +58,20 @@ MODES: dict[str, dict[str, str]] = {
     },
 }
 STORE_SETTINGS = {
+    # Pre-faulted files, as issue 6 asks: on this VM a fresh page of a file mapping costs 60-90 us
+    # at first touch, so past the recently freed pages the put path's pwrite spends a third of its
+    # time in the kernel; with the allocator warming files ahead, send_batch with 2-4 producers
+    # went from 650-820k to 850-860k msgs/s (bench/NOTES.md, `python -m bench.first_touch`).
+    # `--set warmMapedFileEnable=false` measures without.
+    "warmMapedFileEnable": "true",
     "mappedFileSizeCommitLog": str(64 << 20),
     "mappedFileSizeConsumeQueue": "6000000",
     "maxHashSlotNum": "500000",
     "maxIndexNum": "2000000",
 }
 ALL_HOURS = ";".join(f"{h:02d}" for h in range(24))
+MIN_FREE_GIB = 16
+"""Disk a full run needs at once: one store (a put-matrix api's rows, at most ~12 GB) at a time."""
 LAG_SLOPE_BOUND_BYTES_PER_S = 1 << 20
 """Reput keeps up when the dispatch lag grows by less than this over the run's last two thirds."""
 
@@ -78,17 +88,28 @@ class Bench:
         self.window_s: float = args.seconds or (1.5 if self.quick else 3.0)
         self.raw_cache: dict[tuple[int, int], dict[str, float]] = {}
         self.gc_cache: dict[tuple[int, int], dict[str, Any]] = {}
+        self.overrides: dict[str, str] = dict(args.overrides)
         self.results: dict[str, Any] = {
             "quick": self.quick,
             "window_s": self.window_s,
             "cpus": os.cpu_count(),
+            "settings": {**STORE_SETTINGS, **self.overrides},
         }
         self.max_send_rate = 0.0
         self.counter = 0
 
-    def store(self, mode: str, **extra: str) -> Any:
+    @contextlib.contextmanager
+    def store(self, mode: str, **extra: str) -> Iterator[RunningService]:
+        """A running store, deleted once stopped: a full run writes ~100 GB of 16 KiB rows, more
+        than this disk has free, and a full disk refuses puts (and so ruins the next rows)."""
         self.counter += 1
-        return running_service(self.tmp, f"s{self.counter}", **{**STORE_SETTINGS, **MODES[mode], **extra})
+        settings = {**STORE_SETTINGS, **MODES[mode], **self.overrides, **extra}
+        name = f"s{self.counter}"
+        try:
+            with running_service(self.tmp, name, **settings) as service:
+                yield service
+        finally:
+            shutil.rmtree(self.tmp / name, ignore_errors=True)
 
     def raw(self, producers: int, body: int) -> dict[str, float]:
         key = (producers, body)
@@ -117,8 +138,8 @@ class Bench:
               f"{'baseline':>11}{'ratio':>7}{'p50us':>8}{'p99us':>9}{'p99.9us':>9}{'base p99':>9}")  # fmt: skip
         for mode in self.args.modes:
             for body in bodies:
-                with self.store(mode) as service:
-                    for api, batch in (("send", 1), ("batch100", 100)):
+                for api, batch in (("send", 1), ("batch100", 100)):
+                    with self.store(mode) as service:  # a store per api: at most ~12 GB on disk
                         for producers in producer_counts:
                             rows.append(self._put_row(service, mode, api, batch, producers, body))
         self.results["put"] = rows
@@ -291,6 +312,7 @@ class Bench:
             "recovery_s": recovery_s, "recovery_s_per_gib": per_gib_s, "baseline_read_crc_s_per_gib": base_per_gib_s,
             "ratio": per_gib_s / base_per_gib_s, "target_ratio_max": 2.0,
         }  # fmt: skip
+        shutil.rmtree(root)
         print(f"abnormal recovery: {scanned / 2**20:.0f} MiB, {report.records_dispatched} records in "
               f"{recovery_s:.2f} s = {per_gib_s:.2f} s/GiB; read+CRC {base_per_gib_s:.2f} s/GiB; "
               f"ratio {per_gib_s / base_per_gib_s:.2f}")  # fmt: skip
@@ -432,6 +454,13 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
 }
 
 
+def parse_setting(text: str) -> tuple[str, str]:
+    key, sep, value = text.partition("=")
+    if not sep or not key:
+        raise argparse.ArgumentTypeError(f"expected KEY=VALUE, got {text!r}")
+    return key.strip(), value.strip()
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="rmq-bench", description=(__doc__ or "").splitlines()[0])
     parser.add_argument("--scenario", action="append", choices=sorted(SCENARIOS), help="default: all")
@@ -441,6 +470,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body", type=int, help="one body size for the put matrix")
     parser.add_argument("--seconds", type=float, help="put window per row")
     parser.add_argument("--quick", action="store_true", help="fewer rows, shorter windows (a few minutes)")
+    parser.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        type=parse_setting,
+        metavar="KEY=VALUE",
+        help="a broker.conf property for every store started (repeatable), e.g. warmMapedFileEnable=false",
+    )
     args = parser.parse_args(argv)
     args.modes = args.modes or list(MODES)
     scenarios = args.scenario or list(SCENARIOS)
@@ -448,6 +486,11 @@ def main(argv: list[str] | None = None) -> int:
     stamp = time.strftime("%Y%m%d-%H%M%S")
     with tempfile.TemporaryDirectory(prefix="rmq-bench-") as tmp:
         bench = Bench(args, Path(tmp))
+        free_gib = shutil.disk_usage(tmp).free / (1 << 30)
+        bench.results["disk_free_gib"] = free_gib
+        if free_gib < MIN_FREE_GIB and not args.quick:
+            print(f"warning: {free_gib:.0f} GiB free under {tmp}; a full run needs about {MIN_FREE_GIB} "
+                  "(a full disk refuses puts and spoils the rows)", flush=True)  # fmt: skip
         for name in scenarios:
             print(f"\n== {name}", flush=True)
             SCENARIOS[name](bench)
