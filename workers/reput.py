@@ -9,10 +9,11 @@ offset and last store time in the queue-offset table, and the logics/index check
 timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
 `flushConsumeQueueLeastPages` dirty pages, and every `flushConsumeQueueThoroughInterval` ms all
 queues, the index and then the checkpoint. An index file is otherwise flushed when it is full (as
-RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). Woken by producers, committer or flusher, else every
-100 ms (RocketMQ polls every 1 ms; waking on events keeps an idle store idle); under plain
-ASYNC_FLUSH it watches for the next record a little after a pass before sleeping (`spin_s`);
-under SYNC_FLUSH or with the pool its passes start at most every `reputBatchIntervalMs`.
+RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). Woken by
+producers, committer or flusher, else every 100 ms (RocketMQ polls every 1 ms; waking on events
+keeps an idle store idle); under plain ASYNC_FLUSH it watches for the next record a little after
+a pass before sleeping (`spin_s`); under SYNC_FLUSH or with the pool its passes start at most
+every `reputBatchIntervalMs`.
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
 mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
 offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
