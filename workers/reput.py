@@ -82,6 +82,9 @@ class ReputService(ServiceLoop):
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
         self.stuck_at = -1
         """REPUT_FROM where the last pass met an unreadable record (-1: none)."""
+        self.readable_in_bursts = self.store.sync_flush or self.store.pool_enabled
+        """Records become readable at each flush (SYNC_FLUSH) or commit (the pool), not at each
+        put: fixed for the process's life, asked before every sleep."""
         self.record_bytes = 1 << 30
         """Mean record size (with any BLANK) of the last pass: how many records a pass's bytes
         hold. Until a pass says, any pass counts as small."""
@@ -99,16 +102,14 @@ class ReputService(ServiceLoop):
         wake per message saved under steady load). Under SYNC_FLUSH or with the pool records
         become readable only at the next flush or commit, which wakes it: spinning would only
         take CPU from the producers and the flusher."""
-        return 0.0 if self.store.sync_flush or self.store.pool_enabled else SPIN_S
+        return 0.0 if self.readable_in_bursts else SPIN_S
 
     def min_pass_interval_s(self) -> float:
         """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each
         flush; the pool: at each commit): a pass costs ~0.1 ms before its first record, so one
         per flush took half a core from SYNC producers and slowed the flusher's fsync. Plain
         ASYNC_FLUSH dispatches at once: consumers' latency runs through reput."""
-        if self.store.sync_flush or self.store.pool_enabled:
-            return self.store.config.reput_batch_interval_ms / 1000
-        return 0.0
+        return self.store.config.reput_batch_interval_ms / 1000 if self.readable_in_bursts else 0.0
 
     def has_work(self) -> bool:
         """Records past REPUT_FROM are readable (and the last pass did not stop short of them on
@@ -130,9 +131,7 @@ class ReputService(ServiceLoop):
         unreadable one stops the pass there."""
         t = self.table
         end = self.store.sync_log()
-        start = offset = t.get(layout.REPUT_FROM_OFFSET)
-        if offset < t.get(layout.MIN_OFFSET):
-            start = offset = t.get(layout.MIN_OFFSET)
+        start = offset = max(t.get(layout.REPUT_FROM_OFFSET), t.get(layout.MIN_OFFSET))
         self.store.commit_log.release_before(offset)
         touched: set[int] = set()
         dispatched, stopped = 0, False
