@@ -215,6 +215,8 @@ def _unescape(raw: str, *, source: str) -> tuple[str, int]:
 # Fields
 
 _T = TypeVar("_T")
+MAX_TRANSIENT_STORE_POOL_SIZE: Final = 32
+"""The pointer table's pool slots (`shm.layout.POOL_SLOTS`; a test keeps the two equal)."""
 _META_KEY: Final = "rmq_mp.meta"  # not a property: provenance kept beside the values
 
 
@@ -290,8 +292,9 @@ class MessageStoreConfig:
     # -- transient store pool -------------------------------------------------------------------
     # Write puts into pool buffers, committed to the file later (ASYNC_FLUSH master only).
     transient_store_pool_enable: bool = False
-    # Number of pool buffers, each `mapped_file_size_commit_log` bytes.
-    transient_store_pool_size: int = _prop(5, ge=0)
+    # Number of pool buffers, each `mapped_file_size_commit_log` bytes (at most 32: the
+    # pointer table has 32 pool slots).
+    transient_store_pool_size: int = _prop(5, ge=0, le=MAX_TRANSIENT_STORE_POOL_SIZE)
     # No free pool buffer for a new file: CREATE_MAPEDFILE_FAILED at once instead of waiting 1 s.
     fast_fail_if_no_buffer_in_store_pool: bool = False
     # Longest wait between the committer's checks, ms (puts wake it).
@@ -398,6 +401,22 @@ class MessageStoreConfig:
     # ms, so one pass dispatches many records (RocketMQ's reput sleeps 1 ms before every pass);
     # 0 = a pass at every wake. Plain ASYNC_FLUSH dispatches at once (consumer latency).
     reput_batch_interval_ms: int = _prop(1, ge=0, le=1000)
+    # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
+    # start, ~256 B of shared memory each). A send to one more queue is refused
+    # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
+    max_consume_queue_num: int = _prop(65536, ge=1, le=1 << 22)
+    # rmq-mp addition: group/topic/queue committed offsets the store holds (~555 B of shared
+    # memory each); a commit past it raises OffsetTableFullError naming this key.
+    max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
+    # rmq-mp addition: `Consumer` objects attached at once, over all processes (40 B and one
+    # semaphore each); a dead process's consumers are reclaimed.
+    max_consumer_num: int = _prop(1024, ge=1, le=65536)
+    # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
+    # waiting producer; 32 B and one semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
+    max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
+    # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
+    # send as usual, unmeasured, with a warning.
+    max_producer_num: int = _prop(1024, ge=1, le=65536)
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.

@@ -19,7 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.errors import ShmAttachError, StoreError
+from rmq_mp.errors import OffsetTableFullError, ShmAttachError, StoreError
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
@@ -80,16 +80,23 @@ class Consumer:
         return cls(RunningStore.attach(name, Role.CONSUMER), group)
 
     def _claim_waiter_slot(self) -> int:
-        """A waiter slot of our own: free, or left by a dead consumer (under the flags lock)."""
-        with self.store.shm.flags_lock("register for long polling"):
-            for slot in range(self.waiters.capacity):
-                pid = self.waiters.get(slot, wt.PID)
-                if pid == 0 or not pid_alive(pid):
+        """A consumer-table slot of our own: free, or left by a dead consumer (under the flags
+        lock). Raises ShmAttachError naming maxConsumerNum when every slot has a live consumer."""
+        try:
+            with self.store.shm.flags_lock("register the consumer"):
+                for slot in self.waiters.claimable_slots(pid_alive):
                     self.waiters.set(slot, wt.WAITING, 0)
                     self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
                     self.waiters.set(slot, wt.PID, os.getpid())
                     return slot
-        raise ShmAttachError(f"all {self.waiters.capacity} long-polling slots are in use")
+        except BaseException:
+            self.store.close()
+            raise
+        self.store.close()
+        raise ShmAttachError(
+            f"{self.waiters.capacity} consumers are attached to this store already "
+            f"(maxConsumerNum = {self.waiters.capacity}): close some, or raise maxConsumerNum"
+        )
 
     def close(self) -> None:
         self.waiters.set(self._waiter_slot, wt.WAITING, 0)
@@ -233,10 +240,9 @@ class Consumer:
     ) -> None:
         """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered."""
         sub = Subscription(topic, parse_tag_expression(expression))
-        key = ConsumerOffsetManager.key(self.group, topic)
-        for name, queue_id, slot in self.store.shm.groups.queues():
-            if name == key:
-                sub.next_offsets[queue_id] = self.store.shm.groups.get(slot, qo.COMMITTED)
+        groups = self.store.shm.groups
+        for queue_id, slot in groups.queues_of(self._offset_key(topic)):
+            sub.next_offsets[queue_id] = groups.get(slot, qo.COMMITTED)
         sub.next_offsets.update(from_offsets or {})
         self.subscriptions[topic] = sub
 
@@ -247,7 +253,7 @@ class Consumer:
         return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
 
     def _topic_queues(self, topic: str) -> list[int]:
-        return sorted(q for t, q, _slot in self.queues.queues() if t == topic)
+        return [queue_id for queue_id, _slot in self.queues.queues_of(topic)]
 
     def poll(self, timeout_s: float = 1.0, max_msgs: int = 32) -> list[MessageExt]:
         """The next messages of any subscribed queue; waits up to ``timeout_s`` when there are none."""
@@ -286,12 +292,27 @@ class Consumer:
                 (s.topic, q): o for s in self.subscriptions.values() for q, o in s.next_offsets.items()
             }
         groups = self.store.shm.groups
-        for (topic, queue_id), offset in offsets.items():
-            key = ConsumerOffsetManager.key(self.group, topic)
-            slot = groups.find(key, queue_id)
-            if slot < 0:
-                with self.store.shm.flags_lock("register a group offset"):
-                    slot = groups.find_or_insert(key, queue_id)
-            groups.set(slot, qo.COMMITTED, offset)
-            self.committed[(topic, queue_id)] = offset
+        slots = {
+            (topic, queue_id): groups.find(self._offset_key(topic), queue_id) for topic, queue_id in offsets
+        }
+        missing = [queue for queue, slot in slots.items() if slot < 0]
+        if missing:  # all or nothing: a full table refuses the whole commit
+            with self.store.shm.flags_lock("register group offsets"):
+                for topic, queue_id in missing:
+                    slots[(topic, queue_id)] = groups.find(self._offset_key(topic), queue_id)
+                new = [queue for queue in missing if slots[queue] < 0]
+                if groups.used + len(new) > groups.capacity:
+                    raise OffsetTableFullError(
+                        f"cannot commit {len(new):,} new offsets of group {self.group!r}: the consumer-offset "
+                        f"table holds {groups.used:,} of maxConsumerOffsetNum = {groups.capacity:,}; "
+                        "raise maxConsumerOffsetNum"
+                    )
+                for topic, queue_id in new:
+                    slots[(topic, queue_id)] = groups.find_or_insert(self._offset_key(topic), queue_id)
+        for queue, offset in offsets.items():
+            groups.set(slots[queue], qo.COMMITTED, offset)
+            self.committed[queue] = offset
         return dict(self.committed)
+
+    def _offset_key(self, topic: str) -> str:
+        return ConsumerOffsetManager.key(self.group, topic)

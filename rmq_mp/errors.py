@@ -69,3 +69,10 @@ class DataLossError(StoreError):
 class InvalidBatchError(StoreError):
     """A `MessageBatch` that cannot be one: several topics or queues, per-message properties,
     a delay level, or a keys list whose length is not the bodies'."""
+
+
+class OffsetTableFullError(StoreError):
+    """A shared offset table holds its configured capacity already: a commit of new group
+    offsets past ``maxConsumerOffsetNum`` (nothing of that commit is recorded), or a queue past
+    ``maxConsumeQueueNum`` outside `send` (which answers LMQ_CONSUME_QUEUE_NUM_EXCEEDED). The
+    message names the setting to raise."""

@@ -43,6 +43,7 @@ from rmq_mp import record
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
+from rmq_mp.errors import OffsetTableFullError
 from rmq_mp.mapped_file import MappedFile
 from rmq_mp.message_batch import (
     UNIQ_KEY_PREFIX,
@@ -106,7 +107,7 @@ _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _FLUSH_SEQ = layout.FLUSH_REQUEST_SEQ.index
 _FLUSHED = layout.FLUSHED_POSITION.index
-_RING_FULL = "flush request ring full"
+_RING_FULL = "every SYNC flush-request slot is taken (maxSyncFlushRequestNum): raise it"
 _NOT_FLUSHED = "not flushed within syncFlushTimeout"
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
@@ -114,6 +115,9 @@ _CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
 _NO_SLAVE = "stored, but no slave has it: rmq-mp has no replication (brokerRole=SYNC_MASTER)"
 _ITEM_FIELDS = frozenset(("topic", "body", "tags", "keys", "properties", "queue_id", "flag"))
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+_QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
+"""A send to a queue the full queue-offset table has no room for (RocketMQ's status for too many
+consume queues); the reason names maxConsumeQueueNum."""
 _OWN_STORE_TIMESTAMP_POSITION = record.store_timestamp_position(0)
 """Where STORETIMESTAMP sits in this producer's own records (IPv4 born host)."""
 
@@ -699,7 +703,11 @@ class Producer:
                     continue
                 self._end_file(mf, wrote)
                 continue
-            appended_bytes += self._append_chunk(run, first, fit, mf, wrote, store_ts)
+            try:
+                appended_bytes += self._append_chunk(run, first, fit, mf, wrote, store_ts)
+            except OffsetTableFullError as exc:  # raised before the chunk changed anything
+                run.place(Placement(first, run.count - first, _QUEUES_EXCEEDED, str(exc)))
+                break
             appended += fit
             first += fit
         return appended, appended_bytes
@@ -746,7 +754,8 @@ class Producer:
         w[_J_ACTIVE] = 0
 
     def _queue_slot(self, topic: str, queue_id: int) -> tuple[int, int]:
-        """(queue-offset-table slot, word index of its next offset), inserting it if new."""
+        """(queue-offset-table slot, word index of its next offset), inserting it if new (put
+        lock held); `OffsetTableFullError` when the table holds maxConsumeQueueNum queues."""
         key = (topic, queue_id)
         found = self._slots.get(key)
         if found is None:
@@ -777,7 +786,10 @@ class Producer:
             if 0 <= wrote - mf.file_from_offset <= mf.file_size - size - record.END_FILE_MIN_BLANK_LENGTH:
                 mf.write_buffer = cached[1]
                 store_ts = self.lock.acquired_ms
-                slot, next_word = self._queue_slot(topic, queue_id)
+                try:
+                    slot, next_word = self._queue_slot(topic, queue_id)
+                except OffsetTableFullError as exc:
+                    return SendResult(_QUEUES_EXCEEDED, queue_id, -1, -1, uniq, str(exc), self._msg_id_prefix)
                 queue_offset = self._queue_words[next_word]
                 record.OFFSETS.pack_into(data, record.POS_QUEUE_OFFSET, queue_offset, wrote)
                 record.TIMESTAMP.pack_into(data, _OWN_STORE_TIMESTAMP_POSITION, store_ts)

@@ -9,11 +9,14 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
+
 from rmq_mp.cleaning import CleanerStatistics
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.disk import disk_used_ratio
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.status import RunningFlags
+from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
@@ -62,8 +65,10 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
             }
         flags = snap["running_flags"]
         cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
+        ops = _ops_sections(shm, snap)
         return {
-            **_ops_sections(shm, snap),
+            **ops,
+            "tables": table_levels(shm, ops["producer_metrics"]),
             "store": config.store_path_root_dir,
             "shm_name": names.base,
             "broker": f"{config.broker_cluster_name}/{config.broker_name} {config.broker_role.value}",
@@ -111,6 +116,26 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
         shm.close()
 
 
+def table_levels(shm: StoreShm, producer_metrics: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Each fixed-capacity shared table's entries in use against its broker.conf capacity."""
+    ring = shm.ring
+    waiting = int(np.count_nonzero(ring.column(fr.STATE) == fr.WAITING))
+    levels = {
+        "maxConsumeQueueNum": (shm.queues.used, shm.queues.capacity),
+        "maxConsumerOffsetNum": (shm.groups.used, shm.groups.capacity),
+        "maxConsumerNum": (shm.waiters.live_slots(), shm.waiters.capacity),
+        "maxSyncFlushRequestNum": (waiting, ring.capacity),
+        "maxProducerNum": (producer_metrics.get("producers", 0), producer_metrics.get("producer_slots", 0)),
+        "transientStorePoolSize": (shm.pool.in_use(), len(shm.pool.buffers)),
+    }
+    return {key: {"used": used, "capacity": capacity} for key, (used, capacity) in levels.items()}
+
+
+def format_table_levels(levels: dict[str, dict[str, int]]) -> str:
+    """One line: ``queues 12/65,536  offsets 3/65,536 ...`` (the setting names each capacity)."""
+    return "  ".join(f"{key} {v['used']:,}/{v['capacity']:,}" for key, v in levels.items())
+
+
 def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
     """Producer histograms, consumer lag per group, recovery time, metrics port."""
     metrics: dict[str, Any] = {}
@@ -129,6 +154,8 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
             "put_latency_avg_us": totals.latency.sum_us // max(totals.latency.count, 1),
             "lock_hold_avg_us": totals.lock_hold.sum_us // max(totals.lock_hold.count, 1),
             "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
+            "producers": totals.producers,
+            "producer_slots": table.slots,
         }
     return {
         "generation": snap["generation"],

@@ -1,6 +1,9 @@
 """SYNC_FLUSH request ring: GroupCommitService's request list across processes.
 
-A producer that needs its record durable takes a ticket under the put lock, writes
+``maxSyncFlushRequestNum`` slots (the setting): one per lock hold waiting for its flush, so
+it bounds the SYNC producers that can wait at once; a put that finds every slot taken is
+answered FLUSH_DISK_TIMEOUT with that reason. A producer that needs its record durable takes
+a ticket under the put lock, writes
 (next_offset, deadline) into slot ``ticket % capacity`` and waits on that slot's semaphore. The
 flusher completes every waiting slot whose offset is flushed (FlushDiskWatcher's role too: a
 waiting slot past its deadline is completed as timed out). Slot layout (native int64):
@@ -16,14 +19,24 @@ post on a reused slot is harmless: the waiter re-checks ``state`` after every wa
 
 from __future__ import annotations
 
-from shm.slot_table import SlotTable
+from typing import ClassVar
+
+from shm.slot_table import SlotTable, check_slot_layout
 
 SLOT_SIZE = 32
-DEFAULT_CAPACITY = 256
+DEFAULT_CAPACITY = 1024
 FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
 STATE, NEXT_OFFSET, DEADLINE_MS, PID = 0, 8, 16, 24
 
 
 class FlushRequestRing(SlotTable):
     SLOT_SIZE = SLOT_SIZE
-    DEFAULT_CAPACITY = DEFAULT_CAPACITY
+    FIELDS: ClassVar[dict[str, int]] = {
+        "state": STATE,
+        "next_offset": NEXT_OFFSET,
+        "deadline_ms": DEADLINE_MS,
+        "pid": PID,
+    }
+
+
+check_slot_layout("FlushRequestRing", SLOT_SIZE, FlushRequestRing.FIELDS)

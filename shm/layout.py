@@ -213,6 +213,31 @@ def worker_field(role: str, name: str) -> Field:
 # Worker states (written by the worker).
 W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
 
-TABLE_SLOTS = WORKER_BASE + len(ROLES) * WORKER_STRIDE
+TABLE_SLOTS = max(WORKER_BASE + len(ROLES) * WORKER_STRIDE, *(f.index + 1 for f in FIELDS))
 TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096
-assert max(f.index for f in FIELDS) * 8 < TABLE_SIZE, "a field lies beyond the table"
+
+
+def all_fields() -> list[Field]:
+    """Every field of the table: the named ones, the pool slots and each worker's."""
+    pool = [pool_file_offset(i) for i in range(POOL_SLOTS)]
+    workers = [worker_field(role, name) for role in ROLES for name in WORKER_FIELDS]
+    return [*FIELDS, *pool, *workers]
+
+
+def check_layout() -> None:
+    """The table proves itself at import: no two fields share a slot, every field lies inside
+    the segment, and each names a writer (a field nobody may write is a typo)."""
+    owner: dict[int, str] = {}
+    for f in all_fields():
+        if not 0 <= f.index < TABLE_SIZE // 8:
+            raise AssertionError(f"pointer-table field {f.name} at slot {f.index} lies outside the table")
+        if f.index in owner:
+            raise AssertionError(f"pointer-table fields {owner[f.index]} and {f.name} share slot {f.index}")
+        if not f.writers:
+            raise AssertionError(f"pointer-table field {f.name} names no writer")
+        owner[f.index] = f.name
+    if WORKER_STRIDE < len(WORKER_FIELDS):
+        raise AssertionError("a worker's fields overflow its stride")
+
+
+check_layout()

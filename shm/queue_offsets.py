@@ -1,8 +1,13 @@
-"""Queue-offset table: topic/queue -> next queue offset (RocketMQ's topicQueueTable) and the
-offset dispatch has reached, at fixed capacity in one segment.
+"""Keyed offset tables: topic/queue -> offsets (RocketMQ's topicQueueTable) and
+topic@group/queue -> committed offset (ConsumerOffsetManager's table), at a configured capacity.
 
-Slot layout (SLOT_SIZE bytes, native-endian int64 unless noted), open addressing on
-crc32(topic#queueId):
+Both are open-addressing hash tables (linear probing on crc32 of ``key#queueId``) over slots
+that never move and are never freed, so a slot number found once stays valid and readers need
+no lock: an inserter writes a slot's key and values first and its ``used`` word last. There are
+a third more slots than the capacity, so a probe stays short at a full table; an insert beyond
+the capacity raises `OffsetTableFullError` naming the setting to raise.
+
+Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
 
     off  field                 writer
       0  used (0/1)            producer under the put lock (written last when inserting)
@@ -11,110 +16,192 @@ crc32(topic#queueId):
      24  dispatched_offset     reput: the ConsumeQueue's max offset (next to be dispatched)
      32  min_offset            reput (and the supervisor at start): first offset still served
      40  last_store_timestamp  reput: store time of the last dispatched message
-     48  topic_length          producer under the put lock (before ``used``)
-     56  topic (UTF-8, <= 127 bytes, TOPIC_BYTES reserved)
-The supervisor fills it from recovery before any worker or producer runs.
+     48  key_length            producer under the put lock (before ``used``)
+     56  topic                 UTF-8, <= 127 bytes (RocketMQ's limit), KEY_BYTES reserved
+
+Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
+
+    off  field                 writer
+      0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
+     16  committed_offset      the consumer that commits (any writer of the group's queue)
+     24  key_length            as ``used``
+     32  topic@group           UTF-8, <= 127 + 1 + 255 bytes
+The supervisor fills both from recovery and consumerOffset.json before any worker or client runs.
 """
 
 from __future__ import annotations
 
-import struct
 import zlib
 from collections.abc import Iterator
+from typing import ClassVar
 
-from rmq_mp.errors import StoreError
+import numpy as np
+
+from rmq_mp.errors import OffsetTableFullError
 from shm.segment import SharedSegment
-from shm.slot_table import SlotTable
+from shm.slot_table import H_USED, HEADER_BYTES, SlotTable, check_slot_layout
 
-SLOT_SIZE = 192
-TOPIC_BYTES = SLOT_SIZE - 56
-DEFAULT_CAPACITY = 8192
-_Q = struct.Struct("=q")
-_HEAD = struct.Struct("=qqqqqqq")
+MAX_TOPIC_BYTES = 127
+"""RocketMQ's topic limit (`Byte.MAX_VALUE`, record v1's one-byte topic length)."""
+MAX_GROUP_CHARS = 255
+"""RocketMQ's group-name limit (`Validators.CHARACTER_MAX_LENGTH`; group names are ASCII)."""
 
-USED, QUEUE_ID, NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS, TOPIC_LEN = (0, 8, 16, 24, 32, 40, 48)
-
-
-class QueueTableFullError(StoreError):
-    """More topic/queue pairs than the queue-offset table holds (capacity fixed at start)."""
+USED, QUEUE_ID = 0, 8
+NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
+COMMITTED = 16
+"""In the group-offset table, the field holding the group's committed (next) offset."""
 
 
-class QueueOffsetTable(SlotTable):
+class KeyedOffsetTable(SlotTable):
     """One process's view. Lookups cache slot numbers; slots never move once used."""
 
-    SLOT_SIZE = SLOT_SIZE
-    DEFAULT_CAPACITY = DEFAULT_CAPACITY
+    KEY_LENGTH: ClassVar[int]
+    KEY_OFFSET: ClassVar[int]
+    KEY_BYTES: ClassVar[int]
+    SETTING: ClassVar[str]
+    """The broker.conf key that sets the capacity (named when the table is full)."""
+    WHAT: ClassVar[str]
 
     def __init__(self, segment: SharedSegment) -> None:
         super().__init__(segment)
         self._cache: dict[tuple[str, int], int] = {}
+        self._keys: dict[int, tuple[str, int]] = {}
+        """Slot -> (key, queue id) decoded once: a used slot's key never changes."""
+        self._index: dict[str, list[tuple[int, int]]] = {}
+        self._indexed_used = -1
 
-    def _home(self, topic: bytes, queue_id: int) -> int:
-        return zlib.crc32(topic + b"#" + str(queue_id).encode()) % self.capacity
+    @classmethod
+    def slots_for(cls, capacity: int) -> int:
+        return capacity + (capacity + 2) // 3  # load factor <= 3/4 when full
 
-    def find(self, topic: str, queue_id: int) -> int:
+    @property
+    def used(self) -> int:
+        """Entries inserted (the fill level is ``used / capacity``)."""
+        return int(self._words[H_USED])
+
+    def _home(self, key: bytes, queue_id: int) -> int:
+        return zlib.crc32(key + b"#" + str(queue_id).encode()) % self.slots
+
+    def _key_fits(self, raw: bytes) -> None:
+        if len(raw) > self.KEY_BYTES:
+            raise ValueError(f"{self.WHAT} key of {len(raw)} bytes is longer than {self.KEY_BYTES}")
+
+    def find(self, key: str, queue_id: int) -> int:
         """Slot of the queue, or -1 if it has none yet."""
-        key = (topic, queue_id)
-        slot = self._cache.get(key)
-        if slot is not None:
-            return slot
-        raw = topic.encode("utf-8")
+        cached = self._cache.get((key, queue_id))
+        if cached is not None:
+            return cached
+        raw = key.encode("utf-8")
+        if len(raw) > self.KEY_BYTES:
+            return -1
         slot = self._home(raw, queue_id)
-        for _ in range(self.capacity):
-            base = slot * SLOT_SIZE
-            if not _Q.unpack_from(self._buf, base + USED)[0]:
+        for _ in range(self.slots):
+            if not self.get(slot, USED):
                 return -1
-            if self._matches(base, raw, queue_id):
-                self._cache[key] = slot
+            if self._matches(slot, raw, queue_id):
+                self._cache[(key, queue_id)] = slot
                 return slot
-            slot = (slot + 1) % self.capacity
+            slot = (slot + 1) % self.slots
         return -1
 
-    def _matches(self, base: int, raw: bytes, queue_id: int) -> bool:
-        if _Q.unpack_from(self._buf, base + QUEUE_ID)[0] != queue_id:
+    def _matches(self, slot: int, raw: bytes, queue_id: int) -> bool:
+        if self.get(slot, QUEUE_ID) != queue_id or self.get(slot, self.KEY_LENGTH) != len(raw):
             return False
-        length = _Q.unpack_from(self._buf, base + TOPIC_LEN)[0]
-        return length == len(raw) and self._buf[base + 56 : base + 56 + length] == raw
+        start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+        return self._buf[start : start + len(raw)] == raw
 
-    def find_or_insert(self, topic: str, queue_id: int) -> int:
-        """Slot of the queue, inserting it (caller holds the put lock, or is the supervisor)."""
-        slot = self.find(topic, queue_id)
+    def find_or_insert(self, key: str, queue_id: int) -> int:
+        """Slot of the queue, inserting it (caller holds the table's lock, or is the supervisor).
+        `OffsetTableFullError` once the table holds its capacity; ValueError for a key longer
+        than a slot holds (callers validate names first)."""
+        slot = self.find(key, queue_id)
         if slot >= 0:
             return slot
-        raw = topic.encode("utf-8")
-        assert len(raw) <= self.SLOT_SIZE - 56
+        raw = key.encode("utf-8")
+        self._key_fits(raw)
+        if self.used >= self.capacity:
+            raise OffsetTableFullError(
+                f"{self.WHAT} table is full ({self.capacity:,} entries): raise {self.SETTING} in broker.conf"
+            )
         slot = self._home(raw, queue_id)
-        for _ in range(self.capacity):
-            base = slot * SLOT_SIZE
-            if not _Q.unpack_from(self._buf, base + USED)[0]:
-                _HEAD.pack_into(self._buf, base, 0, queue_id, 0, 0, 0, 0, len(raw))
-                self._buf[base + 56 : base + 56 + len(raw)] = raw
-                _Q.pack_into(self._buf, base + USED, 1)
-                self._cache[(topic, queue_id)] = slot
-                return slot
-            slot = (slot + 1) % self.capacity
-        raise QueueTableFullError(f"queue-offset table is full ({self.capacity} queues)")
+        while self.get(slot, USED):  # ends: used < capacity < slots
+            slot = (slot + 1) % self.slots
+        self.set(slot, QUEUE_ID, queue_id)
+        self.set(slot, self.KEY_LENGTH, len(raw))
+        start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+        self._buf[start : start + len(raw)] = raw
+        self.set(slot, USED, 1)  # last: a lock-free reader sees the key whole or not at all
+        self._words[H_USED] += 1
+        self._cache[(key, queue_id)] = slot
+        return slot
+
+    def used_slots(self) -> np.ndarray:
+        """Slot numbers in use, in one vectorised scan."""
+        return np.flatnonzero(self.column(USED) == 1)
+
+    def queues_of(self, key: str) -> list[tuple[int, int]]:
+        """(queue id, slot) of every queue of ``key`` (a topic, or topic@group), by queue id.
+        From a per-process index that rescans only when an entry was added anywhere, so a
+        consumer's poll over its topics costs the same with 10 queues in the store or 10,000."""
+        if self._indexed_used != self.used:
+            self._indexed_used = self.used  # read first: an insert meanwhile shows next time
+            index: dict[str, list[tuple[int, int]]] = {}
+            for name, queue_id, slot in self.queues():
+                index.setdefault(name, []).append((queue_id, slot))
+            for entries in index.values():
+                entries.sort()
+            self._index = index
+        return self._index.get(key, [])
 
     def queues(self) -> Iterator[tuple[str, int, int]]:
-        """(topic, queue id, slot) of every used slot."""
-        for slot in range(self.capacity):
-            base = slot * SLOT_SIZE
-            if _Q.unpack_from(self._buf, base + USED)[0]:
-                length = _Q.unpack_from(self._buf, base + TOPIC_LEN)[0]
-                topic = bytes(self._buf[base + 56 : base + 56 + length]).decode("utf-8")
-                yield topic, int(_Q.unpack_from(self._buf, base + QUEUE_ID)[0]), slot
+        """(key, queue id, slot) of every used slot."""
+        keys = self._keys
+        for slot in self.used_slots().tolist():
+            found = keys.get(slot)
+            if found is None:
+                start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+                length = self.get(slot, self.KEY_LENGTH)
+                raw = bytes(self._buf[start : start + length])
+                found = keys[slot] = (raw.decode("utf-8", errors="replace"), self.get(slot, QUEUE_ID))
+            yield found[0], found[1], slot
 
 
-GROUP_KEY_BYTES = 256
-COMMITTED = NEXT_OFFSET
-"""In the group-offset table, the field holding the group's committed (next) offset."""
+class QueueOffsetTable(KeyedOffsetTable):
+    SLOT_SIZE = 192
+    FIELDS: ClassVar[dict[str, int]] = {
+        "used": USED,
+        "queue_id": QUEUE_ID,
+        "next_queue_offset": NEXT_OFFSET,
+        "dispatched_offset": DISPATCHED,
+        "min_offset": MIN_OFFSET,
+        "last_store_timestamp": LAST_STORE_TS,
+        "key_length": 48,
+    }
+    KEY_LENGTH = 48
+    KEY_OFFSET = 56
+    KEY_BYTES = SLOT_SIZE - KEY_OFFSET
+    SETTING = "maxConsumeQueueNum"
+    WHAT = "queue-offset (topic/queue)"
+    DEFAULT_CAPACITY = 65536
 
 
-class GroupOffsetTable(QueueOffsetTable):
-    """Consumer-group offsets (RocketMQ's ConsumerOffsetManager table) in shared memory: the same
-    keyed slots, keyed by ``topic@group`` and queue id, with the committed offset in COMMITTED.
-    Consumers insert under the flags lock and write their own queues' offsets; the supervisor
-    loads it from and persists it to `config/consumerOffset.json`."""
+class GroupOffsetTable(KeyedOffsetTable):
+    SLOT_SIZE = 416
+    FIELDS: ClassVar[dict[str, int]] = {
+        "used": USED,
+        "queue_id": QUEUE_ID,
+        "committed_offset": COMMITTED,
+        "key_length": 24,
+    }
+    KEY_LENGTH = 24
+    KEY_OFFSET = 32
+    KEY_BYTES = SLOT_SIZE - KEY_OFFSET
+    SETTING = "maxConsumerOffsetNum"
+    WHAT = "consumer-offset (topic@group/queue)"
+    DEFAULT_CAPACITY = 65536
 
-    SLOT_SIZE = 56 + GROUP_KEY_BYTES
-    DEFAULT_CAPACITY = 4096
+
+for _table in (QueueOffsetTable, GroupOffsetTable):
+    check_slot_layout(_table.__name__, _table.SLOT_SIZE, _table.FIELDS, tail_from=_table.KEY_OFFSET)
+assert QueueOffsetTable.KEY_BYTES >= MAX_TOPIC_BYTES
+assert GroupOffsetTable.KEY_BYTES >= MAX_TOPIC_BYTES + 1 + MAX_GROUP_CHARS

@@ -1,31 +1,83 @@
-"""SlotTable: a shared segment of fixed-size slots of native int64 fields.
+"""SlotTable: a shared segment of fixed-size slots of native int64 fields, after a header.
 
-The shape the flush-request ring, the waiter table and the queue-offset table share; each
-subclass documents its slot layout and field writers and sets ``SLOT_SIZE``.
+The shape the flush-request ring, the consumer (waiter) table and the keyed offset tables share.
+Each subclass documents its slot layout and field writers, and declares ``SLOT_SIZE`` and
+``FIELDS`` (name -> byte offset in a slot); `check_slot_layout` proves at import that the fields
+are aligned words inside the slot and that no two overlap. The segment begins with a
+``HEADER_BYTES`` header:
+
+    off field     writer
+      0 capacity  the supervisor, at creation: the configured number of entries (the setting)
+      8 used      keyed tables: entries inserted, by the inserter under the table's lock
+     16..63       reserved
+so an attacher reads the capacity the store was started with, not one it derives.
 """
 
 from __future__ import annotations
 
 from typing import ClassVar, Self
 
+import numpy as np
+
 from shm.segment import SharedSegment
+
+HEADER_BYTES = 64
+H_CAPACITY, H_USED = 0, 1
+"""Header word indexes."""
+
+
+def check_slot_layout(name: str, slot_size: int, fields: dict[str, int], *, tail_from: int = -1) -> None:
+    """Refuse a slot layout whose fields are misaligned, overlap, or leave the slot; ``tail_from``
+    is where a variable-length tail (a key) starts, after every word field. Runs at import, so
+    a wrong table never reaches shared memory."""
+    if slot_size % 8:
+        raise AssertionError(f"{name}: slot size {slot_size} is not whole int64 words")
+    seen: dict[int, str] = {}
+    for field, offset in fields.items():
+        if offset % 8 or not 0 <= offset <= slot_size - 8:
+            raise AssertionError(f"{name}.{field}: offset {offset} is not an aligned word inside the slot")
+        if offset in seen:
+            raise AssertionError(f"{name}.{field} overlaps {name}.{seen[offset]} at offset {offset}")
+        if 0 <= tail_from < offset + 8:
+            raise AssertionError(f"{name}.{field} overlaps the key that starts at {tail_from}")
+        seen[offset] = field
+    if tail_from >= slot_size:
+        raise AssertionError(f"{name}: the key starts at {tail_from}, beyond the {slot_size}-byte slot")
 
 
 class SlotTable:
+    """``slots`` slots of ``SLOT_SIZE`` bytes after the header; a field is read and written as
+    one aligned word (`get`/`set`, or `words` with `word_index` on hot paths)."""
+
     SLOT_SIZE: ClassVar[int]
-    DEFAULT_CAPACITY: ClassVar[int]
+    FIELDS: ClassVar[dict[str, int]]
 
     def __init__(self, segment: SharedSegment) -> None:
         self.segment = segment
-        self.capacity = segment.size // self.SLOT_SIZE
         self._buf = segment.mm
         self._words = segment.words
-        assert self.SLOT_SIZE % 8 == 0, "slots are whole int64 words"
+        self.slots = (segment.size - HEADER_BYTES) // self.SLOT_SIZE
+        self.capacity = self._words[H_CAPACITY]
+        """Entries the store was configured for (the setting); `slots` may be more."""
 
     @classmethod
-    def create(cls, name: str, capacity: int | None = None) -> Self:
+    def slots_for(cls, capacity: int) -> int:
+        """Slots a table of ``capacity`` entries needs: one each (keyed tables want more)."""
+        return capacity
+
+    @classmethod
+    def segment_bytes(cls, capacity: int) -> int:
+        """Shared memory a table of ``capacity`` entries takes (README: what a capacity costs)."""
+        return HEADER_BYTES + cls.slots_for(capacity) * cls.SLOT_SIZE
+
+    @classmethod
+    def create(cls, name: str, capacity: int) -> Self:
         """Supervisor only."""
-        return cls(SharedSegment.create(name, (capacity or cls.DEFAULT_CAPACITY) * cls.SLOT_SIZE))
+        if capacity < 1:
+            raise ValueError(f"{cls.__name__} capacity must be at least 1 (got {capacity})")
+        segment = SharedSegment.create(name, cls.segment_bytes(capacity))
+        segment.words[H_CAPACITY] = capacity
+        return cls(segment)
 
     @classmethod
     def attach(cls, name: str) -> Self:
@@ -37,13 +89,23 @@ class SlotTable:
         return self._words
 
     def word_index(self, slot: int, field: int) -> int:
-        return (slot * self.SLOT_SIZE + field) >> 3
+        return (HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3
 
     def get(self, slot: int, field: int) -> int:
-        return self._words[(slot * self.SLOT_SIZE + field) >> 3]
+        return self._words[(HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3]
 
     def set(self, slot: int, field: int, value: int) -> None:
-        self._words[(slot * self.SLOT_SIZE + field) >> 3] = value
+        self._words[(HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3] = value
+
+    def column(self, field: int) -> np.ndarray:
+        """``field`` of every slot as one int64 array (a read-only copy): a scan of thousands of
+        slots in one numpy step instead of a Python loop."""
+        view = np.frombuffer(self.segment.mm, dtype=np.int64, count=self.segment.size // 8)
+        try:
+            start = (HEADER_BYTES + field) // 8
+            return view[start : start + self.slots * (self.SLOT_SIZE // 8) : self.SLOT_SIZE // 8].copy()
+        finally:
+            del view
 
     def close(self) -> None:
         self.segment.close()

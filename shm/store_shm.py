@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import posix_ipc
 
@@ -27,19 +27,50 @@ from shm.semaphores import Wakeup, acquire, attach_semaphore, create_semaphore, 
 from shm.transient_pool import FREE, TransientPool
 from shm.waiters import WaiterTable
 
+if TYPE_CHECKING:
+    from rmq_mp.config import MessageStoreConfig
+
 FLAGS_LOCK_TIMEOUT_S = 5.0
 """The flags lock guards a few loads and stores; a wait this long means a holder died in it."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShmSizes:
-    """Capacities fixed at start; recorded so attachers open the same objects."""
+    """Capacities fixed at start, from broker.conf (each table's header records its own, so
+    attachers open the same objects)."""
 
     pool_buffers: int
     pool_buffer_size: int
     flush_ring: int
+    """maxSyncFlushRequestNum"""
     waiters: int
+    """maxConsumerNum"""
     queues: int
+    """maxConsumeQueueNum"""
+    groups: int
+    """maxConsumerOffsetNum"""
+
+    @classmethod
+    def of(cls, config: MessageStoreConfig) -> ShmSizes:
+        pool = config.transient_store_pool_size if config.transient_store_pool_enable else 0
+        return cls(
+            pool,
+            config.mapped_file_size_commit_log,
+            config.max_sync_flush_request_num,
+            config.max_consumer_num,
+            config.max_consume_queue_num,
+            config.max_consumer_offset_num,
+        )
+
+    def table_bytes(self) -> dict[str, int]:
+        """Shared memory each capacity reserves (tmpfs pages are taken only when touched), plus
+        one semaphore per ring and consumer slot."""
+        return {
+            "maxConsumeQueueNum": QueueOffsetTable.segment_bytes(self.queues),
+            "maxConsumerOffsetNum": GroupOffsetTable.segment_bytes(self.groups),
+            "maxConsumerNum": WaiterTable.segment_bytes(self.waiters),
+            "maxSyncFlushRequestNum": FlushRequestRing.segment_bytes(self.flush_ring),
+        }
 
 
 class StoreShm:
@@ -77,12 +108,13 @@ class StoreShm:
         queues = QueueOffsetTable.create(names.queue_offsets, sizes.queues)
         ring = FlushRequestRing.create(names.flush_requests, sizes.flush_ring)
         waiters = WaiterTable.create(names.waiters, sizes.waiters)
-        groups = GroupOffsetTable.create(names.group_offsets)
+        groups = GroupOffsetTable.create(names.group_offsets, sizes.groups)
         buffers = [
             SharedSegment.create(names.pool_buffer(i), sizes.pool_buffer_size)
             for i in range(sizes.pool_buffers)
         ]
         table.set(layout.POOL_SIZE, sizes.pool_buffers)
+        assert sizes.pool_buffers <= layout.POOL_SLOTS, "config validation bounds transientStorePoolSize"
         for i in range(layout.POOL_SLOTS):
             table.set(layout.pool_file_offset(i), FREE)
         shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers), groups)

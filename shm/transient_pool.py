@@ -44,5 +44,8 @@ class TransientPool:
         """Return a buffer whose file is wholly committed (put lock held)."""
         self.table.set(layout.pool_file_offset(index), FREE)
 
+    def in_use(self) -> int:
+        return len(self.buffers) - self.available()
+
     def available(self) -> int:
         return sum(1 for i in range(len(self.buffers)) if self.file_offset(i) == FREE)

@@ -1,5 +1,9 @@
 """Consumer table: every attached consumer has a slot, for long polling and for file holds.
 
+``maxConsumerNum`` slots (the setting), one per live `Consumer` object in any process: a slot
+is claimed at attach and freed at close, and a dead process's slots are claimed again (their
+pid is checked), so a crash never leaks one.
+
 Consumers blocked in `pull` register here and reput wakes them; a consumer reading commit-log
 files publishes the lowest physical offset it reads in ``hold`` (RocketMQ's `MappedFile.hold()`
 across processes), and the cleaner waits for it before deleting a file, up to
@@ -20,34 +24,52 @@ PullRequestHoldService notified by `arriving`).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from typing import ClassVar
 
 import numpy as np
 
-from shm.slot_table import SlotTable
+from shm.slot_table import SlotTable, check_slot_layout
 
 SLOT_SIZE = 40
-DEFAULT_CAPACITY = 64
+DEFAULT_CAPACITY = 1024
 PID, WAITING, QUEUE_SLOT, OFFSET, HOLD = 0, 8, 16, 24, 32
 NO_HOLD = -1
 
 
 class WaiterTable(SlotTable):
     SLOT_SIZE = SLOT_SIZE
-    DEFAULT_CAPACITY = DEFAULT_CAPACITY
+    FIELDS: ClassVar[dict[str, int]] = {
+        "pid": PID,
+        "waiting": WAITING,
+        "queue_slot": QUEUE_SLOT,
+        "offset": OFFSET,
+        "hold": HOLD,
+    }
 
     def waiting_slots(self) -> list[int]:
         """Slots whose consumer is parked (WAITING = 1), found in one vectorised comparison:
-        reput asks after every pass that dispatched, and most of the 64 slots are idle."""
-        column = np.frombuffer(self.segment.mm, dtype=np.int64, count=self.capacity * SLOT_SIZE // 8)
-        return np.flatnonzero(column[WAITING // 8 :: SLOT_SIZE // 8] == 1).tolist()
+        reput asks after every pass that dispatched, and most slots are idle."""
+        return np.flatnonzero(self.column(WAITING) == 1).tolist()
+
+    def claimable_slots(self, alive: Callable[[int], bool]) -> Iterator[int]:
+        """Slots a new consumer may claim (flags lock held): free ones first, then those whose
+        consumer died without closing."""
+        pids = self.column(PID)
+        yield from np.flatnonzero(pids == 0).tolist()
+        for slot in np.flatnonzero(pids != 0).tolist():
+            if not alive(int(pids[slot])):
+                yield slot
+
+    def live_slots(self) -> int:
+        """Slots whose pid is set (a dead consumer's slot counts until it is claimed again)."""
+        return int(np.count_nonzero(self.column(PID)))
 
     def holders_below(self, end_offset: int, alive: Callable[[int], bool]) -> list[int]:
         """Pids of live consumers holding a commit-log offset below ``end_offset``."""
-        found = []
-        for slot in range(self.capacity):
-            pid = self.get(slot, PID)
-            hold = self.get(slot, HOLD)
-            if pid and 0 <= hold < end_offset and alive(pid):
-                found.append(pid)
-        return found
+        holds, pids = self.column(HOLD), self.column(PID)
+        candidates = np.flatnonzero((pids != 0) & (holds >= 0) & (holds < end_offset))
+        return [int(pids[slot]) for slot in candidates.tolist() if alive(int(pids[slot]))]
+
+
+check_slot_layout("WaiterTable", SLOT_SIZE, WaiterTable.FIELDS)

@@ -95,6 +95,19 @@ def _store_metrics(status: dict[str, Any]) -> Iterator[Metric]:
     yield offsets
     yield _gauge("rmq_pool_buffers", "TransientStorePool buffers (0 = pool off)", pool["buffers"])
     yield _gauge("rmq_pool_buffers_in_use", "Pool buffers holding uncommitted data", pool["in_use"])
+    entries = GaugeMetricFamily(
+        "rmq_table_entries", "Entries in use in a fixed-capacity shared table", labels=["capacity_key"]
+    )
+    capacity = GaugeMetricFamily(
+        "rmq_table_capacity",
+        "Configured capacity of a shared table (its broker.conf key)",
+        labels=["capacity_key"],
+    )
+    for key, level in status["tables"].items():
+        entries.add_metric([key], level["used"])
+        capacity.add_metric([key], level["capacity"])
+    yield entries
+    yield capacity
     yield _gauge("rmq_disk_used_ratio", "Used fraction of the commit log's disk", status["disk_used_ratio"])
     yield _gauge(
         "rmq_recovery_seconds", "Wall time of the last startup recovery", status["recovery_ms"] / 1000

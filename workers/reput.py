@@ -74,10 +74,6 @@ class ReputService(ServiceLoop):
             self.index.load()
         self.checkpoint = StoreCheckpoint(paths.checkpoint, writable=True)
         self.dispatcher = Dispatcher(self.cq_table.find, self.index, self.checkpoint)
-        self.waiter_sems = [
-            self.store.shm.semaphore(self.store.names.waiter(i))
-            for i in range(self.store.shm.waiters.capacity)
-        ]
         self.last_cq_flush = self.last_thorough = time.monotonic()
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
         self.stuck_at = -1
@@ -237,7 +233,7 @@ class ReputService(ServiceLoop):
                 queue_slot in touched and queues.get(queue_slot, qo.DISPATCHED) > waiters.get(slot, wt.OFFSET)
             ):
                 waiters.set(slot, wt.WAITING, 0)
-                self.waiter_sems[slot].release()
+                self.store.shm.semaphore(self.store.names.waiter(slot)).release()  # opened once, cached
 
     def flush_queues(self, thorough: bool) -> None:
         """FlushConsumeQueueService: queues with `flushConsumeQueueLeastPages` dirty pages; when

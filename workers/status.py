@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.store_status import collect_status
+from rmq_mp.store_status import collect_status, format_table_levels
 
 __all__ = ["collect_status", "print_status"]
 
@@ -27,6 +27,7 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     print(f"lags     commit {lag['commit']}  flush {lag['flush']}  reput {lag['reput']} bytes")
     p = status["pool"]
     print(f"pool     {p['in_use']}/{p['buffers']} buffers in use, mlock failed on {p['mlock_failed']}")
+    print(f"tables   {format_table_levels(status['tables'])}")
     print(
         f"disk     {status['disk_used_ratio']:.0%} used   flags {' '.join(status['running_flags']) or 'none'}"
     )

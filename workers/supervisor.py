@@ -28,7 +28,7 @@ from pathlib import Path
 from types import FrameType
 
 from rmq_mp.config import FlushDiskType, MessageStoreConfig
-from rmq_mp.errors import ShmAttachError, StoreLockedError
+from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
@@ -154,13 +154,11 @@ class Supervisor:
         cfg, store = self.config, self.store
         assert store is not None
         assert store.recovery is not None
-        pool_buffers = cfg.transient_store_pool_size if cfg.transient_store_pool_enable else 0
-        sizes = ShmSizes(pool_buffers, cfg.mapped_file_size_commit_log, 256, 64, qo.DEFAULT_CAPACITY)
-        self.shm = shm = StoreShm.create(self.names, sizes)
+        self.shm = shm = StoreShm.create(self.names, ShmSizes.of(cfg))
         t = shm.table
         t.set(layout.STATE, layout.STARTING)
         t.set(layout.GENERATION, now_ms())
-        self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION))
+        self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION), cfg.max_producer_num)
         t.set(layout.SUPERVISOR_PID, os.getpid())
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
@@ -180,7 +178,9 @@ class Supervisor:
         t.set(layout.LOGICS_MSG_TIMESTAMP, store.checkpoint.logics_msg_timestamp)
         t.set(layout.INDEX_MSG_TIMESTAMP, store.checkpoint.index_msg_timestamp)
         t.set(layout.RECOVERY_DROPPED_BYTES, store.recovery.commit_log_bytes_dropped)
-        for cq in store.all_consume_queues():
+        queues = store.all_consume_queues()
+        self._check_capacity("maxConsumeQueueNum", len(queues), "consume queues", cfg.max_consume_queue_num)
+        for cq in queues:
             slot = shm.queues.find_or_insert(cq.topic, cq.queue_id)
             max_offset = store.topic_queue_table.get((cq.topic, cq.queue_id), 0)
             shm.queues.set(slot, qo.NEXT_OFFSET, max_offset)
@@ -188,8 +188,15 @@ class Supervisor:
             shm.queues.set(slot, qo.MIN_OFFSET, cq.min_offset_in_queue())
         self.offsets = ConsumerOffsetManager(store.paths.consumer_offset)
         self.offsets.load()
-        for key, queues in self.offsets.table.items():
-            for queue_id, offset in queues.items():
+        entries = sum(len(offsets) for offsets in self.offsets.table.values())
+        self._check_capacity(
+            "maxConsumerOffsetNum",
+            entries,
+            "committed offsets in consumerOffset.json",
+            cfg.max_consumer_offset_num,
+        )
+        for key, offsets in self.offsets.table.items():
+            for queue_id, offset in offsets.items():
                 shm.groups.set(shm.groups.find_or_insert(key, queue_id), qo.COMMITTED, offset)
         self.topics = TopicConfigManager(store.paths.topics)
         self.topics.load()
@@ -205,6 +212,14 @@ class Supervisor:
             self.names,
             {"root": str(self.root), "properties": cfg.to_properties(), "supervisor_pid": os.getpid()},
         )
+
+    def _check_capacity(self, key: str, needed: int, what: str, capacity: int) -> None:
+        """A store that already holds more than a table's configured capacity cannot start."""
+        if needed > capacity:
+            raise ConfigError(
+                f"{self.config.source}: {key} = {capacity}, but the store holds {needed:,} {what}: "
+                f"raise {key}"
+            )
 
     def _start_worker(self, handle: WorkerHandle) -> None:
         assert self.shm is not None
