@@ -236,7 +236,7 @@ def check_layout() -> None:
         if not f.writers:
             raise AssertionError(f"pointer-table field {f.name} names no writer")
         owner[f.index] = f.name
-    if WORKER_STRIDE < len(WORKER_FIELDS):
+    if len(WORKER_FIELDS) > WORKER_STRIDE:
         raise AssertionError("a worker's fields overflow its stride")
 
 

@@ -1,0 +1,175 @@
+"""Every fixed-capacity shared table at its edge, through a real running store (issue 17): a
+full table is an outcome the caller can handle, named after the setting that sizes it, and
+nothing is half-done; consumers are many, one per thread, and a dead one's slot comes back."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+
+from rmq_mp.consumer import Consumer
+from rmq_mp.errors import OffsetTableFullError, ShmAttachError
+from rmq_mp.message_batch import MessageBatch
+from rmq_mp.producer import Producer
+from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from shm import layout
+from tests.service import ROOT, running_service, wait_until, write_conf
+
+
+def status_json(conf: Path) -> dict:
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "status", "--json", "--conf", str(conf)],
+        capture_output=True, text=True, cwd=ROOT, timeout=60, check=True,
+    )  # fmt: skip
+    return json.loads(out.stdout)
+
+
+def test_a_send_to_one_queue_more_than_max_consume_queue_num_is_refused_naming_it(tmp_path: Path) -> None:
+    with (
+        running_service(tmp_path, maxConsumeQueueNum="4") as service,
+        Producer.attach(service.names.base) as p,
+    ):
+        for queue_id in range(4):
+            assert p.send("T", b"x", queue_id=queue_id).status is PutMessageStatus.PUT_OK
+        puts = service.read(layout.PUT_COUNT)
+        refused = p.send("T", b"x", queue_id=4)
+        assert refused.status is PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
+        assert "maxConsumeQueueNum" in refused.reason
+        batch = p.send_batch(MessageBatch("Other", [b"a", b"b"]))
+        assert [r.status for r in batch] == [PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED] * 2
+        mixed = p.send_batch([{"topic": "T", "body": b"ok", "queue_id": 1}, {"topic": "New", "body": b"no"}])
+        assert [r.status for r in mixed] == [
+            PutMessageStatus.PUT_OK,
+            PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED,
+        ]
+        assert service.read(layout.PUT_COUNT) == puts + 1  # only the one that fit was stored
+        assert p.send("T", b"y", queue_id=0).queue_offset == 1
+        tables = status_json(service.conf)["tables"]
+        assert tables["maxConsumeQueueNum"] == {"used": 4, "capacity": 4}
+        with Consumer.attach(service.names.base, "cg") as consumer:
+            wait_until(lambda: consumer.pull("T", 1, 0).status is GetMessageStatus.FOUND, 30, "dispatch")
+            assert [m.body for m in consumer.pull("T", 1, 0).messages] == [b"x", b"ok"]
+
+
+def test_a_commit_past_max_consumer_offset_num_records_nothing_and_names_it(tmp_path: Path) -> None:
+    with running_service(tmp_path, maxConsumerOffsetNum="3") as service:
+        with Consumer.attach(service.names.base, "cg") as consumer:
+            consumer.commit({("T", 0): 5, ("T", 1): 6})
+            with pytest.raises(OffsetTableFullError, match="maxConsumerOffsetNum"):
+                consumer.commit({("T", 0): 7, ("T", 2): 8, ("T", 3): 9})
+            assert [consumer.committed_offset("T", q) for q in range(4)] == [5, 6, -1, -1]
+            consumer.commit({("T", 0): 7, ("T", 2): 8})  # exactly full
+            assert [consumer.committed_offset("T", q) for q in range(3)] == [7, 6, 8]
+        assert status_json(service.conf)["tables"]["maxConsumerOffsetNum"] == {"used": 3, "capacity": 3}
+
+
+def _hold_consumers(base: str, count: int, ready: Path) -> None:
+    consumers = [Consumer.attach(base, f"held-{i}") for i in range(count)]
+    ready.write_text(str(len(consumers)))
+    signal.pause()
+
+
+def test_max_consumer_num_is_named_when_full_and_a_killed_processs_slots_come_back(tmp_path: Path) -> None:
+    with running_service(tmp_path, maxConsumerNum="3") as service:
+        ready = tmp_path / "ready"
+        code = (
+            "import sys; from pathlib import Path; from tests.integration.test_capacities import _hold_consumers; "
+            "_hold_consumers(sys.argv[1], 2, Path(sys.argv[2]))"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code, service.names.base, str(ready)], cwd=ROOT)
+        try:
+            wait_until(ready.exists, 60, "the holder's consumers")
+            mine = Consumer.attach(service.names.base, "mine")
+            with pytest.raises(ShmAttachError, match="maxConsumerNum = 3"):
+                Consumer.attach(service.names.base, "one-too-many")
+            assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 3, "capacity": 3}
+            os.kill(holder.pid, signal.SIGKILL)
+            holder.wait(30)
+            again = [Consumer.attach(service.names.base, f"again-{i}") for i in range(2)]  # the dead one's
+            with pytest.raises(ShmAttachError, match="maxConsumerNum"):
+                Consumer.attach(service.names.base, "still-too-many")
+            for consumer in [mine, *again]:
+                consumer.close()
+            assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 0, "capacity": 3}
+        finally:
+            if holder.poll() is None:
+                holder.kill()
+                holder.wait(30)
+
+
+def test_one_consumer_per_thread_each_long_polls_its_own_queue(tmp_path: Path) -> None:
+    threads_n, per_queue = 8, 20
+    with running_service(tmp_path) as service:
+        received: dict[int, list[bytes]] = {}
+        errors: list[BaseException] = []
+        attached = threading.Barrier(threads_n + 1)
+
+        def consume(queue_id: int) -> None:
+            try:
+                with Consumer.attach(service.names.base, f"thread-{queue_id}") as consumer:
+                    attached.wait(60)
+                    bodies: list[bytes] = []
+                    offset = 0
+                    while len(bodies) < per_queue:
+                        result = consumer.pull("Threads", queue_id, offset, 32, timeout_s=30)
+                        assert result.status in (GetMessageStatus.FOUND, GetMessageStatus.OFFSET_OVERFLOW_ONE,
+                                                 GetMessageStatus.NO_MATCHED_LOGIC_QUEUE,
+                                                 GetMessageStatus.NO_MESSAGE_IN_QUEUE), result  # fmt: skip
+                        bodies += [m.body for m in result.messages]
+                        offset = result.next_begin_offset if result.messages else offset
+                    consumer.commit({("Threads", queue_id): offset})
+                    received[queue_id] = bodies
+            except BaseException as exc:
+                errors.append(exc)
+                attached.abort()
+
+        threads = [threading.Thread(target=consume, args=(q,)) for q in range(threads_n)]
+        for thread in threads:
+            thread.start()
+        attached.wait(60)  # every thread is attached (and will long-poll) before anything is sent
+        with Producer.attach(service.names.base) as producer:
+            for i in range(per_queue):
+                for queue_id in range(threads_n):
+                    assert producer.send("Threads", f"{queue_id}:{i}".encode(), queue_id=queue_id).ok
+        for thread in threads:
+            thread.join(120)
+        assert not errors, errors
+        assert received == {q: [f"{q}:{i}".encode() for i in range(per_queue)] for q in range(threads_n)}
+        tables = status_json(service.conf)["tables"]
+        assert tables["maxConsumerNum"]["used"] == 0
+        assert tables["maxConsumerOffsetNum"]["used"] == threads_n
+
+
+def test_a_store_holding_more_queues_than_max_consume_queue_num_refuses_to_start(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service, Producer.attach(service.names.base) as producer:
+        for queue_id in range(5):
+            assert producer.send("T", b"x", queue_id=queue_id).ok
+    conf = write_conf(tmp_path / "small.conf", tmp_path / "store", maxConsumeQueueNum="3")
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "start", "--conf", str(conf)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode != 0
+    assert (
+        "maxConsumeQueueNum = 3, but the store holds 5 consume queues: raise maxConsumeQueueNum"
+        in out.stderr + out.stdout
+    )
+
+
+def test_a_pool_larger_than_the_pointer_tables_slots_is_refused_at_start(tmp_path: Path) -> None:
+    conf = write_conf(tmp_path / "pool.conf", tmp_path / "store", transientStorePoolEnable="true",
+                      transientStorePoolSize="33")  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "start", "--conf", str(conf)],
+        capture_output=True, text=True, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert out.returncode == 2, out
+    assert "transientStorePoolSize = 33: must be <= 32" in out.stderr
+    assert "Traceback" not in out.stderr
