@@ -271,7 +271,7 @@ class WaiterTableMachine(RuleBasedStateMachine):
         if self.table is None:
             return
         assert self.table.live_slots() == len(self.owners)
-        for slot, pid in self.owners.items():
+        for slot in self.owners:
             self.table.set(slot, wt.HOLD, slot)
         holders = set(self.table.holders_below(self.table.capacity, self._alive))
         assert holders == {pid for pid in self.owners.values() if pid in self.alive}
