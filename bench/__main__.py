@@ -16,6 +16,9 @@ Scenarios (``--scenario``, repeatable; default all):
   recovery  abnormal recovery (SIGKILL, checkpoint removed so the whole log is scanned with CRC
             and re-dispatched) per GiB vs reading + CRC-checking the same files.
   cleaner   put p99 while the cleaner deletes a batch of expired files vs without.
+  scale     put rate and p99 over 8, 1,000 and 10,000 queues written round-robin (ratio to the
+            8-queue row), disk and shared memory held, consumer catch-up over every queue,
+            normal and abnormal recovery time (bench/scale.py).
 ``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
 Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 """
@@ -38,7 +41,7 @@ from typing import Any
 import numpy as np
 import psutil
 
-from bench import baselines, charts
+from bench import baselines, charts, scale
 from bench.baselines import percentiles
 from bench.store import CTX, e2e_consumer, run_producers
 from rmq_mp.config import MessageStoreConfig
@@ -317,6 +320,13 @@ class Bench:
               f"{recovery_s:.2f} s = {per_gib_s:.2f} s/GiB; read+CRC {base_per_gib_s:.2f} s/GiB; "
               f"ratio {per_gib_s / base_per_gib_s:.2f}")  # fmt: skip
 
+    # ---------------------------------------------------------------- scale
+
+    def scale(self) -> None:
+        self.results["scale"] = scale.run(
+            self.tmp, quick=self.quick, window_s=self.window_s, overrides=self.overrides
+        )
+
     # ---------------------------------------------------------------- cleaner
 
     def cleaner(self) -> None:
@@ -451,6 +461,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "reput": Bench.reput,
     "recovery": Bench.recovery,
     "cleaner": Bench.cleaner,
+    "scale": Bench.scale,
 }
 
 

@@ -409,10 +409,10 @@ class MessageStoreConfig:
     # memory each); a commit past it raises OffsetTableFullError naming this key.
     max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
     # rmq-mp addition: `Consumer` objects attached at once, over all processes (40 B and one
-    # semaphore each); a dead process's consumers are reclaimed.
+    # semaphore, a 4 KiB page of /dev/shm, each); a dead process's consumers are reclaimed.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
-    # waiting producer; 32 B and one semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
+    # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
     max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
     # send as usual, unmeasured, with a warning.
