@@ -159,7 +159,7 @@ def measure(tmp: Path, queues: int, window_s: float, overrides: dict[str, str]) 
 
 def run(tmp: Path, *, quick: bool, window_s: float, overrides: dict[str, str]) -> dict[str, Any]:
     counts = [8, 1000] if quick else [8, 1000, 10000]
-    rows = []
+    rows: list[dict[str, Any]] = []
     print(f"{'queues':>7}{'msgs/s':>10}{'ratio':>7}{'p50us':>8}{'p99us':>9}{'disk MiB':>10}{'shm MiB':>9}"
           f"{'catch-up/s':>12}{'rec ms':>8}{'abn ms':>8}")  # fmt: skip
     for queues in counts:
