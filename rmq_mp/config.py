@@ -398,6 +398,12 @@ class MessageStoreConfig:
     # ms, so one pass dispatches many records (RocketMQ's reput sleeps 1 ms before every pass);
     # 0 = a pass at every wake. Plain ASYNC_FLUSH dispatches at once (consumer latency).
     reput_batch_interval_ms: int = _prop(1, ge=0, le=1000)
+    # rmq-mp addition: ConsumeQueue files a process keeps mapped at once; the least recently used
+    # idle one is unmapped (and its descriptor closed) when another is opened, and mapped again on
+    # use. Each costs one of the 65,530 mappings Linux allows a process and one or two descriptors
+    # (capped at half of `ulimit -n`). Below the number of queues written round-robin, reput maps
+    # files again.
+    max_open_consume_queue_files: int = _prop(8192, ge=16, le=60000)
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.
