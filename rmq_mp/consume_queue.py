@@ -152,8 +152,9 @@ class ConsumeQueue:
             mf = self.mfq.files[-1]
             valid, _ = _valid_entry_count(mf, mf.wrote_position)
             keep = 0
+            buf = mf.buf  # once: a pooled file's look-up takes the pool's lock
             while keep < valid:
-                phy, size, _tags = CQ_ENTRY.unpack_from(mf.buf, keep * CQ_STORE_UNIT_SIZE)
+                phy, size, _tags = CQ_ENTRY.unpack_from(buf, keep * CQ_STORE_UNIT_SIZE)
                 if phy + (0 if size == PRE_BLANK_SIZE else size) > phy_offset:
                     break
                 keep += 1

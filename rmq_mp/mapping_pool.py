@@ -36,6 +36,7 @@ import sys
 import threading
 from collections import OrderedDict
 from pathlib import Path
+from typing import Any
 
 from rmq_mp.mapped_file import MappedFile
 
@@ -68,11 +69,11 @@ class MappingPool:
 
     def _touch(self, mf: PooledMappedFile) -> None:
         """Under ``lock``: ``mf`` is open and was just used."""
-        if mf in self._open:
+        try:
             self._open.move_to_end(mf)
-            return
-        self._open[mf] = None
-        self._shrink(keep=mf)
+        except KeyError:
+            self._open[mf] = None
+            self._shrink(keep=mf)
 
     def _shrink(self, keep: PooledMappedFile) -> None:
         """Under ``lock``: release least recently used files until the bound holds, skipping
@@ -178,6 +179,12 @@ class PooledMappedFile(MappedFile):
     @_mm.setter
     def _mm(self, value: mmap.mmap | None) -> None:
         self._live_mm = value
+
+    @property
+    def buf(self) -> Any:
+        """`MappedFile.buf` with one look-up (it is on every read's path)."""
+        mm = self._mm
+        return mm if mm is not None else b""
 
     @property
     def _fd(self) -> int:
