@@ -417,6 +417,12 @@ class MessageStoreConfig:
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
     # send as usual, unmeasured, with a warning.
     max_producer_num: int = _prop(1024, ge=1, le=65536)
+    # rmq-mp addition: ConsumeQueue files a process keeps mapped at once; the least recently used
+    # idle one is unmapped (and its descriptor closed) when another is opened, and mapped again on
+    # use. Each costs one of the 65,530 mappings Linux allows a process and one or two descriptors
+    # (capped at half of `ulimit -n`). Below the number of queues written round-robin, reput maps
+    # files again.
+    max_open_consume_queue_files: int = _prop(8192, ge=16, le=60000)
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.

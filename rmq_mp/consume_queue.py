@@ -29,6 +29,7 @@ import numpy as np
 from rmq_mp.errors import CorruptFileError
 from rmq_mp.mapped_file import MappedFile, offset_to_file_name
 from rmq_mp.mapped_file_queue import MappedFileQueue
+from rmq_mp.mapping_pool import MappingPool, process_pool
 from rmq_mp.reporter import Reporter
 
 if TYPE_CHECKING:
@@ -91,12 +92,13 @@ class ConsumeQueue:
         *,
         writable: bool,
         reporter: Reporter,
+        pool: MappingPool | None = None,
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
         self.mapped_file_size = mapped_file_size
         self.mfq = MappedFileQueue(
-            root / topic / str(queue_id), mapped_file_size, writable=writable, reporter=reporter
+            root / topic / str(queue_id), mapped_file_size, writable=writable, reporter=reporter, pool=pool
         )
         self.reporter = reporter
         self.max_physic_offset = -1
@@ -150,8 +152,9 @@ class ConsumeQueue:
             mf = self.mfq.files[-1]
             valid, _ = _valid_entry_count(mf, mf.wrote_position)
             keep = 0
+            buf = mf.buf  # once: a pooled file's look-up takes the pool's lock
             while keep < valid:
-                phy, size, _tags = CQ_ENTRY.unpack_from(mf.buf, keep * CQ_STORE_UNIT_SIZE)
+                phy, size, _tags = CQ_ENTRY.unpack_from(buf, keep * CQ_STORE_UNIT_SIZE)
                 if phy + (0 if size == PRE_BLANK_SIZE else size) > phy_offset:
                     break
                 keep += 1
@@ -403,13 +406,24 @@ def java_string_order(text: str) -> bytes:
 
 class ConsumeQueueTable:
     """Every ConsumeQueue of a store by topic and queue id (DefaultMessageStore's
-    consumeQueueTable): loaded from ``consumequeue/<topic>/<queueId>/``, created on first use."""
+    consumeQueueTable): loaded from ``consumequeue/<topic>/<queueId>/``, created on first use.
+    Their files are mapped only while in use, at most ``pool.max_open`` at once (the process's
+    pool of the default ``maxOpenConsumeQueueFiles`` unless given; mapping_pool.py)."""
 
-    def __init__(self, root: Path, mapped_file_size: int, *, writable: bool, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        root: Path,
+        mapped_file_size: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
+        pool: MappingPool | None = None,
+    ) -> None:
         self.root = root
         self.mapped_file_size = mapped_file_size
         self.writable = writable
         self.reporter = reporter
+        self.pool = pool if pool is not None else process_pool()
         self.queues: dict[str, dict[int, ConsumeQueue]] = {}
         self.discarded = False
         """Set when a damaged queue was discarded (writable only): recovery then re-dispatches
@@ -442,7 +456,13 @@ class ConsumeQueueTable:
 
     def _new(self, topic: str, queue_id: int) -> ConsumeQueue:
         cq = ConsumeQueue(
-            topic, queue_id, self.root, self.mapped_file_size, writable=self.writable, reporter=self.reporter
+            topic,
+            queue_id,
+            self.root,
+            self.mapped_file_size,
+            writable=self.writable,
+            reporter=self.reporter,
+            pool=self.pool,
         )
         self.queues.setdefault(topic, {})[queue_id] = cq
         return cq

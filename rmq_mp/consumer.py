@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from rmq_mp.errors import OffsetTableFullError, ShmAttachError, StoreError
+from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
@@ -68,6 +69,9 @@ class Consumer:
         self.queues = store.shm.queues
         self.waiters = store.shm.waiters
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._pool = process_pool(store.config.max_open_consume_queue_files)
+        """Shared by every consumer of the process: the queue files all of them read stay
+        within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
         self._reporter = Reporter()
         self.subscriptions: dict[str, Subscription] = {}
         self.committed: dict[tuple[str, int], int] = {}
@@ -129,6 +133,7 @@ class Consumer:
             cq = self._cqs[key] = ConsumeQueue(
                 topic, queue_id, self.store.paths.consume_queue,
                 self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self._reporter,
+                pool=self._pool,
             )  # fmt: skip
         end = max_offset * CQ_STORE_UNIT_SIZE
         cq.min_logic_offset = min_offset * CQ_STORE_UNIT_SIZE

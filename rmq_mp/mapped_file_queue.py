@@ -14,6 +14,7 @@ from pathlib import Path
 
 from rmq_mp.errors import CorruptFileError
 from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
+from rmq_mp.mapping_pool import MappingPool, PooledMappedFile
 from rmq_mp.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -24,11 +25,21 @@ _NAME = re.compile(r"^\d{20}$")
 class MappedFileQueue:
     """Segments of ``mapped_file_size`` bytes in ``store_dir``, named by their first offset."""
 
-    def __init__(self, store_dir: Path, mapped_file_size: int, *, writable: bool, reporter: Reporter) -> None:
+    def __init__(
+        self,
+        store_dir: Path,
+        mapped_file_size: int,
+        *,
+        writable: bool,
+        reporter: Reporter,
+        pool: MappingPool | None = None,
+    ) -> None:
         self.store_dir = store_dir
         self.mapped_file_size = mapped_file_size
         self.writable = writable
         self.reporter = reporter
+        self.pool = pool
+        """With a pool (ConsumeQueues), files are mapped only while in use (mapping_pool.py)."""
         self.files: list[MappedFile] = []
         self.flushed_where = 0
         self.committed_where = 0
@@ -81,9 +92,14 @@ class MappedFileQueue:
                     self.mapped_file_size,
                     "last segment shorter than its size (torn creation); zero-filled",
                 )
-            mf = MappedFile(path, self.mapped_file_size, writable=self.writable)
+            mf = self._open(path, self.mapped_file_size, writable=self.writable)
             mf.set_positions(min(size, self.mapped_file_size) if not self.writable else self.mapped_file_size)
             self.files.append(mf)
+
+    def _open(self, path: Path, file_size: int, *, writable: bool, create: bool = False) -> MappedFile:
+        if self.pool is None:
+            return MappedFile(path, file_size, writable=writable, create=create)
+        return PooledMappedFile(path, file_size, writable=writable, create=create, pool=self.pool)
 
     # ------------------------------------------------------------------ lookup
 
@@ -136,7 +152,7 @@ class MappedFileQueue:
             if self.writable:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
                 MappedFile.prepare(path, size, preallocate=True)
-            self.files.append(MappedFile(path, size, writable=self.writable))
+            self.files.append(self._open(path, size, writable=self.writable))
 
     def ensure_file(self, file_offset: int) -> MappedFile:
         """The segment starting at ``file_offset`` (mapping it, and any missing before it)."""
@@ -172,7 +188,7 @@ class MappedFileQueue:
         else:
             create_offset = last.file_from_offset + self.mapped_file_size
         self.store_dir.mkdir(parents=True, exist_ok=True)
-        mf = MappedFile(
+        mf = self._open(
             self.store_dir / offset_to_file_name(create_offset),
             self.mapped_file_size,
             writable=True,

@@ -37,6 +37,7 @@ from rmq_mp.errors import (
     StoreReadOnlyError,
 )
 from rmq_mp.index_service import IndexService
+from rmq_mp.mapping_pool import process_pool
 from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.recovery import RecoveryReport, recover
 from rmq_mp.reporter import Reporter
@@ -93,6 +94,7 @@ class MessageStore:
             config.mapped_file_size_consume_queue,
             writable=self.writable,
             reporter=self.reporter,
+            pool=process_pool(config.max_open_consume_queue_files),
         )
         self.index_service = (
             IndexService(

@@ -29,6 +29,7 @@ from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.dispatch import Dispatcher
 from rmq_mp.index_service import IndexService
+from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import is_dispatchable
 from rmq_mp.reporter import Reporter
 from shm import layout
@@ -52,7 +53,11 @@ class ReputService(ServiceLoop):
         paths = self.store.paths
         reporter = Reporter()
         self.cq_table = ConsumeQueueTable(
-            paths.consume_queue, cfg.mapped_file_size_consume_queue, writable=True, reporter=reporter
+            paths.consume_queue,
+            cfg.mapped_file_size_consume_queue,
+            writable=True,
+            reporter=reporter,
+            pool=process_pool(cfg.max_open_consume_queue_files),
         )
         self.cq_table.load()
         for cq in self.cq_table.all():
