@@ -8,13 +8,14 @@ sends one message to each of N queues (Q a topic), waits until all are dispatche
 st_blocks * 512 over the store directory, by part. Target: 12,000 queues under 1.5 GiB, commit
 log included. The store is deleted afterwards. ``--dir`` puts it on another filesystem (the
 default is the system temp directory). Needs maxConsumeQueueNum >= N (the default 65,536) and
-(until reput bounds its open mappings) a descriptor limit above 2 x N: each mapped queue file
-holds two (run it under ``prlimit --nofile=65536:65536``).
+(until reput bounds its open mappings) a descriptor limit above 2 x N + 100: each queue file
+reput maps holds two (the file's and the one Python's mmap keeps); the bench checks it first.
 """
 
 from __future__ import annotations
 
 import argparse
+import resource
 import shutil
 import tempfile
 import time
@@ -57,6 +58,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="overrides", action="append", default=[], type=parse_setting, metavar="KEY=VALUE"
     )
     args = parser.parse_args(argv)
+    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft < 2 * args.queues + 100:
+        raise SystemExit(
+            f"RLIMIT_NOFILE {soft} is below 2 x {args.queues} + 100: reput would run out of descriptors"
+        )
     settings = {**DEFAULT_GEOMETRY, **dict(args.overrides)}
     print(f"{args.queues} queues, {args.queues_per_topic} a topic, one message each; {settings}")
     tmp = Path(tempfile.mkdtemp(prefix="rmq-disk-use-", dir=args.dir))
