@@ -128,6 +128,7 @@ class CommitLog:
             # A reused pool buffer still holds its previous file's bytes, and the commit copies
             # up to the file's end: zero them so the file keeps zeros after its blank record.
             blank += bytes(max_blank - len(blank))
+        mf.reserve_range(pos, pos + len(blank))  # ENOSPC as an OSError, never a SIGBUS in the fill
         mf.fill(pos, blank)
         mf.advance_wrote(mf.file_size)
 

@@ -259,7 +259,7 @@ class MessageStoreConfig:
     check_crc_on_recover: bool = True
     # Put lock: true = mutex (watch 20 us, then sleep), false = spin lock (never sleeps).
     use_reentrant_lock_when_put_message: bool = True
-    # The allocator pre-touches and mlocks each file it creates ahead, until writes pass it.
+    # The allocator pre-touches, reserves whole and mlocks each file it creates ahead, until writes pass it.
     warm_maped_file_enable: bool = False
     # Pages (4 KiB) between forced flushes while warming a file under SYNC_FLUSH.
     flush_least_pages_when_warm_maped_file: int = _prop(4096, ge=0)

@@ -217,7 +217,9 @@ class ConsumeQueue:
     def put_message_position_info(
         self, *, phy_offset: int, size: int, tags_code: int, queue_offset: int
     ) -> bool:
-        """Append the entry for ``queue_offset``; idempotent under re-dispatch (§4.3)."""
+        """Append the entry for ``queue_offset``; idempotent under re-dispatch (§4.3). Raises
+        OSError (ENOSPC) when the disk refuses the blocks, with nothing of this entry written,
+        so the same dispatch can be retried."""
         if phy_offset + size <= self.max_physic_offset:
             return True
         expect = queue_offset * CQ_STORE_UNIT_SIZE
@@ -226,6 +228,11 @@ class ConsumeQueue:
         if mf is None:
             return False
         if was_empty and queue_offset != 0 and mf.wrote_position == 0:
+            try:  # the pre-blanks and the entry reserved at once: all written or none
+                mf.reserve(expect % self.mapped_file_size + CQ_STORE_UNIT_SIZE)
+            except OSError:
+                self.mfq.delete_last_file()  # a retry starts from an empty queue again
+                raise
             self.min_logic_offset = expect
             self.mfq.flushed_where = self.mfq.committed_where = expect
             self._fill_pre_blank(mf, expect)
@@ -241,8 +248,10 @@ class ConsumeQueue:
                     self.topic,
                     self.queue_id,
                 )
-        self.max_physic_offset = phy_offset + size
-        return mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code)) >= 0
+        if mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code)) < 0:
+            return False
+        self.max_physic_offset = phy_offset + size  # only once written: a retry must not skip it
+        return True
 
     def put_position_infos(
         self, *, phy_offset: np.ndarray, size: np.ndarray, tags_code: np.ndarray, queue_offset: np.ndarray
@@ -251,7 +260,8 @@ class ConsumeQueue:
         with the same result byte for byte. A run that simply continues the queue (each entry at
         the next queue offset, each ending above the last) is written as one block per file;
         anything else (duplicates, the first entry of a new queue above offset 0, gaps) goes
-        entry by entry."""
+        entry by entry. OSError (ENOSPC) leaves what was written counted, so a retry of the same
+        batch writes the rest."""
         n = len(phy_offset)
         if n and max(int(phy_offset.max()), -int(phy_offset.min())) >= _HUGE:
             return all(  # sums could leave int64: entry by entry, as Python ints

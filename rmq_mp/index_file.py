@@ -14,6 +14,11 @@ Entry 0 is never used. Chains run newest to oldest, so lookups return newest fir
 one `putKey` at a time; `truncate` is rmq-mp's: after a crash, entries pointing past the
 recovered commit log are cut (slots rewound along their chains) instead of destroying the whole
 file as RocketMQ does (#3868, #8007).
+
+Disk: the file is sparse at its full length. A writable open reserves the header and slot area
+(written at random positions) and entries get blocks in chunks ahead of the entry count
+(`mapped_file.reservation_end`), so a full disk is an OSError from a put with nothing written,
+never a SIGBUS; an index holding a few keys costs its slot area and a page or so.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmq_mp.mapped_file import reservation_end, reserve_blocks
 from rmq_mp.message import index_key_hash
 from rmq_mp.reporter import Reporter
 
@@ -71,14 +77,20 @@ class IndexFile:
         self.reporter = reporter
         flags = (os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)) if writable else os.O_RDONLY
         fd = os.open(path, flags, 0o644)
+        self._fd = -1
+        """Kept open while writable, for reserving entry blocks."""
+        self._reserved_end = 0
+        """``[0, _reserved_end)`` has its blocks reserved (header and slots at least, once open)."""
         try:
             actual = os.fstat(fd).st_size
             if create:
-                os.ftruncate(fd, self.file_size)
-                os.posix_fallocate(fd, 0, self.file_size)  # ENOSPC here, not SIGBUS in a write
+                os.ftruncate(fd, self.file_size)  # sparse; the entries reserve as they come
                 actual = self.file_size
             elif writable and actual != self.file_size:
                 os.ftruncate(fd, self.file_size)
+            if writable:  # ENOSPC here, not a SIGBUS in a slot write
+                reserve_blocks(fd, 0, self._slots_end())
+                self._reserved_end = self._slots_end()
             length = self.file_size if writable else min(actual, self.file_size)
             self._mm: mmap.mmap | None = (
                 mmap.mmap(fd, length, access=mmap.ACCESS_WRITE if writable else mmap.ACCESS_READ)
@@ -86,10 +98,13 @@ class IndexFile:
                 else None
             )
         except BaseException:
+            os.close(fd)
             if create:
                 path.unlink(missing_ok=True)
             raise
-        finally:
+        if writable:
+            self._fd = fd
+        else:
             os.close(fd)
         self._intact_bytes = actual
         if length >= INDEX_HEADER_SIZE:
@@ -124,6 +139,14 @@ class IndexFile:
 
     def _entry_pos(self, n: int) -> int:
         return self._slots_end() + n * INDEX_ENTRY_SIZE
+
+    def _reserve_entries(self, end: int) -> None:
+        """Blocks for the entry area up to byte ``end``, a chunk ahead. OSError (ENOSPC) with
+        nothing written."""
+        if end > self._reserved_end:
+            mark = reservation_end(self._reserved_end, end, self.file_size)
+            reserve_blocks(self._fd, self._reserved_end, mark)
+            self._reserved_end = mark
 
     def _write_header(self) -> None:
         if self._mm is not None and self.writable:
@@ -165,9 +188,10 @@ class IndexFile:
             time_diff = 0
         else:
             time_diff = min(max(int((store_timestamp - self.begin_timestamp) / 1000), 0), _INT_MAX)
-        _ENTRY.pack_into(
-            self._mm, self._entry_pos(self.index_count), key_hash, phy_offset, time_diff, slot_value
-        )
+        entry_pos = self._entry_pos(self.index_count)
+        if entry_pos + INDEX_ENTRY_SIZE > self._reserved_end:
+            self._reserve_entries(entry_pos + INDEX_ENTRY_SIZE)
+        _ENTRY.pack_into(self._mm, entry_pos, key_hash, phy_offset, time_diff, slot_value)
         _SLOT.pack_into(self._mm, slot_pos, self.index_count)
         if self.index_count <= 1:
             self.begin_phy_offset = phy_offset
@@ -194,6 +218,7 @@ class IndexFile:
         count = min(self.index_num - self.index_count, len(key_hash))
         if count <= 0:
             return 0
+        self._reserve_entries(self._entry_pos(self.index_count + count))
         key_hash, phy_offset, store_timestamp = key_hash[:count], phy_offset[:count], store_timestamp[:count]
         first = self.index_count
         begin = self.begin_timestamp if first > 1 else int(store_timestamp[0])
@@ -346,6 +371,7 @@ class IndexFile:
             return 0
         start = self._entry_pos(new_count)
         stop = self._entry_pos(self.index_count)
+        reserve_blocks(self._fd, start, stop)  # a cut or sparse file may have holes there
         self._mm[start:stop] = bytes(stop - start)
         self._rebuild_slots(new_count)
         self.index_count = new_count
@@ -415,6 +441,9 @@ class IndexFile:
         if self._mm is not None:
             self._mm.close()
             self._mm = None
+        if self._fd >= 0:
+            os.close(self._fd)
+            self._fd = -1
 
     def destroy(self) -> None:
         self.close()

@@ -7,6 +7,11 @@ fsync raises and leaves ``flushed_position`` where it was (issue #2706).
 
 Reads never hand out memoryviews of the map (they would pin it); callers unpack straight from
 ``buf`` with ``struct.unpack_from`` or slice copies.
+
+Disk use follows content: a file is created sparse at its full length (RocketMQ reads it by
+length), and disk blocks are reserved (`posix_fallocate`) ahead of the write position in chunks
+before any byte is written there (`reserve`). On a full disk the reservation is the OSError the
+caller reports; a store through the map into a hole would be a SIGBUS instead.
 """
 
 from __future__ import annotations
@@ -21,6 +26,9 @@ from typing import Any
 import numpy as np
 
 OS_PAGE_SIZE = 4096
+RESERVE_MAX_CHUNK_BYTES = 1 << 20
+"""Reservation chunks double from one page with what a file has reserved, up to this: an idle
+queue costs a page, a busy one a `posix_fallocate` per MiB."""
 PWRITE_MIN_BYTES = OS_PAGE_SIZE
 MADV_POPULATE_WRITE = 23
 """Linux 5.14+: fault pages in writable without touching their bytes (not in Python 3.11's mmap)."""
@@ -44,6 +52,22 @@ def lock_in_memory(mm: mmap.mmap) -> str:
 """Writes of at least this many bytes into a file go by `pwrite` rather than through the map."""
 
 
+def reservation_end(reserved: int, end: int, limit: int) -> int:
+    """Where to reserve up to for a write ending at ``end`` when ``[0, reserved)`` is reserved:
+    one chunk past ``reserved`` (as large as ``reserved``, one page to RESERVE_MAX_CHUNK_BYTES),
+    at least ``end``, page-aligned, at most ``limit`` (the file size)."""
+    chunk = min(max(reserved, OS_PAGE_SIZE), RESERVE_MAX_CHUNK_BYTES)
+    mark = max(end, reserved + chunk)
+    return min(-(-mark // OS_PAGE_SIZE) * OS_PAGE_SIZE, limit)
+
+
+def reserve_blocks(fd: int, start: int, end: int) -> None:
+    """Reserve the disk blocks of ``[start, end)`` of an open file (no-op where they are already
+    allocated; data is never changed). Raises OSError (ENOSPC) when the disk cannot hold them."""
+    if end > start:
+        os.posix_fallocate(fd, start, end - start)
+
+
 def offset_to_file_name(offset: int) -> str:
     """`UtilAll.offset2FileName`: 20-digit zero-padded decimal."""
     return f"{offset:020d}"
@@ -62,10 +86,7 @@ class MappedFile:
         try:
             actual = os.fstat(self._fd).st_size
             if create:
-                os.ftruncate(self._fd, file_size)
-                # Blocks reserved now: a write through the map into a hole on a full disk is a
-                # SIGBUS, a failed creation is an OSError the caller can report.
-                os.posix_fallocate(self._fd, 0, file_size)
+                os.ftruncate(self._fd, file_size)  # sparse: `reserve` claims blocks as it fills
                 actual = file_size
             self.actual_size = actual
             """Bytes the file really has; less than ``file_size`` only for a short file opened
@@ -90,20 +111,22 @@ class MappedFile:
         after every put write-protects the page the next put writes)."""
         self.write_buffer: mmap.mmap | None = None
         """A TransientStorePool buffer: appends go there and `commit` copies them to the file."""
+        self.reserved_position = 0
+        """``[0, reserved_position)`` has its disk blocks reserved by this object (0 for a file
+        opened, not created, here: the first `reserve` claims the prefix, a no-op for blocks
+        already there). `append` reserves itself; `fill`'s callers reserve first."""
 
     @classmethod
-    def prepare(cls, path: Path, file_size: int, *, preallocate: bool = False) -> bool:
-        """Create a segment at full size if it does not exist, atomically: it is sized (and with
-        ``preallocate`` its blocks reserved) under a hidden temporary name, then linked into
-        place, so no other process can ever map it short. True if this call created it."""
+    def prepare(cls, path: Path, file_size: int) -> bool:
+        """Create a segment at full size (sparse) if it does not exist, atomically: it is sized
+        under a hidden temporary name, then linked into place, so no other process can ever map
+        it short. True if this call created it. Its blocks are reserved by whoever writes it."""
         if path.exists():
             return False
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
         try:
             os.ftruncate(fd, file_size)
-            if preallocate:
-                os.posix_fallocate(fd, 0, file_size)
         finally:
             os.close(fd)
         try:
@@ -151,18 +174,36 @@ class MappedFile:
         if self.write_buffer is None:
             self.committed_position = end
 
+    def reserve(self, end: int) -> None:
+        """Reserve disk blocks up to at least ``end`` (a chunk ahead, `reservation_end`) before
+        anything is written there. Raises OSError (ENOSPC) with nothing written."""
+        if end <= self.reserved_position:
+            return
+        mark = reservation_end(self.reserved_position, end, self.file_size)
+        reserve_blocks(self._fd, self.reserved_position, mark)
+        self.reserved_position = mark
+
+    def reserve_range(self, start: int, end: int) -> None:
+        """Reserve ``[start, end)`` only (the commit log's put path, which tracks its reservation
+        in the pointer table, not in this object). Raises OSError (ENOSPC)."""
+        reserve_blocks(self._fd, start, end)
+
     def append(self, data: bytes | bytearray) -> int:
-        """Copy ``data`` at the write position; returns that position, or -1 if it does not fit."""
+        """Copy ``data`` at the write position, its blocks reserved first; returns that position,
+        or -1 if it does not fit. Raises OSError (ENOSPC) with nothing written."""
         pos = self.wrote_position
         end = pos + len(data)
         if end > self.file_size or self._mm is None:
             return -1
+        if end > self.reserved_position:
+            self.reserve(end)
         self._target()[pos:end] = data
         self.advance_wrote(end)
         return pos
 
     def fill(self, pos: int, data: Any) -> None:
         """Write ``data`` at ``pos`` without moving positions (a put's records, blank records).
+        The caller has reserved its blocks (the producer, against ALLOCATED_UNTIL).
 
         Into the pool buffer when one is attached; into the file otherwise, through the map for
         small writes and with `pwrite` from ``pwrite_min_bytes`` on: the first store to each
@@ -197,6 +238,7 @@ class MappedFile:
         if self._mm is not None and pos < self.file_size:
             end = self.last_nonzero(pos)
             if end > pos:
+                reserve_blocks(self._fd, pos, end)  # a sparse file may have holes in between
                 self._mm[pos:end] = bytes(end - pos)
 
     def last_nonzero(self, start: int) -> int:
@@ -230,9 +272,12 @@ class MappedFile:
         faulted in writable (page cache filled, blocks mapped), forced every
         ``flush_every_pages`` pages when > 0 (SYNC_FLUSH), then the mapping mlocked until it is
         closed. Nothing changes in the file, so a put that reaches it meanwhile loses nothing.
-        Returns '' or why the mlock failed (the file is warmed all the same)."""
+        Returns '' or why the mlock failed (the file is warmed all the same). Pre-faulting
+        writable allocates every block, so the whole file is reserved first: OSError (ENOSPC)
+        here rather than a failed fault."""
         assert self.writable, "warm needs a writable mapping"
         assert self._mm is not None, "a zero-length file cannot be warmed"
+        self.reserve(self.file_size)
         step = flush_every_pages * OS_PAGE_SIZE if flush_every_pages > 0 else self.file_size
         for start in range(0, self.file_size, step):
             try:

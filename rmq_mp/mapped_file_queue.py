@@ -151,7 +151,7 @@ class MappedFileQueue:
             path = self.store_dir / offset_to_file_name(offset)
             if self.writable:
                 self.store_dir.mkdir(parents=True, exist_ok=True)
-                MappedFile.prepare(path, size, preallocate=True)
+                MappedFile.prepare(path, size)
             self.files.append(self._open(path, size, writable=self.writable))
 
     def ensure_file(self, file_offset: int) -> MappedFile:

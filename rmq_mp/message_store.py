@@ -276,9 +276,14 @@ class MessageStore:
             key = (message.topic, message.queue_id)
             queue_offset = self.topic_queue_table.get(key, 0) if dispatchable else 0
             store_timestamp = int(time.time() * 1000)
-            result = self.commit_log.append(
-                encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
-            )
+            try:
+                result = self.commit_log.append(
+                    encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
+                )
+            except OSError as exc:  # a new file or its blocks refused (a full disk): nothing written
+                return PutMessageResult(
+                    PutMessageStatus.CREATE_MAPEDFILE_FAILED, reason=f"commit-log append failed: {exc}"
+                )
             if result.status is not AppendMessageStatus.PUT_OK:
                 status = (
                     PutMessageStatus.MESSAGE_ILLEGAL

@@ -44,7 +44,7 @@ from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
 from rmq_mp.errors import OffsetTableFullError
-from rmq_mp.mapped_file import MappedFile
+from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.message_batch import (
     UNIQ_KEY_PREFIX,
     EncodedRun,
@@ -107,6 +107,10 @@ _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _FLUSH_SEQ = layout.FLUSH_REQUEST_SEQ.index
 _FLUSHED = layout.FLUSHED_POSITION.index
+_ALLOCATED = layout.ALLOCATED_UNTIL.index
+RESERVE_OWN_BYTES = 1 << 20
+"""What a put reserves for itself past its end when it finds itself beyond ALLOCATED_UNTIL (the
+allocator fell behind): a MiB, so a put racing ahead pays one posix_fallocate a MiB."""
 _RING_FULL = "every SYNC flush-request slot is taken (maxSyncFlushRequestNum): raise it"
 _NOT_FLUSHED = "not flushed within syncFlushTimeout"
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
@@ -300,6 +304,10 @@ class Producer:
         flusher or committer wakes it then."""
         self._metrics = PutRecorder(store)
         self._ring_words = self.ring.words
+        self._reserved_until = 0
+        """Commit-log offset below which, from the write position on, blocks are known reserved
+        (ALLOCATED_UNTIL or this producer's own reservation): a put ending below it writes
+        without a system call, one ending above goes through `_reserve`."""
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str]) -> Producer:
@@ -701,8 +709,19 @@ class Producer:
                     run.place(Placement(first, 1, _ILLEGAL, reason))
                     first += 1
                     continue
+                # The blank record; with a pool buffer the committer copies zeros to the file's end.
+                reason = self._reserve(mf, mf.file_from_offset + mf.file_size)
+                if reason:
+                    run.place(Placement(first, run.count - first, _CREATE_FAILED, reason))
+                    break
                 self._end_file(mf, wrote)
                 continue
+            end = wrote + run.end(first + fit - 1) - run.start(first)
+            if end > self._reserved_until:
+                reason = self._reserve(mf, end)
+                if reason:
+                    run.place(Placement(first, run.count - first, _CREATE_FAILED, reason))
+                    break
             try:
                 appended_bytes += self._append_chunk(run, first, fit, mf, wrote, store_ts)
             except OffsetTableFullError as exc:  # raised before the chunk changed anything
@@ -783,7 +802,10 @@ class Producer:
             wrote = w[_WROTE]
             mf = cached[0]
             size = len(data)
-            if 0 <= wrote - mf.file_from_offset <= mf.file_size - size - record.END_FILE_MIN_BLANK_LENGTH:
+            if (
+                0 <= wrote - mf.file_from_offset <= mf.file_size - size - record.END_FILE_MIN_BLANK_LENGTH
+                and wrote + size <= self._reserved_until
+            ):
                 mf.write_buffer = cached[1]
                 store_ts = self.lock.acquired_ms
                 try:
@@ -799,7 +821,7 @@ class Producer:
                 w[_PUT_COUNT] += 1
                 w[_PUT_BYTES] += size
                 ring_slot = self._flush_request(end) if self._sync and wait else -1
-            else:  # a new file first
+            else:  # a new file or a reservation first
                 run = EncodedRun(
                     topic, queue_id, data, count=1, record_size=size, uniq_keys=(uniq,), wait_flush=wait
                 )
@@ -841,6 +863,27 @@ class Producer:
         return SendResult(
             p.status, run.queue_id, p.queue_offset, p.phy_offset, uniq, p.reason, self._msg_id_prefix
         )
+
+    def _reserve(self, mf: MappedFile, end: int) -> str:
+        """Make sure the log's blocks from the write position to ``end`` (inside ``mf``) are
+        reserved before anything is written there: below ALLOCATED_UNTIL they are (the common
+        case once per allocator top-up); else this producer reserves up to RESERVE_OWN_BYTES past
+        ``end`` itself. '' or why the disk refused (the put is CREATE_MAPEDFILE_FAILED)."""
+        w = self._words
+        allocated = w[_ALLOCATED]
+        if end <= allocated:
+            self._reserved_until = allocated
+            return ""
+        wrote = w[_WROTE]
+        file_end = mf.file_from_offset + mf.file_size
+        start = max(allocated, self._reserved_until, wrote - wrote % OS_PAGE_SIZE, mf.file_from_offset)
+        mark = min(file_end, -(-(end + RESERVE_OWN_BYTES) // OS_PAGE_SIZE) * OS_PAGE_SIZE)
+        try:
+            mf.reserve_range(start - mf.file_from_offset, mark - mf.file_from_offset)
+        except OSError as exc:
+            return f"cannot reserve disk blocks for the commit log at {start}-{mark}: {exc}"
+        self._reserved_until = mark
+        return ""
 
     def _end_file(self, mf: MappedFile, wrote: int) -> None:
         """Close the current file with a BLANK record, journalled like an append."""

@@ -88,7 +88,12 @@ FLUSHED_POSITION = _f(
     "flushed_position", 10, F, doc="end of bytes known durable; never advanced on a failed fsync"
 )
 REPUT_FROM_OFFSET = _f("reput_from_offset", 11, R, doc="end of dispatched records")
-ALLOCATED_UNTIL = _f("allocated_until", 12, A, doc="end offset of the furthest file created ahead")
+ALLOCATED_UNTIL = _f(
+    "allocated_until",
+    12,
+    A,
+    doc="commit-log offset below which, from the write position on, disk blocks are reserved",
+)
 LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, C, lock=Lock.PUT)
 PUT_LOCK_OWNER_PID = _f("put_lock_owner_pid", 14, P, C, lock=Lock.PUT, doc="0 when free")
 PUT_LOCK_SINCE_MS = _f(

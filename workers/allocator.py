@@ -1,25 +1,38 @@
-"""Allocator: keeps the next CommitLog files created before a put needs them.
+"""Allocator: keeps the next CommitLog files created, and disk blocks reserved, before a put
+needs them.
 
 Mirrors AllocateMappedFileService (rocketmq-format.md §7.6): RocketMQ prepares the next and the
-next-next file; so does this worker, with the disk blocks reserved (posix_fallocate) so the put
-path never pays for file creation. With `warmMapedFileEnable` it also warms each file it creates
-(`MappedFile.warm`: pages faulted in, forced every `flushLeastPagesWhenWarmMapedFile` pages under
-SYNC_FLUSH, mlocked) and keeps it locked until the write position has moved past it, as RocketMQ
-munlocks a file once it is full. Writes ALLOCATED_UNTIL. Woken by producers, else every 100 ms.
+next-next file; so does this worker, sparse, so the put path never creates a file. Disk blocks
+(posix_fallocate) are reserved a bounded distance ahead, one file size past the write position
+(topped up once less than half of that is left), and published as ALLOCATED_UNTIL: the put path
+writes below it without a system call and reserves for itself only if it ever gets past it
+(`Producer._reserve`). So an idle store holds about one file of blocks, not three, and a full
+disk is an OSError here (retried every RESERVE_RETRY_S) or a refused put, never a SIGBUS.
+
+With `warmMapedFileEnable` it also warms each file it creates (`MappedFile.warm`: the file's
+blocks reserved, pages faulted in, forced every `flushLeastPagesWhenWarmMapedFile` pages under
+SYNC_FLUSH, mlocked): then the current file and the files ahead are reserved whole, as RocketMQ's
+warmed files are written whole. It keeps each locked until the write position has moved past it,
+as RocketMQ munlocks a file once it is full. Woken by producers, else every 100 ms.
 Final pass: nothing (files it created but nobody used are removed by the next recovery).
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
 
-from rmq_mp.mapped_file import MappedFile, offset_to_file_name
+from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name, reserve_blocks
 from shm import layout
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.allocator")
 FILES_AHEAD = 2
+"""Files created (sparse) beyond the current one."""
+RESERVE_RETRY_S = 1.0
+"""After a failed creation or reservation (a full disk), the next try waits this long."""
 
 
 class AllocatorService(ServiceLoop):
@@ -28,40 +41,110 @@ class AllocatorService(ServiceLoop):
     def on_start(self) -> None:
         self.warmed: list[MappedFile] = []
         """Files warmed and mlocked by this worker, oldest first, until writes move past them."""
+        self.to_warm: list[int] = []
+        """Offsets of files this worker created and has not warmed yet."""
+        self.created_until = 0
+        """End of the files this worker knows exist."""
+        self.retry_at = 0.0
+        self.failure = ""
+        """Why the last pass failed ('' when it did not): logged once, not every retry."""
 
     def interval_s(self) -> float:
         return 0.1
 
-    def target(self) -> int:
-        """End of the last file to have ready: the current one and FILES_AHEAD more."""
+    def files_target(self, wrote: int) -> int:
+        """End of the last file to have created: the current one and FILES_AHEAD more."""
         size = self.store.config.mapped_file_size_commit_log
-        wrote = self.table.get(layout.WROTE_POSITION)
         return wrote - wrote % size + (FILES_AHEAD + 1) * size
 
+    def reserve_target(self, wrote: int) -> int:
+        """End of the blocks to have reserved: one file size past the write position, page
+        aligned (every file made when files are warmed: warming writes them whole)."""
+        if self.store.config.warm_maped_file_enable:
+            return self.files_target(wrote)
+        end = wrote + self.store.config.mapped_file_size_commit_log
+        return end - end % OS_PAGE_SIZE
+
     def has_work(self) -> bool:
-        return self.table.get(layout.ALLOCATED_UNTIL) < self.target()
+        if time.monotonic() < self.retry_at:
+            return False
+        wrote = self.table.get(layout.WROTE_POSITION)
+        slack = (
+            0
+            if self.store.config.warm_maped_file_enable
+            else self.store.config.mapped_file_size_commit_log // 2
+        )
+        return (
+            self.created_until < self.files_target(wrote)
+            or self.table.get(layout.ALLOCATED_UNTIL) < self.reserve_target(wrote) - slack
+        )
 
     def do_work(self) -> None:
-        cfg = self.store.config
-        size = cfg.mapped_file_size_commit_log
-        target = self.target()
-        current = target - (FILES_AHEAD + 1) * size
+        size = self.store.config.mapped_file_size_commit_log
+        wrote = self.table.get(layout.WROTE_POSITION)
+        current = wrote - wrote % size
         while self.warmed and self.warmed[0].file_from_offset < current:
             self.warmed.pop(0).close()  # unmapping unlocks it
-        until = self.table.get(layout.ALLOCATED_UNTIL)
-        if until >= target:
+        if not self.has_work():
             return
+        try:
+            self.create_files(current, self.files_target(wrote))
+            while self.to_warm:
+                self.warm(
+                    MappedFile(
+                        self.store.paths.commit_log / offset_to_file_name(self.to_warm[0]),
+                        size,
+                        writable=True,
+                    )
+                )
+                self.to_warm.pop(0)
+            self.reserve(wrote, self.reserve_target(wrote))
+        except OSError as exc:
+            self.retry_at = time.monotonic() + RESERVE_RETRY_S
+            if str(exc) != self.failure:
+                log.error(
+                    "commit-log files ahead of %d: %s (retrying every %.0f s)", wrote, exc, RESERVE_RETRY_S
+                )
+            self.failure = str(exc)
+            return
+        if self.failure:
+            log.info("commit-log files ahead of %d reserved again", wrote)
+            self.failure = ""
+
+    def create_files(self, current: int, target: int) -> None:
+        """Every file of ``[current, target)`` exists, sparse at full length."""
+        size = self.store.config.mapped_file_size_commit_log
         directory = self.store.paths.commit_log
         directory.mkdir(parents=True, exist_ok=True)
-        for offset in range(max(current, until), target, size):
-            path = directory / offset_to_file_name(offset)
-            if MappedFile.prepare(path, size, preallocate=True) and cfg.warm_maped_file_enable:
-                self.warm(MappedFile(path, size, writable=True))
-        self.table.set(layout.ALLOCATED_UNTIL, target)
+        for offset in range(max(current, self.created_until), target, size):
+            made = MappedFile.prepare(directory / offset_to_file_name(offset), size)
+            if made and self.store.config.warm_maped_file_enable:
+                self.to_warm.append(offset)
+            self.created_until = offset + size
+
+    def reserve(self, wrote: int, target: int) -> None:
+        """Blocks of ``[write position, target)`` reserved, file by file, ALLOCATED_UNTIL
+        published after each (a put below it never waits for this)."""
+        size = self.store.config.mapped_file_size_commit_log
+        start = max(self.table.get(layout.ALLOCATED_UNTIL), wrote - wrote % OS_PAGE_SIZE)
+        while start < target:
+            file_offset = start - start % size
+            stop = min(target, file_offset + size)
+            fd = os.open(self.store.paths.commit_log / offset_to_file_name(file_offset), os.O_RDWR)
+            try:
+                reserve_blocks(fd, start - file_offset, stop - file_offset)
+            finally:
+                os.close(fd)
+            self.table.set(layout.ALLOCATED_UNTIL, stop)
+            start = stop
 
     def warm(self, mf: MappedFile) -> None:
         cfg = self.store.config
-        reason = mf.warm(cfg.flush_least_pages_when_warm_maped_file if self.store.sync_flush else 0)
+        try:
+            reason = mf.warm(cfg.flush_least_pages_when_warm_maped_file if self.store.sync_flush else 0)
+        except BaseException:
+            mf.close()
+            raise
         if reason:
             log.warning("mlock of %s failed: %s (warmed, not locked)", mf.path.name, reason)
         self.warmed.append(mf)
