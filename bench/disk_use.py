@@ -15,7 +15,6 @@ reput maps holds two (the file's and the one Python's mmap keeps); the bench che
 from __future__ import annotations
 
 import argparse
-import resource
 import shutil
 import tempfile
 import time
@@ -58,11 +57,6 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="overrides", action="append", default=[], type=parse_setting, metavar="KEY=VALUE"
     )
     args = parser.parse_args(argv)
-    soft, _hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    if soft < 2 * args.queues + 100:
-        raise SystemExit(
-            f"RLIMIT_NOFILE {soft} is below 2 x {args.queues} + 100: reput would run out of descriptors"
-        )
     settings = {**DEFAULT_GEOMETRY, **dict(args.overrides)}
     print(f"{args.queues} queues, {args.queues_per_topic} a topic, one message each; {settings}")
     tmp = Path(tempfile.mkdtemp(prefix="rmq-disk-use-", dir=args.dir))

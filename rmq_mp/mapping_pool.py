@@ -231,6 +231,15 @@ class PooledMappedFile(MappedFile):
         self._released = True
         return True
 
+    def reserve(self, end: int) -> None:
+        """`MappedFile.reserve` through a descriptor held for the call only: reservations come a
+        chunk at a time, and keeping the descriptor would make every mapped file cost two."""
+        try:
+            super().reserve(end)
+        finally:
+            with self._pool.lock:
+                self._drop_fd()
+
     @property
     def mapped(self) -> bool:
         """Whether the file is mapped now (False while released by the pool)."""
