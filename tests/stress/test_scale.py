@@ -3,8 +3,9 @@ a hundred consumer groups committing tens of thousands of offsets from several p
 every message and every committed offset checked exactly: live, from a fresh process, and after
 a restart (offsets back from consumerOffset.json, messages from the recovered queues).
 
-``RMQ_SCALE_TOPICS`` x ``RMQ_SCALE_QUEUES`` queues (40 x 50 = 2,000 by default) and
-``RMQ_SCALE_GROUPS`` groups (100); about a minute on 2 cores. The seed is printed;
+``RMQ_SCALE_TOPICS`` x ``RMQ_SCALE_QUEUES`` queues (200 x 50 = 10,000 by default) and
+``RMQ_SCALE_GROUPS`` groups (200, each a consumer attached at once, 200 offsets each: 40,000
+committed offsets); about 30 s on 2 cores. The seed is printed;
 ``RMQ_SCALE_SEED`` replays one.
 """
 
@@ -21,6 +22,7 @@ import pytest
 from rmq_mp.consumer import Consumer
 from rmq_mp.producer import Producer
 from rmq_mp.status import GetMessageStatus
+from rmq_mp.store_status import collect_status
 from shm import layout
 from tests.service import running_service, wait_until
 
@@ -64,12 +66,17 @@ def produce(store: str, topics: list[str], queues: int, part: int, parts: int, o
 
 
 def commit(store: str, groups: list[str], plan: dict[str, dict[tuple[str, int], int]], out: Any) -> None:
-    """Each group commits its planned offsets, in two calls (a new and an overwriting commit)."""
-    for group in groups:
-        with Consumer.attach(store, group) as consumer:
-            offsets = plan[group]
+    """A consumer per group, all attached at once; each commits its planned offsets in two calls
+    (new offsets, then overwritten)."""
+    consumers = [Consumer.attach(store, group) for group in groups]
+    try:
+        for consumer in consumers:
+            offsets = plan[consumer.group]
             consumer.commit({queue: offset - 1 for queue, offset in offsets.items()})
             consumer.commit(offsets)
+    finally:
+        for consumer in consumers:
+            consumer.close()
     out.put(len(groups))
 
 
@@ -94,10 +101,10 @@ def check_every_message(store: str, topics: list[str], queues: int) -> None:
                 assert result.max_offset == PER_QUEUE
 
 
-def test_thousands_of_queues_and_a_hundred_groups_every_offset_exact(tmp_path: Path) -> None:
-    n_topics = int(os.environ.get("RMQ_SCALE_TOPICS", "40"))
+def test_ten_thousand_queues_and_two_hundred_groups_every_offset_exact(tmp_path: Path) -> None:
+    n_topics = int(os.environ.get("RMQ_SCALE_TOPICS", "200"))
     queues = int(os.environ.get("RMQ_SCALE_QUEUES", "50"))
-    n_groups = int(os.environ.get("RMQ_SCALE_GROUPS", "100"))
+    n_groups = int(os.environ.get("RMQ_SCALE_GROUPS", "200"))
     seed = int(os.environ.get("RMQ_SCALE_SEED", random.randrange(1 << 30)))
     print(f"scale seed {seed} (RMQ_SCALE_SEED={seed} replays it)")
     rnd = random.Random(seed)
@@ -134,6 +141,10 @@ def test_thousands_of_queues_and_a_hundred_groups_every_offset_exact(tmp_path: P
             lambda: service.read(layout.REPUT_FROM_OFFSET) >= wrote, 120, "reput to dispatch everything"
         )
         check_every_message(service.names.base, topics, queues)
+        tables = collect_status(service.config)["tables"]
+        assert tables["maxConsumeQueueNum"]["used"] == len(all_queues)
+        assert tables["maxConsumerOffsetNum"]["used"] == sum(len(offsets) for offsets in plan.values())
+        assert tables["maxConsumerNum"]["used"] == 0  # every consumer closed
     with running_service(tmp_path, **settings) as service:  # the same store, restarted
         reader = ctx.Process(target=read_offsets, args=(service.names.base, plan, out))
         reader.start()
