@@ -26,6 +26,9 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
      16  committed_offset      the consumer that commits (any writer of the group's queue)
      24  key_length            as ``used``
      32  topic@group           UTF-8, <= 127 + 1 + 255 bytes
+Before the slots, the header (capacity; entries used, by the inserter under the table's lock)
+and the directory of used slots in insertion order (the same writer, before it counts the
+entry): scans read the directory, so untouched slots never take /dev/shm pages.
 The supervisor fills both from recovery and consumerOffset.json before any worker or client runs.
 """
 
@@ -54,6 +57,8 @@ COMMITTED = 16
 
 class KeyedOffsetTable(SlotTable):
     """One process's view. Lookups cache slot numbers; slots never move once used."""
+
+    DIRECTORY = True
 
     KEY_LENGTH: ClassVar[int]
     KEY_OFFSET: ClassVar[int]
@@ -107,7 +112,7 @@ class KeyedOffsetTable(SlotTable):
     def _matches(self, slot: int, raw: bytes, queue_id: int) -> bool:
         if self.get(slot, QUEUE_ID) != queue_id or self.get(slot, self.KEY_LENGTH) != len(raw):
             return False
-        start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+        start = self.byte_offset(slot, self.KEY_OFFSET)
         return self._buf[start : start + len(raw)] == raw
 
     def find_or_insert(self, key: str, queue_id: int) -> int:
@@ -128,16 +133,23 @@ class KeyedOffsetTable(SlotTable):
             slot = (slot + 1) % self.slots
         self.set(slot, QUEUE_ID, queue_id)
         self.set(slot, self.KEY_LENGTH, len(raw))
-        start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+        start = self.byte_offset(slot, self.KEY_OFFSET)
         self._buf[start : start + len(raw)] = raw
-        self.set(slot, USED, 1)  # last: a lock-free reader sees the key whole or not at all
-        self._words[H_USED] += 1
+        used = self.used
+        self._words[HEADER_BYTES // 8 + used] = slot  # the directory entry, before it is counted
+        self.set(slot, USED, 1)  # a lock-free reader sees the key whole or not at all
+        self._words[H_USED] = used + 1
         self._cache[(key, queue_id)] = slot
         return slot
 
     def used_slots(self) -> np.ndarray:
-        """Slot numbers in use, in one vectorised scan."""
-        return np.flatnonzero(self.column(USED) == 1)
+        """Slot numbers in use, in insertion order, from the directory (``used`` words read)."""
+        used = self.used
+        view = np.frombuffer(self.segment.mm, dtype=np.int64, count=used, offset=HEADER_BYTES)
+        try:
+            return view.copy()
+        finally:
+            del view
 
     def queues_of(self, key: str) -> list[tuple[int, int]]:
         """(queue id, slot) of every queue of ``key`` (a topic, or topic@group), by queue id.
@@ -159,7 +171,7 @@ class KeyedOffsetTable(SlotTable):
         for slot in self.used_slots().tolist():
             found = keys.get(slot)
             if found is None:
-                start = HEADER_BYTES + slot * self.SLOT_SIZE + self.KEY_OFFSET
+                start = self.byte_offset(slot, self.KEY_OFFSET)
                 length = self.get(slot, self.KEY_LENGTH)
                 raw = bytes(self._buf[start : start + length])
                 found = keys[slot] = (raw.decode("utf-8", errors="replace"), self.get(slot, QUEUE_ID))

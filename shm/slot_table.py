@@ -10,7 +10,11 @@ are aligned words inside the slot and that no two overlap. The segment begins wi
       0 capacity  the supervisor, at creation: the configured number of entries (the setting)
       8 used      keyed tables: entries inserted, by the inserter under the table's lock
      16..63       reserved
-so an attacher reads the capacity the store was started with, not one it derives.
+so an attacher reads the capacity the store was started with, not one it derives. A table
+with ``DIRECTORY`` keeps, after the header, one int64 per entry: the slot numbers in use, in
+insertion order (written by the inserter before it counts the entry), so a scan reads ``used``
+words, not every slot: /dev/shm pages are taken only where entries are, and a scan of a table
+holding ten entries touches one page whatever its capacity.
 """
 
 from __future__ import annotations
@@ -51,14 +55,21 @@ class SlotTable:
 
     SLOT_SIZE: ClassVar[int]
     FIELDS: ClassVar[dict[str, int]]
+    DIRECTORY: ClassVar[bool] = False
 
     def __init__(self, segment: SharedSegment) -> None:
         self.segment = segment
         self._buf = segment.mm
         self._words = segment.words
-        self.slots = (segment.size - HEADER_BYTES) // self.SLOT_SIZE
         self.capacity = self._words[H_CAPACITY]
         """Entries the store was configured for (the setting); `slots` may be more."""
+        self._base = self.slots_offset(self.capacity)
+        """Byte offset of slot 0: after the header and the directory."""
+        self.slots = (segment.size - self._base) // self.SLOT_SIZE
+
+    @classmethod
+    def slots_offset(cls, capacity: int) -> int:
+        return HEADER_BYTES + (capacity * 8 if cls.DIRECTORY else 0)
 
     @classmethod
     def slots_for(cls, capacity: int) -> int:
@@ -68,7 +79,7 @@ class SlotTable:
     @classmethod
     def segment_bytes(cls, capacity: int) -> int:
         """Shared memory a table of ``capacity`` entries takes (README: what a capacity costs)."""
-        return HEADER_BYTES + cls.slots_for(capacity) * cls.SLOT_SIZE
+        return cls.slots_offset(capacity) + cls.slots_for(capacity) * cls.SLOT_SIZE
 
     @classmethod
     def create(cls, name: str, capacity: int) -> Self:
@@ -89,20 +100,24 @@ class SlotTable:
         return self._words
 
     def word_index(self, slot: int, field: int) -> int:
-        return (HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3
+        return (self._base + slot * self.SLOT_SIZE + field) >> 3
+
+    def byte_offset(self, slot: int, field: int) -> int:
+        return self._base + slot * self.SLOT_SIZE + field
 
     def get(self, slot: int, field: int) -> int:
-        return self._words[(HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3]
+        return self._words[(self._base + slot * self.SLOT_SIZE + field) >> 3]
 
     def set(self, slot: int, field: int, value: int) -> None:
-        self._words[(HEADER_BYTES + slot * self.SLOT_SIZE + field) >> 3] = value
+        self._words[(self._base + slot * self.SLOT_SIZE + field) >> 3] = value
 
     def column(self, field: int) -> np.ndarray:
         """``field`` of every slot as one int64 array (a read-only copy): a scan of thousands of
-        slots in one numpy step instead of a Python loop."""
+        slots in one numpy step instead of a Python loop. It reads every slot's page, so keyed
+        tables scan their directory instead."""
         view = np.frombuffer(self.segment.mm, dtype=np.int64, count=self.segment.size // 8)
         try:
-            start = (HEADER_BYTES + field) // 8
+            start = (self._base + field) // 8
             return view[start : start + self.slots * (self.SLOT_SIZE // 8) : self.SLOT_SIZE // 8].copy()
         finally:
             del view

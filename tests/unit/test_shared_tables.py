@@ -14,6 +14,7 @@ import os
 import time
 from collections.abc import Iterator
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
@@ -112,6 +113,7 @@ class KeyedTableMachine(RuleBasedStateMachine):
     def views_agree_with_the_model(self) -> None:
         for table in self.tables:
             assert table.used == len(self.model)
+            assert sorted(table.used_slots().tolist()) == np.flatnonzero(table.column(qo.USED) == 1).tolist()
             entries = {
                 (key, queue_id): table.get(slot, self.value_field) for key, queue_id, slot in table.queues()
             }
@@ -205,6 +207,25 @@ def test_a_full_table_names_its_setting_and_keeps_what_it_holds() -> None:
             table.find_or_insert("T", 3)
         assert [table.find("T", q) for q in range(4)] == [*slots, -1]
         assert table.slots > table.capacity  # a full table still has free slots to end probes
+    finally:
+        table.close()
+        SharedSegment.unlink(table.segment.name)
+
+
+def test_a_large_table_holding_few_entries_takes_few_pages_even_when_scanned() -> None:
+    """/dev/shm pages are allocated on first touch, reads included: scans go through the
+    directory of used slots, so a 65,536-queue table holding 10 stays a few pages."""
+    from shm.segment import SharedSegment
+
+    table = QueueOffsetTable.create(_segment_name("pages"), 65536)
+    try:
+        for q in range(10):
+            table.set(table.find_or_insert("T", q), qo.DISPATCHED, q)
+        assert sorted(q for _k, q, _s in table.queues()) == list(range(10))
+        assert [q for q, _s in table.queues_of("T")] == list(range(10))
+        held = os.stat("/dev/shm" + table.segment.name).st_blocks * 512
+        assert table.segment.size > 16 << 20
+        assert held <= 12 * 4096, f"{held} bytes of /dev/shm for 10 entries"
     finally:
         table.close()
         SharedSegment.unlink(table.segment.name)
