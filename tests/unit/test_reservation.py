@@ -91,3 +91,25 @@ def test_an_index_file_reserves_its_slots_at_creation_and_entries_as_they_come(t
         assert index.select_phy_offsets("T#k", 10, 0, 1 << 62) == [100]
     finally:
         index.close()
+
+
+def test_last_nonzero_skips_holes_and_still_finds_every_byte(tmp_path: Path) -> None:
+    """Recovery asks for the last non-zero byte of every queue's last file: holes are skipped
+    (SEEK_DATA), data ranges scanned, and the answer is the same as a full scan's."""
+    size = 8 << 20
+    path = tmp_path / "00000000000000000000"
+    mf = MappedFile(path, size, writable=True, create=True)
+    try:
+        assert mf.last_nonzero(0) == 0
+        assert mf.data_ranges(0, size) == []
+        mf.append(b"\x01" * 20)
+        with open(path, "r+b") as f:  # a stray byte far past the entries, in its own data block
+            f.seek(5 << 20)
+            f.write(b"\x07")
+        assert mf.last_nonzero(0) == (5 << 20) + 1
+        assert mf.last_nonzero((5 << 20) + 1) == (5 << 20) + 1
+        ranges = mf.data_ranges(0, size)
+        assert sum(end - start for start, end in ranges) < 2 << 20  # not the 8 MiB of the file
+        assert any(start <= 5 << 20 < end for start, end in ranges)
+    finally:
+        mf.close()
