@@ -198,7 +198,7 @@ class MappedFile:
             return -1
         if end > self.reserved_position:
             self.reserve(end)
-        self._target()[pos:end] = data
+        self.fill(pos, data)
         self.advance_wrote(end)
         return pos
 

@@ -33,8 +33,12 @@ class MappedFileQueue:
         writable: bool,
         reporter: Reporter,
         pool: MappingPool | None = None,
+        pwrite_min_bytes: int | None = None,
     ) -> None:
         self.store_dir = store_dir
+        self.pwrite_min_bytes = pwrite_min_bytes
+        """Writes of this many bytes or more go by `pwrite` (`MappedFile.pwrite_min_bytes`);
+        None keeps the file's default."""
         self.mapped_file_size = mapped_file_size
         self.writable = writable
         self.reporter = reporter
@@ -98,8 +102,12 @@ class MappedFileQueue:
 
     def _open(self, path: Path, file_size: int, *, writable: bool, create: bool = False) -> MappedFile:
         if self.pool is None:
-            return MappedFile(path, file_size, writable=writable, create=create)
-        return PooledMappedFile(path, file_size, writable=writable, create=create, pool=self.pool)
+            mf = MappedFile(path, file_size, writable=writable, create=create)
+        else:
+            mf = PooledMappedFile(path, file_size, writable=writable, create=create, pool=self.pool)
+        if self.pwrite_min_bytes is not None:
+            mf.pwrite_min_bytes = self.pwrite_min_bytes
+        return mf
 
     # ------------------------------------------------------------------ lookup
 

@@ -75,11 +75,19 @@ class MappingPool:
             self._open[mf] = None
             self._shrink(keep=mf)
 
-    def _shrink(self, keep: PooledMappedFile) -> None:
-        """Under ``lock``: release least recently used files until the bound holds, skipping
-        ``keep`` and pinned ones (moved to the recent end, so the next scan starts past them)."""
+    def make_room(self, coming: PooledMappedFile) -> None:
+        """Under ``lock``: before ``coming`` maps its file, release down to one below the bound,
+        so the process never holds more than the bound even for a moment."""
+        self._shrink(keep=coming, limit=self.max_open - 1)
+
+    def _shrink(self, keep: PooledMappedFile, limit: int | None = None) -> None:
+        """Under ``lock``: release least recently used files until at most ``limit`` (the bound)
+        stay open besides ``keep``, skipping pinned ones (moved to the recent end, so the next
+        scan starts past them)."""
+        limit = self.max_open if limit is None else limit
+        others = len(self._open) - (keep in self._open)
         pinned: list[PooledMappedFile] = []
-        while len(self._open) - len(pinned) > self.max_open:
+        while others - len(pinned) > limit:
             candidates = (f for f in self._open if f is not keep and f not in pinned)
             victim = next(candidates, None)
             if victim is None:
@@ -87,6 +95,7 @@ class MappingPool:
             if victim._release():
                 del self._open[victim]
                 self.releases += 1
+                others -= 1
             else:
                 pinned.append(victim)
         for mf in pinned:
@@ -150,6 +159,7 @@ class PooledMappedFile(MappedFile):
         """True while unmapped by the pool; any use maps it again."""
         self._closed = False
         with pool.lock:
+            pool.make_room(self)
             try:
                 super().__init__(path, file_size, writable=writable, create=create)
             except BaseException:
@@ -205,6 +215,7 @@ class PooledMappedFile(MappedFile):
     def _reopen(self) -> None:
         """Under the pool lock: map the file again, the way `MappedFile` opens one (a plain
         instance opens it and hands over its mapping); positions are ours and stay."""
+        self._pool.make_room(self)
         fresh = MappedFile(self.path, self.file_size, writable=self.writable)
         self._live_mm = fresh._mm
         self.actual_size = fresh.actual_size
@@ -230,15 +241,6 @@ class PooledMappedFile(MappedFile):
             self._live_fd = -1
         self._released = True
         return True
-
-    def reserve(self, end: int) -> None:
-        """`MappedFile.reserve` through a descriptor held for the call only: reservations come a
-        chunk at a time, and keeping the descriptor would make every mapped file cost two."""
-        try:
-            super().reserve(end)
-        finally:
-            with self._pool.lock:
-                self._drop_fd()
 
     @property
     def mapped(self) -> bool:

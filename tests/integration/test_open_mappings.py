@@ -44,7 +44,7 @@ def queue_files(pid: int | str, root: Path) -> tuple[int, int]:
 def within_bound(pid: int | str, root: Path) -> None:
     mapped, fds = queue_files(pid, root)
     assert mapped <= BOUND, f"{mapped} queue files mapped in {pid}"
-    assert fds <= 2 * BOUND, f"{fds} queue files open in {pid}"
+    assert fds <= 2 * BOUND + 1, f"{fds} queue files open in {pid}"  # mmap's, the writer's, a flush's
 
 
 def every_queue() -> list[tuple[str, int]]:
