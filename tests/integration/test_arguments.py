@@ -277,6 +277,25 @@ def test_a_wrong_type_raises_even_where_a_value_is_refused_too(tmp_path: Path) -
         assert wrote(service) == 0
 
 
+def test_buffers_are_stored_as_their_bytes(tmp_path: Path) -> None:
+    """A memoryview of ints has ``len`` items but 4x as many bytes: stored as its bytes (BODYLEN
+    and CRC of those), never a record whose length field disagrees with its body."""
+    wide = [memoryview(array("i", [1, 2])), memoryview(array("i", [3, 4]))]
+    with (
+        running_service(tmp_path) as service,
+        Producer.attach(service.root) as producer,
+        Consumer.attach(service.root, "g") as consumer,
+    ):
+        assert producer.send("Buf", wide[0], queue_id=0).ok
+        assert producer.send_batch(MessageBatch("Buf", wide, queue_id=0)).ok  # equal lengths
+        assert producer.send_batch(MessageBatch("Buf", [wide[0], b"xyz"], queue_id=0)).ok
+        assert producer.send_batch([dict(topic="Buf", body=wide[1], queue_id=0)]).ok
+        expected = [bytes(wide[0]), bytes(wide[0]), bytes(wide[1]), bytes(wide[0]), b"xyz", bytes(wide[1])]
+        wait_until(lambda: len(consumer.pull("Buf", 0, 0).messages) == 6, 10, "six dispatched")
+        assert [x.body for x in consumer.pull("Buf", 0, 0).messages] == expected
+        assert service.read(layout.WROTE_POSITION) > 0
+
+
 def test_a_message_batch_with_hostile_fields(tmp_path: Path) -> None:
     """RocketMQ's batch: stored whole or refused whole."""
     with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
