@@ -325,6 +325,10 @@ class MessageStoreConfig:
     # -- cleaning and disk ----------------------------------------------------------------------
     # Cleaner period, ms.
     clean_resource_interval: int = _prop(10000, ge=0)
+    # rmq-mp addition: ms between disk-space checks (DISK_FULL above diskSpaceWarningLevelRatio),
+    # on their own schedule whatever cleanResourceInterval is; RocketMQ's isSpaceFull runs every
+    # 10 s (fixed).
+    disk_check_interval_ms: int = _prop(10000, ge=1, le=3600000)
     # Sleep between two commit-log file deletions, ms.
     delete_commit_log_files_interval: int = _prop(100, ge=0)
     # Sleep after a ConsumeQueue deleted files, ms.

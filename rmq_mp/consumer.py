@@ -14,12 +14,19 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
+from rmq_mp import validators as v
 from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.errors import OffsetTableFullError, ShmAttachError, StoreError
+from rmq_mp.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    OffsetTableFullError,
+    ShmAttachError,
+    StoreError,
+)
 from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import offset_status, read_queue
@@ -61,9 +68,15 @@ class Subscription:
 
 
 class Consumer:
-    """Attach with `Consumer.attach(name, group)`. One instance per process (not thread-safe)."""
+    """Attach with `Consumer.attach(name, group)`. One instance per process (not thread-safe).
+
+    Arguments are checked as RocketMQ's client checks them (`rmq_mp.validators`): the group by
+    `Validators.checkGroup`, queue ids as Java ints, offsets as Java longs; a wrong one raises
+    `InvalidArgumentError` (`InvalidArgumentTypeError` for a wrong type) before anything is read
+    or written."""
 
     def __init__(self, store: RunningStore, group: str) -> None:
+        v.check_group(group)
         self.store = store
         self.group = group
         self.queues = store.shm.queues
@@ -74,6 +87,8 @@ class Consumer:
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
         self._reporter = Reporter()
         self.subscriptions: dict[str, Subscription] = {}
+        self._checked_topics: set[str] = set()
+        """Topics `pull` has checked already: a pull of one of them pays a set lookup."""
         self.committed: dict[tuple[str, int], int] = {}
         self._holds: list[int] = []
         self._waiter_slot = self._claim_waiter_slot()
@@ -81,6 +96,9 @@ class Consumer:
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str], group: str) -> Consumer:
+        """Attach to the running store ``name`` (shm name or store directory) as ``group``, a
+        name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing)."""
+        v.check_group(group)
         return cls(RunningStore.attach(name, Role.CONSUMER), group)
 
     def _claim_waiter_slot(self) -> int:
@@ -149,7 +167,29 @@ class Consumer:
         tags: frozenset[str] | None = None,
     ) -> GetResult:  # fmt: skip
         """Messages of one queue from ``offset``. With ``timeout_s`` > 0 and nothing new, wait
-        (long polling) until reput dispatches past ``offset`` or the timeout passes."""
+        (long polling) until reput dispatches past ``offset`` or the timeout passes.
+
+        As the store's getMessage: an offset below the queue's minimum (negative included) is
+        OFFSET_TOO_SMALL, above its maximum OFFSET_OVERFLOW_BADLY, a queue nothing was written to
+        NO_MESSAGE_IN_QUEUE. `InvalidArgumentError`, as RocketMQ's pull consumer and broker
+        refuse them: a topic the store cannot hold, a queue id outside 0..2^31-1, an offset
+        beyond a Java long, ``max_msgs`` < 1 ("maxNums <= 0"); wrong types too."""
+        if (
+            type(topic) is not str
+            or topic not in self._checked_topics
+            or type(queue_id) is not int
+            or type(offset) is not int
+            or type(max_msgs) is not int
+            or not 0 <= queue_id <= v.JAVA_INT_MAX
+            or max_msgs < 1
+            or not _LONG_MIN <= offset <= v.JAVA_LONG_MAX
+            or (tags is not None and type(tags) is not frozenset)
+        ):
+            topic, queue_id, offset, max_msgs, tags = self._pull_arguments(
+                topic, queue_id, offset, max_msgs, tags
+            )
+        if type(timeout_s) is not float and type(timeout_s) is not int:
+            timeout_s = _seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + timeout_s
         while True:
             result = self._read(topic, queue_id, offset, max_msgs, tags)
@@ -167,6 +207,29 @@ class Consumer:
             self._park(topic, queue_id, watch_offset, remaining)
             if result.status is GetMessageStatus.NO_MATCHED_MESSAGE:
                 offset = result.next_begin_offset
+
+    def _pull_arguments(
+        self, topic: object, queue_id: object, offset: object, max_msgs: object, tags: object
+    ) -> tuple[str, int, int, int, frozenset[str] | None]:
+        """`pull`'s arguments checked one by one (the slow path: only when the quick test of
+        `pull` failed), normalised (numpy integers to int, a set of tags to a frozenset)."""
+        checked_topic = v.check_topic(topic)
+        checked_queue_id = v.check_queue_id(queue_id)
+        checked_offset = v.check_offset(offset, "offset", negative_ok=True)
+        count = v.integer(max_msgs, "max_msgs")
+        if count < 1:
+            raise InvalidArgumentError(
+                f"max_msgs {count}: maxNums <= 0 (a pull asks for at least one message)"
+            )
+        if tags is not None:
+            if not isinstance(tags, (set, frozenset)) or not all(isinstance(t, str) for t in tags):
+                raise InvalidArgumentTypeError(
+                    f"tags must be a frozenset of str or None, not {tags!r} "
+                    "(parse_tag_expression('TagA || TagB') builds one)"
+                )
+            tags = frozenset(tags)
+        self._checked_topics.add(checked_topic)
+        return checked_topic, checked_queue_id, checked_offset, count, tags
 
     def _read(
         self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
@@ -243,16 +306,25 @@ class Consumer:
     def subscribe(
         self, topic: str, expression: str = "*", *, from_offsets: dict[int, int] | None = None
     ) -> None:
-        """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered."""
+        """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered.
+        `InvalidArgumentError` for a topic the group cannot keep offsets for, or bad offsets."""
+        v.check_topic(topic, with_offsets=True)
+        if not isinstance(expression, str):
+            raise InvalidArgumentTypeError(
+                f"expression must be a str ('*' or 'TagA || TagB'), not {type(expression).__name__}"
+            )
+        starts = _queue_offsets(from_offsets or {}, "from_offsets")
         sub = Subscription(topic, parse_tag_expression(expression))
         groups = self.store.shm.groups
         for queue_id, slot in groups.queues_of(self._offset_key(topic)):
             sub.next_offsets[queue_id] = groups.get(slot, qo.COMMITTED)
-        sub.next_offsets.update(from_offsets or {})
+        sub.next_offsets.update(starts)
         self.subscriptions[topic] = sub
 
     def committed_offset(self, topic: str, queue_id: int) -> int:
         """The group's committed offset for a queue, -1 when it has none (as RocketMQ)."""
+        v.check_topic(topic, with_offsets=True)
+        queue_id = v.check_queue_id(queue_id)
         groups = self.store.shm.groups
         slot = groups.find(ConsumerOffsetManager.key(self.group, topic), queue_id)
         return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
@@ -264,6 +336,12 @@ class Consumer:
         """The next messages of any subscribed queue; waits up to ``timeout_s`` when there are none."""
         if not self.subscriptions:
             raise StoreError("poll() before subscribe()")
+        timeout_s = _seconds(timeout_s, "timeout_s")
+        max_msgs = v.integer(max_msgs, "max_msgs")
+        if max_msgs < 1:
+            raise InvalidArgumentError(
+                f"max_msgs {max_msgs}: maxNums <= 0 (a poll asks for at least one message)"
+            )
         deadline = time.monotonic() + timeout_s
         while True:
             batch: list[MessageExt] = []
@@ -291,11 +369,17 @@ class Consumer:
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
         """Record the group's consumed offsets: the next offsets of every subscribed queue, or the
         ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
-        `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop."""
+        `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop.
+
+        Every entry is checked before any is recorded (all or nothing): a topic the store cannot
+        hold or one with '@' (consumerOffset.json's ``topic@group`` separator), a queue id outside
+        0..2^31-1, an offset that is negative or beyond a Java long raise `InvalidArgumentError`."""
         if offsets is None:
             offsets = {
                 (s.topic, q): o for s in self.subscriptions.values() for q, o in s.next_offsets.items()
             }
+        else:
+            offsets = _commit_offsets(offsets)
         groups = self.store.shm.groups
         slots = {
             (topic, queue_id): groups.find(self._offset_key(topic), queue_id) for topic, queue_id in offsets
@@ -321,3 +405,43 @@ class Consumer:
 
     def _offset_key(self, topic: str) -> str:
         return ConsumerOffsetManager.key(self.group, topic)
+
+
+_LONG_MIN = -v.JAVA_LONG_MAX - 1
+
+
+def _seconds(value: object, what: str) -> float:
+    """A duration argument: an int or a float (not a bool)."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return value
+    raise InvalidArgumentTypeError(
+        f"{what} must be a number of seconds, not {type(value).__name__} ({value!r})"
+    )
+
+
+def _queue_offsets(offsets: object, what: str) -> dict[int, int]:
+    """``{queue_id: offset}`` checked: queue ids in 0..2^31-1, offsets in 0..Long.MAX_VALUE."""
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a dict of queue id to offset, not {type(offsets).__name__}"
+        )
+    return {
+        v.check_queue_id(queue_id, f"{what} queue id"): v.check_offset(offset, f"{what}[{queue_id!r}]")
+        for queue_id, offset in offsets.items()
+    }
+
+
+def _commit_offsets(offsets: object) -> dict[tuple[str, int], int]:
+    """`commit`'s ``{(topic, queue_id): offset}``, every entry checked before any is used."""
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgumentTypeError(
+            f"commit takes a dict of (topic, queue_id) to offset, not {type(offsets).__name__}"
+        )
+    checked: dict[tuple[str, int], int] = {}
+    for key, offset in offsets.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidArgumentTypeError(f"commit keys are (topic, queue_id) pairs, not {key!r}")
+        topic = v.check_topic(key[0], with_offsets=True)
+        queue_id = v.check_queue_id(key[1])
+        checked[(topic, queue_id)] = v.check_offset(offset, f"offset of {topic!r} queue {queue_id}")
+    return checked

@@ -76,3 +76,18 @@ class OffsetTableFullError(StoreError):
     offsets past ``maxConsumerOffsetNum`` (nothing of that commit is recorded), or a queue past
     ``maxConsumeQueueNum`` outside `send` (which answers LMQ_CONSUME_QUEUE_NUM_EXCEEDED). The
     message names the setting to raise."""
+
+
+class InvalidArgumentError(StoreError, ValueError):
+    """An argument of a public call (`Producer.attach`, `Consumer.attach`, `pull`, `commit`,
+    `subscribe`, ...) that RocketMQ would refuse: a group name breaking `Validators.checkGroup`
+    (blank, over 255 characters, outside ``^[%|a-zA-Z0-9_-]+$``), a queue id outside 0..2^31-1,
+    an offset that is negative or not a Java long, a topic the store can never hold. Raised
+    before anything is read or written; the message names the rule. A send answers such values
+    with MESSAGE_ILLEGAL instead (a status, as RocketMQ's store does)."""
+
+
+class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
+    """An argument of the wrong type (a str body, a float queue id, a None topic), where Java's
+    signatures would not compile: raised by every public call, sends included, before anything
+    is read or written, naming the argument and the type it needs."""

@@ -29,6 +29,7 @@ so a half-written record is never visible, not to reput and not after recovery.
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import os
 import struct
 import time
@@ -40,10 +41,11 @@ import numpy as np
 
 from rmq_mp import message as m
 from rmq_mp import record
+from rmq_mp import validators as v
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
-from rmq_mp.errors import OffsetTableFullError
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError
 from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.message_batch import (
     UNIQ_KEY_PREFIX,
@@ -337,25 +339,43 @@ class Producer:
         queue_id: int | None = None,
         flag: int = 0,
     ) -> SendResult:
-        """Store one message; the result's status is RocketMQ's PutMessageStatus."""
+        """Store one message; the result's status is RocketMQ's PutMessageStatus. A message the
+        store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1, properties or body
+        too long) is answered MESSAGE_ILLEGAL with the reason and nothing stored; an argument of
+        the wrong type raises `InvalidArgumentTypeError` (`rmq_mp.validators`)."""
         started_ns = time.perf_counter_ns()
         born_ms = time.time_ns() // 1_000_000
-        if queue_id is None:
-            queue_id = self._queue_for(topic, None)
         uniq = self.uniq.next_id(born_ms)
         wait = True
-        if properties or tags or keys:
-            text = properties_text(properties, tags, keys, uniq)
-            if properties:
-                uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
-                wait = _waits_for_store(properties)
-        else:
-            text = f"{UNIQ_KEY_PREFIX}{uniq}"
-        self.lock.last_hold_ns = -1
         try:
+            # Three type tests are all the common send pays (a wrong type raises before any value
+            # is judged); anything else wrong surfaces as an exception of the encode, diagnosed
+            # then (`_refused_send`).
+            if queue_id is None:
+                queue_id = self._queue_for(topic, None)
+            elif type(queue_id) is not int:
+                queue_id = v.integer(queue_id, "queue_id")
+            if type(body) is not bytes:
+                body = v.body_bytes(body)
+            if type(flag) is not int:
+                flag = v.integer(flag, "flag")
+            if properties or tags or keys:
+                v.check_properties(tags, keys, properties)
+                text = properties_text(properties, tags, keys, uniq)
+                if properties:
+                    uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
+                    wait = _waits_for_store(properties)
+            else:
+                text = f"{UNIQ_KEY_PREFIX}{uniq}"
+            self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
-            result = SendResult(exc.status, queue_id, -1, -1, uniq, exc.reason)
+            result = SendResult(exc.status, _int_or(queue_id), -1, -1, uniq, exc.reason)
+        except InvalidArgumentError:
+            raise
+        except _ENCODE_FAILURES as exc:
+            reason = _refused_send(exc, v.send_problem(topic, body, queue_id, flag, tags, keys, properties))
+            result = SendResult(_ILLEGAL, _int_or(queue_id), -1, -1, uniq, reason)
         else:
             result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
         self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
@@ -369,8 +389,13 @@ class Producer:
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
             runs = [self._encode_batch(messages, born_ms)] if messages.bodies else []
-        else:
+        elif isinstance(messages, Iterable) and not isinstance(messages, (str, bytes, Mapping)):
             runs = self._encode_runs(messages, born_ms)
+        else:
+            raise InvalidArgumentTypeError(
+                f"send_batch takes a MessageBatch or an iterable of Message or send keyword dicts, "
+                f"not {type(messages).__name__}"
+            )
         self.lock.last_hold_ns = -1
         pending = [run for run in runs if run.pending]
         if pending:
@@ -439,16 +464,30 @@ class Producer:
         flag: int,
         born_ms: int,
     ) -> EncodedRun:
-        """A run of the one message `send` (or a keyword dict of `send_batch`) describes."""
-        queue_id = self._queue_for(topic, queue_id)
+        """A run of the one message a keyword dict of `send_batch` describes (checked as `send`
+        checks its arguments)."""
         uniq = self.uniq.next_id(born_ms)
-        text = properties_text(properties, tags, keys, uniq)
-        if properties:
-            uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
         try:
+            if queue_id is not None and type(queue_id) is not int:
+                queue_id = v.integer(queue_id, "queue_id")
+            queue_id = self._queue_for(topic, queue_id)
+            if type(body) is not bytes:
+                body = v.body_bytes(body)
+            if type(flag) is not int:
+                flag = v.integer(flag, "flag")
+            if properties or tags or keys:
+                v.check_properties(tags, keys, properties)
+            text = properties_text(properties, tags, keys, uniq)
+            if properties:
+                uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
-            return EncodedRun.refused(topic, queue_id, 1, exc.status, exc.reason, uniq_keys=(uniq,))
+            return EncodedRun.refused(topic, _int_or(queue_id), 1, exc.status, exc.reason, uniq_keys=(uniq,))
+        except InvalidArgumentError:
+            raise
+        except _ENCODE_FAILURES as exc:
+            reason = _refused_send(exc, v.send_problem(topic, body, queue_id, flag, tags, keys, properties))
+            return EncodedRun.refused(topic, _int_or(queue_id), 1, _ILLEGAL, reason, uniq_keys=(uniq,))
         return EncodedRun(
             topic,
             queue_id,
@@ -461,16 +500,23 @@ class Producer:
 
     def _encode_message(self, message: m.Message) -> EncodedRun:
         """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
-        uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
-        text = m.properties_to_string(message.properties)
-        problem = record.validate_message(
-            message, max_message_size=self._max_message_size, properties_text=text
-        )
+        try:
+            uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+            text = m.properties_to_string(message.properties)
+            problem = record.validate_message(
+                message, max_message_size=self._max_message_size, properties_text=text
+            )
+            if problem is None:
+                data = self.encoder.encode_message(message, text)
+        except InvalidArgumentError:
+            raise
+        except (*_ENCODE_FAILURES, AttributeError) as exc:
+            problem = (_ILLEGAL, _refused_send(exc, v.message_problem(message)))
+            uniq = ""
         if problem is not None:  # PROPERTIES_SIZE_EXCEEDED too: the broker answers MESSAGE_ILLEGAL
             return EncodedRun.refused(
-                message.topic, message.queue_id, 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
+                message.topic, _int_or(message.queue_id), 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
             )
-        data = self.encoder.encode_message(message, text)
         return EncodedRun(
             message.topic,
             message.queue_id,
@@ -486,18 +532,28 @@ class Producer:
         """One run of one record per item, then consecutive records of one queue (and one kind:
         queue or not, host family, flush wait) joined into one run."""
         singles: list[EncodedRun] = []
-        for item in items:
+        for index, item in enumerate(items):
             if isinstance(item, m.Message):
                 singles.append(self._encode_message(item))
                 continue
-            if not _ITEM_FIELDS.issuperset(item):
-                raise TypeError(
-                    f"send_batch items take {sorted(_ITEM_FIELDS)}, not {sorted(set(item) - _ITEM_FIELDS)}"
+            if type(item) is not dict and not isinstance(item, Mapping):
+                raise InvalidArgumentTypeError(
+                    f"send_batch item {index} is a {type(item).__name__}, not a Message or a dict of send's arguments"
                 )
+            if not _ITEM_FIELDS.issuperset(item):
+                raise InvalidArgumentTypeError(
+                    f"send_batch items take {sorted(_ITEM_FIELDS)}, not {sorted(set(item) - _ITEM_FIELDS, key=str)}"
+                )
+            try:
+                topic, body = item["topic"], item["body"]
+            except KeyError:
+                raise InvalidArgumentTypeError(
+                    f"send_batch item {index} needs a 'topic' and a 'body'"
+                ) from None
             singles.append(
                 self._encode_item(
-                    item["topic"],
-                    item["body"],
+                    topic,
+                    body,
                     item.get("tags"),
                     item.get("keys"),
                     item.get("properties"),
@@ -523,6 +579,7 @@ class Producer:
     def _encode_batch(self, batch: MessageBatch, born_ms: int) -> EncodedRun:
         """A `MessageBatch` as one run: one numpy array when the bodies have one length and no
         message has keys of its own, else its records joined."""
+        batch = _checked_batch(batch)
         count = len(batch.bodies)
         queue_id = self._queue_for(batch.topic, batch.queue_id)
         first = self.uniq.take(count)
@@ -547,7 +604,7 @@ class Producer:
             encoded = [
                 self._encode(
                     batch.topic,
-                    body,
+                    body if type(body) is bytes else v.body_bytes(body, "MessageBatch body"),
                     queue_id,
                     batch.flag,
                     born_ms,
@@ -558,9 +615,21 @@ class Producer:
                 for i, body in enumerate(batch.bodies)
             ]
         except RecordRejected as exc:  # RocketMQ stores a batch whole or not at all
+            _bodies_as_bytes(batch.bodies)  # a wrong type raises first, as for `send`
             return EncodedRun.refused(
                 batch.topic, queue_id, count, exc.status, exc.reason, uniq_keys=uniq_keys
             )
+        except InvalidArgumentError:
+            raise
+        except _ENCODE_FAILURES as exc:
+            bodies = _bodies_as_bytes(batch.bodies)
+            if bodies is not batch.bodies:  # buffers, not bytes: encoded again as their bytes
+                return self._encode_batch(dataclasses.replace(batch, bodies=bodies), born_ms)
+            reason = _refused_send(
+                exc,
+                v.send_problem(batch.topic, b"", queue_id, batch.flag, batch.tags, None, batch.properties),
+            )
+            return EncodedRun.refused(batch.topic, queue_id, count, _ILLEGAL, reason, uniq_keys=uniq_keys)
         data, ends = join_records(encoded)
         return EncodedRun(
             batch.topic,
@@ -578,8 +647,8 @@ class Producer:
     ) -> np.ndarray | None:
         """`encode_uniform` after the checks `_encode` makes per record, made once."""
         topic_field = self.encoder.topic_field(batch.topic)
-        if queue_id < 0:
-            raise RecordRejected(_ILLEGAL, f"queue id {queue_id} is negative")
+        if problem := v.queue_id_problem(queue_id) or v.flag_problem(batch.flag):
+            raise RecordRejected(_ILLEGAL, problem)
         props = head.encode("utf-8")
         if len(props) + 4 > record.MAX_PROPERTIES_BYTES:
             return None  # per record: `_encode` gives the exact refusal
@@ -1086,3 +1155,56 @@ def _joined(group: list[EncodedRun]) -> EncodedRun:
         uniq_keys=[key for single in group for key in single.uniq_keys],
         wait_flush=head.wait_flush,
     )
+
+
+_ENCODE_FAILURES = (TypeError, ValueError, OverflowError, struct.error)
+"""What encoding raises for arguments Python's types let through (a queue id beyond a Java int,
+a list for a topic): caught only then, so the common send pays nothing for the diagnosis."""
+
+
+def _refused_send(failure: Exception, problem: str) -> str:
+    """The MESSAGE_ILLEGAL reason `validators` found for a send whose encode raised ``failure``;
+    no reason means the failure was not the arguments', and it propagates."""
+    if not problem:
+        raise failure
+    return problem
+
+
+def _int_or(queue_id: object) -> int:
+    """A refused message's queue id for its result: the id if it is an int, else -1."""
+    return queue_id if isinstance(queue_id, int) and not isinstance(queue_id, bool) else -1
+
+
+def _checked_batch(batch: MessageBatch) -> MessageBatch:
+    """``batch`` once the types of its fields are right (`InvalidArgumentTypeError` otherwise),
+    before anything is encoded; a copy only when its queue id had to become an int. The bodies
+    are not looked at one by one here (2.3 us a 100-message batch): the encode raises for
+    anything but a buffer, and `_bodies_as_bytes` then tells which."""
+    if type(batch.topic) is not str:
+        v.topic_problem(batch.topic)  # a non-str topic raises; a refused one is answered later
+    if type(batch.flag) is not int:
+        v.integer(batch.flag, "MessageBatch.flag")
+    if batch.tags is not None or batch.properties is not None:
+        v.check_properties(batch.tags, None, batch.properties)
+    for keys in batch.keys or ():
+        v.check_properties(None, keys, None)
+    bodies = batch.bodies
+    if type(bodies) is not list and (not isinstance(bodies, Sequence) or isinstance(bodies, (str, bytes))):
+        raise InvalidArgumentTypeError(
+            f"MessageBatch.bodies must be a sequence of bytes, not {type(bodies).__name__}"
+        )
+    if batch.queue_id is not None and type(batch.queue_id) is not int:
+        return dataclasses.replace(batch, queue_id=v.integer(batch.queue_id, "MessageBatch.queue_id"))
+    return batch
+
+
+_BYTES_TYPES = (bytes, bytearray)
+
+
+def _bodies_as_bytes(bodies: Sequence[bytes]) -> Sequence[bytes]:
+    """``bodies`` itself when every one is bytes or a bytearray, else a list of their bytes
+    (a memoryview's ``len`` counts items, not bytes); `InvalidArgumentTypeError` for one that
+    is no buffer at all."""
+    if all(type(body) in _BYTES_TYPES for body in bodies):
+        return bodies
+    return [v.body_bytes(body, "MessageBatch body") for body in bodies]

@@ -49,6 +49,7 @@ from typing import Any, cast
 import numpy as np
 
 from rmq_mp import message as m
+from rmq_mp import validators
 from rmq_mp.errors import CorruptRecordError
 from rmq_mp.status import PutMessageStatus
 
@@ -156,12 +157,8 @@ def cq_tags_code(
 
 
 def topic_problem(topic: str) -> str:
-    """Why the store refuses ``topic`` (MESSAGE_ILLEGAL), or ''."""
-    if not topic or topic in (".", "..") or "/" in topic or "\0" in topic:
-        return f"topic {topic!r} cannot name a consume-queue directory"
-    if len(topic.encode("utf-8")) > MAX_TOPIC_BYTES_V1:
-        return f"topic is longer than {MAX_TOPIC_BYTES_V1} UTF-8 bytes"
-    return ""
+    """Why the store refuses ``topic`` (MESSAGE_ILLEGAL), or '': `validators.topic_problem`."""
+    return validators.topic_problem(topic)
 
 
 def properties_problem(properties_text: str) -> tuple[PutMessageStatus, str] | None:
@@ -189,8 +186,8 @@ def validate_message(
     ``properties_text``: the message's properties string when the caller already built it."""
     if problem := topic_problem(message.topic):
         return PutMessageStatus.MESSAGE_ILLEGAL, problem
-    if message.queue_id < 0:
-        return PutMessageStatus.MESSAGE_ILLEGAL, f"queue id {message.queue_id} is negative"
+    if problem := validators.queue_id_problem(message.queue_id):
+        return PutMessageStatus.MESSAGE_ILLEGAL, problem
     props = m.properties_to_string(message.properties) if properties_text is None else properties_text
     if found := properties_problem(props):
         return found

@@ -11,22 +11,38 @@ import os
 from dataclasses import dataclass
 
 from rmq_mp.config import FlushDiskType, MessageStoreConfig
-from rmq_mp.errors import ShmAttachError, StoreNotRunningError
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, ShmAttachError, StoreNotRunningError
 from rmq_mp.paths import StorePaths
 from rmq_mp.shared_log import SharedCommitLog
 from shm import layout
 from shm.layout import Role
-from shm.names import ShmNames
+from shm.names import ShmNames, valid_base
 from shm.pointer_table import PointerTable
 from shm.store_shm import StoreShm, read_descriptor
 
 
 def resolve_names(name: str | os.PathLike[str]) -> ShmNames:
-    """A shm name (``rmq_…`` or ``/rmq_…``) or a store directory (default shmName) to names."""
+    """A shm name (``rmq_…`` or ``/rmq_…``) or a store directory (default shmName) to names.
+    `InvalidArgumentTypeError` for neither a str nor a path; `StoreNotRunningError` for a path
+    with no directory; `InvalidArgumentError` for a name that could be neither (the shmName
+    rule: 1-64 letters, digits, '_', '-' or '.'), which never reaches the system calls."""
+    if not isinstance(name, (str, os.PathLike)):
+        raise InvalidArgumentTypeError(
+            f"a store is named by its shm name or its directory (str or path), not {type(name).__name__}"
+        )
     text = os.fspath(name)
-    if os.path.isdir(text):
+    if not isinstance(text, str):
+        raise InvalidArgumentTypeError(f"a store name is text, not {type(text).__name__}")
+    if "\0" not in text and os.path.isdir(text):
         return ShmNames.for_store(text)
-    return ShmNames(text.lstrip("/"))
+    base = text[1:] if text.startswith("/") else text
+    if valid_base(base):
+        return ShmNames(base)
+    if "/" in text and "\0" not in text:
+        raise StoreNotRunningError(f"store {text} is not running: no such store directory")
+    raise InvalidArgumentError(
+        f"{text!r} is neither a store directory nor a shm name (1-64 letters, digits, '_', '-' or '.')"
+    )
 
 
 @dataclass

@@ -21,6 +21,11 @@ ROLES = ("allocator", "committer", "flusher", "reput", "cleaner")
 """Worker roles, in start order (each depends only on those before it)."""
 
 
+def valid_base(name: str) -> bool:
+    """Whether ``name`` may be a store's shm name (the shmName rule; derived names follow it)."""
+    return bool(_VALID.match(name))
+
+
 @dataclass(frozen=True, slots=True)
 class ShmNames:
     """The names of one store's shared objects. Picklable: workers receive this, never live objects."""

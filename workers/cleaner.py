@@ -3,10 +3,11 @@
 Mirrors CleanCommitLogService, CleanConsumeQueueService and the disk check of RocketMQ 4.9.8's
 DefaultMessageStore (rocketmq-format.md §10):
 
-- **Disk check**, on its own thread and schedule (`cleanResourceInterval`; RocketMQ issue #1400:
-  never inside a deletion run): measures the commit-log and consume-queue partitions, sets
-  DISK_FULL above `diskSpaceWarningLevelRatio` (puts are then refused with the ratio named) and
-  clears it once usage drops.
+- **Disk check**, on its own thread and schedule (`diskCheckIntervalMs`, 10 s as RocketMQ's
+  scheduled `isSpaceFull`, whatever `cleanResourceInterval` is; RocketMQ issue #1400: never
+  inside a deletion run): measures the commit-log and consume-queue partitions, sets DISK_FULL
+  above `diskSpaceWarningLevelRatio` (puts are then refused with the ratio named) and clears it
+  once usage drops. A store that cleans hourly is still protected within seconds.
 - **CommitLog expiry**, every `cleanResourceInterval` or when woken by a manual request: runs
   only when a trigger holds (the `deleteWhen` hour, a partition above `diskMaxUsedSpaceRatio`, or
   one of the 20 runs a manual request buys); deletes files older than `fileReservedTime` hours,
@@ -73,7 +74,8 @@ class RunResult:
 
 
 class DiskCheck(threading.Thread):
-    """`isSpaceFull` on its own schedule: the DISK_FULL flag and the measured ratios."""
+    """`isSpaceFull` on its own schedule (`diskCheckIntervalMs`), never the cleaning runs'
+    (`cleanResourceInterval`): the DISK_FULL flag and the measured ratios."""
 
     def __init__(self, cleaner: CleanerService) -> None:
         super().__init__(name="rmq-disk-check", daemon=True)
@@ -86,7 +88,7 @@ class DiskCheck(threading.Thread):
                 self.cleaner.check_disk()
             except Exception:
                 log.exception("disk check failed")
-            self.stopped.wait(self.cleaner.interval_s())
+            self.stopped.wait(self.cleaner.disk_check_interval_s())
 
 
 class CleanerService(ServiceLoop):
@@ -110,6 +112,9 @@ class CleanerService(ServiceLoop):
     def interval_s(self) -> float:
         return max(self.store.config.clean_resource_interval / 1000, MIN_INTERVAL_S)
 
+    def disk_check_interval_s(self) -> float:
+        return self.store.config.disk_check_interval_ms / 1000
+
     # ------------------------------------------------------------------ disk
 
     def measure(self) -> tuple[float, float]:
@@ -121,10 +126,11 @@ class CleanerService(ServiceLoop):
         t = self.table
         t.set(layout.DISK_USED_PERMILLE, round(commit_log * 1000))
         t.set(layout.CQ_DISK_USED_PERMILLE, round(consume_queue * 1000))
-        t.set(layout.DISK_CHECK_MS, now_ms())
         return commit_log, consume_queue
 
     def check_disk(self) -> None:
+        """`isSpaceFull`: DISK_FULL above diskSpaceWarningLevelRatio, cleared below it. DISK_CHECK_MS
+        is written last, so whoever sees a check's time sees the flag that check decided."""
         commit_log, _consume_queue = self.measure()
         full = self.thresholds.level(commit_log) is DiskLevel.WARNING
         shm = self.store.shm
@@ -139,6 +145,7 @@ class CleanerService(ServiceLoop):
             log.warning(
                 "disk OK again: %s; puts accepted", self.thresholds.describe("commit-log", commit_log)
             )
+        self.table.set(layout.DISK_CHECK_MS, now_ms())
 
     # ------------------------------------------------------------------ the loop
 

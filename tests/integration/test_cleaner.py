@@ -25,6 +25,7 @@ from rmq_mp.disk import disk_used_ratio
 from rmq_mp.producer import Producer
 from rmq_mp.status import GetMessageStatus, PutMessageStatus, RunningFlags
 from shm import layout
+from shm.pointer_table import now_ms
 from tests.service import ROOT, RunningService, running_service, wait_until
 
 MIB = 1 << 20
@@ -33,6 +34,7 @@ NEVER = str((datetime.now().hour + 12) % 24)
 ALWAYS = ";".join(str(h) for h in range(24))
 CLEANER = dict(
     cleanResourceInterval="100",
+    diskCheckIntervalMs="100",
     deleteCommitLogFilesInterval="0",
     deleteConsumeQueueFilesInterval="0",
     fileReservedTime="1",
@@ -104,6 +106,19 @@ def cleaner_passes(service: RunningService, passes: int) -> None:
     field = layout.worker_field("cleaner", "work_count")
     start = service.read(field)
     wait_until(lambda: service.read(field) >= start + passes, 20, f"{passes} cleaner passes")
+
+
+def next_disk_check(service: RunningService, after_ms: int) -> None:
+    """Wait for a disk check that began after ``after_ms`` and finished: the one after the first
+    check that finished after it (that one may have measured before)."""
+    seen = [0]
+
+    def finished_after() -> bool:
+        seen[0] = service.read(layout.DISK_CHECK_MS)
+        return seen[0] > after_ms
+
+    wait_until(finished_after, 30, "a disk check")
+    wait_until(lambda: service.read(layout.DISK_CHECK_MS) > seen[0], 30, "the next disk check")
 
 
 def stats(service: RunningService) -> CleanerStatistics:
@@ -206,6 +221,35 @@ def test_disk_full_refuses_sends_with_the_reason_until_cleaning_frees_space(tmp_
         wait_until(lambda: service.read(layout.MIN_OFFSET) >= 10 * MIB, 20, "a batch of 10 fresh files gone")
         assert writing >= service.read(layout.MIN_OFFSET), "never the file being written"
         assert sent > 1000
+
+
+def test_the_disk_check_keeps_its_own_schedule_when_cleaning_is_hourly(tmp_path: Path, small_fs) -> None:
+    """RocketMQ runs `isSpaceFull` on its own executor every 10 s, whatever cleanResourceInterval
+    is: with cleaning set to once an hour, filling a real filesystem past
+    diskSpaceWarningLevelRatio still refuses sends by the next disk check (diskCheckIntervalMs)
+    with DISK_FULL named, stores nothing, and freeing the space re-admits them, while the cleaning
+    loop never runs. Waits on the checks' own timestamps (DISK_CHECK_MS), not on time."""
+    fs = small_fs(64)
+    settings = CLEANER | {"cleanResourceInterval": "3600000", "diskCheckIntervalMs": "500"}
+    cleaner_runs = layout.worker_field("cleaner", "work_count")
+    with running_service(fs, **settings) as service, Producer.attach(service.root) as producer:
+        assert producer.send("Clean", b"before").ok
+        runs = service.read(cleaner_runs)
+        fill_to(fs, 0.93)
+        next_disk_check(service, now_ms())
+        assert service.read(layout.RUNNING_FLAGS) & RunningFlags.DISK_FULL, "DISK_FULL after the next check"
+        wrote = service.read(layout.WROTE_POSITION)
+        refused = producer.send("Clean", b"refused")
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE, refused
+        assert "DISK_FULL" in refused.reason
+        assert "diskSpaceWarningLevelRatio 90%" in refused.reason, refused.reason
+        assert not producer.send_batch([dict(topic="Clean", body=b"refused too")]).ok
+        assert service.read(layout.WROTE_POSITION) == wrote, "a refused send stores nothing"
+        (fs / "filler").unlink()
+        next_disk_check(service, now_ms())
+        assert not service.read(layout.RUNNING_FLAGS) & RunningFlags.DISK_FULL, "cleared by the next check"
+        assert producer.send("Clean", b"accepted again").ok
+        assert service.read(cleaner_runs) == runs, "no cleaning run: the disk check did it on its own"
 
 
 def test_manual_deletion_from_rmq_admin(tmp_path: Path) -> None:
