@@ -100,6 +100,13 @@ def write_conf(path: Path, root: Path, **settings: str) -> Path:
 
 
 def start_service(tmp_path: Path, name: str = "store", **settings: str) -> RunningService:
+    return start_service_within(60, tmp_path, name, settings)
+
+
+def start_service_within(
+    start_timeout_s: float, tmp_path: Path, name: str, settings: dict[str, str]
+) -> RunningService:
+    """`start_service` for a store whose recovery may take long (a bench's large stores)."""
     conf = write_conf(tmp_path / f"{name}.conf", tmp_path / name, **settings)
     config = MessageStoreConfig.from_file(conf)
     names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
@@ -122,7 +129,7 @@ def start_service(tmp_path: Path, name: str = "store", **settings: str) -> Runni
         except ShmAttachError:
             return False
 
-    wait_until(running, 60, "the store to start")
+    wait_until(running, start_timeout_s, "the store to start")
     return service
 
 
