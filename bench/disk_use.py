@@ -7,9 +7,8 @@ ConsumeQueue files, 5,000,000 x 20,000,000 index files, warmMapedFileEnable off 
 sends one message to each of N queues (Q a topic), waits until all are dispatched, and sums
 st_blocks * 512 over the store directory, by part. Target: 12,000 queues under 1.5 GiB, commit
 log included. The store is deleted afterwards. ``--dir`` puts it on another filesystem (the
-default is the system temp directory). Needs maxConsumeQueueNum >= N (the default 65,536) and
-(until reput bounds its open mappings) a descriptor limit above 2 x N + 100: each queue file
-reput maps holds two (the file's and the one Python's mmap keeps); the bench checks it first.
+default is the system temp directory). Needs maxConsumeQueueNum >= N (the default 65,536); reput
+keeps at most maxOpenConsumeQueueFiles queue files mapped, whatever N.
 """
 
 from __future__ import annotations
