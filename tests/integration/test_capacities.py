@@ -173,3 +173,37 @@ def test_a_pool_larger_than_the_pointer_tables_slots_is_refused_at_start(tmp_pat
     assert out.returncode == 2, out
     assert "transientStorePoolSize = 33: must be <= 32" in out.stderr
     assert "Traceback" not in out.stderr
+
+
+SEND_ONE = (
+    "import json, sys; from rmq_mp.producer import Producer\n"
+    "with Producer.attach(sys.argv[1]) as p:\n"
+    "    r = p.send('Sync', b'x', queue_id=0)\n"
+    "print(json.dumps([r.status.name, r.reason]))\n"
+)
+
+
+def test_sync_puts_past_max_sync_flush_request_num_are_answered_at_once_naming_it(tmp_path: Path) -> None:
+    settings = {"flushDiskType": "SYNC_FLUSH", "maxSyncFlushRequestNum": "2", "syncFlushTimeout": "30000"}
+    with running_service(tmp_path, **settings) as service:
+        with Producer.attach(service.names.base) as producer:  # the queue exists, the flusher is warm
+            assert producer.send("Sync", b"first", queue_id=0).ok
+        flusher = service.worker_pid("flusher")
+        os.kill(flusher, signal.SIGSTOP)  # no flush completes: every SYNC put keeps its slot
+        waiting = []
+        try:
+            for _ in range(2):
+                waiting.append(subprocess.Popen([sys.executable, "-c", SEND_ONE, service.names.base],
+                                                cwd=ROOT, stdout=subprocess.PIPE, text=True))  # fmt: skip
+            wait_until(lambda: status_json(service.conf)["tables"]["maxSyncFlushRequestNum"]["used"] == 2,
+                       60, "both puts waiting for their flush")  # fmt: skip
+            third = subprocess.run([sys.executable, "-c", SEND_ONE, service.names.base],
+                                   cwd=ROOT, capture_output=True, text=True, timeout=60)  # fmt: skip
+            status, reason = json.loads(third.stdout)
+            assert status == "FLUSH_DISK_TIMEOUT"
+            assert "maxSyncFlushRequestNum" in reason
+        finally:
+            os.kill(flusher, signal.SIGCONT)
+            answers = [json.loads(proc.communicate(timeout=60)[0]) for proc in waiting]
+        assert [a[0] for a in answers] == ["PUT_OK", "PUT_OK"]
+        assert status_json(service.conf)["tables"]["maxSyncFlushRequestNum"]["used"] == 0
