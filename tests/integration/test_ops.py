@@ -174,9 +174,12 @@ def test_every_subcommand_against_a_running_store_both_forms(
         assert status["state"] == "RUNNING"
         assert status["offsets"]["wrote"] == service.read(layout.WROTE_POSITION)
         assert set(status["flush_progress"]) >= {"commitlog_behind_flush_bytes", "dispatch_behind_bytes"}
+        assert status["tables"]["maxConsumeQueueNum"]["capacity"] == 65536
+        assert status["tables"]["maxConsumeQueueNum"]["used"] >= 1
         code, out, _ = admin(capsys, "storeStatus", *name)
         assert "flush progress:" in out
         assert "running flags:" in out
+        assert re.search(r"maxConsumerOffsetNum [1-9][0-9]*/65,536", out)
 
         code, out, _ = admin(
             capsys, "sendMessage", *name, "--topic", "Quick", "--body", "hi", "--count", "2", "--json"
@@ -393,6 +396,9 @@ def test_metrics_show_the_pool_and_commits(tmp_path: Path) -> None:
         assert after["rmq_commit_lag_bytes"] == 0
         assert after["rmq_pool_buffers_in_use"] == 1
         assert after['rmq_worker_restarts_total{role="committer"}'] == 0
+        assert after['rmq_table_entries{capacity_key="maxConsumeQueueNum"}'] == 8  # send rotates over 8
+        assert after['rmq_table_capacity{capacity_key="maxConsumeQueueNum"}'] == 65536
+        assert after['rmq_table_entries{capacity_key="transientStorePoolSize"}'] == 1
 
 
 def test_send_without_a_queue_rotates_over_the_topics_write_queues(
