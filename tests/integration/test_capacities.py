@@ -207,3 +207,31 @@ def test_sync_puts_past_max_sync_flush_request_num_are_answered_at_once_naming_i
             answers = [json.loads(proc.communicate(timeout=60)[0]) for proc in waiting]
         assert [a[0] for a in answers] == ["PUT_OK", "PUT_OK"]
         assert status_json(service.conf)["tables"]["maxSyncFlushRequestNum"]["used"] == 0
+
+
+def _hold_producer(base: str, ready: Path) -> None:
+    producer = Producer.attach(base)
+    assert producer.send("Held", b"x", queue_id=0).ok
+    ready.write_text("1")
+    signal.pause()
+
+
+def test_producers_past_max_producer_num_send_unmeasured(tmp_path: Path) -> None:
+    with running_service(tmp_path, maxProducerNum="1") as service:
+        ready = tmp_path / "ready"
+        code = (
+            "import sys; from pathlib import Path; from tests.integration.test_capacities import _hold_producer; "
+            "_hold_producer(sys.argv[1], Path(sys.argv[2]))"
+        )
+        holder = subprocess.Popen([sys.executable, "-c", code, service.names.base, str(ready)], cwd=ROOT)
+        try:
+            wait_until(ready.exists, 60, "the holder's producer")
+            with Producer.attach(service.names.base) as producer:  # no metrics slot left: still sends
+                assert all(producer.send("Free", b"y", queue_id=0).ok for _ in range(5))
+            status = status_json(service.conf)
+            assert status["tables"]["maxProducerNum"] == {"used": 1, "capacity": 1}
+            assert status["producer_metrics"]["puts"] == 1  # the holder's one send, measured
+            assert status["counters"]["put_count"] == 6
+        finally:
+            holder.kill()
+            holder.wait(30)
