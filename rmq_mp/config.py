@@ -406,10 +406,10 @@ class MessageStoreConfig:
     # 0 = a pass at every wake. Plain ASYNC_FLUSH dispatches at once (consumer latency).
     reput_batch_interval_ms: int = _prop(1, ge=0, le=1000)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
-    # start, ~256 B of shared memory each). A send to one more queue is refused
+    # start, 264 B of shared memory each). A send to one more queue is refused
     # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
     max_consume_queue_num: int = _prop(65536, ge=1, le=1 << 22)
-    # rmq-mp addition: group/topic/queue committed offsets the store holds (~555 B of shared
+    # rmq-mp addition: group/topic/queue committed offsets the store holds (563 B of shared
     # memory each); a commit past it raises OffsetTableFullError naming this key.
     max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
     # rmq-mp addition: `Consumer` objects attached at once, over all processes (40 B and one
