@@ -30,7 +30,7 @@ import psutil
 from bench.baselines import percentiles
 from bench.store import CTX, _collect
 from shm import layout
-from tests.service import RunningService, running_service, start_service_within, wait_until
+from tests.service import RunningService, cleanup_started, running_service, start_service_within, wait_until
 
 QUEUES_PER_TOPIC = 8
 SETTINGS = {
@@ -154,6 +154,7 @@ def measure(tmp: Path, queues: int, window_s: float, overrides: dict[str, str]) 
         row["recovery_abnormal_ms"] = service.read(layout.RECOVERY_MS)
         service.stop()
     finally:
+        cleanup_started()  # a failed row leaves no store process, segment or semaphore behind
         shutil.rmtree(tmp / name, ignore_errors=True)
     return row
 
