@@ -68,7 +68,9 @@ class Subscription:
 
 
 class Consumer:
-    """Attach with `Consumer.attach(name, group)`. One instance per process (not thread-safe).
+    """Attach with `Consumer.attach(name, group)`. An instance is not thread-safe: use one per
+    thread (each takes one of `maxConsumerNum` slots until `close`), as many as you like in a
+    process; the threads share the process's queue-file mappings (mapping_pool.py).
 
     Arguments are checked as RocketMQ's client checks them (`rmq_mp.validators`): the group by
     `Validators.checkGroup`, queue ids as Java ints, offsets as Java longs; a wrong one raises
