@@ -4,12 +4,14 @@ nothing is half-done; consumers are many, one per thread, and a dead one's slot 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -20,7 +22,7 @@ from rmq_mp.message_batch import MessageBatch
 from rmq_mp.producer import Producer
 from rmq_mp.status import GetMessageStatus, PutMessageStatus
 from shm import layout
-from tests.service import ROOT, running_service, wait_until, write_conf
+from tests.service import ROOT, RunningService, running_service, wait_until, write_conf
 
 
 def status_json(conf: Path) -> dict:
@@ -70,38 +72,52 @@ def test_a_commit_past_max_consumer_offset_num_records_nothing_and_names_it(tmp_
         assert status_json(service.conf)["tables"]["maxConsumerOffsetNum"] == {"used": 3, "capacity": 3}
 
 
-def _hold_consumers(base: str, count: int, ready: Path) -> None:
-    consumers = [Consumer.attach(base, f"held-{i}") for i in range(count)]
+def _hold_consumers(base: str, ready: Path) -> None:
+    consumers = [Consumer.attach(base, f"held-{i}") for i in range(2)]
     ready.write_text(str(len(consumers)))
     signal.pause()
 
 
+def _hold_producer(base: str, ready: Path) -> None:
+    producer = Producer.attach(base)
+    assert producer.send("Held", b"x", queue_id=0).ok
+    ready.write_text("1")
+    signal.pause()
+
+
+@contextlib.contextmanager
+def holder_process(service: RunningService, tmp_path: Path, hold: str) -> Iterator[subprocess.Popen[bytes]]:
+    """Another process that runs ``hold`` (a function of this module: it takes table slots, says
+    so in a file, and waits to be killed); killed on the way out."""
+    ready = tmp_path / f"{hold}.ready"
+    code = f"import sys; from pathlib import Path; from {__name__} import {hold}; {hold}(sys.argv[1], Path(sys.argv[2]))"
+    holder = subprocess.Popen([sys.executable, "-c", code, service.names.base, str(ready)], cwd=ROOT)
+    try:
+        wait_until(ready.exists, 60, f"the holder process ({hold})")
+        yield holder
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+        holder.wait(30)
+
+
 def test_max_consumer_num_is_named_when_full_and_a_killed_processs_slots_come_back(tmp_path: Path) -> None:
-    with running_service(tmp_path, maxConsumerNum="3") as service:
-        ready = tmp_path / "ready"
-        code = (
-            "import sys; from pathlib import Path; from tests.integration.test_capacities import _hold_consumers; "
-            "_hold_consumers(sys.argv[1], 2, Path(sys.argv[2]))"
-        )
-        holder = subprocess.Popen([sys.executable, "-c", code, service.names.base, str(ready)], cwd=ROOT)
-        try:
-            wait_until(ready.exists, 60, "the holder's consumers")
-            mine = Consumer.attach(service.names.base, "mine")
-            with pytest.raises(ShmAttachError, match="maxConsumerNum = 3"):
-                Consumer.attach(service.names.base, "one-too-many")
-            assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 3, "capacity": 3}
-            os.kill(holder.pid, signal.SIGKILL)
-            holder.wait(30)
-            again = [Consumer.attach(service.names.base, f"again-{i}") for i in range(2)]  # the dead one's
-            with pytest.raises(ShmAttachError, match="maxConsumerNum"):
-                Consumer.attach(service.names.base, "still-too-many")
-            for consumer in [mine, *again]:
-                consumer.close()
-            assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 0, "capacity": 3}
-        finally:
-            if holder.poll() is None:
-                holder.kill()
-                holder.wait(30)
+    with (
+        running_service(tmp_path, maxConsumerNum="3") as service,
+        holder_process(service, tmp_path, "_hold_consumers") as holder,
+    ):
+        mine = Consumer.attach(service.names.base, "mine")
+        with pytest.raises(ShmAttachError, match="maxConsumerNum = 3"):
+            Consumer.attach(service.names.base, "one-too-many")
+        assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 3, "capacity": 3}
+        os.kill(holder.pid, signal.SIGKILL)
+        holder.wait(30)
+        again = [Consumer.attach(service.names.base, f"again-{i}") for i in range(2)]  # the dead one's
+        with pytest.raises(ShmAttachError, match="maxConsumerNum"):
+            Consumer.attach(service.names.base, "still-too-many")
+        for consumer in [mine, *again]:
+            consumer.close()
+        assert status_json(service.conf)["tables"]["maxConsumerNum"] == {"used": 0, "capacity": 3}
 
 
 def test_one_consumer_per_thread_each_long_polls_its_own_queue(tmp_path: Path) -> None:
@@ -209,29 +225,14 @@ def test_sync_puts_past_max_sync_flush_request_num_are_answered_at_once_naming_i
         assert status_json(service.conf)["tables"]["maxSyncFlushRequestNum"]["used"] == 0
 
 
-def _hold_producer(base: str, ready: Path) -> None:
-    producer = Producer.attach(base)
-    assert producer.send("Held", b"x", queue_id=0).ok
-    ready.write_text("1")
-    signal.pause()
-
-
 def test_producers_past_max_producer_num_send_unmeasured(tmp_path: Path) -> None:
-    with running_service(tmp_path, maxProducerNum="1") as service:
-        ready = tmp_path / "ready"
-        code = (
-            "import sys; from pathlib import Path; from tests.integration.test_capacities import _hold_producer; "
-            "_hold_producer(sys.argv[1], Path(sys.argv[2]))"
-        )
-        holder = subprocess.Popen([sys.executable, "-c", code, service.names.base, str(ready)], cwd=ROOT)
-        try:
-            wait_until(ready.exists, 60, "the holder's producer")
-            with Producer.attach(service.names.base) as producer:  # no metrics slot left: still sends
-                assert all(producer.send("Free", b"y", queue_id=0).ok for _ in range(5))
-            status = status_json(service.conf)
-            assert status["tables"]["maxProducerNum"] == {"used": 1, "capacity": 1}
-            assert status["producer_metrics"]["puts"] == 1  # the holder's one send, measured
-            assert status["counters"]["put_count"] == 6
-        finally:
-            holder.kill()
-            holder.wait(30)
+    with (
+        running_service(tmp_path, maxProducerNum="1") as service,
+        holder_process(service, tmp_path, "_hold_producer"),
+    ):
+        with Producer.attach(service.names.base) as producer:  # no metrics slot left: still sends
+            assert all(producer.send("Free", b"y", queue_id=0).ok for _ in range(5))
+        status = status_json(service.conf)
+        assert status["tables"]["maxProducerNum"] == {"used": 1, "capacity": 1}
+        assert status["producer_metrics"]["puts"] == 1  # the holder's one send, measured
+        assert status["counters"]["put_count"] == 6
