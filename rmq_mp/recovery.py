@@ -262,8 +262,12 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
     started = time.monotonic()
     commit_log = store.commit_log
     files = commit_log.mfq.files
+    tails_in_order = True
     for cq in store.all_consume_queues():
         cq.recover()
+        # Asked here, while the queue's last file is mapped: a later walk over 10,000+ queues
+        # would map every file again (more queues than maxOpenConsumeQueueFiles stay mapped).
+        tails_in_order = tails_in_order and cq.tail_in_order()
     queue_ends: dict[ConsumeQueue, int] = {cq: cq.max_physic_offset for cq in store.all_consume_queues()}
     max_phy_of_cq = max(queue_ends.values(), default=-1)
     index = store.index_service
@@ -288,7 +292,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
             one_pass
             and store.writable
             and (index is None or index.safe_to_extend_before_recovery())
-            and all(cq.tail_in_order() for cq in queue_ends)
+            and tails_in_order
         ):
             if store.cq_table.discarded:
                 planned = commit_log.min_offset()
