@@ -351,14 +351,14 @@ class Producer:
             # Three type tests are all the common send pays (a wrong type raises before any value
             # is judged); anything else wrong surfaces as an exception of the encode, diagnosed
             # then (`_refused_send`).
+            if (
+                type(body) is not bytes
+                or type(flag) is not int
+                or (queue_id is not None and type(queue_id) is not int)
+            ):
+                body, queue_id, flag = _typed(body, queue_id, flag)
             if queue_id is None:
                 queue_id = self._queue_for(topic, None)
-            elif type(queue_id) is not int:
-                queue_id = v.integer(queue_id, "queue_id")
-            if type(body) is not bytes:
-                body = v.body_bytes(body)
-            if type(flag) is not int:
-                flag = v.integer(flag, "flag")
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
                 text = properties_text(properties, tags, keys, uniq)
@@ -468,13 +468,13 @@ class Producer:
         checks its arguments)."""
         uniq = self.uniq.next_id(born_ms)
         try:
-            if queue_id is not None and type(queue_id) is not int:
-                queue_id = v.integer(queue_id, "queue_id")
+            if (
+                type(body) is not bytes
+                or type(flag) is not int
+                or (queue_id is not None and type(queue_id) is not int)
+            ):
+                body, queue_id, flag = _typed(body, queue_id, flag)
             queue_id = self._queue_for(topic, queue_id)
-            if type(body) is not bytes:
-                body = v.body_bytes(body)
-            if type(flag) is not int:
-                flag = v.integer(flag, "flag")
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
             text = properties_text(properties, tags, keys, uniq)
@@ -1160,6 +1160,14 @@ def _joined(group: list[EncodedRun]) -> EncodedRun:
 _ENCODE_FAILURES = (TypeError, ValueError, OverflowError, struct.error)
 """What encoding raises for arguments Python's types let through (a queue id beyond a Java int,
 a list for a topic): caught only then, so the common send pays nothing for the diagnosis."""
+
+
+def _typed(body: object, queue_id: object, flag: object) -> tuple[bytes, int | None, int]:
+    """A send's body, queue id (None: rotate) and flag as bytes and ints, for the slow path
+    (one of them was not of its type): `InvalidArgumentTypeError` naming the first wrong one."""
+    if queue_id is not None:
+        queue_id = v.integer(queue_id, "queue_id")
+    return v.body_bytes(body), queue_id, v.integer(flag, "flag")
 
 
 def _refused_send(failure: Exception, problem: str) -> str:
