@@ -289,9 +289,9 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
         if _running(args):
             with _attach(args) as running, _flags_lock(running):
                 groups = running.shm.groups
-                for queue_id, offset in targets.items():
-                    slot = groups.find_or_insert(key, queue_id)
-                    old[queue_id] = groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+                slots = groups.find_or_insert_all([(key, queue_id) for queue_id in targets])
+                for (queue_id, offset), slot in zip(targets.items(), slots, strict=True):
+                    old[queue_id] = groups.get(slot, qo.COMMITTED)
                     groups.set(slot, qo.COMMITTED, offset)
         else:
             _refuse_if_running(store)

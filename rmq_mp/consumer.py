@@ -23,7 +23,6 @@ from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
 from rmq_mp.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
-    OffsetTableFullError,
     ShmAttachError,
     StoreError,
 )
@@ -94,7 +93,7 @@ class Consumer:
         self.committed: dict[tuple[str, int], int] = {}
         self._holds: list[int] = []
         self._waiter_slot = self._claim_waiter_slot()
-        self._waiter_sem = store.shm.semaphore(store.names.waiter(self._waiter_slot))
+        self._waiter_sem = store.shm.waiter(self._waiter_slot)
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str], group: str) -> Consumer:
@@ -328,7 +327,7 @@ class Consumer:
         v.check_topic(topic, with_offsets=True)
         queue_id = v.check_queue_id(queue_id)
         groups = self.store.shm.groups
-        slot = groups.find(ConsumerOffsetManager.key(self.group, topic), queue_id)
+        slot = groups.find(self._offset_key(topic), queue_id)
         return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
 
     def _topic_queues(self, topic: str) -> list[int]:
@@ -383,25 +382,13 @@ class Consumer:
         else:
             offsets = _commit_offsets(offsets)
         groups = self.store.shm.groups
-        slots = {
-            (topic, queue_id): groups.find(self._offset_key(topic), queue_id) for topic, queue_id in offsets
-        }
-        missing = [queue for queue, slot in slots.items() if slot < 0]
-        if missing:  # all or nothing: a full table refuses the whole commit
+        keys = [(self._offset_key(topic), queue_id) for topic, queue_id in offsets]
+        slots = [groups.find(key, queue_id) for key, queue_id in keys]
+        if min(slots, default=0) < 0:  # new entries: all or nothing (a full table refuses the commit)
             with self.store.shm.flags_lock("register group offsets"):
-                for topic, queue_id in missing:
-                    slots[(topic, queue_id)] = groups.find(self._offset_key(topic), queue_id)
-                new = [queue for queue in missing if slots[queue] < 0]
-                if groups.used + len(new) > groups.capacity:
-                    raise OffsetTableFullError(
-                        f"cannot commit {len(new):,} new offsets of group {self.group!r}: the consumer-offset "
-                        f"table holds {groups.used:,} of maxConsumerOffsetNum = {groups.capacity:,}; "
-                        "raise maxConsumerOffsetNum"
-                    )
-                for topic, queue_id in new:
-                    slots[(topic, queue_id)] = groups.find_or_insert(self._offset_key(topic), queue_id)
-        for queue, offset in offsets.items():
-            groups.set(slots[queue], qo.COMMITTED, offset)
+                slots = groups.find_or_insert_all(keys)
+        for (queue, offset), slot in zip(offsets.items(), slots, strict=True):
+            groups.set(slot, qo.COMMITTED, offset)
             self.committed[queue] = offset
         return dict(self.committed)
 

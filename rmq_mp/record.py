@@ -69,7 +69,6 @@ POS_SYS_FLAG = 36
 POS_BORN_TIMESTAMP = 40
 POS_BORN_HOST = 48
 
-MAX_TOPIC_BYTES_V1 = 127
 MAX_PROPERTIES_BYTES = 32767
 RECORD_SIZE_SLACK = 64 * 1024  # total record may exceed maxMessageSize by this much
 

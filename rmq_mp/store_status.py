@@ -9,14 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
-import numpy as np
-
 from rmq_mp.cleaning import CleanerStatistics
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.disk import disk_used_ratio
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.status import RunningFlags
-from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
@@ -118,13 +115,11 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
 
 def table_levels(shm: StoreShm, producer_metrics: dict[str, Any]) -> dict[str, dict[str, int]]:
     """Each fixed-capacity shared table's entries in use against its broker.conf capacity."""
-    ring = shm.ring
-    waiting = int(np.count_nonzero(ring.column(fr.STATE) == fr.WAITING))
     levels = {
         "maxConsumeQueueNum": (shm.queues.used, shm.queues.capacity),
         "maxConsumerOffsetNum": (shm.groups.used, shm.groups.capacity),
         "maxConsumerNum": (shm.waiters.live_slots(), shm.waiters.capacity),
-        "maxSyncFlushRequestNum": (waiting, ring.capacity),
+        "maxSyncFlushRequestNum": (shm.ring.waiting(), shm.ring.capacity),
         "maxProducerNum": (producer_metrics.get("producers", 0), producer_metrics.get("producer_slots", 0)),
         "transientStorePoolSize": (shm.pool.in_use(), len(shm.pool.buffers)),
     }

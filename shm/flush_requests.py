@@ -21,10 +21,11 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import numpy as np
+
 from shm.slot_table import SlotTable, check_slot_layout
 
 SLOT_SIZE = 32
-DEFAULT_CAPACITY = 1024
 FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
 STATE, NEXT_OFFSET, DEADLINE_MS, PID = 0, 8, 16, 24
 
@@ -37,6 +38,10 @@ class FlushRequestRing(SlotTable):
         "deadline_ms": DEADLINE_MS,
         "pid": PID,
     }
+
+    def waiting(self) -> int:
+        """Requests waiting for their flush now (the fill level against maxSyncFlushRequestNum)."""
+        return int(np.count_nonzero(self.column(STATE) == WAITING))
 
 
 check_slot_layout("FlushRequestRing", SLOT_SIZE, FlushRequestRing.FIELDS)

@@ -17,7 +17,7 @@ Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
      32  min_offset            reput (and the supervisor at start): first offset still served
      40  last_store_timestamp  reput: store time of the last dispatched message
      48  key_length            producer under the put lock (before ``used``)
-     56  topic                 UTF-8, <= 127 bytes (RocketMQ's limit), KEY_BYTES reserved
+     56  topic                 UTF-8, <= 127 bytes (validators.TOPIC_MAX_BYTES), KEY_BYTES reserved
 
 Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
 
@@ -25,7 +25,7 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
       0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
      16  committed_offset      the consumer that commits (any writer of the group's queue)
      24  key_length            as ``used``
-     32  topic@group           UTF-8, <= 127 + 1 + 255 bytes
+     32  topic@group           UTF-8, <= 127 + 1 + 255 bytes (test_shared_tables checks the longest fits)
 Before the slots, the header (capacity; entries used, by the inserter under the table's lock)
 and the directory of used slots in insertion order (the same writer, before it counts the
 entry): scans read the directory, so untouched slots never take /dev/shm pages.
@@ -44,11 +44,6 @@ from rmq_mp.errors import OffsetTableFullError
 from shm.segment import SharedSegment
 from shm.slot_table import H_USED, HEADER_BYTES, SlotTable, check_slot_layout
 
-MAX_TOPIC_BYTES = 127
-"""RocketMQ's topic limit (`Byte.MAX_VALUE`, record v1's one-byte topic length)."""
-MAX_GROUP_CHARS = 255
-"""RocketMQ's group-name limit (`Validators.CHARACTER_MAX_LENGTH`; group names are ASCII)."""
-
 USED, QUEUE_ID = 0, 8
 NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
 COMMITTED = 16
@@ -60,12 +55,21 @@ class KeyedOffsetTable(SlotTable):
 
     DIRECTORY = True
 
-    KEY_LENGTH: ClassVar[int]
-    KEY_OFFSET: ClassVar[int]
-    KEY_BYTES: ClassVar[int]
     SETTING: ClassVar[str]
     """The broker.conf key that sets the capacity (named when the table is full)."""
     WHAT: ClassVar[str]
+    KEY_LENGTH: ClassVar[int]
+    """FIELDS["key_length"]; the key's bytes follow the last field (KEY_OFFSET, KEY_BYTES)."""
+    KEY_OFFSET: ClassVar[int]
+    KEY_BYTES: ClassVar[int]
+
+    def __init_subclass__(cls) -> None:
+        """Key geometry derived from the slot layout, which is checked here (at import)."""
+        super().__init_subclass__()
+        cls.KEY_LENGTH = cls.FIELDS["key_length"]
+        cls.KEY_OFFSET = max(cls.FIELDS.values()) + 8
+        cls.KEY_BYTES = cls.SLOT_SIZE - cls.KEY_OFFSET
+        check_slot_layout(cls.__name__, cls.SLOT_SIZE, cls.FIELDS, tail_from=cls.KEY_OFFSET)
 
     def __init__(self, segment: SharedSegment) -> None:
         super().__init__(segment)
@@ -86,10 +90,6 @@ class KeyedOffsetTable(SlotTable):
 
     def _home(self, key: bytes, queue_id: int) -> int:
         return zlib.crc32(key + b"#" + str(queue_id).encode()) % self.slots
-
-    def _key_fits(self, raw: bytes) -> None:
-        if len(raw) > self.KEY_BYTES:
-            raise ValueError(f"{self.WHAT} key of {len(raw)} bytes is longer than {self.KEY_BYTES}")
 
     def find(self, key: str, queue_id: int) -> int:
         """Slot of the queue, or -1 if it has none yet."""
@@ -123,7 +123,8 @@ class KeyedOffsetTable(SlotTable):
         if slot >= 0:
             return slot
         raw = key.encode("utf-8")
-        self._key_fits(raw)
+        if len(raw) > self.KEY_BYTES:
+            raise ValueError(f"{self.WHAT} key of {len(raw)} bytes is longer than {self.KEY_BYTES}")
         if self.used >= self.capacity:
             raise OffsetTableFullError(
                 f"{self.WHAT} table is full ({self.capacity:,} entries): raise {self.SETTING} in broker.conf"
@@ -141,6 +142,21 @@ class KeyedOffsetTable(SlotTable):
         self._words[H_USED] = used + 1
         self._cache[(key, queue_id)] = slot
         return slot
+
+    def find_or_insert_all(self, entries: list[tuple[str, int]]) -> list[int]:
+        """`find_or_insert` for every (key, queue id), all or nothing (caller holds the table's
+        lock): `OffsetTableFullError` before any insert when the new ones do not all fit."""
+        slots = [self.find(key, queue_id) for key, queue_id in entries]
+        new = {entry for entry, slot in zip(entries, slots, strict=True) if slot < 0}
+        if self.used + len(new) > self.capacity:
+            raise OffsetTableFullError(
+                f"{len(new):,} new entries do not fit the {self.WHAT} table: it holds {self.used:,} of "
+                f"{self.SETTING} = {self.capacity:,}; raise {self.SETTING} in broker.conf"
+            )
+        return [
+            slot if slot >= 0 else self.find_or_insert(*entry)
+            for entry, slot in zip(entries, slots, strict=True)
+        ]
 
     def used_slots(self) -> np.ndarray:
         """Slot numbers in use, in insertion order, from the directory (``used`` words read)."""
@@ -189,12 +205,8 @@ class QueueOffsetTable(KeyedOffsetTable):
         "last_store_timestamp": LAST_STORE_TS,
         "key_length": 48,
     }
-    KEY_LENGTH = 48
-    KEY_OFFSET = 56
-    KEY_BYTES = SLOT_SIZE - KEY_OFFSET
     SETTING = "maxConsumeQueueNum"
     WHAT = "queue-offset (topic/queue)"
-    DEFAULT_CAPACITY = 65536
 
 
 class GroupOffsetTable(KeyedOffsetTable):
@@ -205,15 +217,5 @@ class GroupOffsetTable(KeyedOffsetTable):
         "committed_offset": COMMITTED,
         "key_length": 24,
     }
-    KEY_LENGTH = 24
-    KEY_OFFSET = 32
-    KEY_BYTES = SLOT_SIZE - KEY_OFFSET
     SETTING = "maxConsumerOffsetNum"
     WHAT = "consumer-offset (topic@group/queue)"
-    DEFAULT_CAPACITY = 65536
-
-
-for _table in (QueueOffsetTable, GroupOffsetTable):
-    check_slot_layout(_table.__name__, _table.SLOT_SIZE, _table.FIELDS, tail_from=_table.KEY_OFFSET)
-assert QueueOffsetTable.KEY_BYTES >= MAX_TOPIC_BYTES
-assert GroupOffsetTable.KEY_BYTES >= MAX_TOPIC_BYTES + 1 + MAX_GROUP_CHARS

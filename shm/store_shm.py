@@ -62,16 +62,6 @@ class ShmSizes:
             config.max_consumer_offset_num,
         )
 
-    def table_bytes(self) -> dict[str, int]:
-        """Shared memory each capacity reserves (tmpfs pages are taken only when touched), plus
-        one semaphore per ring and consumer slot."""
-        return {
-            "maxConsumeQueueNum": QueueOffsetTable.segment_bytes(self.queues),
-            "maxConsumerOffsetNum": GroupOffsetTable.segment_bytes(self.groups),
-            "maxConsumerNum": WaiterTable.segment_bytes(self.waiters),
-            "maxSyncFlushRequestNum": FlushRequestRing.segment_bytes(self.flush_ring),
-        }
-
 
 class StoreShm:
     """One process's handles on the store's shared memory and semaphores."""
@@ -157,6 +147,11 @@ class StoreShm:
         if sem is None:
             sem = self._flush_done[slot] = self.semaphore(self.names.flush_done(slot))
         return sem
+
+    def waiter(self, slot: int) -> posix_ipc.Semaphore:
+        """The semaphore of consumer-table slot ``slot``, which reput posts to wake a parked
+        consumer (opened on first use: most of maxConsumerNum slots are never used)."""
+        return self.semaphore(self.names.waiter(slot))
 
     def wakeup(self, role: str) -> Wakeup:
         wakeup = self._wakeups.get(role)

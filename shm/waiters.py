@@ -32,7 +32,6 @@ import numpy as np
 from shm.slot_table import SlotTable, check_slot_layout
 
 SLOT_SIZE = 40
-DEFAULT_CAPACITY = 1024
 PID, WAITING, QUEUE_SLOT, OFFSET, HOLD = 0, 8, 16, 24, 32
 NO_HOLD = -1
 

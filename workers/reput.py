@@ -238,7 +238,7 @@ class ReputService(ServiceLoop):
                 queue_slot in touched and queues.get(queue_slot, qo.DISPATCHED) > waiters.get(slot, wt.OFFSET)
             ):
                 waiters.set(slot, wt.WAITING, 0)
-                self.store.shm.semaphore(self.store.names.waiter(slot)).release()  # opened once, cached
+                self.store.shm.waiter(slot).release()
 
     def flush_queues(self, thorough: bool) -> None:
         """FlushConsumeQueueService: queues with `flushConsumeQueueLeastPages` dirty pages; when
