@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from rmq_mp import record, record_batch
 from rmq_mp.errors import MessageNotFoundError
 from rmq_mp.mapped_file import MappedFile
@@ -68,6 +70,53 @@ class CommitLog:
     def max_offset(self) -> int:
         """End of readable records."""
         return self.mfq.max_offset()
+
+    def first_disagreeing(
+        self, phy_offset: np.ndarray, size: np.ndarray, queue_id: int, queue_offset: np.ndarray
+    ) -> int:
+        """Index of the first ConsumeQueue entry whose record's header disagrees with it (magic,
+        TOTALSIZE, QUEUEID, QUEUEOFFSET, PHYSICALOFFSET), ``len`` if none does. Entries whose
+        record is not in the mapped log (expired, or past its end) are not judged. Vectorised:
+        one gather of 36 header bytes per entry, file by file."""
+        n = len(phy_offset)
+        first_bad = n
+        files = self.mfq.files
+        if not n or not files:
+            return n
+        origin = files[0].file_from_offset
+        low = max(0, (int(phy_offset.min()) - origin) // self.mapped_file_size)
+        high = (int(phy_offset.max()) - origin) // self.mapped_file_size + 1
+        for mf in files[low:high]:
+            base = mf.file_from_offset
+            inside = np.flatnonzero(
+                (phy_offset >= base) & (phy_offset + record.POS_SYS_FLAG <= base + mf.read_position)
+            )
+            if not len(inside) or int(inside[0]) >= first_bad:
+                continue
+            view = np.frombuffer(mf.buf, dtype=np.uint8, count=mf.read_position)
+            try:
+                at = (phy_offset[inside] - base)[:, None] + np.arange(record.POS_SYS_FLAG)
+                header = view[at]
+            finally:
+                del view
+            fields = header.view(">i4")  # rows of 9 big-endian ints
+            total_size = fields[:, 0].astype(np.int64)
+            magic = fields[:, 1]
+            queue_ids = fields[:, 3]
+            queue_offsets = (
+                header[:, record.POS_QUEUE_OFFSET : record.POS_PHY_OFFSET].copy().view(">i8")[:, 0]
+            )
+            phys = header[:, record.POS_PHY_OFFSET : record.POS_SYS_FLAG].copy().view(">i8")[:, 0]
+            wrong = np.flatnonzero(
+                ((magic != record.MESSAGE_MAGIC_CODE) & (magic != record.MESSAGE_MAGIC_CODE_V2))
+                | (total_size != size[inside])
+                | (queue_ids != queue_id)
+                | (queue_offsets != queue_offset[inside])
+                | (phys != phy_offset[inside])
+            )
+            if len(wrong):
+                first_bad = min(first_bad, int(inside[wrong[0]]))
+        return first_bad
 
     def roll_next_file(self, phy_offset: int) -> int:
         """Start of the file after the one holding ``phy_offset``."""

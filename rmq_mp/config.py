@@ -257,6 +257,10 @@ class MessageStoreConfig:
     max_message_size: int = _prop(4194304, ge=1)
     # Verify each record's body CRC during recovery (slower startup, catches bit rot).
     check_crc_on_recover: bool = True
+    # rmq-mp: at start, check every ConsumeQueue entry against its record's header (a read of 36
+    # bytes per record); false: only entries into the files recovery scans, and each file's first
+    # and last. A damaged entry is cut and its queue rebuilt from the commit log either way.
+    check_consume_queue_on_recover: bool = True
     # Put lock: true = mutex (watch 20 us, then sleep), false = spin lock (never sleeps).
     use_reentrant_lock_when_put_message: bool = True
     # The allocator pre-touches, reserves whole and mlocks each file it creates ahead, until writes pass it.

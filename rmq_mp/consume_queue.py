@@ -60,6 +60,15 @@ def _first_above(values: np.ndarray, start: int, bound: int) -> int:
     return len(values)
 
 
+def _first_last(real: np.ndarray) -> np.ndarray:
+    """Mask of the first and last True of ``real``."""
+    mask = np.zeros(len(real), dtype=bool)
+    found = np.flatnonzero(real)
+    if len(found):
+        mask[found[0]] = mask[found[-1]] = True
+    return mask
+
+
 def effective_file_size(configured: int) -> int:
     """`getMappedFileSizeConsumeQueue`: rounded up to a whole number of entries."""
     return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
@@ -112,6 +121,9 @@ class ConsumeQueue:
         """End (phy offset + size) of the last entry written; duplicate dispatch stops below it."""
         self.min_logic_offset = 0
         """Byte position of the first entry still served."""
+        self.gap_seen = False
+        """Set when dispatch met an entry not at the queue's next offset: records are missing
+        before it (recovery rebuilds such a queue from the log's beginning)."""
 
     def load(self) -> None:
         self.mfq.load()
@@ -122,7 +134,8 @@ class ConsumeQueue:
     # ------------------------------------------------------------------ recovery
 
     def recover(self) -> None:
-        """Keep entries up to the first invalid one, from the third-last file (§8.4)."""
+        """Keep entries up to the first invalid one, from the third-last file (§8.4): where a
+        running reput restarts. Startup recovery checks the whole queue (`check`) instead."""
         files = self.mfq.files
         if not files:
             return
@@ -135,17 +148,100 @@ class ConsumeQueue:
                 self.max_physic_offset = end
             if valid * CQ_STORE_UNIT_SIZE < self.mapped_file_size:
                 break
-        last = files[-1]
-        garbage_end = last.file_from_offset + last.last_nonzero(
-            max(0, process_offset - last.file_from_offset)
-        )
+        self._cut(process_offset, "invalid entry; everything after it dropped")
+
+    def check(
+        self, agree: Callable[[np.ndarray, np.ndarray, np.ndarray], int], verify_from_phy: int
+    ) -> int | None:
+        """Startup recovery of the whole queue: keep the entries before the first damaged one and
+        say where the commit log must be re-dispatched from to rebuild the rest; None if whole.
+
+        An entry is damaged when it is unwritten or invalid inside the queue's data (a non-last
+        file must be full), when it is a pre-blank after the queue's start, when it does not lie
+        after its predecessor's record (then the predecessor is suspect too and goes with it), or
+        when ``agree`` (the commit log's header check, `CommitLog.first_disagreeing`) finds its
+        record is not this queue's at this queue offset. ``agree`` is asked of each file's first
+        and last entries and of every entry at or above ``verify_from_phy`` (the files recovery
+        reads anyway): checking every entry would read every record header of the log at every
+        start. Entries pointing past the log's end are left to `truncate_dirty_logic_files`.
+        Returns the end of the last kept entry (0: none kept), from which dispatch rebuilds the
+        queue: it appends only above a queue's last entry, so other queues take no harm."""
+        files = self.mfq.files
+        prev_end = -1
+        self.max_physic_offset = -1
+        for file_index, mf in enumerate(files):
+            last_file = file_index == len(files) - 1
+            count = self.mapped_file_size // CQ_STORE_UNIT_SIZE
+            if last_file:
+                ranges = mf.data_ranges(0, min(mf.read_position, len(mf.buf)))
+                count = (ranges[-1][1] if ranges else 0) // CQ_STORE_UNIT_SIZE
+            entries = np.frombuffer(mf.buf, dtype=CQ_ENTRY_DTYPE, count=count)
+            try:
+                phy = entries["phy"].astype(np.int64)
+                size = entries["size"].astype(np.int64)
+                tags = entries["tags"].astype(np.int64)
+            finally:
+                del entries
+            blank = (size == PRE_BLANK_SIZE) & (phy == 0) & (tags == 0)
+            real = (phy >= 0) & (size > 0) & (size < PRE_BLANK_SIZE)
+            if file_index == 0:  # pre-blanks: only the queue's leading entries
+                lead = int(np.argmin(blank)) if not blank.all() else count
+                real[:lead] = False
+                ok = real.copy()
+                ok[:lead] = True
+            else:
+                lead = 0
+                ok = real
+            ends = phy + size
+            prior = np.concatenate(([prev_end], ends[lead:-1])) if count > lead else np.empty(0, np.int64)
+            after_prior = np.ones(count, dtype=bool)
+            after_prior[lead:] = phy[lead:] >= prior
+            good = ok & after_prior
+            bad = np.flatnonzero(~good)
+            cut = int(bad[0]) if bad.size else count
+            reason = ""
+            if cut < count:
+                if not ok[cut]:
+                    reason = "unwritten or invalid entry"
+                    if (
+                        not bool(phy[cut] | size[cut] | tags[cut])
+                        and last_file
+                        and not (phy[cut:].any() or size[cut:].any() or tags[cut:].any())
+                    ):
+                        reason = ""  # the end of the queue's data, not damage
+                else:
+                    reason = "entry overlaps its predecessor's record"
+                    cut = max(lead, cut - 1)  # either may be the damaged one
+            checked = np.flatnonzero(real[:cut] & ((phy[:cut] >= verify_from_phy) | _first_last(real[:cut])))
+            if len(checked):
+                queue_offsets = mf.file_from_offset // CQ_STORE_UNIT_SIZE + checked
+                wrong = agree(phy[checked], size[checked], queue_offsets)
+                if wrong < len(checked) and int(checked[wrong]) < cut:
+                    cut, reason = int(checked[wrong]), "entry does not match its commit-log record"
+            kept = np.flatnonzero(real[:cut])
+            if len(kept):
+                prev_end = int(ends[kept[-1]])
+                self.max_physic_offset = prev_end
+            if reason:
+                self._cut(mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE, reason)
+                return max(prev_end, 0)
+            if last_file:  # its data ends here: the write position
+                self.mfq.truncate_dirty_files(mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE)
+        return None
+
+    def _cut(self, process_offset: int, reason: str) -> None:
+        """Truncate at byte ``process_offset``, reporting any non-zero bytes dropped."""
+        files = self.mfq.files
+        garbage_end = process_offset
+        for mf in files:
+            if mf.file_from_offset + mf.file_size > process_offset:
+                local = max(0, process_offset - mf.file_from_offset)
+                tail = mf.last_nonzero(local)
+                if tail > local:
+                    garbage_end = mf.file_from_offset + tail
         if garbage_end > process_offset:
             self.reporter.report(
-                "cq-entries-dropped",
-                str(self.mfq.store_dir),
-                process_offset,
-                garbage_end,
-                "invalid entry; everything after it dropped",
+                "cq-entries-dropped", str(self.mfq.store_dir), process_offset, garbage_end, reason
             )
         self.mfq.truncate_dirty_files(process_offset)
 
@@ -205,6 +301,14 @@ class ConsumeQueue:
             del entries
         return bool((ends[1:] >= ends[:-1]).all())
 
+    def destroy_files(self) -> None:
+        """Remove every file: the queue is empty until dispatch rebuilds it."""
+        while self.mfq.files:
+            self.mfq.delete_last_file()
+        self.mfq.flushed_where = self.mfq.committed_where = 0
+        self.max_physic_offset = -1
+        self.min_logic_offset = 0
+
     def correct_min_offset(self, min_phy_offset: int) -> None:
         """First entry of the first file that still points into the commit log (pre-blanks skipped)."""
         first = self.mfq.first_file()
@@ -235,6 +339,7 @@ class ConsumeQueue:
         if mf is None:
             return False
         if was_empty and queue_offset != 0 and mf.wrote_position == 0:
+            self.gap_seen = True
             try:  # the pre-blanks and the entry reserved at once: all written or none
                 mf.reserve(expect % self.mapped_file_size + CQ_STORE_UNIT_SIZE)
             except OSError:
@@ -246,8 +351,10 @@ class ConsumeQueue:
         if queue_offset != 0:
             current = mf.file_from_offset + mf.wrote_position
             if expect < current:
+                self.gap_seen = True
                 return True
             if expect != current:
+                self.gap_seen = True
                 log.warning(
                     "[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
                     expect,

@@ -348,6 +348,57 @@ class IndexFile:
         finally:
             del entries, phys
 
+    def damage(self) -> str | None:
+        """Why this file's entries cannot be trusted, None if they can. A full structural check
+        of the entries wholly on disk: the header's count and offsets, each entry's hash, offset
+        and time, and every hash chain (each entry reached exactly once, from its slot or from the
+        next newer entry of its slot). A flipped byte almost always breaks one of these; the
+        keys it would lose are re-keyed from the commit log instead (`IndexService.remove_damaged`)."""
+        if self._mm is None or len(self._mm) < self._slots_end():
+            return None  # cut inside the slot table: `IndexService.recover` removes it
+        count = min(self.index_count, max(1, self.intact_entry_limit()))
+        if not 1 <= self.index_count <= self.index_num:
+            return f"header entry count {self.index_count} outside [1, {self.index_num}]"
+        if count <= 1:
+            return None
+        if self.begin_phy_offset > self.end_phy_offset or self.begin_phy_offset < 0:
+            return f"header offsets [{self.begin_phy_offset}, {self.end_phy_offset}] out of order"
+        entries = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=count - 1, offset=self._entry_pos(1))
+        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        try:
+            key_hash = entries["hash"].astype(np.int64)
+            phy = entries["phy"].astype(np.int64)
+            prev = entries["prev"].astype(np.int64)
+            time_diff = entries["time_diff"]
+            heads = slots.astype(np.int64)
+        finally:
+            del entries, slots
+        number = np.arange(1, count, dtype=np.int64)
+        if (key_hash < 0).any() or (time_diff < 0).any():
+            return "negative key hash or time"
+        if (prev < 0).any() or (prev >= number).any():
+            return "an entry links to itself or a newer entry"
+        if (
+            (phy < self.begin_phy_offset).any()
+            or (phy > self.end_phy_offset).any()
+            or (phy[1:] < phy[:-1]).any()
+        ):
+            return "entry offsets outside the header's range or out of order"
+        if (heads < 0).any() or (heads >= max(count, self.index_count)).any():
+            return "a hash slot points past the entries"
+        slot_of = key_hash % self.hash_slot_num
+        used = np.flatnonzero(heads)
+        linked = prev > 0
+        heads_in = heads[used][heads[used] < count]
+        if (slot_of[heads_in - 1] != used[heads[used] < count]).any():
+            return "a hash slot points at an entry of another slot"
+        if (slot_of[prev[linked] - 1] != slot_of[linked]).any():
+            return "a hash chain links entries of different slots"
+        reached = np.bincount(np.concatenate((heads_in, prev[linked])), minlength=count)[1:count]
+        if count == self.index_count and (reached != 1).any():
+            return "a hash chain loses or repeats entries"
+        return None
+
     def intact_entry_limit(self) -> int:
         """Entries wholly inside the bytes the file really had (a cut file loses its tail)."""
         return max(0, (self._intact_bytes - self._slots_end()) // INDEX_ENTRY_SIZE)

@@ -99,6 +99,35 @@ class IndexService:
             if index_file.entry_count() == 0 and index_file is self.files[-1] and len(self.files) > 1:
                 self._remove(index_file)
 
+    def remove_damaged(self) -> bool:
+        """Remove the first file that fails its check (`IndexFile.damage`; a file cut short
+        counts unless it is the newest, whose cut `recover` trims) and every newer one, reporting
+        each: recovery re-keys their range from the commit log. True if any was removed."""
+        for position, index_file in enumerate(self.files):
+            reason = index_file.damage()
+            if reason is None and not index_file.is_intact() and index_file is not self.files[-1]:
+                reason = "file cut short"
+            if reason is None:
+                continue
+            self.remove_from(position, reason)
+            return True
+        return False
+
+    def remove_from(self, position: int, reason: str) -> None:
+        """Remove the files from ``position`` on, reporting each, so the index can be re-keyed
+        from the end of the file before them (the index appends only above its end)."""
+        for index_file in list(self.files[position:]):
+            self.reporter.report(
+                "index-file-removed",
+                str(index_file.path),
+                0,
+                index_file.index_count,
+                f"{reason}; re-keyed from the commit log"
+                if index_file is self.files[position]
+                else f"newer than a damaged file ({reason}); re-keyed from the commit log",
+            )
+            self._remove(index_file)
+
     def safe_to_extend_before_recovery(self) -> bool:
         """Every file is whole and the newest one's entries are in log order: then recovery may
         dispatch before `recover` cuts (its cuts cannot reach what dispatch adds)."""
@@ -157,16 +186,27 @@ class IndexService:
         current = self.last_file()
         if phy_offset < current.end_phy_offset:
             return
-        if phy_offset == current.end_phy_offset and current.entry_count() > 0:
+        holder = self._holder_of_end(current)
+        if phy_offset == current.end_phy_offset and holder is not None:
             # Partly indexed before a crash: skip the keys already there (RocketMQ adds them twice).
             key_hashes = [
-                h for h in key_hashes if phy_offset not in current.select_by_hash(h, 1 << 30, 0, 1 << 62)
+                h for h in key_hashes if phy_offset not in holder.select_by_hash(h, 1 << 30, 0, 1 << 62)
             ]
         for key_hash in key_hashes:
             if not current.put_hash(key_hash, phy_offset, store_timestamp):
                 current = self._new_file()
                 if not current.put_hash(key_hash, phy_offset, store_timestamp):
                     raise AssertionError("a fresh index file must accept a key")
+
+    def _holder_of_end(self, current: IndexFile) -> IndexFile | None:
+        """The file holding keys of the record at the index's end: the newest file, or the one
+        before it while the newest (rolled when that one filled, perhaps mid-record, or after
+        recovery removed damaged files) holds none yet."""
+        if current.entry_count() > 0:
+            return current
+        if len(self.files) > 1 and self.files[-2].end_phy_offset == current.end_phy_offset:
+            return self.files[-2] if self.files[-2].entry_count() > 0 else None
+        return None
 
     def build_index_batch(self, batch: RecordBatch) -> None:
         """`build_index` for every record of a dispatch batch, in order, with the same bytes.
@@ -197,7 +237,7 @@ class IndexService:
             if phy[i] < end:
                 i = _first_at_least(phy, i, end)  # already indexed: skipped as one record would be
                 continue
-            if phy[i] == end and current.entry_count() > 0:
+            if phy[i] == end and self._holder_of_end(current) is not None:
                 self.build_index_hashes(
                     int(phy[i]), int(timestamp[i]), key_hash[key_start[i] : key_stop[i]].tolist()
                 )

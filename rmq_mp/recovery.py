@@ -10,6 +10,16 @@ past the valid end are cut. The replay range is, after an abnormal exit, from th
 checkpoint-selected file; after a normal one, from where dispatch had got to. Dropped byte ranges
 go through the store's `Reporter`.
 
+Queues and index are derived from the log, so before the pass each is checked whole and what is
+damaged is rebuilt from the log rather than cut and forgotten (RocketMQ cuts a queue at its first
+bad entry and loses the rest): `ConsumeQueue.check` keeps a queue's entries before its first
+damaged one, `IndexService.remove_damaged` and `_check_index` remove damaged index files and
+those after them (and find files deleted at the head, between two files or at the end by keyed
+records in the gap), and the replay starts early enough to rebuild them. A queue whose first file
+is gone is found by walking the log below its first record (`_rebuild_missing_heads`); one whose
+directory is gone, by records of it in the scanned files that it lacks (`_missing_records`) or by
+dispatch meeting a gap; both are rebuilt from the log's beginning.
+
 Why cutting after dispatching gives the same files as cutting first (rmq-mp's earlier two
 passes, whose results and reports this keeps): dispatch is idempotent and per queue; it appends
 only above a queue's (or the index's) last entry, and a cut removes a suffix of entries, those
@@ -24,20 +34,24 @@ the same when the replay does not start on a record boundary of the pass, or the
 
 from __future__ import annotations
 
+import itertools
 import logging
 import time
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 
 from rmq_mp import record
-from rmq_mp.consume_queue import ConsumeQueue
+from rmq_mp.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
 from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE
 from rmq_mp.progress import progress
 from rmq_mp.record_batch import RecordBatch
 
 if TYPE_CHECKING:
+    from rmq_mp.commit_log import CommitLog
     from rmq_mp.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -151,11 +165,15 @@ class _Replay:
 class _Scan:
     end: int
     replay: _Replay | None
+    missing: set[ConsumeQueue | tuple[str, int]]
+    """Queues lacking records found below ``check_below`` (`_missing_records`)."""
 
 
-def _scan(store: MessageStore, start_offset: int, replay: _Replay | None) -> _Scan:
+def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, check_below: int) -> _Scan:
     """The pass: offset just past the last valid record, reporting what lies beyond it; records
-    from ``replay.start`` on are dispatched as they are found valid."""
+    from ``replay.start`` on are dispatched as they are found valid; queues are checked to hold
+    the records below ``check_below``."""
+    missing: set[ConsumeQueue | tuple[str, int]] = set()
     commit_log = store.commit_log
     valid_end = start_offset
     last_end = -1
@@ -173,6 +191,8 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None) -> _Sc
                     "recovery: checking commit-log file %s", offset_to_file_name(scanned_file * file_size)
                 )
             batch = step.batch
+            if len(batch) and int(batch.position[0]) < check_below:
+                missing |= _missing_records(store, batch, check_below)
             if len(batch):
                 last_position = int(batch.position[-1])
                 last_end = batch.end_offset()
@@ -195,14 +215,14 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None) -> _Sc
                 )
                 if replay is not None:
                     replay.pending = None
-                return _Scan(last_position, replay)
+                return _Scan(last_position, replay, missing)
             _report_dropped(store, step.stop, tail.reason)
             break
     if replay is not None:
         replay.flush()
         if not replay.started and replay.start < valid_end:
             replay.exact = False
-    return _Scan(valid_end, replay)
+    return _Scan(valid_end, replay, missing)
 
 
 def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
@@ -255,6 +275,203 @@ def _pre_range_ok(store: MessageStore, start: int, scan_from: int) -> tuple[int,
     return dispatched, reached or start >= scan_from
 
 
+def _check_queues(store: MessageStore, verify_from_phy: int) -> dict[ConsumeQueue, int]:
+    """Check every queue whole (`ConsumeQueue.check`); returns the damaged ones with the phy
+    offset from which dispatch must rebuild each."""
+    commit_log = store.commit_log
+    min_phy = commit_log.min_offset()
+    rebuild: dict[ConsumeQueue, int] = {}
+    for cq in store.all_consume_queues():
+        agree = partial(_agree, commit_log, cq.queue_id)
+        rebuild_from = cq.check(agree, verify_from_phy)
+        if rebuild_from is not None:
+            rebuild[cq] = max(rebuild_from, min_phy)
+    return rebuild
+
+
+def _agree(
+    commit_log: CommitLog, queue_id: int, phy: np.ndarray, size: np.ndarray, queue_offset: np.ndarray
+) -> int:
+    return commit_log.first_disagreeing(phy, size, queue_id, queue_offset)
+
+
+def _queue_head(cq: ConsumeQueue) -> tuple[int, int] | None:
+    """(queue offset, phy offset) of the queue's first real entry (pre-blanks skipped)."""
+    first = cq.mfq.first_file()
+    if first is None or first.wrote_position == 0:
+        return None
+    for i in range(first.wrote_position // CQ_STORE_UNIT_SIZE):
+        phy, size, _tags = CQ_ENTRY.unpack_from(first.buf, i * CQ_STORE_UNIT_SIZE)
+        if size != PRE_BLANK_SIZE:
+            return first.file_from_offset // CQ_STORE_UNIT_SIZE + i, phy
+    return None
+
+
+def _rebuild_missing_heads(store: MessageStore) -> dict[ConsumeQueue, int]:
+    """Queues whose first file is gone (deleted, not expired): a queue starting above offset 0
+    whose first record lies above the log's first offset may only do so if the log holds no
+    earlier record of it. The log between is walked (only then: with expiry the first record
+    is rarely far above the log's first offset); a queue found lacking has its files removed,
+    to be rebuilt from the log's beginning."""
+    commit_log = store.commit_log
+    min_phy = commit_log.min_offset()
+    suspects: dict[tuple[str, int], tuple[ConsumeQueue, int, int]] = {}
+    for cq in store.all_consume_queues():
+        head = _queue_head(cq)
+        if head is not None and head[0] > 0 and head[1] > min_phy:
+            suspects[(cq.topic, cq.queue_id)] = (cq, head[0], head[1])
+    if not suspects:
+        return {}
+    until = max(phy for _cq, _q, phy in suspects.values())
+    lacking: dict[ConsumeQueue, int] = {}
+    for step in commit_log.iter_batches(min_phy, check_crc=False, end_offset=until):
+        batch = step.batch
+        if not len(batch):
+            continue
+        keys = (batch.topic_index << 32) | (batch.queue_id & 0xFFFFFFFF)
+        unique, first_rows = np.unique(keys, return_index=True)
+        for key, row in zip(unique.tolist(), first_rows.tolist(), strict=True):
+            name = (batch.topics[key >> 32], int(batch.queue_id[row]))
+            suspect = suspects.get(name)
+            if suspect is None or suspect[0] in lacking:
+                continue
+            cq, head_offset, head_phy = suspect
+            rows = np.flatnonzero(keys == key)
+            if ((batch.position[rows] < head_phy) & (batch.queue_offset[rows] < head_offset)).any():
+                store.reporter.report(
+                    "cq-rebuilt",
+                    str(cq.mfq.store_dir),
+                    0,
+                    cq.mfq.min_offset(),
+                    f"the log holds records of queue offsets below {head_offset} (its first file is "
+                    "missing); rebuilt from the commit log",
+                )
+                cq.destroy_files()
+                lacking[cq] = min_phy
+    return lacking
+
+
+def _missing_records(
+    store: MessageStore, batch: RecordBatch, below: int
+) -> set[ConsumeQueue | tuple[str, int]]:
+    """Queues lacking records of ``batch`` that lie below ``below`` (which dispatch will not
+    add again): a queue directory or file deleted or cut. Compared with the queue's head and
+    end as loaded and checked; a missing queue is named by (topic, queue id)."""
+    rows = np.flatnonzero(batch.position < below)
+    if not len(rows):
+        return set()
+    transaction = batch.sys_flag[rows] & TRANSACTION_ROLLBACK_TYPE
+    rows = rows[(transaction == 0) | (transaction == TRANSACTION_COMMIT_TYPE)]
+    missing: set[ConsumeQueue | tuple[str, int]] = set()
+    if not len(rows):
+        return missing
+    keys = (batch.topic_index[rows] << 32) | (batch.queue_id[rows] & 0xFFFFFFFF)
+    order = np.argsort(keys, kind="stable")
+    bounds = np.flatnonzero(np.diff(keys[order])) + 1
+    for group in np.split(rows[order], bounds):
+        first, last = int(group[0]), int(group[-1])
+        topic = batch.topics[int(batch.topic_index[first])]
+        queue_id = int(batch.queue_id[first])
+        cq = store.cq_table.get(topic, queue_id)
+        if cq is None:
+            missing.add((topic, queue_id))
+            continue
+        head = _queue_head(cq)
+        low = int(batch.queue_offset[group].min())
+        high = int(batch.queue_offset[last])
+        if head is None or head[0] > low or cq.max_offset_in_queue() <= high:
+            missing.add(cq)
+    return missing
+
+
+def _first_keyed(store: MessageStore, after: int, end: int) -> int | None:
+    """Position of the first record in ``(after, end)`` whose keys the index holds, or None."""
+    start = max(after, store.commit_log.min_offset())
+    for step in store.commit_log.iter_batches(start, check_crc=False, end_offset=end):
+        batch = step.batch
+        if not len(batch.key_record):
+            continue
+        keyed = batch.key_record[
+            (batch.sys_flag[batch.key_record] & TRANSACTION_ROLLBACK_TYPE) != TRANSACTION_ROLLBACK_TYPE
+        ]
+        positions = batch.position[keyed]
+        later = positions[(positions > after) & (positions < end)]
+        if len(later):
+            return int(later[0])
+    return None
+
+
+def _check_index(store: MessageStore, replay_from: int) -> int | None:
+    """Repair the index's files before dispatch: damaged files and those after them removed, a
+    file missing at the head or between two files found by looking for keyed records in the gap
+    (files after it removed); returns the phy offset from which the index must be re-keyed
+    (None: it holds every key below ``replay_from``)."""
+    index = store.index_service
+    if index is None or not store.writable:
+        return None
+    min_phy = store.commit_log.min_offset()
+    index.remove_damaged()
+    files = [f for f in index.files if f.entry_count() > 0]
+    if (
+        files
+        and files[0].begin_phy_offset > min_phy
+        and _first_keyed(store, min_phy - 1, files[0].begin_phy_offset) is not None
+    ):
+        index.remove_from(
+            0, f"keys of [{min_phy}, {files[0].begin_phy_offset}) missing before the first file"
+        )
+        files = []
+    for older, newer in itertools.pairwise(files):
+        if newer.begin_phy_offset > older.end_phy_offset:
+            gap = _first_keyed(store, older.end_phy_offset, newer.begin_phy_offset)
+            if gap is not None:
+                index.remove_from(
+                    index.files.index(newer), f"keys from {gap} missing between index files (a file deleted)"
+                )
+                break
+    files = [f for f in index.files if f.entry_count() > 0]
+    end = files[-1].end_phy_offset if files else min_phy - 1
+    if end < replay_from and _first_keyed(store, end, replay_from) is not None:
+        store.reporter.report(
+            "index-keys-missing",
+            str(index.index_dir),
+            max(end, min_phy),
+            replay_from,
+            "keyed records after the index's end" if files else "no index file holds any key",
+        )
+        return max(end, min_phy)
+    return None
+
+
+def _lacking_queues(
+    store: MessageStore, missing: set[ConsumeQueue | tuple[str, int]], *, rebuild_gaps: bool
+) -> list[ConsumeQueue]:
+    """Queues found lacking records (by the scan, or by dispatch meeting a gap in a queue when it
+    did not start at the log's beginning): their files are removed and reported, for a dispatch
+    from the log's beginning to rebuild them."""
+    lacking: dict[ConsumeQueue, str] = {}
+    for item in missing:
+        cq = store.cq_table.get(*item) if isinstance(item, tuple) else item
+        if cq is not None:
+            lacking[cq] = "records of the queue in the commit log are missing from it (files deleted or cut)"
+        else:
+            lacking[store.cq_table.find(*item)] = "queue directory missing"  # type: ignore[misc]
+    for cq in store.all_consume_queues():
+        if cq.gap_seen and rebuild_gaps and cq not in lacking:
+            lacking[cq] = "dispatch met a gap in the queue's offsets"
+        cq.gap_seen = False
+    for cq, reason in lacking.items():
+        store.reporter.report(
+            "cq-rebuilt",
+            str(cq.mfq.store_dir),
+            cq.mfq.min_offset(),
+            cq.mfq.max_offset(),
+            f"{reason}; rebuilt from the commit log",
+        )
+        cq.destroy_files()
+    return list(lacking)
+
+
 def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -> RecoveryReport:
     """Run recovery on a loaded store. Read-only stores get the same analysis, nothing written.
     ``one_pass=False`` cuts first and dispatches after, in a second walk (what the one pass is
@@ -262,25 +479,40 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
     started = time.monotonic()
     commit_log = store.commit_log
     files = commit_log.mfq.files
-    tails_in_order = True
-    for cq in store.all_consume_queues():
-        cq.recover()
-        # Asked here, while the queue's last file is mapped: a later walk over 10,000+ queues
-        # would map every file again (more queues than maxOpenConsumeQueueFiles stay mapped).
-        tails_in_order = tails_in_order and cq.tail_in_order()
+    min_phy = commit_log.min_offset()
+    start_index = 0
+    if files:
+        start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
+    scan_from = files[start_index].file_from_offset if files else 0
+    rebuild = _check_queues(store, 0 if store.config.check_consume_queue_on_recover else scan_from)
+    if files and store.writable:
+        rebuild.update(_rebuild_missing_heads(store))
     queue_ends: dict[ConsumeQueue, int] = {cq: cq.max_physic_offset for cq in store.all_consume_queues()}
     max_phy_of_cq = max(queue_ends.values(), default=-1)
     index = store.index_service
+    if store.cq_table.discarded:
+        planned = min_phy
+    elif last_exit_ok:
+        planned = max(min_phy, max_phy_of_cq, 0)
+    else:
+        planned = scan_from
+    repair_from = min(rebuild.values(), default=None)
+    if files:
+        index_from = _check_index(store, planned)
+        if index_from is not None:
+            repair_from = index_from if repair_from is None else min(repair_from, index_from)
+    if repair_from is not None and store.writable:
+        log.info("recovery: damaged queue or index files; re-dispatching from %d", repair_from)
+        planned = min(planned, repair_from)
 
     replay: _Replay | None = None
     pre_dispatched = 0
+    missing: set[ConsumeQueue | tuple[str, int]] = set()
     if not files:
-        scan_from = end = 0
+        end = 0
         if store.writable:
             store.destroy_consume_queues()
     else:
-        start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
-        scan_from = files[start_index].file_from_offset
         log.info(
             "recovery (%s exit): scanning %d of %d commit-log file(s) from offset %d",
             "normal" if last_exit_ok else "abnormal",
@@ -288,18 +520,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
             len(files),
             scan_from,
         )
-        if (
-            one_pass
-            and store.writable
-            and (index is None or index.safe_to_extend_before_recovery())
-            and tails_in_order
-        ):
-            if store.cq_table.discarded:
-                planned = commit_log.min_offset()
-            elif last_exit_ok:
-                planned = max(commit_log.min_offset(), max_phy_of_cq, 0)
-            else:
-                planned = scan_from
+        if one_pass and store.writable and (index is None or index.safe_to_extend_before_recovery()):
             replay = _Replay(store, planned)
             if planned < scan_from:
                 pre_dispatched, reached = _pre_range_ok(store, planned, scan_from)
@@ -307,8 +528,10 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
                 if not reached:
                     log.info("recovery: replay from %d stops before the scanned files", planned)
         elif one_pass and store.writable:
-            log.info("recovery: queue or index files out of order or cut; dispatching after the cuts")
-        end = _scan(store, scan_from, replay).end
+            log.info("recovery: index files cut or out of order; dispatching after the cuts")
+        scan = _scan(store, scan_from, replay, check_below=planned if store.writable else -1)
+        end = scan.end
+        missing = scan.missing
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
 
@@ -341,6 +564,8 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
         dispatch_from = max(commit_log.min_offset(), after_cq, 0)
     else:
         dispatch_from = scan_from
+    if repair_from is not None:
+        dispatch_from = min(dispatch_from, repair_from)
     dispatched = 0
     one_pass_done = replay is not None and replay.exact and not (cq_dropped or index_damaged)
     if store.writable:
@@ -359,6 +584,14 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
             log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
             dispatched = _dispatch_range(
                 store, dispatch_from, None, "recovery: dispatching", index_only=False
+            )
+        first_dispatch = planned if one_pass_done else dispatch_from
+        lacking = _lacking_queues(store, missing, rebuild_gaps=first_dispatch > min_phy)
+        if lacking:
+            log.info("recovery: %d queue(s) lack records; rebuilding them from %d", len(lacking), min_phy)
+            dispatch_from = min_phy
+            dispatched += _dispatch_range(
+                store, min_phy, None, "recovery: rebuilding queues", index_only=False
             )
     store.recover_topic_queue_table()
     report = RecoveryReport(

@@ -224,9 +224,9 @@ CASES: dict[str, tuple[list[Damage], bool, bool]] = {
     "crash-bad-crc-lagging": ([lag, bad_crc], True, True),
     "crash-bad-crc-dispatched": ([bad_crc], True, False),
     "power-loss": ([power_loss], True, False),
-    "queue-entry-out-of-order": ([queue_entry_out_of_order], True, False),
-    # the pass would append to that queue after the bad entry, which the cut would then count
-    "queue-entry-out-of-order-lagging": ([lag, queue_entry_out_of_order], True, False),
+    # the queue check cuts the bad entry before the pass, which then rebuilds the queue
+    "queue-entry-out-of-order": ([queue_entry_out_of_order], True, True),
+    "queue-entry-out-of-order-lagging": ([lag, queue_entry_out_of_order], True, True),
     "index-cut": ([index_cut], False, False),
     "clean-queues-gone": ([queues_gone], False, True),
     "queue-file-discarded": ([queue_file_discarded, lag], True, True),
