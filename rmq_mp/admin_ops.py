@@ -24,7 +24,7 @@ from rmq_mp.message import MessageExt
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.running_store import RunningStore
-from rmq_mp.store_status import collect_status, disk_used_ratio, format_table_levels
+from rmq_mp.store_status import collect_status, disk_used_ratio, format_dispatch_faults, format_table_levels
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo
@@ -406,6 +406,8 @@ def print_store_status(status: dict[str, Any]) -> None:
     print(f"{'disk used:':<22}{status['disk_used_ratio']:.0%}")
     flags = status["running_flags"]
     print(f"{'running flags:':<22}{' '.join(flags) if flags else 'none'}")
+    for line in format_dispatch_faults(status["dispatch_faults"]):
+        print(f"{'dispatch:':<22}{line}")
     print(f"{'recovery:':<22}{status['recovery_ms']} ms")
 
 

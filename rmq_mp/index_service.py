@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmq_mp.errors import ConfigError
 from rmq_mp.index_file import INDEX_HEADER_SIZE, IndexFile, header_end_phy_offset, index_file_size
 from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, split_keys, transaction_type
 from rmq_mp.record import DispatchRequest
@@ -138,7 +139,16 @@ class IndexService:
         index_file.destroy()
 
     def _new_file(self) -> IndexFile:
+        """The next file, after the last one is flushed. A ConfigError, with no file created,
+        when a file would be full at once (every dispatch would leave one more behind)."""
+        if self.index_num < 2:
+            raise ConfigError(
+                f"maxIndexNum={self.index_num} leaves an index file no room for a key (entry 0 is never "
+                "used): set maxIndexNum to 2 or more"
+            )
         last = self.files[-1] if self.files else None
+        if last is not None:
+            last.flush()  # before the new file exists: a failed flush leaves no orphan file behind
         now_ms = int(time.time() * 1000)
         self.index_dir.mkdir(parents=True, exist_ok=True)
         path = self.index_dir / time_to_file_name(now_ms)
@@ -155,8 +165,6 @@ class IndexService:
             seed_end_phy_offset=last.end_phy_offset if last else 0,
             seed_end_timestamp=last.end_timestamp if last else 0,
         )
-        if last is not None:
-            last.flush()
         self.files.append(created)
         return created
 

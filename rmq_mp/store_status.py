@@ -7,6 +7,8 @@ segment; nothing is written. `collect_status` attaches in the CONSUMER role and 
 
 from __future__ import annotations
 
+import errno
+import os
 from typing import Any
 
 from rmq_mp.cleaning import CleanerStatistics
@@ -93,6 +95,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
             },
             "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
             "running_flags": RunningFlags.names(flags),
+            "dispatch_faults": dispatch_faults(shm, snap),
             "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
             "workers": workers,
             "counters": {
@@ -111,6 +114,71 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
         }
     finally:
         shm.close()
+
+
+MAX_LISTED_QUEUES = 100
+"""Quarantined queues a status lists by name (a full disk can quarantine every queue)."""
+
+
+def fault_reason(code: int) -> str:
+    """A dispatch fault code (an errno, or shm.layout's FAULT_*) as words."""
+    if code > 0:
+        return f"{errno.errorcode.get(code, f'errno {code}')} ({os.strerror(code)})"
+    if code == layout.FAULT_CONFIG:
+        return "the configuration leaves no room (see reput.log)"
+    return "unexpected error (see reput.log)"
+
+
+def dispatch_faults(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
+    """Queues reput quarantined and a paused index (workers/reput.py), with why: dispatch to
+    them waits for a retry while the rest goes on, so the workers alone look healthy."""
+    failed = snap["dispatch_failed_queues"]
+    queues = []
+    if failed:
+        for topic, queue_id, slot in shm.queues.queues():
+            code = shm.queues.get(slot, qo.DISPATCH_ERROR)
+            if code:
+                queues.append(
+                    {
+                        "topic": topic,
+                        "queue_id": queue_id,
+                        "reason": fault_reason(code),
+                        "dispatched": shm.queues.get(slot, qo.DISPATCHED),
+                        "stored": shm.queues.get(slot, qo.NEXT_OFFSET),
+                    }
+                )
+                if len(queues) >= MAX_LISTED_QUEUES:
+                    break
+    index_code = snap["index_dispatch_error"]
+    return {
+        "failed_queues": failed,
+        "queues": queues,
+        "redispatch_from": snap["queue_redispatch_from"] if failed else None,
+        "index": (
+            {"reason": fault_reason(index_code), "resume_offset": snap["index_resume_offset"]}
+            if index_code
+            else None
+        ),
+    }
+
+
+def format_dispatch_faults(faults: dict[str, Any]) -> list[str]:
+    """Lines for a text status: none when dispatch reaches every queue and the index."""
+    lines = [
+        f"queue {q['topic']}/{q['queue_id']} QUARANTINED: {q['reason']}; "
+        f"dispatched {q['dispatched']} of {q['stored']} message(s)"
+        for q in faults["queues"]
+    ]
+    if faults["failed_queues"] > len(faults["queues"]):
+        lines.append(f"... {faults['failed_queues']} queue(s) quarantined in all")
+    if faults["failed_queues"]:
+        lines.append(f"reput retries them from commit-log offset {faults['redispatch_from']}")
+    index = faults["index"]
+    if index is not None:
+        lines.append(
+            f"index PAUSED: {index['reason']}; keys from commit-log offset {index['resume_offset']} wait"
+        )
+    return lines
 
 
 def table_levels(shm: StoreShm, producer_metrics: dict[str, Any]) -> dict[str, dict[str, int]]:

@@ -156,6 +156,10 @@ CLEAN_CQ_MIN_PHY_OFFSET = _f(
     "clean_cq_min_phy_offset", 57, CL, doc="commit-log minimum the ConsumeQueues and index were cleaned to"
 )
 
+# Dispatch fault codes (DISPATCH_FAILED_QUEUES' per-queue dispatch_error, INDEX_DISPATCH_ERROR): an
+# errno (> 0), or one of these for a fault that is not an OSError (reput.log has the whole message).
+FAULT_CONFIG, FAULT_OTHER = -1, -2
+
 # CLEAN_LAST_TRIGGERS bits: why a run deleted anything at all (RocketMQ's three triggers).
 TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
 # CLEAN_LAST_OUTCOME values: why the last run stopped where it did (RocketMQ issue #4042).
@@ -174,6 +178,20 @@ TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
 # Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
 RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
 METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+
+# Reput's quarantined queues and paused index (workers/reput.py): what status and metrics show.
+DISPATCH_FAILED_QUEUES = _f(
+    "dispatch_failed_queues", 280, R, doc="queues quarantined (see each one's dispatch_error)"
+)
+QUEUE_REDISPATCH_FROM = _f(
+    "queue_redispatch_from", 281, R, doc="while queues are quarantined: the first record one still lacks"
+)
+INDEX_DISPATCH_ERROR = _f(
+    "index_dispatch_error", 282, R, doc="0, or why indexing is paused (errno or FAULT_*)"
+)
+INDEX_RESUME_OFFSET = _f(
+    "index_resume_offset", 283, R, doc="while indexing is paused: the first record not indexed"
+)
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

@@ -17,7 +17,9 @@ Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
      32  min_offset            reput (and the supervisor at start): first offset still served
      40  last_store_timestamp  reput: store time of the last dispatched message
      48  key_length            producer under the put lock (before ``used``)
-     56  topic                 UTF-8, <= 127 bytes (validators.TOPIC_MAX_BYTES), KEY_BYTES reserved
+     56  dispatch_error        reput: 0, or why the queue is quarantined (errno > 0, or a FAULT_*
+                               code of shm.layout); its entries wait for reput's retry
+     64  topic                 UTF-8, <= 127 bytes (validators.TOPIC_MAX_BYTES), KEY_BYTES reserved
 
 Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
 
@@ -46,6 +48,7 @@ from shm.slot_table import H_USED, HEADER_BYTES, SlotTable, check_slot_layout
 
 USED, QUEUE_ID = 0, 8
 NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
+DISPATCH_ERROR = 56
 COMMITTED = 16
 """In the group-offset table, the field holding the group's committed (next) offset."""
 
@@ -204,6 +207,7 @@ class QueueOffsetTable(KeyedOffsetTable):
         "min_offset": MIN_OFFSET,
         "last_store_timestamp": LAST_STORE_TS,
         "key_length": 48,
+        "dispatch_error": DISPATCH_ERROR,
     }
     SETTING = "maxConsumeQueueNum"
     WHAT = "queue-offset (topic/queue)"

@@ -224,7 +224,8 @@ class CleanerService(ServiceLoop):
     def deletable_end(self) -> tuple[int, int]:
         """(first offset that must stay, OUTCOME_* naming why): the start of the file being
         written, or of the file holding the first record still in a pool buffer or not yet
-        dispatched (deleting it would lose queue entries)."""
+        dispatched, to every queue (deleting it would lose queue entries: a queue reput
+        quarantined re-dispatches from QUEUE_REDISPATCH_FROM)."""
         t = self.table
         wrote = t.get(layout.WROTE_POSITION)
         current = wrote - wrote % self.file_size
@@ -232,6 +233,8 @@ class CleanerService(ServiceLoop):
             t.get(layout.COMMITTED_POSITION) if self.store.pool_enabled else wrote,
             t.get(layout.REPUT_FROM_OFFSET),
         )
+        if t.get(layout.DISPATCH_FAILED_QUEUES):
+            pending = min(pending, t.get(layout.QUEUE_REDISPATCH_FROM))
         pending_file = pending - pending % self.file_size
         if pending_file < current:
             return pending_file, layout.OUTCOME_UNDISPATCHED

@@ -142,6 +142,27 @@ def _store_metrics(status: dict[str, Any]) -> Iterator[Metric]:
         "Files the last cleaning run deleted",
         cleaner["last_deleted_files"],
     )
+    faults = status["dispatch_faults"]
+    yield _gauge(
+        "rmq_dispatch_failed_queues",
+        "Queues reput quarantined: their messages wait for a retry (run.py status says why)",
+        faults["failed_queues"],
+    )
+    quarantined = GaugeMetricFamily(
+        "rmq_dispatch_failed_queue",
+        "1 for each quarantined queue (the first MAX_LISTED_QUEUES), with why",
+        labels=["topic", "queue_id", "reason"],
+    )
+    for q in faults["queues"]:
+        quarantined.add_metric([q["topic"], str(q["queue_id"]), q["reason"]], 1)
+    yield quarantined
+    index_paused = GaugeMetricFamily(
+        "rmq_index_dispatch_paused", "1 while reput cannot write the index", labels=["reason"]
+    )
+    index_paused.add_metric(
+        [faults["index"]["reason"] if faults["index"] else ""], int(faults["index"] is not None)
+    )
+    yield index_paused
     lag = GaugeMetricFamily(
         "rmq_consumer_lag_messages", "Dispatched minus committed", labels=["group", "topic"]
     )

@@ -17,6 +17,23 @@ every `reputBatchIntervalMs`.
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
 mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
 offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
+
+A queue that cannot be written (its directory is a file, ENOSPC, EIO, any fault of that queue)
+is quarantined, not a stop for every queue: reported once (Reporter kind
+``queue-dispatch-failed`` and one log line), shown by status (its ``dispatch_error``,
+DISPATCH_FAILED_QUEUES) while every other queue and the index go on. Every `retry` (0.1 s, doubling
+to 2 s) it re-dispatches, to that queue alone, the records from the first one it lacks
+(dispatch is idempotent per queue), so once the cause is gone it catches up to REPUT_FROM with no
+restart and its consumers read every message once, in order; then it rejoins the passes ("caught
+up" is logged). Meanwhile the cleaner keeps the commit log from QUEUE_REDISPATCH_FROM on, the
+checkpoint's logics time stays before it, and a queue still quarantined at stop makes reput exit
+1, so the supervisor keeps `abort` and recovery re-dispatches the range. The index likewise
+(``index-dispatch-failed``: its path is a file, ENOSPC, maxIndexNum=1): indexing pauses, queues
+go on, and the retry re-keys from the first record it lacks once it can; a pause still in place
+at stop leaves those keys out after a restart (the index is best effort, as RocketMQ's) unless
+messageIndexSafe makes recovery replay from the index checkpoint time. Each fault is logged once,
+again only when its reason changes, and when it clears. A record that cannot be decoded at all
+still stops dispatch at the valid end.
 """
 
 from __future__ import annotations
@@ -24,10 +41,14 @@ from __future__ import annotations
 import logging
 import sys
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import partial
 
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.consume_queue import ConsumeQueue, ConsumeQueueTable
-from rmq_mp.dispatch import Dispatcher
+from rmq_mp.dispatch import INDEX_KEY, Dispatcher, DispatchFault
+from rmq_mp.errors import ConfigError
 from rmq_mp.index_service import IndexService
 from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import is_dispatchable
@@ -43,6 +64,40 @@ SPIN_S = 0.0002
 SMALL_PASS_RECORDS = 32
 """Records a pass dispatches one by one before it turns to batches (measured crossover ~30:
 `python -m bench.dispatch` and a per-pass timing, 2026-11-25)."""
+RETRY_FIRST_S = 0.1
+RETRY_MAX_S = 2.0
+"""A quarantined queue or paused index is retried after RETRY_FIRST_S, doubling up to this."""
+
+
+def fault_code(exc: Exception) -> int:
+    """What the shared fields say about a fault: its errno, else a FAULT_* code."""
+    if isinstance(exc, OSError) and exc.errno:
+        return exc.errno
+    return layout.FAULT_CONFIG if isinstance(exc, ConfigError) else layout.FAULT_OTHER
+
+
+@dataclass(slots=True)
+class Quarantine:
+    """A queue (or the index, INDEX_KEY) reput cannot write to, and how far its catch-up got."""
+
+    key: tuple[str, int]
+    path: str
+    resume_offset: int
+    """The first record it has not taken."""
+    held_timestamp: int
+    """A store time at or before that record's: the checkpoint's time must not pass it."""
+    code: int
+    reason: str
+    retry_at: float
+    backoff_s: float = RETRY_FIRST_S
+
+    @property
+    def is_index(self) -> bool:
+        return self.key == INDEX_KEY
+
+    @property
+    def what(self) -> str:
+        return "index" if self.is_index else f"queue {self.key[0]}/{self.key[1]}"
 
 
 class ReputService(ServiceLoop):
@@ -78,7 +133,12 @@ class ReputService(ServiceLoop):
         if self.index is not None:
             self.index.load()
         self.checkpoint = StoreCheckpoint(paths.checkpoint, writable=True)
-        self.dispatcher = Dispatcher(self.cq_table.find, self.index, self.checkpoint)
+        self.reporter = reporter
+        self.dispatcher = Dispatcher(self.cq_table.find, self.index, self.checkpoint, isolate=True)
+        self.quarantine: dict[tuple[str, int], Quarantine] = {}
+        """Queues (and INDEX_KEY) that refused records, by key; the dispatcher skips them."""
+        self.flush_failed: set[str] = set()
+        """Queues (and the index) whose last flush failed (reported once); the checkpoint waits."""
         self.last_cq_flush = self.last_thorough = time.monotonic()
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
         self.stuck_at = -1
@@ -145,6 +205,8 @@ class ReputService(ServiceLoop):
             dispatched += batched
         if dispatched:
             self.record_bytes = (offset - start) // dispatched
+        if self.dispatcher.faults:  # published before REPUT_FROM passes them (the cleaner reads both)
+            self._quarantine(self.dispatcher.take_faults())
         if offset != t.get(layout.REPUT_FROM_OFFSET):
             t.set(layout.REPUT_FROM_OFFSET, offset)
             t.add(layout.DISPATCH_COUNT, dispatched)
@@ -154,6 +216,134 @@ class ReputService(ServiceLoop):
         if touched:
             self._wake_waiters(touched)
         return dispatched
+
+    # ------------------------------------------------------------------ faults
+
+    def _quarantine(self, faults: list[DispatchFault]) -> None:
+        """New faults: reported once each, shown in shared memory, retried on a backoff."""
+        for fault in faults:
+            if fault.key == INDEX_KEY:
+                path = str(self.store.paths.index)
+            else:
+                path = str(self.cq_table.root / fault.key[0] / str(fault.key[1]))
+            q = Quarantine(
+                fault.key,
+                path,
+                fault.phy_offset,
+                fault.store_timestamp - 1,
+                fault_code(fault.error),
+                _reason(fault.error),
+                time.monotonic() + RETRY_FIRST_S,
+            )
+            self.quarantine[fault.key] = q
+            self._report(q, fault.end_offset, fault.error)
+        self._publish_faults()
+
+    def _report(self, q: Quarantine, end_offset: int, error: Exception) -> None:
+        """One line per distinct fault: Reporter's (its log line included)."""
+        self.reporter.report(
+            "index-dispatch-failed" if q.is_index else "queue-dispatch-failed",
+            q.path,
+            q.resume_offset,
+            end_offset,
+            f"{q.reason}; {'indexing paused' if q.is_index else 'queue quarantined'}, "
+            f"retried from commit-log offset {q.resume_offset}",
+        )
+        if q.code == layout.FAULT_OTHER:
+            log.error("%s: unexpected dispatch error", q.what, exc_info=error)
+
+    def _publish_faults(self) -> None:
+        """The quarantines into shared memory: each queue's dispatch_error, the counts, the index
+        fields, and where the cleaner must keep the commit log from (set before the count)."""
+        t, queues = self.table, self.store.shm.queues
+        failed = [q for q in self.quarantine.values() if not q.is_index]
+        if failed:
+            t.set(layout.QUEUE_REDISPATCH_FROM, min(q.resume_offset for q in failed))
+        t.set(layout.DISPATCH_FAILED_QUEUES, len(failed))
+        for q in failed:
+            slot = queues.find(*q.key)
+            if slot >= 0 and queues.get(slot, qo.DISPATCH_ERROR) != q.code:
+                queues.set(slot, qo.DISPATCH_ERROR, q.code)
+        index = self.quarantine.get(INDEX_KEY)
+        t.set(layout.INDEX_RESUME_OFFSET, index.resume_offset if index is not None else 0)
+        t.set(layout.INDEX_DISPATCH_ERROR, index.code if index is not None else 0)
+
+    def retry(self, *, final: bool = False) -> None:
+        """Catch up each quarantined queue (or the index) whose retry is due; ``final``: all, to
+        the end or their fault."""
+        now = time.monotonic()
+        for q in list(self.quarantine.values()):
+            if final or q.retry_at <= now:
+                while self._catch_up(q) and final:
+                    pass
+
+    def _catch_up(self, q: Quarantine) -> bool:
+        """Re-dispatch up to MAX_RECORDS_PER_PASS of the records ``q`` lacks, to it alone.
+        Released once at REPUT_FROM; on a fault, retried after its backoff. True when it made
+        progress and has more to do."""
+        reput_from = self.table.get(layout.REPUT_FROM_OFFSET)
+        log_view = self.store.commit_log
+        self.store.sync_log()
+        min_offset = self.table.get(layout.MIN_OFFSET)
+        if q.resume_offset < min_offset:
+            self.reporter.report(
+                "index-keys-lost" if q.is_index else "queue-entries-lost",
+                q.path,
+                q.resume_offset,
+                min_offset,
+                "commit-log files deleted before it caught up",
+            )
+            q.resume_offset = min_offset
+        start = offset = q.resume_offset
+        touched: set[int] = set()
+        try:
+            for step in log_view.iter_batches(
+                offset, check_crc=False, end_offset=reput_from, max_records=MAX_RECORDS_PER_PASS
+            ):
+                if len(step.batch):
+                    if q.is_index:
+                        assert self.index is not None
+                        self.index.build_index_batch(step.batch)
+                    else:
+                        done = self.dispatcher.dispatch_queue(step.batch, *q.key)
+                        if done is not None:
+                            self._publish(
+                                done.topic, done.queue_id, done.queue_offset, done.store_timestamp, touched
+                            )
+                    q.held_timestamp = int(step.batch.store_timestamp[-1])
+                offset = step.next_offset
+                tail = step.tail
+                if tail is not None and not tail.success and tail.size > 0:
+                    offset = step.stop + tail.size  # skipped by the pass too ("[BUG]", logged there)
+                q.resume_offset = offset
+        except Exception as exc:
+            q.backoff_s = min(q.backoff_s * 2, RETRY_MAX_S)
+            q.retry_at = time.monotonic() + q.backoff_s
+            code, reason = fault_code(exc), _reason(exc)
+            if (code, reason) != (q.code, q.reason):
+                q.code, q.reason = code, reason
+                self._report(q, reput_from, exc)
+            return False
+        finally:
+            if touched:
+                self._wake_waiters(touched)
+            self._publish_faults()
+        if offset >= reput_from:
+            del self.quarantine[q.key]
+            self.dispatcher.quarantined.discard(q.key)
+            if not q.is_index:
+                slot = self.store.shm.queues.find(*q.key)
+                if slot >= 0:
+                    self.store.shm.queues.set(slot, qo.DISPATCH_ERROR, 0)
+            self._publish_faults()
+            log.info(
+                "%s caught up to commit-log offset %d: dispatch to it resumed (%s)", q.what, offset, q.path
+            )
+            return False
+        progressed = offset > start
+        q.backoff_s = RETRY_FIRST_S if progressed else min(q.backoff_s * 2, RETRY_MAX_S)
+        q.retry_at = time.monotonic() + (0.0 if progressed else q.backoff_s)
+        return progressed
 
     def _publish(
         self, topic: str, queue_id: int, queue_offset: int, store_timestamp: int, touched: set[int]
@@ -172,10 +362,13 @@ class ReputService(ServiceLoop):
         """Up to ``limit`` records one by one; (next offset, records, stopped at an unreadable one)."""
         dispatched = 0
         log_view = self.store.commit_log
+        quarantined = self.dispatcher.quarantined
         for phy, req in log_view.iter_dispatch(offset, check_crc=False, end_offset=end):
             if req.success and req.size > 0:
                 self.dispatcher.dispatch(req)
-                if is_dispatchable(req.sys_flag):
+                if is_dispatchable(req.sys_flag) and (
+                    not quarantined or (req.topic, req.queue_id) not in quarantined
+                ):
                     self._publish(req.topic, req.queue_id, req.queue_offset, req.store_timestamp, touched)
                 offset = phy + req.size
                 dispatched += 1
@@ -245,15 +438,41 @@ class ReputService(ServiceLoop):
         ``thorough`` all queues and the index, then the checkpoint, whose timestamps say what a
         crash need not replay (so they are written only once what they cover is on disk)."""
         least_pages = 0 if thorough else self.store.config.flush_consume_queue_least_pages
+        flushed_all = True
         for cq in self.cq_table.all():
-            cq.flush(least_pages)
+            flushed_all &= self._flush_one(
+                str(cq.mfq.store_dir), partial(cq.flush, least_pages), cq.mfq.flushed_where
+            )
         if thorough:
             if self.index is not None:
-                self.index.flush()
-            self.checkpoint.physic_msg_timestamp = self.table.get(layout.PHYSIC_MSG_TIMESTAMP)
+                flushed_all &= self._flush_one(str(self.store.paths.index), self.index.flush, 0)
+            if not flushed_all:
+                return  # the checkpoint must not claim what is not on disk
+            cp = self.checkpoint
+            cp.physic_msg_timestamp = self.table.get(layout.PHYSIC_MSG_TIMESTAMP)
             if self.index is not None and self.index.files:
-                self.checkpoint.index_msg_timestamp = self.index.files[-1].end_timestamp
-            self.checkpoint.flush()
+                cp.index_msg_timestamp = self.index.files[-1].end_timestamp
+            for q in self.quarantine.values():  # recovery must replay what a quarantine lacks
+                if q.is_index:
+                    cp.index_msg_timestamp = min(cp.index_msg_timestamp, q.held_timestamp)
+                else:
+                    cp.logics_msg_timestamp = min(cp.logics_msg_timestamp, q.held_timestamp)
+            cp.flush()
+
+    def _flush_one(self, path: str, flush: Callable[[], object], flushed_where: int) -> bool:
+        """Flush one queue (or the index); a failure (EIO) is reported once, keeps the checkpoint
+        from being written, and does not stop the other flushes. False when it failed."""
+        try:
+            flush()
+        except OSError as exc:
+            if path not in self.flush_failed:
+                self.flush_failed.add(path)
+                self.reporter.report("flush-failed", path, flushed_where, flushed_where, str(exc))
+            return False
+        if path in self.flush_failed:
+            self.flush_failed.discard(path)
+            log.info("%s flushed again", path)
+        return True
 
     def drop_deleted_files(self) -> None:
         """Follow the cleaner: unmap the queue and index files it deleted."""
@@ -271,6 +490,8 @@ class ReputService(ServiceLoop):
         self.drop_deleted_files()
         while self.dispatch() >= MAX_RECORDS_PER_PASS:
             self.heartbeat()
+        if self.quarantine:
+            self.retry()
         cfg = self.store.config
         now = time.monotonic()
         if (now - self.last_cq_flush) * 1000 >= cfg.flush_interval_consume_queue:
@@ -283,13 +504,34 @@ class ReputService(ServiceLoop):
     def final_pass(self) -> None:
         while self.dispatch():
             pass
+        if self.quarantine:
+            self.retry(final=True)
         self.flush_queues(thorough=True)
+        queues = [q for q in self.quarantine.values() if not q.is_index]
+        if queues:
+            log.error(
+                "%d queue(s) still quarantined at stop, the first lacking commit-log offset %d on: "
+                "exiting 1, so the supervisor keeps abort and recovery re-dispatches them",
+                len(queues),
+                min(q.resume_offset for q in queues),
+            )
+
+    def run(self) -> int:
+        """1 when a queue is still quarantined after the final pass (abort is kept)."""
+        code = super().run()
+        return (
+            1 if code == 0 and any(not q.is_index for q in getattr(self, "quarantine", {}).values()) else code
+        )
 
     def on_exit(self) -> None:
         if hasattr(self, "cq_table"):
             self.cq_table.close()
             if self.index is not None:
                 self.index.close()
+
+
+def _reason(exc: Exception) -> str:
+    return str(exc) if isinstance(exc, OSError | ConfigError) and str(exc) else f"{type(exc).__name__}: {exc}"
 
 
 if __name__ == "__main__":

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.store_status import collect_status, format_table_levels
+from rmq_mp.store_status import collect_status, format_dispatch_faults, format_table_levels
 
 __all__ = ["collect_status", "print_status"]
 
@@ -38,6 +38,8 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
             f"{role:<10} {w['pid']:>8} {w['state']:<9} {w['restarts']:>8} {w['heartbeat_age_ms']:>8}ms "
             f"{w['errors']:>6}"
         )
+    for line in format_dispatch_faults(status["dispatch_faults"]):
+        print(f"dispatch {line}")
     c = status["counters"]
     print("counters " + "  ".join(f"{k} {v}" for k, v in c.items()))
     m = status["producer_metrics"]

@@ -24,7 +24,8 @@ from rmq_mp import record
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueueTable
-from rmq_mp.dispatch import Dispatcher
+from rmq_mp.dispatch import INDEX_KEY, Dispatcher
+from rmq_mp.errors import ConfigError
 from rmq_mp.index_file import IndexFile
 from rmq_mp.index_service import IndexService
 from rmq_mp.reporter import Reporter
@@ -399,3 +400,82 @@ def test_put_hashes_matches_put_hash_with_a_stray_slot(tmp_path: Path) -> None:
         index.close()
         files.append(path.read_bytes())
     assert files[0] == files[1]
+
+
+# ------------------------------------------------------------------------------ isolation
+
+
+@pytest.mark.parametrize("path", ["per-record", "batches"])
+@pytest.mark.parametrize("target", ["queue", "index"])
+def test_isolating_dispatch_quarantines_what_fails_and_catches_it_up(
+    tmp_path: Path, path: str, target: str
+) -> None:
+    """A file where a queue's directory (or the index's) must go: with ``isolate`` the other
+    queues and the index get the same bytes as an undisturbed dispatch, the fault names the
+    first record missed, and a re-dispatch from there once the file is gone completes it."""
+    log_dir = tmp_path / "log"
+    end = write_log(log_dir, keyed_messages(600, seed=3), Sizes())
+    reference = Target(tmp_path / "reference", log_dir, Sizes(), end)
+    reference.batches()
+    expected = reference.close()
+
+    faulty = Target(tmp_path / "faulty", log_dir, Sizes(), end)
+    faulty.dispatcher.isolate = True
+    blocker = faulty.root / "consumequeue" / "Orders" / "1" if target == "queue" else faulty.root / "index"
+    blocker.parent.mkdir(parents=True, exist_ok=True)
+    blocker.write_text("in the way")
+    assert (faulty.per_record() if path == "per-record" else faulty.batches()) > 0
+    faults = faulty.dispatcher.take_faults()
+    key = ("Orders", 1) if target == "queue" else INDEX_KEY
+    assert [(f.key, type(f.error)) for f in faults] == [(key, FileExistsError)]
+    assert faulty.dispatcher.quarantined == {key}
+    snapshot = digest(faulty.root)
+    if target == "queue":
+        assert snapshot["index"] == expected["index"]
+
+        def others(queues: object) -> dict[str, str]:
+            assert isinstance(queues, dict)
+            return {k: v for k, v in queues.items() if not k.startswith("consumequeue/Orders/1")}
+
+        assert others(snapshot["queues"]) == others(expected["queues"])
+        first = next(
+            phy
+            for phy, req in faulty.commit_log.iter_dispatch(0, check_crc=False, end_offset=end)
+            if (req.topic, req.queue_id) == key and m.is_dispatchable(req.sys_flag)
+        )
+    else:
+        assert snapshot["queues"] == expected["queues"]
+        assert snapshot["index"] == []
+        first = 0
+    assert faults[0].phy_offset <= first
+
+    blocker.unlink()
+    for step in faulty.commit_log.iter_batches(faults[0].phy_offset, check_crc=False, end_offset=end):
+        if target == "queue":
+            faulty.dispatcher.dispatch_queue(step.batch, *key)
+        else:
+            faulty.index.build_index_batch(step.batch)
+    faulty.dispatcher.quarantined.discard(key)
+    assert faulty.close() == expected
+
+
+def test_dispatch_raises_without_isolate(tmp_path: Path) -> None:
+    """Recovery's mode: the queue's error stops dispatch there."""
+    log_dir = tmp_path / "log"
+    end = write_log(log_dir, keyed_messages(50, seed=4), Sizes())
+    target = Target(tmp_path / "t", log_dir, Sizes(), end)
+    (target.root / "index").parent.mkdir(parents=True, exist_ok=True)
+    (target.root / "index").write_text("in the way")
+    with pytest.raises(FileExistsError):
+        target.batches()
+    assert target.dispatcher.faults == []
+    assert target.dispatcher.quarantined == set()
+    target.close()
+
+
+def test_max_index_num_1_is_a_config_error_and_leaves_no_file(tmp_path: Path) -> None:
+    index = IndexService(tmp_path / "index", 16, 1, writable=True, reporter=Reporter())
+    with pytest.raises(ConfigError, match="maxIndexNum=1 leaves an index file no room"):
+        index.build_index_hashes(100, store_timestamp(0), [1, 2])
+    assert not (tmp_path / "index").exists()
+    assert index.files == []
