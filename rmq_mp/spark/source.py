@@ -318,7 +318,7 @@ def read_slice(
     reader = SegmentReader(part.store)
     file_size = part.store.commit_log_file_size
     skips = ReadSkips(
-        _REPORTER, publish=running_store_counter(part.store.shm_base) if part.store.shm_base else None
+        REPORTER, publish=running_store_counter(part.store.shm_base) if part.store.shm_base else None
     )
     tags_codes = (
         np.array(sorted({m.tags_code(t) for t in push.tags}), dtype=np.int64)
@@ -379,7 +379,7 @@ def read_slice(
         reader.close()
 
 
-_REPORTER = Reporter()
+REPORTER = Reporter()
 """This process's findings of the source (a Spark worker logs them to its stderr)."""
 
 

@@ -284,3 +284,48 @@ def test_a_running_store_skips_damage_for_every_consumer_and_counts_it(tmp_path:
             assert consumer.reporter.findings == [], "reported once per process: by the first consumer"
         assert service.read(layout.READ_SKIPPED_RECORDS) == 2
         assert collect_status(service.config)["counters"]["read_skipped_records"] == 2
+
+
+def damage_for_spark(config: MessageStoreConfig, written: list[Written]) -> dict[int, set[int]]:
+    """A flipped body and four bad entries in queue 0: into a record's middle, at another queue's
+    record, with a wrong size, across a segment's end. Returns the bad queue offsets per queue."""
+    by_offset = {(w.queue_id, w.queue_offset): w for w in written}
+    flip_body_byte(config, by_offset[(0, 5)])
+    rewrite_entry(config, 0, 10, by_offset[(0, 10)].phy_offset + 17, by_offset[(0, 10)].size)
+    rewrite_entry(config, 0, 20, by_offset[(1, 20)].phy_offset, by_offset[(1, 20)].size)
+    rewrite_entry(config, 0, 30, by_offset[(0, 30)].phy_offset, by_offset[(0, 30)].size + 8)
+    rewrite_entry(config, 0, 40, config.mapped_file_size_commit_log - 100, 300)
+    return {0: {5, 10, 20, 30, 40}, 1: set()}
+
+
+def test_the_spark_source_skips_and_reports_what_a_pull_skips(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark", reason="pyspark is not installed")
+    from rmq_mp.spark.source import REPORTER, Pushdown, QueueSlice, read_slice
+    from rmq_mp.spark.store_files import resolve_store
+
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    bad = damage_for_spark(config, written)
+    ref = resolve_store(config.store_path_root_dir)
+    for queue_id in range(QUEUES):
+        part = QueueSlice(ref, TOPIC, queue_id, 0, COUNT // QUEUES)
+        rows = [
+            row
+            for batch in read_slice(part, Pushdown(), include_properties=True)
+            for row in batch.select(["queue_id", "queue_offset", "body"]).to_pylist()
+        ]
+        assert [(r["queue_id"], r["queue_offset"], r["body"]) for r in rows] == expected(
+            written, queue_id, without=bad[queue_id]
+        )
+    mine = [d for d in REPORTER.findings if d.path.startswith(str(tmp_path))]
+    first_log = str(log_file(config, 0))
+    first_queue_file = str(cq_file(config, 0, 0))
+    victim = next(w for w in written if (w.queue_id, w.queue_offset) == (0, 5))
+    assert sorted((d.kind, d.path, d.start, d.end) for d in mine) == [
+        ("queue-entry-invalid", first_queue_file, q * 20, q * 20 + 20) for q in (10, 20, 30, 40)
+    ] + [("record-crc-failed", first_log, victim.phy_offset, victim.phy_offset + victim.size)]
+    reasons = {d.start: d.reason for d in mine}
+    assert "body CRC" in reasons[victim.phy_offset]
+    assert "no valid record" in reasons[200]
+    assert f"the record there is {TOPIC} queue 1 offset 20" in reasons[400]
+    assert "outside one commit-log segment" in reasons[800]
