@@ -555,7 +555,12 @@ def read_queue(
             continue
         try:
             msg = queue_message(
-                commit_log, (phy, size), topic=topic, queue_id=queue_id, queue_offset=queue_offset
+                commit_log,
+                (phy, size),
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=queue_offset,
+                end_offset=end_phy,
             )
         except MessageNotFoundError:
             if not messages:

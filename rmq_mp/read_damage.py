@@ -140,20 +140,28 @@ def entry_problem(msg: MessageExt, *, size: int, topic: str, queue_id: int, queu
 
 
 def queue_message(
-    commit_log: CommitLog, entry: tuple[int, int], *, topic: str, queue_id: int, queue_offset: int
+    commit_log: CommitLog,
+    entry: tuple[int, int],
+    *,
+    topic: str,
+    queue_id: int,
+    queue_offset: int,
+    end_offset: int | None = None,
 ) -> MessageExt:
     """The message a ConsumeQueue entry (phy offset, size) points at, checked before it is served.
     `MessageNotFoundError` where the log no longer holds it; `BodyCrcError` for a record whose
-    body CRC fails; `CorruptRecordError` where the entry points past the log's readable end,
-    at bytes that are no whole record, or at a record that is not the one it promises."""
+    body CRC fails; `CorruptRecordError` where the entry points past the log's readable end
+    (``end_offset``, default `CommitLog.max_offset`), at bytes that are no whole record, or at a
+    record that is not the one it promises."""
     phy_offset, size = entry
-    end = commit_log.max_offset()
+    end = commit_log.max_offset() if end_offset is None else end_offset
     if phy_offset < 0 or size <= 0 or phy_offset + size > end:
         raise CorruptRecordError(f"it points outside the commit log's readable bytes [0, {end})")
     msg = commit_log.look_message_by_offset(phy_offset)
-    problem = entry_problem(msg, size=size, topic=topic, queue_id=queue_id, queue_offset=queue_offset)
-    if problem:
-        raise CorruptRecordError(problem)
+    if (msg.store_size, msg.queue_offset, msg.queue_id, msg.topic) != (size, queue_offset, queue_id, topic):
+        raise CorruptRecordError(
+            entry_problem(msg, size=size, topic=topic, queue_id=queue_id, queue_offset=queue_offset)
+        )
     return msg
 
 

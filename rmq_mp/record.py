@@ -583,20 +583,24 @@ def decode_message(buf: Any, pos: int, limit: int, *, file_position: int = -1) -
     files: a body flipped on disk in an older file would be served as intact. The CRC runs on
     the body bytes the message gets anyway (`zlib.crc32`, C): no further copy.
     """
-    where = f"commit-log offset {file_position}" if file_position >= 0 else f"position {pos}"
     try:
         f = _parse(buf, pos, limit)
     except _Invalid as exc:
-        raise CorruptRecordError(f"no valid record at {where}: {exc}") from exc
+        raise CorruptRecordError(f"no valid record at {_where(pos, file_position)}: {exc}") from exc
     if _expected_length(f) != f.total_size:
-        raise CorruptRecordError(f"record at {where}: TOTALSIZE {f.total_size} does not match its fields")
+        raise CorruptRecordError(
+            f"record at {_where(pos, file_position)}: TOTALSIZE {f.total_size} does not match its fields"
+        )
     if file_position >= 0 and f.phy_offset != file_position:
-        raise CorruptRecordError(f"record at {where}: its PHYSICALOFFSET field says {f.phy_offset}")
+        raise CorruptRecordError(
+            f"record at {_where(pos, file_position)}: its PHYSICALOFFSET field says {f.phy_offset}"
+        )
     body = bytes(buf[f.body_start : f.body_start + f.body_length])
     if zlib.crc32(body) & 0x7FFFFFFF != f.crc:
         raise BodyCrcError(
-            f"record at {where} ({f.total_size} bytes, {f.topic} queue {f.queue_id} offset "
-            f"{f.queue_offset}): body CRC {zlib.crc32(body) & 0x7FFFFFFF:#010x} is not BODYCRC {f.crc:#010x}"
+            f"record at {_where(pos, file_position)} ({f.total_size} bytes, {f.topic} queue {f.queue_id} "
+            f"offset {f.queue_offset}): body CRC {zlib.crc32(body) & 0x7FFFFFFF:#010x} is not BODYCRC "
+            f"{f.crc:#010x}"
         )
     born = (_format_ip(f.born_ip), f.born_port)
     store = (_format_ip(f.store_ip), f.store_port)
@@ -621,6 +625,10 @@ def decode_message(buf: Any, pos: int, limit: int, *, file_position: int = -1) -
         msg_id=f"{_msg_id_prefix(f.store_ip, f.store_port)}{f.phy_offset & 0xFFFFFFFFFFFFFFFF:016X}",
         file_position=file_position,
     )
+
+
+def _where(pos: int, file_position: int) -> str:
+    return f"commit-log offset {file_position}" if file_position >= 0 else f"position {pos}"
 
 
 @functools.lru_cache(maxsize=64)
