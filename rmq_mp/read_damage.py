@@ -32,7 +32,6 @@ from rmq_mp.errors import BodyCrcError, CorruptRecordError, ShmAttachError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message import MessageExt
 from rmq_mp.reporter import Reporter
-from shm import layout
 
 if TYPE_CHECKING:
     from rmq_mp.commit_log import CommitLog
@@ -182,6 +181,7 @@ def gathered_problem(
 def shm_counter(shm: StoreShm) -> Callable[[int], None]:
     """`ReadSkips.publish` for a reader of a running store: adds to ``read_skipped_records``
     under the flags lock (readers in many processes write it; a skip is rare)."""
+    from shm import layout  # not at import: shm imports rmq_mp, whose MessageStore imports this
 
     def publish(count: int) -> None:
         try:
@@ -198,11 +198,12 @@ def running_store_counter(shm_base: str) -> Callable[[int], None]:
     to it (the Spark source): attaches for the count only."""
 
     def publish(count: int) -> None:
+        from shm.layout import Role
         from shm.names import ShmNames
         from shm.store_shm import StoreShm
 
         try:
-            shm = StoreShm.attach(ShmNames(shm_base), layout.Role.CONSUMER)
+            shm = StoreShm.attach(ShmNames(shm_base), Role.CONSUMER)
         except ShmAttachError as exc:  # stopped meanwhile: nobody to show the count to
             log.warning("skipped record not counted in shared memory: %s", exc)
             return
