@@ -329,3 +329,26 @@ def test_the_spark_source_skips_and_reports_what_a_pull_skips(tmp_path: Path) ->
     assert "no valid record" in reasons[200]
     assert f"the record there is {TOPIC} queue 1 offset 20" in reasons[400]
     assert "outside one commit-log segment" in reasons[800]
+
+
+def test_a_broken_record_in_an_older_file_ends_that_file_for_a_scan_not_the_scan(tmp_path: Path) -> None:
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
+    path = log_file(config, victim.phy_offset)
+    with path.open("r+b") as f:  # the magic code: no size to step over it by
+        f.seek(victim.phy_offset - int(path.name) + 4)
+        f.write(b"\0\0\0\0")
+    next_file = int(path.name) + config.mapped_file_size_commit_log
+
+    with MessageStore.open(config=config) as store:
+        scanned = [m.commit_log_offset for m in store.iter_messages()]
+        assert scanned == [w.phy_offset for w in written if not victim.phy_offset <= w.phy_offset < next_file]
+        assert findings(store.reporter.findings, "record-invalid") == [
+            (str(path), victim.phy_offset, next_file)
+        ]
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+        [entry] = [d for d in store.reporter.findings if d.kind == "queue-entry-invalid"]
+        assert "unknown magic code" in entry.reason
+        with pytest.raises(CorruptRecordError, match="unknown magic code"):
+            store.look_message_by_offset(victim.phy_offset)
