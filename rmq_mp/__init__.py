@@ -7,6 +7,7 @@ it. See README.md.
 
 from rmq_mp.config import BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import (
+    BodyCrcError,
     ConfigError,
     ConfigFileError,
     CorruptFileError,
@@ -53,6 +54,7 @@ def __getattr__(name: str) -> object:
 
 __all__ = [
     "AppendMessageStatus",
+    "BodyCrcError",
     "BrokerRole",
     "ConfigError",
     "ConfigFileError",

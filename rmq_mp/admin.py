@@ -19,7 +19,9 @@ store) or ``--name SHMNAME`` (a running store: its directory and settings come f
 memory), ``--conf FILE`` and ``--set key=value`` for the settings that shape the files
 (``mappedFileSizeCommitLog`` …), and ``--json`` for machine output (one object per line). The
 JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file,
-and is UTF-8 whatever the locale. Expected failures (no store there, a setting that does not match
+and is UTF-8 whatever the locale. No command prints a record that fails its checks (body CRC, a
+whole record, the one its queue entry promises): printMsg and queryMsgByKey skip it with a
+warning naming its byte range, the look-ups by id or offset fail naming why. Expected failures (no store there, a setting that does not match
 the files, an unknown --set key, a bad msgId) print one line, ``rmq-admin: error: <store>:
 <problem>``, and exit 2, as argparse does for usage errors.
 """
@@ -44,6 +46,7 @@ from rmq_mp.errors import ConfigError, InvalidMessageIdError, StoreError
 from rmq_mp.message import MessageExt, format_host
 from rmq_mp.message_store import MAX_TIMESTAMP, MessageStore
 from rmq_mp.progress import Bar, progress
+from rmq_mp.status import GetMessageStatus
 
 
 def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
@@ -248,6 +251,11 @@ def run(args: argparse.Namespace) -> int:
             return 0
         if args.command == "queryMsgByOffset":
             result = store.get_message(args.topic, args.queue, args.offset, 1)
+            skipped = [m.queue_offset for m in result.messages] != [args.offset]
+            if skipped and result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE):
+                # The pull went past the entry at this offset: its record must not be served.
+                # Say why (a typed error), and never show the next message as this one.
+                store.look_message_by_queue_offset(args.topic, args.queue, args.offset)
             if not result.messages:
                 raise StoreError(
                     f"{args.topic}/{args.queue} offset {args.offset}: {result.status.name} "

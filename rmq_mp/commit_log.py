@@ -192,10 +192,17 @@ class CommitLog:
         return mf
 
     def look_message_by_offset(self, phy_offset: int) -> MessageExt:
-        """Decode the record starting at ``phy_offset`` (`lookMessageByOffset`)."""
+        """Decode the record starting at ``phy_offset`` (`lookMessageByOffset`), checked as
+        `record.decode_message` checks it (body CRC included): `CorruptRecordError` /
+        `BodyCrcError` rather than a damaged message."""
         mf = self._file_for(phy_offset)
         pos = phy_offset - mf.file_from_offset
         return record.decode_message(mf.buf, pos, mf.read_position, file_position=phy_offset)
+
+    def total_size_at(self, phy_offset: int) -> int:
+        """TOTALSIZE of the record at ``phy_offset`` (its first 4 bytes, unchecked)."""
+        mf = self._file_for(phy_offset)
+        return int(record._INT.unpack_from(mf.buf, phy_offset - mf.file_from_offset)[0])
 
     def check_at(self, phy_offset: int, *, check_crc: bool = False) -> record.DispatchRequest:
         """Validate the record at ``phy_offset`` without decoding its body."""

@@ -30,6 +30,7 @@ from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
+from rmq_mp.read_damage import ReadSkips, shm_counter
 from rmq_mp.reporter import Reporter
 from rmq_mp.running_store import RunningStore
 from rmq_mp.status import GetMessageResult, GetMessageStatus
@@ -86,7 +87,9 @@ class Consumer:
         self._pool = process_pool(store.config.max_open_consume_queue_files)
         """Shared by every consumer of the process: the queue files all of them read stay
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
-        self._reporter = Reporter()
+        self.reporter = Reporter()
+        """Records this consumer skipped rather than serve (rmq_mp/read_damage.py)."""
+        self.skips = ReadSkips(self.reporter, publish=shm_counter(store.shm))
         self.subscriptions: dict[str, Subscription] = {}
         self._checked_topics: set[str] = set()
         """Topics `pull` has checked already: a pull of one of them pays a set lookup."""
@@ -151,7 +154,7 @@ class Consumer:
         if cq is None:
             cq = self._cqs[key] = ConsumeQueue(
                 topic, queue_id, self.store.paths.consume_queue,
-                self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self._reporter,
+                self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self.reporter,
                 pool=self._pool,
             )  # fmt: skip
         end = max_offset * CQ_STORE_UNIT_SIZE
@@ -172,7 +175,10 @@ class Consumer:
 
         As the store's getMessage: an offset below the queue's minimum (negative included) is
         OFFSET_TOO_SMALL, above its maximum OFFSET_OVERFLOW_BADLY, a queue nothing was written to
-        NO_MESSAGE_IN_QUEUE. `InvalidArgumentError`, as RocketMQ's pull consumer and broker
+        NO_MESSAGE_IN_QUEUE. A record that must not be served (its body CRC fails, or its entry
+        does not point at its record) is skipped and reported to `reporter` and the store's
+        ``read_skipped_records``, and the next offset is past it (NO_MATCHED_MESSAGE when the
+        pull found nothing else: `read_queue`). `InvalidArgumentError`, as RocketMQ's pull consumer and broker
         refuse them: a topic the store cannot hold, a queue id outside 0..2^31-1, an offset
         beyond a Java long, ``max_msgs`` < 1 ("maxNums <= 0"); wrong types too."""
         if (
@@ -249,7 +255,7 @@ class Consumer:
                     self.store.sync_log(keep_from=min(self._holds, default=-1))
                     return read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
                                       max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
-                                      tags=tags)  # fmt: skip
+                                      skips=self.skips, tags=tags)  # fmt: skip
             except FileNotFoundError:
                 # The cleaner deleted a queue or log file between our reading the minimum offsets
                 # and mapping it: read the new minimum and try again.

@@ -30,8 +30,14 @@ class CorruptFileError(StoreError):
 
 
 class CorruptRecordError(StoreError):
-    """Bytes at a CommitLog position are not a valid record (bad magic, size or CRC) when the
-    caller asked for that exact record. Scans report and count torn tails instead of raising."""
+    """Bytes at a CommitLog position are not a valid record (bad magic, size or CRC), or not the
+    record a ConsumeQueue entry promised, when the caller asked for that exact record. Scans and
+    queue reads report, count and skip such a record instead of raising (rmq_mp/read_damage.py)."""
+
+
+class BodyCrcError(CorruptRecordError):
+    """The record is whole and well-formed, but the CRC-32 of its stored body is not its BODYCRC
+    field: body bytes changed on disk (a bad sector, a stray write). Its body is never served."""
 
 
 class ConfigFileError(StoreError):

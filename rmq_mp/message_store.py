@@ -23,7 +23,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rmq_mp import message as m
-from rmq_mp import record
+from rmq_mp import read_damage, record
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
@@ -39,6 +39,7 @@ from rmq_mp.errors import (
 from rmq_mp.index_service import IndexService
 from rmq_mp.mapping_pool import process_pool
 from rmq_mp.paths import StorePaths, fsync_dir
+from rmq_mp.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
 from rmq_mp.recovery import RecoveryReport, recover
 from rmq_mp.reporter import Reporter
 from rmq_mp.status import (
@@ -81,6 +82,8 @@ class MessageStore:
             )
         self.paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
         self.reporter = Reporter()
+        self.read_skips = ReadSkips(self.reporter)
+        """Records reads skipped rather than serve (rmq_mp/read_damage.py), reported to ``reporter``."""
         self.delay_level_ms = record.parse_delay_levels(config.message_delay_level)
         self.commit_log = CommitLog(
             self.paths.commit_log,
@@ -369,15 +372,41 @@ class MessageStore:
             max_msgs=max_msgs,
             min_offset=cq.min_offset_in_queue(),
             max_offset=cq.max_offset_in_queue(),
+            skips=self.read_skips,
             tags=tags,
         )
 
+    def look_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> m.MessageExt:
+        """The message at one queue offset, checked as a pull checks it: `MessageNotFoundError`
+        where the queue or the log holds none, `CorruptRecordError` (`BodyCrcError` for a body
+        whose CRC fails) naming why the entry's record must not be served."""
+        cq = self.cq_table.get(topic, queue_id)
+        entry = (
+            cq.get_entry(queue_offset)
+            if cq is not None and cq.min_offset_in_queue() <= queue_offset < cq.max_offset_in_queue()
+            else None
+        )
+        if entry is None or entry[1] == PRE_BLANK_SIZE:
+            raise MessageNotFoundError(f"{topic}/{queue_id} has no message at queue offset {queue_offset}")
+        try:
+            return queue_message(
+                self.commit_log, entry[:2], topic=topic, queue_id=queue_id, queue_offset=queue_offset
+            )
+        except CorruptRecordError as exc:
+            raise type(exc)(
+                f"{topic}/{queue_id} queue offset {queue_offset} (commit-log offset {entry[0]}, "
+                f"size {entry[1]}): {exc}"
+            ) from exc
+
     def look_message_by_offset(self, phy_offset: int) -> m.MessageExt:
-        """The record at a commit-log offset; MessageNotFoundError / CorruptRecordError otherwise."""
+        """The record at a commit-log offset; MessageNotFoundError where the log holds none,
+        CorruptRecordError (BodyCrcError for a body whose CRC fails) for a record that must not
+        be served: a damaged record is never returned."""
         return self.commit_log.look_message_by_offset(phy_offset)
 
     def view_message_by_id(self, msg_id: str) -> m.MessageExt:
-        """The record an offset msgId names (`viewMessageById`)."""
+        """The record an offset msgId names (`viewMessageById`), checked as
+        `look_message_by_offset`."""
         _host, phy_offset = m.decode_message_id(msg_id)
         return self.commit_log.look_message_by_offset(phy_offset)
 
@@ -387,7 +416,9 @@ class MessageStore:
         """Messages of ``topic`` whose UNIQ_KEY or one of whose KEYS equals ``key``, newest first,
         store time within [begin, end] at second granularity, at most ``max_num``
         (`defaultQueryMaxNum` if not given; `maxMsgsNumBatch` caps it). Each index hit is checked
-        against its record, so a hash collision never returns another key's message (RocketMQ #3613)."""
+        against its record, so a hash collision never returns another key's message (RocketMQ #3613);
+        a hit whose record must not be served (its body CRC fails, or no record starts there) is
+        skipped and reported (`read_skips`)."""
         if self.index_service is None:
             return []
         if max_num is None:
@@ -396,7 +427,10 @@ class MessageStore:
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
             try:
                 msg = self.commit_log.look_message_by_offset(phy)
-            except (MessageNotFoundError, CorruptRecordError):
+            except MessageNotFoundError:
+                continue
+            except CorruptRecordError as exc:
+                self.read_skips.bad_record(self.commit_log, phy, exc, invalid_kind=INDEX_ENTRY_INVALID)
                 continue
             if msg.topic == topic and (msg.uniq_key == key or key in m.split_keys(msg.keys)):
                 found.append(msg)
@@ -407,11 +441,37 @@ class MessageStore:
         return cq.offset_in_queue_by_time(timestamp_ms, self.commit_log) if cq else 0
 
     def iter_messages(self, from_offset: int | None = None) -> Iterator[m.MessageExt]:
-        """Every record in commit-log order (blank records skipped), stopping at the valid end."""
-        start = self.commit_log.min_offset() if from_offset is None else from_offset
-        for phy, req in self.commit_log.iter_dispatch(start, check_crc=False):
-            if req.success and req.size > 0:
-                yield self.commit_log.look_message_by_offset(phy)
+        """Every record in commit-log order (blank records skipped), up to the valid end.
+
+        A record that must not be served is skipped and reported (`read_skips`): one whose body
+        CRC fails (the walk steps over it by its TOTALSIZE), and bytes before the end that are no
+        record at all (RECORD_INVALID, up to where the walk goes on: past a record whose size is
+        sound, else at the next file, as reput does)."""
+        offset = self.commit_log.min_offset() if from_offset is None else from_offset
+        end = self.commit_log.max_offset()
+        while offset < end:
+            resume = end
+            for phy, req in self.commit_log.iter_dispatch(offset, check_crc=False):
+                if req.success:
+                    if req.size > 0:
+                        try:
+                            msg = self.commit_log.look_message_by_offset(phy)
+                        except CorruptRecordError as exc:
+                            self.read_skips.bad_record(
+                                self.commit_log, phy, exc, invalid_kind=RECORD_INVALID, size=req.size
+                            )
+                            continue
+                        yield msg
+                    continue
+                resume = min(phy + req.size if req.size > 0 else self.commit_log.roll_next_file(phy), end)
+                self.read_skips.skip(
+                    RECORD_INVALID,
+                    read_damage.log_file(self.commit_log, phy),
+                    phy,
+                    resume,
+                    f"no valid record at commit-log offset {phy}, before the log's end {end}: {req.reason}",
+                )
+            offset = resume
 
 
 def offset_status(offset: int, min_offset: int, max_offset: int) -> GetMessageResult | None:
@@ -438,12 +498,22 @@ def read_queue(
     max_msgs: int,
     min_offset: int,
     max_offset: int,
+    skips: ReadSkips,
     tags: frozenset[str] | None = None,
 ) -> GetMessageResult:
     """The body of `getMessage` over one queue, shared by `MessageStore` and the service's
     `Consumer` (which takes the offsets from shared memory). ``tags``: only messages whose TAGS is
     one of these (tags-code match on the queue entry, then the string, as RocketMQ's broker and
-    client filters do); unmatched entries are skipped and counted in the next offset."""
+    client filters do); unmatched entries are skipped and counted in the next offset.
+
+    Each record is checked before it is served (`read_damage.queue_message`: body CRC, a whole
+    record, the one its entry promises). A bad one is skipped like a filtered entry and reported
+    to ``skips`` (once per record per process): the result holds the good messages around it and
+    its next offset is past it, so a consumer is never stuck there. A pull that finds only bad
+    (or filtered) entries answers NO_MATCHED_MESSAGE with the next offset past them, RocketMQ's
+    status for entries read but none served: its broker answers it with PULL_RETRY_IMMEDIATELY
+    and the client pulls again from that offset (OFFSET_FOUND_NULL would say the queue has no
+    entry there, which is not so)."""
     decided = offset_status(offset, min_offset, max_offset)
     if decided is not None:
         return decided
@@ -464,6 +534,7 @@ def read_queue(
     in_memory_bytes = TOTAL_MEMORY_BYTES * config.access_message_in_memory_max_ratio // 100
     end_phy = commit_log.max_offset()
     scanned = 0
+    topic, queue_id = cq.topic, cq.queue_id
     for phy, size, tags_code in itertools.chain((first,), entries):
         if messages:  # RocketMQ's isTheBatchFull
             if end_phy - phy > in_memory_bytes:
@@ -474,18 +545,30 @@ def read_queue(
                 max_bytes = config.max_transfer_bytes_on_message_in_memory
             if len(messages) >= min(max_msgs, max_count) or total_bytes + size > max_bytes:
                 break
+        queue_offset = offset + scanned
         scanned += 1
         if size == PRE_BLANK_SIZE or (codes is not None and tags_code not in codes):
             continue
-        if phy < min_phy:
+        if 0 <= phy < min_phy:
             if not messages:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
             continue
         try:
-            msg = commit_log.look_message_by_offset(phy)
+            msg = queue_message(
+                commit_log,
+                (phy, size),
+                topic=topic,
+                queue_id=queue_id,
+                queue_offset=queue_offset,
+                end_offset=end_phy,
+            )
         except MessageNotFoundError:
             if not messages:
                 status = GetMessageStatus.MESSAGE_WAS_REMOVING
+            continue
+        except CorruptRecordError as exc:
+            log_path = read_damage.log_file(commit_log, phy)
+            skips.bad_entry(log_path, cq.mfq.store_dir, cq.mapped_file_size, queue_offset, (phy, size), exc)
             continue
         if tags is not None and msg.tags not in tags:
             continue

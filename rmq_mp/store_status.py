@@ -109,6 +109,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                     "dispatch_count",
                     "lock_recoveries",
                     "recovery_dropped_bytes",
+                    "read_skipped_records",
                 )
             },
         }

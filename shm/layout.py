@@ -12,7 +12,7 @@ Slot map (index x 8 = byte offset):
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
-    272..399 operator fields (recovery time, metrics port)
+    272..399 operator fields (recovery time, metrics port, records readers skipped)
 """
 
 from __future__ import annotations
@@ -178,6 +178,14 @@ TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
 # Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
 RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
 METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+READ_SKIPPED_RECORDS = _f(
+    "read_skipped_records",
+    276,
+    Role.CONSUMER,
+    lock=Lock.FLAGS,
+    doc="records readers skipped rather than serve (body CRC, a queue entry not matching its record), "
+    "each once per reading process (rmq_mp/read_damage.py)",
+)
 
 # Reput's quarantined queues and paused index (workers/reput.py): what status and metrics show.
 DISPATCH_FAILED_QUEUES = _f(

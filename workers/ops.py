@@ -87,6 +87,11 @@ def _store_metrics(status: dict[str, Any]) -> Iterator[Metric]:
     yield _counter("rmq_flush_failures", "Failed commit-log fsyncs", c["flush_failures"])
     yield _counter("rmq_dispatch", "Records dispatched to ConsumeQueue and index", c["dispatch_count"])
     yield _counter("rmq_put_lock_recoveries", "Put locks taken over from a dead owner", c["lock_recoveries"])
+    yield _counter(
+        "rmq_read_skipped_records",
+        "Records readers skipped rather than serve (body CRC, queue entry not matching its record)",
+        c["read_skipped_records"],
+    )
     for what in ("commit", "flush", "reput"):
         yield _gauge(f"rmq_{what}_lag_bytes", f"Bytes written but not yet {what}ed", lags[what])
     offsets = GaugeMetricFamily("rmq_commitlog_offset_bytes", "Commit-log offsets", labels=["position"])

@@ -14,6 +14,8 @@ The batch schema matches `SCHEMA_DDL` exactly (Spark rejects `large_string` or `
 
 from __future__ import annotations
 
+import zlib
+
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -132,6 +134,83 @@ def _keys(keys_text: pa.Array) -> pa.Array:
     words = pc.list_flatten(words_list)
     keep = np.asarray(pc.binary_length(words)) > 0
     return _list_where(parents, words, keep, rows)
+
+
+def servable_rows(
+    buf: np.ndarray,
+    starts: np.ndarray,
+    *,
+    phy: np.ndarray,
+    size: np.ndarray,
+    topic: str,
+    queue_id: int,
+    queue_offsets: np.ndarray,
+) -> np.ndarray:
+    """Mask of the gathered records (starting at ``starts`` in ``buf``) that may be served: each a
+    whole record of ``size`` bytes (the ConsumeQueue entry's), of a known magic code, whose fields
+    fill exactly its TOTALSIZE, whose PHYSICALOFFSET is ``phy``, of ``topic``/``queue_id`` at its
+    entry's queue offset, and whose body CRC-32 is BODYCRC: what `record.decode_message` and
+    `read_damage.entry_problem` check for a pull, computed column-wise. The CRCs are `zlib.crc32`
+    (C) over views of ``buf``, one call a record, no copy. A rejected row is explained by the
+    scalar checks (`read_damage.gathered_problem`) before it is reported; reads are bounded by
+    ``buf``'s zero padding, so garbage sizes never index past it."""
+    n = len(starts)
+    if n == 0:
+        return np.zeros(0, dtype=bool)
+    starts = starts.astype(np.int64)
+    last = len(buf) - 8
+
+    def at(pos: np.ndarray, width: int) -> np.ndarray:
+        return _be(buf, np.clip(pos, 0, last), width)
+
+    end = starts + size
+    magic = at(starts + record.POS_MAGIC, 4)
+    sys_flag = at(starts + record.POS_SYS_FLAG, 4)
+    ok = (
+        ((magic == record.MESSAGE_MAGIC_CODE) | (magic == record.MESSAGE_MAGIC_CODE_V2))
+        & (at(starts, 4) == size)
+        & (at(starts + record.POS_PHY_OFFSET, 8) == phy)
+        & (at(starts + record.POS_QUEUE_ID, 4) == queue_id)
+        & (at(starts + record.POS_QUEUE_OFFSET, 8) == queue_offsets)
+    )
+    body_pos = (
+        starts
+        + record.POS_BORN_HOST
+        + np.where(sys_flag & m.BORNHOST_V6_FLAG, 20, 8)
+        + 8
+        + np.where(sys_flag & m.STOREHOSTADDRESS_V6_FLAG, 20, 8)
+        + 4
+        + 8
+        + 4
+    )
+    body_len = at(body_pos - 4, 4)
+    v2 = magic == record.MESSAGE_MAGIC_CODE_V2
+    ok &= (body_len >= 0) & (body_pos + body_len + np.where(v2, 4, 3) <= end)
+    topic_len_pos = np.where(ok, body_pos + body_len, starts)
+    topic_len = np.where(
+        v2, at(topic_len_pos, 2) & 0xFFFF, buf[np.clip(topic_len_pos, 0, last)].astype(np.int64)
+    )
+    topic_pos = topic_len_pos + np.where(v2, 2, 1)
+    expected = np.frombuffer(topic.encode("utf-8"), dtype=np.uint8)
+    props_len_pos = topic_pos + topic_len
+    ok &= (topic_len == len(expected)) & (props_len_pos + 2 <= end)
+    ok &= np.where(ok, at(props_len_pos, 2) + props_len_pos + 2, -1) == end
+    rows = np.flatnonzero(ok)
+    if len(rows):
+        names = buf[np.clip(topic_pos[rows][:, None] + np.arange(len(expected)), 0, last)]
+        ok[rows] &= (names == expected).all(axis=1)
+    rows = np.flatnonzero(ok)
+    view = memoryview(buf.data)
+    crcs = np.fromiter(
+        (
+            zlib.crc32(view[p : p + k])
+            for p, k in zip(body_pos[rows].tolist(), body_len[rows].tolist(), strict=True)
+        ),
+        dtype=np.int64,
+        count=len(rows),
+    )
+    ok[rows] &= (crcs & 0x7FFFFFFF) == at(starts[rows] + record.POS_BODY_CRC, 4)
+    return ok
 
 
 def decode_batch(

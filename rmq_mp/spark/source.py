@@ -5,6 +5,10 @@ on RocketMQ's read path (`getMessage`: ConsumeQueue entry → CommitLog record).
 (store, topic, queue, offset range); filters on queue_id, queue_offset, commit_log_offset, tags
 and store_timestamp are applied before the CommitLog is touched (tags by the entry's tags hash,
 then exactly) and are not re-checked by Spark. `read()` yields Arrow batches (columns.py).
+A row is served only if its record passes a pull's checks (body CRC, a whole record, the one its
+entry promises: `columns.servable_rows`); another is skipped and reported as a pull skips it
+(rmq_mp/read_damage.py: logged by the Spark worker, counted in a running store's
+``read_skipped_records``), and the read goes on.
 
 Offsets in a stream checkpoint: ``{"<store root>": {"<topic>": {"<queueId>": next_offset}}}``
 (queue ids as strings: offsets round-trip through JSON). Option names are case-insensitive
@@ -17,6 +21,7 @@ import json
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -47,8 +52,11 @@ from pyspark.sql.streaming.datasource import (
 from pyspark.sql.types import StructType
 
 from rmq_mp import message as m
-from rmq_mp.errors import ConfigError, DataLossError
-from rmq_mp.spark.columns import SCHEMA_DDL, decode_batch
+from rmq_mp.errors import ConfigError, CorruptRecordError, DataLossError
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.read_damage import ReadSkips, gathered_problem, running_store_counter
+from rmq_mp.reporter import Reporter
+from rmq_mp.spark.columns import SCHEMA_DDL, decode_batch, servable_rows
 from rmq_mp.spark.store_files import (
     QueueRange,
     SegmentReader,
@@ -308,6 +316,10 @@ def read_slice(
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one partition as Arrow batches of at most BATCH_ROWS rows / ~BATCH_BYTES."""
     reader = SegmentReader(part.store)
+    file_size = part.store.commit_log_file_size
+    skips = ReadSkips(
+        REPORTER, publish=running_store_counter(part.store.shm_base) if part.store.shm_base else None
+    )
     tags_codes = (
         np.array(sorted({m.tags_code(t) for t in push.tags}), dtype=np.int64)
         if push.tags is not None and part.topic != m.SCHEDULE_TOPIC
@@ -343,25 +355,93 @@ def read_slice(
             offset = upto
             if not len(phy):
                 continue
+            inside = (phy >= 0) & (size > 0) & (phy % file_size + size <= file_size)
+            if not inside.all():  # no record crosses a segment's end: nothing to gather
+                for i in np.flatnonzero(~inside).tolist():
+                    problem = CorruptRecordError(
+                        f"it points outside one commit-log segment of {file_size} bytes"
+                    )
+                    _skip(skips, part, int(queue_offsets[i]), int(phy[i]), int(size[i]), problem)
+                phy, size, queue_offsets = phy[inside], size[inside], queue_offsets[inside]
+                if not len(phy):
+                    continue
             try:
                 buf, starts = reader.gather(phy, size)
             except DataLossError:
                 if fail_on_data_loss:
                     raise
                 continue
-            batch = decode_batch(
-                buf,
-                starts,
-                broker=part.store.broker,
-                expected_phy=phy,
-                expected_size=size,
-                include_properties=include_properties,
-            )
+            batch = _decode_served(buf, starts, phy, size, queue_offsets, part, skips, include_properties)
             batch = _post_filter(batch, push)
             if batch.num_rows:
                 yield batch
     finally:
         reader.close()
+
+
+REPORTER = Reporter()
+"""This process's findings of the source (a Spark worker logs them to its stderr)."""
+
+
+def _decode_served(
+    buf: np.ndarray,
+    starts: np.ndarray,
+    phy: np.ndarray,
+    size: np.ndarray,
+    queue_offsets: np.ndarray,
+    part: QueueSlice,
+    skips: ReadSkips,
+    include_properties: bool,
+) -> pa.RecordBatch:
+    """`decode_batch` of the gathered records that may be served (`servable_rows`); the others
+    are skipped and reported with the reason a pull gives (`gathered_problem`), as a pull skips
+    them. Properties that are not UTF-8, which the column check does not look for, make
+    `decode_batch` raise: then the rows are checked one by one and it decodes the good ones."""
+    view = memoryview(buf.data)
+
+    def skip_bad(rows: list[int], *, rejected: bool) -> None:
+        for i in rows:
+            problem = gathered_problem(
+                view, int(starts[i]), phy_offset=int(phy[i]), size=int(size[i]), topic=part.topic,
+                queue_id=part.queue_id, queue_offset=int(queue_offsets[i]),
+            )  # fmt: skip
+            if problem is None and rejected:
+                problem = CorruptRecordError("it fails the column-wise record check")
+            if problem is not None:
+                good[i] = False
+                _skip(skips, part, int(queue_offsets[i]), int(phy[i]), int(size[i]), problem)
+
+    good = servable_rows(
+        buf, starts, phy=phy, size=size, topic=part.topic, queue_id=part.queue_id, queue_offsets=queue_offsets
+    )
+    skip_bad(np.flatnonzero(~good).tolist(), rejected=True)
+
+    def decode() -> pa.RecordBatch:
+        return decode_batch(
+            buf, starts[good], broker=part.store.broker, expected_phy=phy[good], expected_size=size[good],
+            include_properties=include_properties,
+        )  # fmt: skip
+
+    try:
+        return decode()
+    except CorruptRecordError:
+        skip_bad(np.flatnonzero(good).tolist(), rejected=False)
+        return decode()
+
+
+def _skip(
+    skips: ReadSkips, part: QueueSlice, queue_offset: int, phy: int, size: int, problem: CorruptRecordError
+) -> None:
+    file_size = part.store.commit_log_file_size
+    log_path = Path(part.store.commit_log_dir) / offset_to_file_name(phy - phy % file_size)
+    skips.bad_entry(
+        log_path,
+        part.store.cq_dir(part.topic, part.queue_id),
+        part.store.cq_file_size,
+        queue_offset,
+        (phy, size),
+        problem,
+    )
 
 
 def _post_filter(batch: pa.RecordBatch, push: Pushdown) -> pa.RecordBatch:

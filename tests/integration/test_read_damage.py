@@ -1,0 +1,354 @@
+"""Damage a read meets is never served and never stops a consumer (issue 18, items 2 and 6).
+
+Each test writes a real store with several small commit-log files, damages an OLDER file (not
+among the last three, which clean-exit recovery checks) or a ConsumeQueue entry, stops cleanly,
+reopens, and reads through every path: pulls return every other message exactly once with the
+bytes that were acknowledged, the bad record is skipped with one report naming its byte range,
+and a look-up of exactly it raises a typed error."""
+
+from __future__ import annotations
+
+import logging
+import random
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from rmq_mp.admin import main as admin_main
+from rmq_mp.config import MessageStoreConfig
+from rmq_mp.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
+from rmq_mp.consumer import Consumer
+from rmq_mp.errors import BodyCrcError, CorruptRecordError
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.message import Message, MessageExt
+from rmq_mp.message_store import MessageStore
+from rmq_mp.status import GetMessageResult, GetMessageStatus
+from rmq_mp.store_status import collect_status
+from shm import layout
+from tests.service import running_service, write_conf
+
+TOPIC = "ReadDamage"
+QUEUES = 2
+COUNT = 800
+SETTINGS = {
+    "mappedFileSizeCommitLog": str(64 * 1024),
+    "mappedFileSizeConsumeQueue": str(100 * CQ_STORE_UNIT_SIZE),
+    "maxHashSlotNum": "64",
+    "maxIndexNum": "200",
+}
+ADMIN_SETTINGS = [arg for key, value in SETTINGS.items() for arg in ("--set", f"{key}={value}")]
+
+
+@dataclass(frozen=True)
+class Written:
+    """One acknowledged message: what was sent and where the store put it."""
+
+    queue_id: int
+    queue_offset: int
+    phy_offset: int
+    size: int
+    body: bytes
+    key: str
+    msg_id: str
+
+
+def store_config(root: Path) -> MessageStoreConfig:
+    return MessageStoreConfig.from_properties({**SETTINGS, "storePathRootDir": str(root)}, source="test")
+
+
+def write_store(config: MessageStoreConfig) -> list[Written]:
+    rnd = random.Random(18)
+    written = []
+    with MessageStore.open(config=config) as store:
+        for i in range(COUNT):
+            body, key = rnd.randbytes(rnd.randint(200, 600)), f"key-{i}"
+            message = Message(
+                topic=TOPIC, body=body, properties={"KEYS": key, "TAGS": "TagA"}, queue_id=i % QUEUES
+            )
+            r = store.put_message(message)
+            assert r.is_ok, r
+            written.append(
+                Written(i % QUEUES, r.queue_offset, r.phy_offset, r.wrote_bytes, body, key, r.msg_id)
+            )
+    files = sorted((Path(config.store_path_root_dir) / "commitlog").iterdir())
+    assert len(files) >= 6, "the first commit-log file must not be among the last three"
+    return written
+
+
+def log_file(config: MessageStoreConfig, phy_offset: int) -> Path:
+    size = config.mapped_file_size_commit_log
+    return Path(config.commit_log_dir) / offset_to_file_name(phy_offset - phy_offset % size)
+
+
+def flip_body_byte(config: MessageStoreConfig, victim: Written) -> Path:
+    """Flip one byte in the middle of ``victim``'s stored body, in place."""
+    path = log_file(config, victim.phy_offset)
+    data = path.read_bytes()
+    start = victim.phy_offset - int(path.name)
+    at = data.index(victim.body, start, start + victim.size) + len(victim.body) // 2
+    with path.open("r+b") as f:
+        f.seek(at)
+        f.write(bytes([data[at] ^ 0xFF]))
+    return path
+
+
+def cq_file(config: MessageStoreConfig, queue_id: int, queue_offset: int) -> Path:
+    position = queue_offset * CQ_STORE_UNIT_SIZE
+    size = config.mapped_file_size_consume_queue
+    return (
+        Path(config.store_path_root_dir)
+        / "consumequeue"
+        / TOPIC
+        / str(queue_id)
+        / offset_to_file_name(position - position % size)
+    )
+
+
+def rewrite_entry(config: MessageStoreConfig, queue_id: int, queue_offset: int, phy: int, size: int) -> Path:
+    path = cq_file(config, queue_id, queue_offset)
+    position = queue_offset * CQ_STORE_UNIT_SIZE % config.mapped_file_size_consume_queue
+    with path.open("r+b") as f:
+        f.seek(position)
+        _phy, _size, tags = CQ_ENTRY.unpack(f.read(CQ_STORE_UNIT_SIZE))
+        f.seek(position)
+        f.write(CQ_ENTRY.pack(phy, size, tags))
+    return path
+
+
+def drain(pull: object, queue_id: int, max_msgs: int = 32) -> list[MessageExt]:
+    """Every message of a queue by pulls from offset 0, each pull going on from the last one's
+    next offset, until the queue's end: a consumer that never gets stuck."""
+    assert callable(pull)
+    got: list[MessageExt] = []
+    offset = 0
+    while True:
+        result: GetMessageResult = pull(TOPIC, queue_id, offset, max_msgs)
+        if result.status is GetMessageStatus.OFFSET_OVERFLOW_ONE:
+            return got
+        assert result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE), result
+        assert result.next_begin_offset > offset
+        got.extend(result.messages)
+        offset = result.next_begin_offset
+
+
+def served(messages: list[MessageExt]) -> list[tuple[int, int, bytes]]:
+    return [(m.queue_id, m.queue_offset, m.body) for m in messages]
+
+
+def expected(written: list[Written], queue_id: int, *, without: set[int]) -> list[tuple[int, int, bytes]]:
+    return [
+        (w.queue_id, w.queue_offset, w.body)
+        for w in written
+        if w.queue_id == queue_id and w.queue_offset not in without
+    ]
+
+
+def findings(reporter_findings: list, kind: str) -> list[tuple[str, int, int]]:
+    return sorted((d.path, d.start, d.end) for d in reporter_findings if d.kind == kind)
+
+
+def test_a_flipped_body_byte_in_an_older_file_is_never_served(tmp_path: Path) -> None:
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 0 and w.queue_offset == 5)
+    assert victim.phy_offset < config.mapped_file_size_commit_log
+    path = flip_body_byte(config, victim)
+    damaged_range = (str(path), victim.phy_offset, victim.phy_offset + victim.size)
+
+    with MessageStore.open(config=config) as store:
+        assert store.reporter.findings == [], "clean-exit recovery does not read the first file"
+        assert store.max_phy_offset() == written[-1].phy_offset + written[-1].size
+
+        for _ in range(2):  # pulled again: still skipped, still reported once
+            assert served(drain(store.get_message, 0)) == expected(written, 0, without={5})
+            assert findings(store.reporter.findings, "record-crc-failed") == [damaged_range]
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without=set())
+        assert store.reporter.count() == 1
+        assert store.read_skips.skipped == 1
+
+        around = store.get_message(TOPIC, 0, 4, 3)
+        assert [m.queue_offset for m in around.messages] == [4, 6, 7]
+        assert around.next_begin_offset == 8
+        # One message asked for from the bad one: the pull goes on to the next good one, as past
+        # an entry a filter skips (the bad one does not use up the pull).
+        one = store.get_message(TOPIC, 0, 5, 1)
+        assert [m.queue_offset for m in one.messages] == [6]
+        assert one.next_begin_offset == 7
+
+        with pytest.raises(BodyCrcError, match=f"commit-log offset {victim.phy_offset}.*body CRC"):
+            store.look_message_by_offset(victim.phy_offset)
+        with pytest.raises(BodyCrcError):
+            store.view_message_by_id(victim.msg_id)
+        with pytest.raises(BodyCrcError, match=f"{TOPIC}/0 queue offset 5"):
+            store.look_message_by_queue_offset(TOPIC, 0, 5)
+        assert store.query_message(TOPIC, victim.key) == []
+        neighbour = next(w for w in written if w.queue_id == 0 and w.queue_offset == 6)
+        assert [m.body for m in store.query_message(TOPIC, neighbour.key)] == [neighbour.body]
+        assert [m.commit_log_offset for m in store.iter_messages()] == [
+            w.phy_offset for w in written if w is not victim
+        ]
+        assert store.reporter.count() == 1, "every path met the same record: one report in this process"
+
+
+def test_rmq_admin_never_prints_the_damaged_record(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture
+) -> None:
+    config = store_config(tmp_path / "admin-store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 7)
+    flip_body_byte(config, victim)
+    store = ["--store", config.store_path_root_dir, *ADMIN_SETTINGS]
+
+    with caplog.at_level(logging.WARNING, logger="rmq_mp.damage"):
+        assert admin_main(["printMsg", *store, "--json"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == COUNT - 1
+    assert not any(f'"commitLogOffset":{victim.phy_offset},' in x for x in lines)
+    assert any(
+        "record-crc-failed" in r.getMessage()
+        and f"[{victim.phy_offset}, {victim.phy_offset + victim.size})" in r.getMessage()
+        for r in caplog.records
+    )
+    assert admin_main(["queryMsgById", *store, "--id", victim.msg_id]) == 2
+    assert "body CRC" in capsys.readouterr().err
+    assert admin_main(["queryMsgByOffset", *store, "--topic", TOPIC, "--queue", "1", "--offset", "7"]) == 2
+    assert "body CRC" in capsys.readouterr().err
+    assert admin_main(["queryMsgByKey", *store, "--topic", TOPIC, "--key", victim.key, "--json"]) == 0
+    assert capsys.readouterr().out == ""
+
+
+def test_queue_entries_that_do_not_point_at_their_record_are_skipped_and_reported(tmp_path: Path) -> None:
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    by_offset = {(w.queue_id, w.queue_offset): w for w in written}
+    middle, other_queue, wrong_size = by_offset[(0, 10)], by_offset[(1, 20)], by_offset[(0, 99)]
+    # All in the queue's first file (of four): recovery reads the last three.
+    rewrite_entry(config, 0, 10, middle.phy_offset + 17, middle.size)
+    rewrite_entry(config, 0, 20, other_queue.phy_offset, other_queue.size)
+    rewrite_entry(config, 0, 99, wrong_size.phy_offset, wrong_size.size + 8)
+    first_queue_file = str(cq_file(config, 0, 0))
+
+    with MessageStore.open(config=config) as store:
+        for _ in range(2):
+            assert served(drain(store.get_message, 0, max_msgs=7)) == expected(
+                written, 0, without={10, 20, 99}
+            )
+        reports = sorted((d for d in store.reporter.findings), key=lambda d: d.start)
+        assert [(d.kind, d.path, d.start, d.end) for d in reports] == [
+            ("queue-entry-invalid", first_queue_file, q * 20, q * 20 + 20) for q in (10, 20, 99)
+        ]
+        assert "no valid record" in reports[0].reason
+        assert f"the record there is {TOPIC} queue 1 offset 20" in reports[1].reason
+        assert f"{wrong_size.size + 8} bytes" in reports[2].reason
+        # A pull reads entries of one queue file at most (RocketMQ's getIndexBuffer): one that
+        # meets only the bad last entry of a file answers NO_MATCHED_MESSAGE, next offset past it.
+        tail = store.get_message(TOPIC, 0, 99, 32)
+        assert (tail.status, tail.messages, tail.next_begin_offset) == (
+            GetMessageStatus.NO_MATCHED_MESSAGE,
+            [],
+            100,
+        )
+        for queue_offset in (10, 20, 99):
+            with pytest.raises(CorruptRecordError, match=f"queue offset {queue_offset}"):
+                store.look_message_by_queue_offset(TOPIC, 0, queue_offset)
+        assert [m.body for m in store.query_message(TOPIC, other_queue.key)] == [other_queue.body]
+        assert store.reporter.count() == 3
+
+
+def test_a_running_store_skips_damage_for_every_consumer_and_counts_it(tmp_path: Path) -> None:
+    conf = write_conf(tmp_path / "store.conf", tmp_path / "store", **SETTINGS)
+    config = MessageStoreConfig.from_file(conf)
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 0 and w.queue_offset == 3)
+    flip_body_byte(config, victim)
+    pointed = next(w for w in written if w.queue_id == 0 and w.queue_offset == 40)
+    rewrite_entry(config, 0, 40, pointed.phy_offset + 1, pointed.size)
+    want = {0: expected(written, 0, without={3, 40}), 1: expected(written, 1, without=set())}
+
+    with running_service(tmp_path, "store", **SETTINGS) as service:
+        with Consumer.attach(service.names.base, "damage-pull") as consumer:
+            for queue_id in range(QUEUES):
+                assert served(drain(consumer.pull, queue_id)) == want[queue_id]
+            kinds = sorted(d.kind for d in consumer.reporter.findings)
+            assert kinds == ["queue-entry-invalid", "record-crc-failed"]
+            assert service.read(layout.READ_SKIPPED_RECORDS) == 2
+            assert served(drain(consumer.pull, 0)) == want[0]
+        with Consumer.attach(service.names.base, "damage-poll") as consumer:
+            consumer.subscribe(TOPIC, from_offsets=dict.fromkeys(range(QUEUES), 0))
+            polled: list[MessageExt] = []
+            while batch := consumer.poll(timeout_s=0.5):
+                polled.extend(batch)
+            assert sorted(served(polled)) == sorted(want[0] + want[1])
+            assert consumer.subscriptions[TOPIC].next_offsets == {0: COUNT // 2, 1: COUNT // 2}
+            assert consumer.reporter.findings == [], "reported once per process: by the first consumer"
+        assert service.read(layout.READ_SKIPPED_RECORDS) == 2
+        assert collect_status(service.config)["counters"]["read_skipped_records"] == 2
+
+
+def damage_for_spark(config: MessageStoreConfig, written: list[Written]) -> dict[int, set[int]]:
+    """A flipped body and four bad entries in queue 0: into a record's middle, at another queue's
+    record, with a wrong size, across a segment's end. Returns the bad queue offsets per queue."""
+    by_offset = {(w.queue_id, w.queue_offset): w for w in written}
+    flip_body_byte(config, by_offset[(0, 5)])
+    rewrite_entry(config, 0, 10, by_offset[(0, 10)].phy_offset + 17, by_offset[(0, 10)].size)
+    rewrite_entry(config, 0, 20, by_offset[(1, 20)].phy_offset, by_offset[(1, 20)].size)
+    rewrite_entry(config, 0, 30, by_offset[(0, 30)].phy_offset, by_offset[(0, 30)].size + 8)
+    rewrite_entry(config, 0, 40, config.mapped_file_size_commit_log - 100, 300)
+    return {0: {5, 10, 20, 30, 40}, 1: set()}
+
+
+def test_the_spark_source_skips_and_reports_what_a_pull_skips(tmp_path: Path) -> None:
+    pytest.importorskip("pyspark", reason="pyspark is not installed")
+    from rmq_mp.spark.source import REPORTER, Pushdown, QueueSlice, read_slice
+    from rmq_mp.spark.store_files import resolve_store
+
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    bad = damage_for_spark(config, written)
+    ref = resolve_store(config.store_path_root_dir)
+    for queue_id in range(QUEUES):
+        part = QueueSlice(ref, TOPIC, queue_id, 0, COUNT // QUEUES)
+        rows = [
+            row
+            for batch in read_slice(part, Pushdown(), include_properties=True)
+            for row in batch.select(["queue_id", "queue_offset", "body"]).to_pylist()
+        ]
+        assert [(r["queue_id"], r["queue_offset"], r["body"]) for r in rows] == expected(
+            written, queue_id, without=bad[queue_id]
+        )
+    mine = [d for d in REPORTER.findings if d.path.startswith(str(tmp_path))]
+    first_log = str(log_file(config, 0))
+    first_queue_file = str(cq_file(config, 0, 0))
+    victim = next(w for w in written if (w.queue_id, w.queue_offset) == (0, 5))
+    assert sorted((d.kind, d.path, d.start, d.end) for d in mine) == [
+        ("queue-entry-invalid", first_queue_file, q * 20, q * 20 + 20) for q in (10, 20, 30, 40)
+    ] + [("record-crc-failed", first_log, victim.phy_offset, victim.phy_offset + victim.size)]
+    reasons = {d.start: d.reason for d in mine}
+    assert "body CRC" in reasons[victim.phy_offset]
+    assert "no valid record" in reasons[200]
+    assert f"the record there is {TOPIC} queue 1 offset 20" in reasons[400]
+    assert "outside one commit-log segment" in reasons[800]
+
+
+def test_a_broken_record_in_an_older_file_ends_that_file_for_a_scan_not_the_scan(tmp_path: Path) -> None:
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
+    path = log_file(config, victim.phy_offset)
+    with path.open("r+b") as f:  # the magic code: no size to step over it by
+        f.seek(victim.phy_offset - int(path.name) + 4)
+        f.write(b"\0\0\0\0")
+    next_file = int(path.name) + config.mapped_file_size_commit_log
+
+    with MessageStore.open(config=config) as store:
+        scanned = [m.commit_log_offset for m in store.iter_messages()]
+        assert scanned == [w.phy_offset for w in written if not victim.phy_offset <= w.phy_offset < next_file]
+        assert findings(store.reporter.findings, "record-invalid") == [
+            (str(path), victim.phy_offset, next_file)
+        ]
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+        [entry] = [d for d in store.reporter.findings if d.kind == "queue-entry-invalid"]
+        assert "unknown magic code" in entry.reason
+        with pytest.raises(CorruptRecordError, match="unknown magic code"):
+            store.look_message_by_offset(victim.phy_offset)
