@@ -118,6 +118,29 @@ class CommitLog:
                 first_bad = min(first_bad, int(inside[wrong[0]]))
         return first_bad
 
+    def next_record_start(self, phy_offset: int) -> int:
+        """Where a walk stopped by a damaged record at ``phy_offset`` can go on: the next position
+        in the same file holding a record's magic code and its own offset as PHYSICALOFFSET (an
+        8-byte self-reference a body almost never holds by chance), else the next file."""
+        mf = self.mfq.find_mapped_file_by_offset(phy_offset)
+        file_end = self.roll_next_file(phy_offset)
+        if mf is None:
+            return file_end
+        buf = mf.buf
+        limit = mf.read_position
+        magic = record._INT.pack(record.MESSAGE_MAGIC_CODE)
+        pos = phy_offset - mf.file_from_offset + 1
+        while True:
+            found = buf.find(magic, pos + record.POS_MAGIC, limit)
+            if found < 0:
+                return file_end
+            start = found - record.POS_MAGIC
+            if start + record.POS_SYS_FLAG <= limit:
+                (phy,) = record._LONG.unpack_from(buf, start + record.POS_PHY_OFFSET)
+                if phy == mf.file_from_offset + start:
+                    return phy
+            pos = start + 1
+
     def roll_next_file(self, phy_offset: int) -> int:
         """Start of the file after the one holding ``phy_offset``."""
         return phy_offset + self.mapped_file_size - phy_offset % self.mapped_file_size

@@ -37,6 +37,7 @@ from __future__ import annotations
 import itertools
 import logging
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
@@ -51,7 +52,7 @@ from rmq_mp.progress import progress
 from rmq_mp.record_batch import RecordBatch
 
 if TYPE_CHECKING:
-    from rmq_mp.commit_log import CommitLog
+    from rmq_mp.commit_log import BatchStep, CommitLog
     from rmq_mp.message_store import MessageStore
 
 log = logging.getLogger(__name__)
@@ -243,14 +244,41 @@ def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
         )
 
 
-def _dispatch_range(store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool) -> int:
+def _walk_past_damage(store: MessageStore, start: int, end: int | None, below: int) -> Iterator[BatchStep]:
+    """`iter_batches` from ``start`` without CRC checks that goes on past a damaged record lying
+    below ``below`` (older files, which recovery's scan does not read: the log is not cut
+    there), at the next sound record (`CommitLog.next_record_start`), reporting the range
+    skipped; at or past ``below`` it stops at the first invalid record, as RocketMQ's walk does."""
+    commit_log = store.commit_log
+    offset = start
+    while True:
+        resume = -1
+        for step in commit_log.iter_batches(offset, check_crc=False, end_offset=end):
+            yield step
+            if step.tail is not None and not step.tail.success and step.stop < below:
+                resume = commit_log.next_record_start(step.stop)
+                store.reporter.report(
+                    "record-invalid",
+                    str(commit_log.mfq.store_dir),
+                    step.stop,
+                    resume,
+                    f"dispatch went past a damaged record: {step.tail.reason}",
+                )
+        if resume < 0 or (end is not None and resume >= end):
+            return
+        offset = resume
+
+
+def _dispatch_range(
+    store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool, below: int
+) -> int:
     """Dispatch the records of ``[start, end)`` (default: to the log's end) without CRC checks,
-    stopping at the first invalid record as RocketMQ's walk does; returns how many."""
+    past damaged records of the files recovery does not scan (`_walk_past_damage`); returns how many."""
     commit_log = store.commit_log
     stop = commit_log.max_offset() if end is None else end
     dispatched = 0
     with progress(label, total=max(stop - start, 0), unit="bytes") as bar:
-        for step in commit_log.iter_batches(start, check_crc=False, end_offset=end):
+        for step in _walk_past_damage(store, start, end, below):
             bar.update(step.stop - start)
             if index_only:
                 assert store.index_service is not None
@@ -266,10 +294,10 @@ def _pre_range_ok(store: MessageStore, start: int, scan_from: int) -> tuple[int,
     (records, whether the walk reached ``scan_from``: if not, a walk from ``start`` stops early)."""
     dispatched = 0
     reached = False
-    for step in store.commit_log.iter_batches(start, check_crc=False, end_offset=scan_from):
+    for step in _walk_past_damage(store, start, scan_from, scan_from):
         store.dispatcher.dispatch_batch(step.batch)
         dispatched += len(step.batch)
-        if step.tail is not None and not step.tail.success:
+        if step.tail is not None and not step.tail.success and step.stop >= scan_from:
             return dispatched, False
         reached = step.next_offset >= scan_from
     return dispatched, reached or start >= scan_from
@@ -282,7 +310,7 @@ def _check_queues(store: MessageStore, verify_from_phy: int) -> dict[ConsumeQueu
     min_phy = commit_log.min_offset()
     rebuild: dict[ConsumeQueue, int] = {}
     for cq in store.all_consume_queues():
-        agree = partial(_agree, commit_log, cq.queue_id)
+        agree = partial(_agree, commit_log, cq.topic, cq.queue_id)
         rebuild_from = cq.check(agree, verify_from_phy)
         if rebuild_from is not None:
             rebuild[cq] = max(rebuild_from, min_phy)
@@ -290,9 +318,47 @@ def _check_queues(store: MessageStore, verify_from_phy: int) -> dict[ConsumeQueu
 
 
 def _agree(
-    commit_log: CommitLog, queue_id: int, phy: np.ndarray, size: np.ndarray, queue_offset: np.ndarray
+    commit_log: CommitLog,
+    topic: str,
+    queue_id: int,
+    phy: np.ndarray,
+    size: np.ndarray,
+    queue_offset: np.ndarray,
 ) -> int:
-    return commit_log.first_disagreeing(phy, size, queue_id, queue_offset)
+    """`CommitLog.first_disagreeing`, except entries whose record is damaged rather than the
+    entry: walking the log from the previous entry's record end (a record boundary) does not
+    reach this queue's record at this offset sound. Such an entry is kept (the rebuild could
+    not put it back, and every later entry would shift); a read skips it and reports it."""
+    start = 0
+    while start < len(phy):
+        wrong = start + commit_log.first_disagreeing(
+            phy[start:], size[start:], queue_id, queue_offset[start:]
+        )
+        if wrong >= len(phy):
+            return wrong
+        if wrong == 0 or queue_offset[wrong - 1] != queue_offset[wrong] - 1:
+            return wrong  # no known record boundary before it: cut, to be safe
+        prior_end = int(phy[wrong - 1] + size[wrong - 1])
+        bound = int(phy[wrong + 1]) if wrong + 1 < len(phy) else int(phy[wrong] + size[wrong]) + (1 << 16)
+        if _reaches(commit_log, prior_end, bound, topic, queue_id, int(queue_offset[wrong])):
+            return wrong
+        start = wrong + 1
+    return len(phy)
+
+
+def _reaches(
+    commit_log: CommitLog, start: int, bound: int, topic: str, queue_id: int, queue_offset: int
+) -> bool:
+    """A walk of sound records from ``start`` meets the queue's record at ``queue_offset``
+    before ``bound``."""
+    for phy, req in commit_log.iter_dispatch(start, check_crc=True, end_offset=bound):
+        if not req.success:
+            return False
+        if req.size > 0 and (req.topic, req.queue_id, req.queue_offset) == (topic, queue_id, queue_offset):
+            return True
+        if phy >= bound:
+            return False
+    return False
 
 
 def _queue_head(cq: ConsumeQueue) -> tuple[int, int] | None:
@@ -579,11 +645,16 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
                 index_from = max(index.end_phy_offset(), commit_log.min_offset())
                 log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
                 _dispatch_range(
-                    store, index_from, dispatch_from, "recovery: rebuilding index", index_only=True
+                    store,
+                    index_from,
+                    dispatch_from,
+                    "recovery: rebuilding index",
+                    index_only=True,
+                    below=scan_from,
                 )
             log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
             dispatched = _dispatch_range(
-                store, dispatch_from, None, "recovery: dispatching", index_only=False
+                store, dispatch_from, None, "recovery: dispatching", index_only=False, below=scan_from
             )
         first_dispatch = planned if one_pass_done else dispatch_from
         lacking = _lacking_queues(store, missing, rebuild_gaps=first_dispatch > min_phy)
@@ -591,7 +662,7 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
             log.info("recovery: %d queue(s) lack records; rebuilding them from %d", len(lacking), min_phy)
             dispatch_from = min_phy
             dispatched += _dispatch_range(
-                store, min_phy, None, "recovery: rebuilding queues", index_only=False
+                store, min_phy, None, "recovery: rebuilding queues", index_only=False, below=scan_from
             )
     store.recover_topic_queue_table()
     report = RecoveryReport(

@@ -223,13 +223,14 @@ def test_queue_entries_that_do_not_point_at_their_record_are_skipped_and_reporte
     written = write_store(config)
     by_offset = {(w.queue_id, w.queue_offset): w for w in written}
     middle, other_queue, wrong_size = by_offset[(0, 10)], by_offset[(1, 20)], by_offset[(0, 99)]
-    # All in the queue's first file (of four): recovery reads the last three.
-    rewrite_entry(config, 0, 10, middle.phy_offset + 17, middle.size)
-    rewrite_entry(config, 0, 20, other_queue.phy_offset, other_queue.size)
-    rewrite_entry(config, 0, 99, wrong_size.phy_offset, wrong_size.size + 8)
     first_queue_file = str(cq_file(config, 0, 0))
 
     with MessageStore.open(config=config) as store:
+        # Damaged while open (recovery checks every entry at start and would rebuild them): the
+        # store reads its queue files through shared mappings, so it sees these writes.
+        rewrite_entry(config, 0, 10, middle.phy_offset + 17, middle.size)
+        rewrite_entry(config, 0, 20, other_queue.phy_offset, other_queue.size)
+        rewrite_entry(config, 0, 99, wrong_size.phy_offset, wrong_size.size + 8)
         for _ in range(2):
             assert served(drain(store.get_message, 0, max_msgs=7)) == expected(
                 written, 0, without={10, 20, 99}
@@ -254,6 +255,9 @@ def test_queue_entries_that_do_not_point_at_their_record_are_skipped_and_reporte
                 store.look_message_by_queue_offset(TOPIC, 0, queue_offset)
         assert [m.body for m in store.query_message(TOPIC, other_queue.key)] == [other_queue.body]
         assert store.reporter.count() == 3
+    with MessageStore.open(config=config) as store:  # recovery rebuilds the three entries
+        assert served(drain(store.get_message, 0)) == expected(written, 0, without=set())
+        assert [d.kind for d in store.reporter.findings] == ["cq-entries-dropped"]
 
 
 def test_a_running_store_skips_damage_for_every_consumer_and_counts_it(tmp_path: Path) -> None:
@@ -263,10 +267,10 @@ def test_a_running_store_skips_damage_for_every_consumer_and_counts_it(tmp_path:
     victim = next(w for w in written if w.queue_id == 0 and w.queue_offset == 3)
     flip_body_byte(config, victim)
     pointed = next(w for w in written if w.queue_id == 0 and w.queue_offset == 40)
-    rewrite_entry(config, 0, 40, pointed.phy_offset + 1, pointed.size)
     want = {0: expected(written, 0, without={3, 40}), 1: expected(written, 1, without=set())}
 
     with running_service(tmp_path, "store", **SETTINGS) as service:
+        rewrite_entry(config, 0, 40, pointed.phy_offset + 1, pointed.size)  # after recovery's check
         with Consumer.attach(service.names.base, "damage-pull") as consumer:
             for queue_id in range(QUEUES):
                 assert served(drain(consumer.pull, queue_id)) == want[queue_id]
