@@ -9,6 +9,7 @@ from rmq_mp.config import BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import (
     ConfigError,
     ConfigFileError,
+    ConsumerOffsetLossError,
     CorruptFileError,
     CorruptRecordError,
     InvalidArgumentError,
@@ -19,6 +20,7 @@ from rmq_mp.errors import (
     ShmAttachError,
     StoreError,
     StoreLockedError,
+    StorePathError,
     StoreReadOnlyError,
 )
 from rmq_mp.message import Message, MessageExt
@@ -57,6 +59,7 @@ __all__ = [
     "ConfigError",
     "ConfigFileError",
     "Consumer",
+    "ConsumerOffsetLossError",
     "CorruptFileError",
     "CorruptRecordError",
     "FlushDiskType",
@@ -82,5 +85,6 @@ __all__ = [
     "ShmAttachError",
     "StoreError",
     "StoreLockedError",
+    "StorePathError",
     "StoreReadOnlyError",
 ]
