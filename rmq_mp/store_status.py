@@ -106,6 +106,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                     "dispatch_count",
                     "lock_recoveries",
                     "recovery_dropped_bytes",
+                    "config_persist_failures",
                 )
             },
         }

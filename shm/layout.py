@@ -174,6 +174,9 @@ TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
 # Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
 RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
 METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+CONFIG_PERSIST_FAILURES = _f(
+    "config_persist_failures", 300, S, doc="persists of config/*.json that raised OSError (retried)"
+)
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 
