@@ -226,7 +226,8 @@ def test_a_flipped_byte_that_still_parses_is_caught_by_the_checksum_record(tmp_p
     reloaded = ConsumerOffsetManager(manager.path)
     assert not reloaded.load()
     result = reloaded.last_load
-    assert result.lost and result.damaged == (manager.path,)
+    assert result.lost
+    assert result.damaged == (manager.path,)
     assert "configChecksum.json" in result.describe()
     # Salvage: every entry of the damaged file plus the older .bak, the lower offset where both
     # have one; "gc" keeps what the flipped key carried, "ga" falls back to the .bak.
@@ -294,9 +295,15 @@ def test_a_persist_cut_short_anywhere_loads_without_a_loss(
     for step in range(3):  # record, .bak, the file itself
         manager = _two_groups(tmp_path / str(step))
         manager.commit_offset("ga", "T", 0, 99)
-        calls = []
+        calls: list[str | os.PathLike[str]] = []
 
-        def crash(src: str | os.PathLike[str], dst: str | os.PathLike[str], *, at: int = step) -> None:
+        def crash(
+            src: str | os.PathLike[str],
+            dst: str | os.PathLike[str],
+            *,
+            at: int = step,
+            calls: list[str | os.PathLike[str]] = calls,
+        ) -> None:
             calls.append(dst)
             if len(calls) > at:
                 raise OSError("simulated crash")
