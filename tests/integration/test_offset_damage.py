@@ -228,3 +228,32 @@ def test_rocketmq_stores_without_a_checksum_record_still_start(
     assert not (root / "config" / "consumerOffset.json.bak").exists() or loads(
         (root / "config" / "consumerOffset.json.bak").read_text()
     )["offsetTable"] == {"Payments@rocketmq_group": {0: 7, 3: 2}}
+
+
+def test_a_daemon_start_repeats_the_refusal(golden: Path, tmp_path: Path) -> None:
+    root = store_copy(golden, tmp_path)
+    _flip_key(root / "config")
+    refused = start(tmp_path, "--daemon")
+    assert refused.returncode == 2, refused.stderr
+    assert len(refused.stderr.splitlines()) == 1, refused.stderr
+    assert refused.stderr.startswith("run.py: error: ")
+    assert "acceptConsumerOffsetLoss=true" in refused.stderr
+    assert ShmNames.for_store(str(root), "").leftovers() == []
+
+
+def test_an_offline_reset_does_not_make_a_loss_final(
+    golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """rmq-admin resetOffsetByTime --store would persist the salvage over the evidence."""
+    from rmq_mp.admin import main
+
+    root = store_copy(golden, tmp_path)
+    _flip_key(root / "config")
+    before = (root / "config" / "consumerOffset.json").read_bytes()
+    conf = write_conf(tmp_path / "store.conf", root)
+    code = main(
+        ["resetOffsetByTime", "--store", str(root), "--conf", str(conf), "-g", "ga", "-t", TOPIC, "-s", "0"]
+    )
+    assert code == 2
+    assert "acceptConsumerOffsetLoss" in capsys.readouterr().err
+    assert (root / "config" / "consumerOffset.json").read_bytes() == before
