@@ -30,6 +30,7 @@ from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.producer import Producer
 from shm import layout
 from shm.names import ShmNames
+from tests.crash.test_fsync_failure import faulty_dir, fuse_unavailable  # noqa: F401 (a fixture)
 from tests.service import (
     ROOT,
     RunningService,
@@ -223,3 +224,27 @@ def test_stop_and_status_after_the_supervisor_died(tmp_path: Path) -> None:
             got: list[bytes] = []
             wait_until(lambda: got.extend(x.body for x in consumer.poll(0.5)) or bool(got), 20, "the message")
         assert got == [b"acknowledged before the crash"]
+
+
+@pytest.mark.skipif(bool(fuse_unavailable()), reason=fuse_unavailable() or "-")
+def test_a_real_eio_in_a_config_persist_keeps_the_store_running(
+    faulty_dir: tuple[Path, Path],  # noqa: F811 (the fixture imported above)
+) -> None:
+    """The store on a FUSE passthrough whose fsync returns EIO while the switch file exists."""
+    mount, switch = faulty_dir
+    with running_service(mount, flushConsumerOffsetInterval="50") as service:
+        path = service.root / "config" / "consumerOffset.json"
+        with Consumer.attach(service.root, "g") as consumer:
+            consumer.commit({("T", 0): 1})
+            wait_until(lambda: path.exists() and "T@g" in path.read_text(), 10, "the first persist")
+            good = path.read_bytes()
+            switch.write_bytes(b"")
+            consumer.commit({("T", 0): 2})
+            wait_until(lambda: persist_failures(service) >= 3, 10, "failed persists (EIO)")
+            assert service.process.poll() is None
+            assert path.read_bytes() == good
+            log = (service.root / "logs" / "supervisor.log").read_text()
+            assert "Input/output error" in log
+            assert log.count("persist of") == 1
+            switch.unlink()
+            wait_until(lambda: loads(path.read_text())["offsetTable"]["T@g"] == {0: 2}, 10, "the retry")
