@@ -6,12 +6,14 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
         waiter table, mlocked pool buffers and every semaphore; publish the descriptor;
         start allocator, committer (pool only), flusher, reput, cleaner in that order, each
         with a ready handshake; state RUNNING.
-watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted).
+watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
+        persist consumer offsets and topics every flushConsumerOffsetInterval (an OSError is
+        logged once, counted in CONFIG_PERSIST_FAILURES and retried; the last good file stays).
 stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused; stop
         workers one by one in dependency order (committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
-        remove `abort` only if dispatch caught up; unlink every segment and semaphore;
-        release the lock.
+        remove `abort` only if dispatch caught up; persist the config files; unlink every
+        segment and semaphore and release the lock, even if a step before failed.
 """
 
 from __future__ import annotations
@@ -415,7 +417,7 @@ class Supervisor:
             log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
         clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
         self._remove_unused_files(t.get(layout.WROTE_POSITION))
-        if self.offsets is not None:  # set once shared memory holds the offsets
+        if self.offsets is not None and self.topics is not None:  # both loaded: persist them
             self.final_persist_ok = self.persist_config()
             if not self.final_persist_ok:
                 log.error(
