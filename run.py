@@ -4,30 +4,44 @@ python run.py start  [--conf conf/broker.conf] [--store DIR]   run the store (fo
 python run.py stop   [--conf ...] [--store DIR]                stop it cleanly
 python run.py status [--conf ...] [--store DIR] [--json|--watch] workers, offsets, pool, flags
 python run.py demo   [--conf ...] [--store DIR] [--messages N] the store as a library
+
+Exit codes: 0 done; 1 stopped but not cleanly (abort kept, or config not persisted), or a
+supervisor found dead; 2 refused: a bad setting, a damaged or misplaced store file, lost consumer
+offsets, a store already running or not running (one line on stderr, nothing changed); 3 an
+internal error (one line on stderr naming the log that holds the traceback).
 """
 
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
+import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consumer import Consumer
 from rmq_mp.errors import StoreError
 from rmq_mp.logs import log_dir, setup_process_logging
+from rmq_mp.paths import StorePaths
 from rmq_mp.producer import Producer
 from shm import layout
 from shm.layout import Role
-from shm.names import ShmNames
+from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, pid_alive
+from shm.store_shm import StoreShm
 from workers.status import collect_status, print_status
-from workers.supervisor import Supervisor
+from workers.supervisor import Supervisor, salvage_crashed_run
 from workers.watch import watch
+
+EXIT_REFUSED = 2
+EXIT_INTERNAL = 3
+ERROR_PREFIX = "run.py: error: "
 
 DEFAULT_CONF = Path(__file__).resolve().parent / "conf" / "broker.conf"
 
@@ -89,12 +103,21 @@ def wait_running(config: MessageStoreConfig, process: subprocess.Popen[bytes], t
     return False
 
 
+def check_store_paths(config: MessageStoreConfig) -> None:
+    """Refuse a store whose root or logs/ cannot be what they must, before logging creates them."""
+    StorePaths.of(config.store_path_root_dir, config.commit_log_dir).check_kinds()
+
+
 def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     """Start the supervisor detached; return once running. It logs to <store>/logs/supervisor.log
-    (rotated); its stdout and stderr (a traceback, were it to crash) go to supervisor.out."""
+    (rotated); its stdout and stderr (a traceback, were it to crash) go to supervisor.out. A
+    supervisor that refuses to start exits 2 and its one error line is repeated here."""
+    check_store_paths(config)
     logs = log_dir(config.store_path_root_dir)
     logs.mkdir(parents=True, exist_ok=True)
-    with (logs / "supervisor.out").open("ab") as out:
+    out_path = logs / "supervisor.out"
+    with out_path.open("ab") as out:
+        written_before = out.tell()
         command = [
             sys.executable,
             str(Path(__file__).resolve()),
@@ -108,8 +131,16 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
             command, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True
         )
     if not wait_running(config, process):
+        code = process.poll()
+        with out_path.open("rb") as out:
+            out.seek(written_before)
+            lines = out.read().decode("utf-8", "replace").splitlines()
+        errors = [line for line in lines if line.startswith("run.py: ")]
+        if code is not None and code in (EXIT_REFUSED, EXIT_INTERNAL) and errors:
+            print(errors[-1], file=sys.stderr)
+            return code
         print(
-            f"run.py: the store did not start; see {logs / 'supervisor.log'} and {logs / 'supervisor.out'}",
+            f"run.py: the store did not start; see {logs / 'supervisor.log'} and {out_path}",
             file=sys.stderr,
         )
         return 1
@@ -119,13 +150,109 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     return 0
 
 
+class HeldConsole(logging.Handler):
+    """Stands in for the console handler while the store starts: what would go to stderr is held,
+    shown once the store runs, and dropped (it is in the log file) if the start is refused, so a
+    refusal is one line on stderr."""
+
+    def __init__(self, console: logging.Handler) -> None:
+        super().__init__(console.level)
+        self.console = console
+        self.held: list[logging.LogRecord] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.held.append(record)
+
+    def hand_back(self, *, show: bool) -> None:
+        root = logging.getLogger()
+        if self in root.handlers:
+            root.removeHandler(self)
+            root.addHandler(self.console)
+        for record in self.held if show else []:
+            self.console.handle(record)
+        self.held.clear()
+
+    @classmethod
+    def install(cls) -> HeldConsole | None:
+        root = logging.getLogger()
+        consoles = [h for h in root.handlers if type(h) is logging.StreamHandler]
+        if not consoles:
+            return None
+        held = cls(consoles[0])
+        root.removeHandler(consoles[0])
+        root.addHandler(held)
+        return held
+
+
+def start_foreground(config: MessageStoreConfig) -> int:
+    check_store_paths(config)
+    setup_process_logging(config.store_path_root_dir, "supervisor")
+    held = HeldConsole.install()
+    release: Callable[[], None] = (lambda: held.hand_back(show=True)) if held else (lambda: None)
+    try:
+        supervisor = Supervisor(config)
+        print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
+        code = supervisor.run(on_running=release)
+    finally:
+        if held is not None:
+            held.hand_back(show=False)
+    print(
+        f"stopped store {config.store_path_root_dir} "
+        f"{'cleanly' if code == 0 else 'not cleanly (see ' + str(log_dir(config.store_path_root_dir) / 'supervisor.log') + ')'}"
+    )
+    return code
+
+
+def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:
+    """Live worker processes of this store (by the pids its table lists and their command lines)."""
+    pids = []
+    for role in ROLES:
+        pid = table.get(layout.worker_field(role, "pid"))
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace") if pid else ""
+        except OSError:
+            continue
+        if names.base in cmdline.split("\0") and pid_alive(pid):
+            pids.append(pid)
+    return pids
+
+
+def clean_after_dead_supervisor(config: MessageStoreConfig, names: ShmNames, table: PointerTable) -> int:
+    """The supervisor died and left its shared memory: stop its workers, save what the pool
+    buffers hold into the files (as the next start would), unlink everything. Returns 1."""
+    pid = table.get(layout.SUPERVISOR_PID)
+    workers = _worker_pids(names, table)
+    table.close()
+    for worker in workers:
+        os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + 10
+    while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    saved = salvage_crashed_run(names, config)
+    removed = StoreShm.unlink_all(names)
+    print(
+        f"store {config.store_path_root_dir}: supervisor {pid} was not running; stopped {len(workers)} "
+        f"worker(s), saved {saved} pool byte(s) into the commit log, removed {len(removed)} shared "
+        f"object(s); the next start recovers the store"
+    )
+    return 1
+
+
 def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
-    """SIGTERM the store's supervisor and wait for it to finish its clean shutdown."""
+    """SIGTERM the store's supervisor and wait for it to finish its clean shutdown; if it is
+    already dead, clean up what it left."""
     names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
     table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
     pid = table.get(layout.SUPERVISOR_PID)
+    if not pid or not pid_alive(pid):
+        return clean_after_dead_supervisor(config, names, table)
     table.close()
-    os.kill(pid, signal.SIGTERM)
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:  # it died between the check and the signal
+        return clean_after_dead_supervisor(
+            config, names, PointerTable.attach(names.pointer_table, Role.CONSUMER)
+        )
     deadline = time.monotonic() + timeout_s
     while pid_alive(pid):
         if time.monotonic() > deadline:
@@ -134,6 +261,68 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
         time.sleep(0.05)
     print(f"stopped store {config.store_path_root_dir} (supervisor {pid})")
     return 0
+
+
+def status(config: MessageStoreConfig, args: argparse.Namespace) -> int:
+    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
+    table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    try:
+        pid = table.get(layout.SUPERVISOR_PID)
+    finally:
+        table.close()
+    if not pid or not pid_alive(pid):
+        print(
+            f"run.py: store {config.store_path_root_dir}: supervisor {pid} is gone, its shared memory "
+            f"remains; `run.py stop` cleans it up, `run.py start` recovers the store",
+            file=sys.stderr,
+        )
+        return 1
+    if args.watch:
+        return watch(config, interval_s=args.interval, count=args.count)
+    return print_status(config, as_json=args.json)
+
+
+def one_line(exc: BaseException) -> str:
+    """An expected error as one line: its message, or for an OSError the path and the reason."""
+    if isinstance(exc, OSError) and not isinstance(exc, StoreError):
+        where = " -> ".join(str(f) for f in (exc.filename, exc.filename2) if f is not None)
+        text = f"{where}: {exc.strerror}" if where and exc.strerror else str(exc)
+    else:
+        text = str(exc) or type(exc).__name__
+    return " ".join(text.split())
+
+
+def log_files_only(level: int, message: str, *, with_traceback: bool = False) -> list[Path]:
+    """Write one record to this process's log files, not to the console (which gets one line)."""
+    files = [h for h in logging.getLogger().handlers if isinstance(h, logging.FileHandler)]
+    exc_info = sys.exc_info() if with_traceback else None
+    record = logging.LogRecord("run.py", level, __file__, 0, message, None, exc_info)
+    for handler in files:
+        handler.handle(record)
+    return [Path(h.baseFilename) for h in files]
+
+
+def refused(exc: BaseException) -> int:
+    """An expected error: one line on stderr (and in the log, if there is one); exit 2."""
+    line = one_line(exc)
+    log_files_only(logging.ERROR, f"refused: {line}")
+    print(ERROR_PREFIX + line, file=sys.stderr)
+    return EXIT_REFUSED
+
+
+def internal_error() -> int:
+    """An exception nobody expected: the traceback into the log file, one line on stderr."""
+    exc_type, exc, _tb = sys.exc_info()
+    files = log_files_only(logging.CRITICAL, "internal error", with_traceback=True)
+    if not files:
+        traceback.print_exc()
+        return EXIT_INTERNAL
+    print(
+        f"run.py: internal error: {exc_type.__name__ if exc_type else '?'}: {one_line(exc) if exc else ''}; "
+        f"traceback in {files[0]}",
+        file=sys.stderr,
+    )
+    return EXIT_INTERNAL
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -167,24 +356,20 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "start" and args.daemon:
             return start_daemon(args.conf, config)
         if args.command == "start":
-            setup_process_logging(config.store_path_root_dir, "supervisor")
-            supervisor = Supervisor(config)
-            print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
-            code = supervisor.run()
-            print(
-                f"stopped store {config.store_path_root_dir} {'cleanly' if code == 0 else 'with abort kept'}"
-            )
-            return code
+            return start_foreground(config)
         if args.command == "stop":
             return stop(config)
-        if args.command == "status" and args.watch:
-            return watch(config, interval_s=args.interval, count=args.count)
         if args.command == "status":
-            return print_status(config, as_json=args.json)
+            return status(config, args)
         return demo(args.conf, config, args.messages)
     except StoreError as exc:
-        print(f"run.py: error: {exc}", file=sys.stderr)
-        return 2
+        return refused(exc)
+    except OSError as exc:
+        return refused(exc) if exc.filename is not None else internal_error()
+    except KeyboardInterrupt:
+        return 130
+    except Exception:
+        return internal_error()
 
 
 if __name__ == "__main__":

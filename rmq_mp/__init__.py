@@ -10,6 +10,7 @@ from rmq_mp.errors import (
     BodyCrcError,
     ConfigError,
     ConfigFileError,
+    ConsumerOffsetLossError,
     CorruptFileError,
     CorruptRecordError,
     InvalidArgumentError,
@@ -20,6 +21,7 @@ from rmq_mp.errors import (
     ShmAttachError,
     StoreError,
     StoreLockedError,
+    StorePathError,
     StoreReadOnlyError,
 )
 from rmq_mp.message import Message, MessageExt
@@ -59,6 +61,7 @@ __all__ = [
     "ConfigError",
     "ConfigFileError",
     "Consumer",
+    "ConsumerOffsetLossError",
     "CorruptFileError",
     "CorruptRecordError",
     "FlushDiskType",
@@ -84,5 +87,6 @@ __all__ = [
     "ShmAttachError",
     "StoreError",
     "StoreLockedError",
+    "StorePathError",
     "StoreReadOnlyError",
 ]

@@ -296,7 +296,11 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
         else:
             _refuse_if_running(store)
             offsets = ConsumerOffsetManager(store.paths.consumer_offset)
-            offsets.load()
+            if not offsets.load():  # writing now would make the loss final behind the store's back
+                raise StoreError(
+                    f"{offsets.path}: {offsets.last_load.describe()}; not changed: start the store "
+                    "to decide (acceptConsumerOffsetLoss) or restore the file first"
+                )
             for queue_id, offset in targets.items():
                 old[queue_id] = offsets.query_offset(args.group, args.topic, queue_id)
                 offsets.commit_offset(args.group, args.topic, queue_id, offset)

@@ -216,6 +216,8 @@ def _unescape(raw: str, *, source: str) -> tuple[str, int]:
 
 _T = TypeVar("_T")
 MAX_TRANSIENT_STORE_POOL_SIZE: Final = 32
+TOPIC_NAME_MAX_LENGTH: Final = 127
+"""RocketMQ's TopicValidator.TOPIC_MAX_LENGTH, which brokerName and brokerClusterName must keep."""
 """The pointer table's pool slots (`shm.layout.POOL_SLOTS`; a test keeps the two equal)."""
 _META_KEY: Final = "rmq_mp.meta"  # not a property: provenance kept beside the values
 
@@ -399,6 +401,10 @@ class MessageStoreConfig:
     # rmq-mp addition: prefix of the store's shared-memory and semaphore names; "" = derived from
     # the store path.
     shm_name: str = ""
+    # rmq-mp addition: start although config/consumerOffset.json is missing, damaged or older
+    # than last persisted while the commit log holds messages, with the offsets salvaged (the
+    # damaged file kept as .damaged-<time>); false = refuse to start and say what was salvaged.
+    accept_consumer_offset_loss: bool = False
     # rmq-mp addition: port of the supervisor's Prometheus endpoint on 127.0.0.1; 0 = off.
     metrics_port: int = _prop(0, ge=0, le=65535)
     # rmq-mp addition: bytes the commit log may run ahead of dispatch before puts wait for reput
@@ -790,6 +796,14 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
         problems.append(f"brokerIP1 = {values['broker_ip1']!r}: must be an IPv4 or IPv6 address (store host)")
     if not values["store_path_root_dir"]:
         problems.append("storePathRootDir is empty")
+    for name, key in (("broker_name", "brokerName"), ("broker_cluster_name", "brokerClusterName")):
+        # RocketMQ's broker creates a topic of each name (TopicConfigManager): a topic's limit.
+        if not 0 < len(values[name]) <= TOPIC_NAME_MAX_LENGTH or not values[name].isprintable():
+            problems.append(
+                f"{key} = {values[name][:40]!r}{'...' if len(values[name]) > 40 else ''} "
+                f"({len(values[name])} characters): must be 1 to {TOPIC_NAME_MAX_LENGTH} printable "
+                f"characters (RocketMQ makes it a topic name)"
+            )
     index_size = 40 + values["max_hash_slot_num"] * 4 + values["max_index_num"] * 20
     if index_size > _JAVA_INT[1]:
         problems.append(

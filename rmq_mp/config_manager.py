@@ -64,19 +64,32 @@ RocketMQ's ``MixAll.string2File`` writes ``<f>.tmp``, copies ``<f>`` to ``<f>.ba
 ``<f>`` and renames, all without fsync, and users find empty or unreadable files after a power
 loss (issues #3401, #9328). `ConfigManager.persist` fsyncs the temp file before the rename,
 replaces ``.bak`` with a durable copy of the current file only when that file is good (so a
-corrupt file never pushes out the good ``.bak``), and fsyncs the directory. `ConfigManager.load`
-falls back to ``.bak`` and never rewrites or deletes the file it could not read: it stays for
-forensics until the next persist replaces it.
+corrupt file never pushes out the good ``.bak``; the first persist writes the ``.bak`` too), and
+fsyncs the directory.
+
+Damage
+------
+RocketMQ's files carry no checksum, and one flipped byte in a key is still valid JSON that
+moves an offset to another group. `ConfigChecksums` keeps the SHA-256 of what rmq-mp last wrote
+to each file in ``<store>/configChecksum.json`` (the config files stay byte-for-byte RocketMQ's;
+a file RocketMQ wrote has no entry and is taken as it parses). `ConfigManager.load` falls back to
+``.bak``, then salvages entry by entry (`ConfigManager.salvage`), says in `LoadResult` whether
+anything may be lost, and never modifies a file: what to do about a loss is the caller's policy
+(`rmq_mp.message_store` refuses to start unless ``acceptConsumerOffsetLoss``), and
+`ConfigManager.set_aside` keeps a damaged file as ``<f>.damaged-<time>``, never overwritten.
 """
 
 from __future__ import annotations
 
 import copy
+import fcntl
+import hashlib
 import json
 import logging
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -169,6 +182,7 @@ class _Parser:
         if self.text[pos : pos + 1] == "}":
             return result, pos + 1
         while True:
+            key_pos = pos
             c = self.text[pos : pos + 1]
             key: str | int
             if c == '"':
@@ -183,6 +197,8 @@ class _Parser:
             pos = self.ws(pos)
             if self.text[pos : pos + 1] != ":":
                 raise self.fail("Expecting ':' delimiter", pos)
+            if key in result:  # Java maps have none: a changed byte made two keys equal
+                raise self.fail(f"Duplicate key {key!r}", key_pos)
             result[key], pos = self.value(self.ws(pos + 1), depth)
             pos = self.ws(pos)
             c = self.text[pos : pos + 1]
@@ -213,7 +229,8 @@ class _Parser:
 
 def loads(text: str) -> Any:
     """Parse RocketMQ/fastjson JSON: standard JSON, plus bare integer object keys, which come back
-    as ``int`` keys (quoted keys stay ``str``). Raises `FastJsonError` on anything else."""
+    as ``int`` keys (quoted keys stay ``str``). Raises `FastJsonError` on anything else, a key
+    repeated in one object included (fastjson never writes one; a changed byte can make one)."""
     if not isinstance(text, str):
         raise TypeError(f"loads() takes str, not {type(text).__name__}")
     return _Parser(text).document()
@@ -298,6 +315,98 @@ def dumps(value: Any) -> str:
     return "".join(out)
 
 
+# ---------------------------------------------------------------------------- checksum record
+
+CHECKSUMS_NAME = "configChecksum.json"
+"""`ConfigChecksums`' file, in the store root."""
+
+DAMAGED_INFIX = ".damaged-"
+"""A damaged config file is kept as ``<name>.damaged-<UTC time>`` (`set_aside`)."""
+
+
+def sha256_hex(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def set_aside(path: Path) -> Path:
+    """Rename a damaged file to ``<name>.damaged-<UTC time>[-n]`` for forensics, never over an
+    existing file (a hard link fails rather than replace), durably. Returns the new path."""
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    for n in range(1000):
+        target = path.with_name(f"{path.name}{DAMAGED_INFIX}{stamp}{f'-{n}' if n else ''}")
+        try:
+            os.link(path, target)
+        except FileExistsError:
+            continue
+        os.unlink(path)
+        fsync_dir(path.parent)
+        return target
+    raise FileExistsError(f"{path}: 1000 damaged copies from this second already kept")
+
+
+class ConfigChecksums:
+    """``<store>/configChecksum.json``: for each config file rmq-mp persisted, the SHA-256 of the
+    contents that may legitimately be in it or in its ``.bak`` (the newest first, then the one
+    before it) and when it was written.
+
+    RocketMQ's config files carry no checksum, and one changed byte inside a key is still valid
+    JSON that moves an offset to another group. The config files stay byte-for-byte RocketMQ's;
+    this record sits beside them, in the store root rather than in ``config/``, so that a lost
+    ``config/`` is noticed as well. A file without an entry (written by RocketMQ, or by nobody yet)
+    is taken as it parses. The supervisor and rmq-admin persist different files concurrently, so
+    each update is a read-modify-write under an flock of the store root; written atomically and
+    durably.
+    """
+
+    def __init__(self, path: Path) -> None:
+        self.path = Path(path)
+
+    @classmethod
+    def of_config_file(cls, path: Path) -> ConfigChecksums | None:
+        """The record a store's ``<root>/config/<name>`` is checked against, so that every
+        writer (supervisor, rmq-admin, tests) keeps the same one; None for a file elsewhere."""
+        path = Path(path)
+        return cls(path.parent.parent / CHECKSUMS_NAME) if path.parent.name == "config" else None
+
+    def read(self) -> tuple[dict[str, Any], str]:
+        """(entries by file name, problem): problem is '' when the record is good or absent."""
+        try:
+            raw = self.path.read_bytes()
+        except FileNotFoundError:
+            return {}, ""
+        except OSError as exc:
+            return {}, f"unreadable ({exc})"
+        try:
+            data = loads(raw.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            return {}, f"unparseable ({exc})"
+        if not isinstance(data, dict) or not all(
+            isinstance(entry, dict)
+            and isinstance(entry.get("sha256"), list)
+            and entry["sha256"]
+            and all(isinstance(d, str) for d in entry["sha256"])
+            for entry in data.values()
+        ):
+            return {}, 'not {"<file>": {"sha256": [...]}}'
+        return data, ""
+
+    def update(self, name: str, digests: list[str]) -> None:
+        """Record ``digests`` (newest first) as the contents ``name`` and its ``.bak`` may hold."""
+        directory = os.open(self.path.parent, os.O_RDONLY | os.O_DIRECTORY)
+        try:
+            fcntl.flock(directory, fcntl.LOCK_EX)
+            entries, problem = self.read()
+            if problem and self.path.exists():
+                log.warning("%s is %s; kept as %s", self.path, problem, set_aside(self.path).name)
+            entries[name] = {"persistedAt": time.time_ns() // 1_000_000, "sha256": digests}
+            tmp = self.path.with_name(self.path.name + ".tmp")
+            _write_synced(tmp, dumps(entries).encode("utf-8"))
+            os.replace(tmp, self.path)
+            os.fsync(directory)
+        finally:
+            os.close(directory)  # releases the flock
+
+
 # ------------------------------------------------------------------------------- ConfigManager
 
 
@@ -306,32 +415,73 @@ class ConfigFileStatistics:
     """What a `ConfigManager` has done to its file since it was created."""
 
     loads_from_bak: int
-    """Loads that had to use ``<f>.bak`` because ``<f>`` was missing, empty or unreadable."""
+    """Loads that had to use ``<f>.bak`` because ``<f>`` was missing, damaged or unreadable."""
     load_failures: int
-    """Loads where both files were unusable, so the content started empty."""
+    """Loads where nothing could be used or salvaged, so the content started empty."""
+    salvaged_loads: int
+    """Loads whose content was pieced together from damaged files (`ConfigManager.salvage`)."""
     persists: int
     """Persists that wrote new bytes."""
     persists_unchanged: int
     """Persists skipped because ``<f>`` already held exactly those bytes."""
 
 
+@dataclass(frozen=True, slots=True)
+class LoadResult:
+    """What one `ConfigManager.load` found and did."""
+
+    path: Path
+    used: Path | None
+    """The file loaded as it is (`path` or its ``.bak``); None when salvaged, reset or fresh."""
+    problems: tuple[tuple[Path, str], ...] = ()
+    """Each file that could not be used as it is, and why (``missing`` included)."""
+    salvaged: str = ""
+    """What `ConfigManager.salvage` recovered from damaged files, in words; '' when it did not run."""
+    expected: bool = False
+    """The checksum record says rmq-mp persisted this file, so its absence is a loss."""
+    lost: bool = False
+    """The content may be older or smaller than what was last persisted: the file is missing or
+    damaged and no copy of its newest content was found."""
+
+    @property
+    def damaged(self) -> tuple[Path, ...]:
+        """Files that are there but unusable (`ConfigManager.set_aside` moves them)."""
+        return tuple(path for path, why in self.problems if why and why != "missing")
+
+    def describe(self) -> str:
+        """One line: which file is wrong and how, and what the content now holds."""
+        why = "; ".join(f"{p.name} is {reason}" for p, reason in self.problems) or f"{self.path.name} is fine"
+        if self.used is not None:
+            return f"{why}; loaded {self.used.name}"
+        if self.salvaged:
+            return f"{why}; salvaged {self.salvaged}"
+        return f"{why}; nothing to salvage"
+
+
 class ConfigManager:
-    """One JSON config file, RocketMQ's ``ConfigManager`` made crash-safe.
+    """One JSON config file, RocketMQ's ``ConfigManager`` made crash-safe and damage-aware.
 
     Subclasses implement `encode` (content → text), `decode` (text → content; all or nothing:
     build the new state, then rebind attributes, never mutate the old containers in place, and
-    raise ``ValueError``/``TypeError``/``KeyError`` for content that does not fit) and `reset`
-    (empty content). One process writes a given file (the supervisor); instances are not
-    thread-safe.
+    raise ``ValueError``/``TypeError``/``KeyError`` for content that does not fit), `reset`
+    (empty content) and, where entries can be recovered one by one, `salvage`. One process
+    writes a given file at a time (the supervisor, or rmq-admin under the store's flags lock or
+    with the store stopped); instances are not thread-safe.
+
+    A file in a store's ``config/`` is checked against the store's `ConfigChecksums` record; a
+    lone file elsewhere has none, and damage that still parses cannot be told from content.
     """
 
     def __init__(self, path: Path) -> None:
         self.path = Path(path)
+        self.checksums = ConfigChecksums.of_config_file(self.path)
         self.loaded_from: Path | None = None
-        """The file the last `load` used: `path`, `bak_path`, or None (none found / none usable)."""
+        """The file the last `load` used as it is: `path`, `bak_path`, or None."""
         self.load_failures = 0
-        """Loads where both `path` and `bak_path` were unusable (content started empty)."""
+        """Loads where nothing was usable or salvageable (content started empty)."""
+        self.last_load = LoadResult(self.path, None)
         self._loads_from_bak = 0
+        self._salvaged_loads = 0
         self._persists = 0
         self._persists_unchanged = 0
 
@@ -357,51 +507,115 @@ class ConfigManager:
         """Empty content: what a store starts with when neither file can be read."""
         raise NotImplementedError
 
+    def salvage(self, texts: list[str]) -> str:
+        """Replace the content with every entry that can still be read from ``texts`` (damaged
+        file contents, newest first; a good ``.bak`` may be among them) and say what that is in
+        words ('' when nothing). Subclasses without entry-wise recovery leave this out."""
+        raise NotImplementedError
+
     # ---------------------------------------------------------------- load
 
-    def _read(self, path: Path, apply: Callable[[str], None]) -> str:
-        """'' when ``path`` was read and ``apply`` accepted its text; otherwise why not."""
+    def _digests(self) -> tuple[list[str] | None, str]:
+        """The checksum record's digests for this file (None: no entry) and a problem with it."""
+        if self.checksums is None:
+            return None, ""
+        entries, problem = self.checksums.read()
+        entry = entries.get(self.path.name)
+        return (list(entry["sha256"]) if entry else None), problem
+
+    def _verify(self, raw: bytes, digests: list[str] | None) -> str:
+        """'' when ``raw`` parses and matches the checksum record (if any); otherwise why not."""
+        problem = _check(raw, self._usable)
+        if not problem and digests is not None and sha256_hex(raw) not in digests:
+            problem = (
+                f"not what rmq-mp last wrote (it parses, but its SHA-256 is not in "
+                f"{CHECKSUMS_NAME}: a changed byte, or an edit by another program)"
+            )
+        return problem
+
+    def _examine(self, path: Path, digests: list[str] | None) -> tuple[bytes | None, str]:
+        """(bytes, '') when ``path`` is usable; otherwise what it holds (None when it cannot be
+        read) and why not."""
         try:
             raw = path.read_bytes()
         except FileNotFoundError:
-            return "missing"
+            return None, "missing"
         except OSError as exc:
-            return f"unreadable ({exc})"
-        return _check(raw, apply)
+            return None, f"unreadable ({exc.strerror or exc})"
+        return raw, self._verify(raw, digests)
 
     def load(self) -> bool:
-        """Load ``<f>``, or ``<f>.bak`` when ``<f>`` is missing, empty or unparseable (WARNING).
+        """Load ``<f>``; when it is missing or damaged, its ``.bak``; when both are damaged (or
+        the ``.bak`` is older than the damaged ``<f>``), `salvage` them. True when the content is
+        what was last persisted (or there is none yet: a new store); False when something may be
+        lost (`last_load` says what; logged as an ERROR).
 
-        Both missing is a new store: True, content untouched. Both unusable: ERROR, content
-        reset, `load_failures` counted, False; never raises for file content. Neither file is
-        modified: a corrupt ``<f>`` stays for forensics and the next `persist` leaves the ``.bak``
-        alone.
+        Never raises for file content and never modifies a file: a damaged one stays in place
+        until `set_aside` (the caller decides whether the loss is accepted).
         """
         if self.tmp_path.exists():
             log.info("%s: ignoring %s left by an interrupted persist", self.path, self.tmp_path.name)
-        problem = self._read(self.path, self.decode)
-        if not problem:
-            self.loaded_from = self.path
-            return True
-        bak_problem = self._read(self.bak_path, self.decode)
-        if not bak_problem:
-            log.warning("%s is %s; loaded %s instead", self.path, problem, self.bak_path.name)
-            self.loaded_from = self.bak_path
+        digests, record_problem = self._digests()
+        if record_problem:
+            log.warning(
+                "%s is %s: %s cannot be checked against it", CHECKSUMS_NAME, record_problem, self.path.name
+            )
+        result = self._load(digests)
+        self.last_load = result
+        self.loaded_from = result.used
+        if result.used == self.bak_path:
             self._loads_from_bak += 1
-            return True
-        self.loaded_from = None
-        if problem == "missing" and bak_problem == "missing":
-            return True
+        if result.salvaged:
+            self._salvaged_loads += 1
+        if result.lost and result.used is None and not result.salvaged:
+            self.load_failures += 1
+        if result.lost:
+            log.error("%s: %s", self.path, result.describe())
+        elif result.damaged or result.used == self.bak_path:
+            log.warning("%s: %s (the newest content: nothing lost)", self.path, result.describe())
+        return not result.lost
+
+    def _load(self, digests: list[str] | None) -> LoadResult:
+        raw, problem = self._examine(self.path, digests)
+        if not problem:
+            assert raw is not None
+            self.decode(raw.decode("utf-8"))
+            return LoadResult(self.path, self.path)
+        bak_raw, bak_problem = self._examine(self.bak_path, digests)
+        problems = tuple((p, why) for p, why in ((self.path, problem), (self.bak_path, bak_problem)) if why)
+        expected = digests is not None
+        if problem == bak_problem == "missing":
+            if expected:
+                self.reset()
+            return LoadResult(self.path, None, problems, expected=expected, lost=expected)
+        bak_good = bak_raw is not None and not bak_problem
+        # The .bak holds the newest content after a first persist (or one cut short): no loss.
+        newest = bak_good and digests is not None and sha256_hex(bak_raw or b"") == digests[0]
+        salvaged = ""
+        if not (newest or (bak_good and raw is None)):
+            texts = [data.decode("utf-8", "replace") for data in (raw, bak_raw) if data]
+            try:
+                salvaged = self.salvage(texts) if texts else ""
+            except NotImplementedError:
+                salvaged = ""
+        if salvaged:
+            return LoadResult(self.path, None, problems, salvaged=salvaged, expected=expected, lost=True)
+        if bak_good:
+            assert bak_raw is not None
+            self.decode(bak_raw.decode("utf-8"))
+            return LoadResult(self.path, self.bak_path, problems, expected=expected, lost=not newest)
         self.reset()
-        self.load_failures += 1
-        log.error(
-            "%s is %s and %s is %s; starting with empty content",
-            self.path,
-            problem,
-            self.bak_path.name,
-            bak_problem,
-        )
-        return False
+        return LoadResult(self.path, None, problems, expected=expected, lost=True)
+
+    def set_aside(self) -> list[Path]:
+        """Move the files the last `load` found damaged to ``<name>.damaged-<time>`` (kept, never
+        overwritten), so that the next persist starts clean. Returns their new paths."""
+        moved = []
+        for path in self.last_load.damaged:
+            if path.exists():
+                moved.append(set_aside(path))
+                log.warning("%s kept as %s", path, moved[-1].name)
+        return moved
 
     # ---------------------------------------------------------------- persist
 
@@ -413,40 +627,64 @@ class ConfigManager:
         """Write the content to ``<f>`` atomically and durably; keep the previous good ``<f>``.
 
         1. ``<f>.tmp`` in the same directory: write, fsync.
-        2. If the current ``<f>`` parses, it becomes ``<f>.bak`` durably (``<f>.bak.tmp``, fsync,
-           rename); a corrupt ``<f>`` is not copied, so the good ``.bak`` survives it.
+        2. The ``.bak`` (``<f>.bak.tmp``, fsync, rename): the current ``<f>`` when it is good,
+           the new content when there is no ``<f>`` yet (so a first persist leaves a ``.bak``
+           too); a damaged ``<f>`` is set aside instead and the good ``.bak`` survives it.
         3. Rename ``<f>.tmp`` over ``<f>``; fsync the directory.
 
-        A crash at any point leaves a complete ``<f>`` (old or new) and a good ``.bak``. When
-        ``<f>`` already holds exactly these bytes nothing is rewritten (the ``.bak`` keeps the
-        version before), but ``<f>`` is fsynced in case another writer left it unsynced.
+        With a checksum record, its entry lists the new content and whatever the ``.bak`` holds
+        before and after; it is updated before step 2 when the file already had an entry (so
+        every file always matches it), otherwise after step 3 (a file without an entry is taken
+        as it parses).
+
+        A crash at any point leaves a complete ``<f>`` (old or new) or a ``.bak`` with the newest
+        content, each matching the record. When ``<f>`` already holds exactly these bytes nothing
+        is rewritten, but ``<f>`` is fsynced in case another writer left it unsynced.
+        Raises ``OSError`` (a full disk, a directory in the way): the caller decides; nothing
+        that was good is lost.
         """
         data = self.encode().encode("utf-8")
         directory = self.path.parent
         directory.mkdir(parents=True, exist_ok=True)
+        digests, _ = self._digests()
         try:
             current: bytes | None = self.path.read_bytes()
         except FileNotFoundError:
             current = None
-        if current == data:
+        problem = "missing" if current is None else self._verify(current, digests)
+        new_digest = sha256_hex(data)
+        if current == data and not problem:
             _fsync_path(self.path)
+            if self.checksums is not None and digests is None:
+                self.checksums.update(self.path.name, [new_digest])
             self._persists_unchanged += 1
             return
         _write_synced(self.tmp_path, data)
-        if current is not None and not _check(current, self._usable):
+        bak_raw, bak_problem = self._examine(self.bak_path, digests)
+        bak_digest = [sha256_hex(bak_raw)] if bak_raw is not None and not bak_problem else []
+        # The new .bak: the good current file, the new content for a first persist, or (the
+        # current file damaged) the .bak as it is.
+        bak = data if current is None else current if not problem else None
+        record = list(dict.fromkeys([new_digest, *([sha256_hex(bak)] if bak else []), *bak_digest]))
+        if self.checksums is not None and digests is not None:
+            self.checksums.update(self.path.name, record)
+        if bak is not None:
             bak_tmp = self.bak_path.with_name(self.bak_path.name + ".tmp")
-            _write_synced(bak_tmp, current)
+            _write_synced(bak_tmp, bak)
             os.replace(bak_tmp, self.bak_path)
         elif current is not None:
-            log.warning("%s does not parse; keeping %s as it is", self.path, self.bak_path.name)
+            log.warning("%s is %s; kept as %s", self.path, problem, set_aside(self.path).name)
         os.replace(self.tmp_path, self.path)
         fsync_dir(directory)
+        if self.checksums is not None and digests is None:
+            self.checksums.update(self.path.name, record[:2])
         self._persists += 1
 
     def statistics(self) -> ConfigFileStatistics:
         return ConfigFileStatistics(
             loads_from_bak=self._loads_from_bak,
             load_failures=self.load_failures,
+            salvaged_loads=self._salvaged_loads,
             persists=self._persists,
             persists_unchanged=self._persists_unchanged,
         )

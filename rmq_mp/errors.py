@@ -45,6 +45,19 @@ class ConfigFileError(StoreError):
     required content."""
 
 
+class ConsumerOffsetLossError(ConfigFileError):
+    """The commit log holds messages but ``config/consumerOffset.json`` is missing, damaged or
+    older than what was last persisted, so consumer groups would silently go back (or forward).
+    The message names the file, what could be salvaged and the setting that accepts the loss
+    (``acceptConsumerOffsetLoss``); nothing was changed on disk."""
+
+
+class StorePathError(StoreError):
+    """A path the store needs is not what belongs there (a directory where a file belongs or
+    the reverse, a store root that is a file or on a pseudo-filesystem such as /proc) or cannot
+    be read or created. The message names the path; nothing was changed on disk."""
+
+
 class MessageNotFoundError(StoreError):
     """A lookup by commit-log offset or msgId points outside the stored range."""
 

@@ -27,17 +27,21 @@ from rmq_mp import read_damage, record
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
+from rmq_mp.config_manager import CHECKSUMS_NAME, LoadResult
 from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueue, ConsumeQueueTable
 from rmq_mp.dispatch import Dispatcher
 from rmq_mp.errors import (
     ConfigError,
+    ConsumerOffsetLossError,
     CorruptRecordError,
     MessageNotFoundError,
     StoreLockedError,
+    StorePathError,
     StoreReadOnlyError,
 )
 from rmq_mp.index_service import IndexService
 from rmq_mp.mapping_pool import process_pool
+from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
 from rmq_mp.recovery import RecoveryReport, recover
@@ -112,6 +116,8 @@ class MessageStore:
             else None
         )
         self.checkpoint = StoreCheckpoint(self.paths.checkpoint, writable=self.writable)
+        self.consumer_offsets = ConsumerOffsetManager(self.paths.consumer_offset)
+        """Loaded by a writable `open` (see `_load_consumer_offsets`); the supervisor serves them."""
         self.dispatcher = Dispatcher(self.find_consume_queue, self.index_service, self.checkpoint)
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
@@ -134,11 +140,20 @@ class MessageStore:
         config = config or MessageStoreConfig()
         if store_dir is not None:
             config = config.replace(store_path_root_dir=str(store_dir))
-        store = cls(config, read_only=read_only)
+        paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
+        store: MessageStore | None = None
         try:
+            paths.check_kinds()
+            store = cls(config, read_only=read_only)
             store._start()
+        except OSError as exc:  # a read, a directory or a write the store needs failed
+            if store is not None:
+                store._release()
+            where = exc.filename or paths.root
+            raise StorePathError(f"{where}: {exc.strerror or exc}") from exc
         except BaseException:
-            store._release()
+            if store is not None:
+                store._release()
             raise
         return store
 
@@ -154,9 +169,36 @@ class MessageStore:
             self.index_service.load()
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
         if self.writable:
+            self._load_consumer_offsets()
             self._flush_all()
             self.paths.abort.touch()
             fsync_dir(root)
+
+    def _load_consumer_offsets(self) -> None:
+        """config/consumerOffset.json, under the loss policy: a store whose commit log holds
+        messages refuses to start (`ConsumerOffsetLossError`, nothing changed) when the file is
+        missing, damaged or older than last persisted, unless ``acceptConsumerOffsetLoss``; then,
+        or when the log is empty, the damaged files are kept aside and the salvaged offsets
+        persisted, so the next start is clean. RocketMQ starts every group from scratch, silently."""
+        offsets = self.consumer_offsets
+        if offsets.load():
+            return
+        result = offsets.last_load
+        for path in result.damaged or (result.path,):
+            size = path.stat().st_size if path.exists() else 0
+            self.reporter.report("consumer-offsets-lost", str(path), 0, size, result.describe())
+        if self.max_phy_offset() > 0 and not self.config.accept_consumer_offset_loss:
+            raise ConsumerOffsetLossError(offset_loss_message(result, self.config.source))
+        moved = offsets.set_aside()
+        offsets.persist()
+        log.error(
+            "%s: %s; started with these offsets (acceptConsumerOffsetLoss=%s, commit log %s)%s",
+            result.path,
+            result.describe(),
+            str(self.config.accept_consumer_offset_loss).lower(),
+            "holds messages" if self.max_phy_offset() > 0 else "empty",
+            f"; damaged file(s) kept as {', '.join(p.name for p in moved)}" if moved else "",
+        )
 
     def _take_lock(self) -> None:
         """`lock` file: exclusive flock, content ``lock`` (RocketMQ writes the same 4 bytes)."""
@@ -472,6 +514,29 @@ class MessageStore:
                     f"no valid record at commit-log offset {phy}, before the log's end {end}: {req.reason}",
                 )
             offset = resume
+
+
+def offset_loss_message(result: LoadResult, conf: str) -> str:
+    """`ConsumerOffsetLossError`'s one line: the file, what is wrong, what survives, the way out."""
+    path = result.path
+    if result.used is not None:
+        kept = f"{result.used.name} holds an older copy"
+    elif result.salvaged:
+        kept = f"salvaged {result.salvaged}"
+    else:
+        kept = "nothing could be salvaged, so every consumer group would start over"
+    if not path.parent.exists():
+        wrong = f"the directory {path.parent.name}/ is missing"
+    else:
+        wrong = "; ".join(f"{p.name} is {why}" for p, why in result.problems)
+    if result.expected and not result.damaged:
+        wrong += f"; {CHECKSUMS_NAME} records that it was written"
+    aside = f" (damaged files are kept as {path.name}.damaged-<time>)" if result.damaged else ""
+    return (
+        f"{path}: consumer offsets lost ({wrong}) while the commit log holds messages; {kept}. "
+        f"Not started: restore the file, or set acceptConsumerOffsetLoss=true in {conf} to start with "
+        f"{'those offsets' if result.used is not None or result.salvaged else 'none'}{aside}"
+    )
 
 
 def offset_status(offset: int, min_offset: int, max_offset: int) -> GetMessageResult | None:

@@ -15,12 +15,21 @@ The supervisor owns both files: it loads them at start, keeps the live offsets i
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 from typing import Any
 
 from rmq_mp.config_manager import ConfigManager, dumps, loads
 
 TOPIC_GROUP_SEPARATOR = "@"
+JAVA_LONG_MAX = (1 << 63) - 1
+
+_SALVAGE_ENTRY = re.compile(r'"((?:[^"\\\x00-\x1f]|\\.)*)"[ \t\r\n]*:[ \t\r\n]*\{([^{}]*)\}')
+"""One ``"topic@group":{...}`` map with no brace inside: what `salvage` can still trust."""
+_SALVAGE_QUEUE = re.compile(
+    r'[ \t\r\n]*"?(0|[1-9][0-9]{0,9})"?[ \t\r\n]*:[ \t\r\n]*"?(-?[0-9]{1,19})"?[ \t\r\n]*'
+)
 
 
 def _int(value: Any, what: str) -> int:
@@ -77,6 +86,43 @@ class ConsumerOffsetManager(ConfigManager):
 
     def reset(self) -> None:
         self.table = {}
+
+    def salvage(self, texts: list[str]) -> str:
+        """Every ``"topic@group":{queueId:offset,...}`` map that is still whole in any of
+        ``texts``, whatever surrounds it; a queue entry that does not read as two integers is
+        dropped. Where the texts (or a repeated key in one) disagree the lower offset wins: a
+        consumer then sees some messages again rather than skipping any."""
+        table: dict[str, dict[int, int]] = {}
+        dropped = 0
+        for text in texts:
+            for match in _SALVAGE_ENTRY.finditer(text):
+                try:
+                    key = json.loads(f'"{match.group(1)}"')
+                except ValueError:
+                    dropped += 1
+                    continue
+                topic, group = self._split(key)
+                if not topic or not group or TOPIC_GROUP_SEPARATOR not in key:
+                    continue  # not an offset map ("offsetTable" around a cut, or noise)
+                queues = table.setdefault(key, {})
+                body = match.group(2)
+                for item in body.split(",") if body.strip() else []:
+                    queue = _SALVAGE_QUEUE.fullmatch(item)
+                    offset = int(queue.group(2)) if queue else None
+                    if queue is None or offset is None or not -1 <= offset <= JAVA_LONG_MAX:
+                        dropped += 1
+                        continue
+                    queue_id = int(queue.group(1))
+                    queues[queue_id] = min(queues.get(queue_id, offset), offset)
+        self.table = {key: queues for key, queues in table.items() if queues}
+        if not self.table:
+            return ""
+        offsets = sum(len(queues) for queues in self.table.values())
+        groups = self.groups()
+        shown = ", ".join(groups[:8]) + (f" and {len(groups) - 8} more" if len(groups) > 8 else "")
+        return f"{offsets} offset(s) of {len(groups)} group(s) ({shown})" + (
+            f", {dropped} unreadable entry(ies) dropped" if dropped else ""
+        )
 
     # ---------------------------------------------------------------- offsets
 

@@ -110,6 +110,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
                     "lock_recoveries",
                     "recovery_dropped_bytes",
                     "read_skipped_records",
+                    "config_persist_failures",
                 )
             },
         }

@@ -16,6 +16,8 @@ records the topics the store has. Layout, parse and crash-safe writes: `rmq_mp.c
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +31,9 @@ PERM_READ = 1 << 2
 PERM_INHERIT = 1 << 0
 PERM_READ_WRITE = PERM_READ | PERM_WRITE
 """6, RocketMQ's default for a new topic (PermName)."""
+
+_SALVAGE_BEAN = re.compile(r'"((?:[^"\\\x00-\x1f]|\\.)*)"[ \t\r\n]*:[ \t\r\n]*(\{[^{}]*\})')
+"""One ``"topic":{...}`` bean with no brace inside (a 5.x ``attributes`` map is lost with it)."""
 
 
 def _now_ms() -> int:
@@ -130,6 +135,26 @@ class TopicConfigManager(ConfigManager):
 
     def reset(self) -> None:
         self.table, self.counter, self.timestamp_ms = {}, 0, 0
+
+    def salvage(self, texts: list[str]) -> str:
+        """Every topic bean still whole and valid, with its ``topicName``, in any of ``texts``
+        (the newest text wins); the data version restarts past the highest counter found, so the
+        next change is newer."""
+        table: dict[str, TopicConfig] = {}
+        counter = 0
+        for text in texts:
+            for match in _SALVAGE_BEAN.finditer(text):
+                try:
+                    name = json.loads(f'"{match.group(1)}"')
+                    bean = loads(match.group(2))
+                    if name == "dataVersion":
+                        counter = max(counter, int(bean.get("counter", 0)))
+                    elif name not in table and isinstance(bean, dict) and "topicName" in bean:
+                        table[name] = TopicConfig.from_json(bean, name=name)
+                except (ValueError, TypeError, AttributeError):
+                    continue
+        self.table, self.counter, self.timestamp_ms = table, counter + 1, self._clock_ms()
+        return f"{len(table)} topic config(s) ({', '.join(sorted(table)[:8])})" if table else ""
 
     # ---------------------------------------------------------------- topics
 

@@ -200,6 +200,9 @@ INDEX_DISPATCH_ERROR = _f(
 INDEX_RESUME_OFFSET = _f(
     "index_resume_offset", 283, R, doc="while indexing is paused: the first record not indexed"
 )
+CONFIG_PERSIST_FAILURES = _f(
+    "config_persist_failures", 300, S, doc="persists of config/*.json that raised OSError (retried)"
+)
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

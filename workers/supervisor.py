@@ -6,12 +6,14 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
         waiter table, mlocked pool buffers and every semaphore; publish the descriptor;
         start allocator, committer (pool only), flusher, reput, cleaner in that order, each
         with a ready handshake; state RUNNING.
-watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted).
+watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
+        persist consumer offsets and topics every flushConsumerOffsetInterval (an OSError is
+        logged once, counted in CONFIG_PERSIST_FAILURES and retried; the last good file stays).
 stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused; stop
         workers one by one in dependency order (committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
-        remove `abort` only if dispatch caught up; unlink every segment and semaphore;
-        release the lock.
+        remove `abort` only if dispatch caught up; persist the config files; unlink every
+        segment and semaphore and release the lock, even if a step before failed.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
@@ -115,6 +118,11 @@ class Supervisor:
         self.descriptor: SharedSegment | None = None
         self.metrics: MetricsTable | None = None
         self.ops: OpsMonitor | None = None
+        self.offsets: ConsumerOffsetManager | None = None
+        self.topics: TopicConfigManager | None = None
+        self.persist_errors: set[tuple[str, int | None, str | None]] = set()
+        """Config persist failures already logged: (file, errno, path) while they last."""
+        self.final_persist_ok = True
 
     def roles(self) -> list[str]:
         pool = self.config.transient_store_pool_enable
@@ -186,8 +194,7 @@ class Supervisor:
             shm.queues.set(slot, qo.NEXT_OFFSET, max_offset)
             shm.queues.set(slot, qo.DISPATCHED, max_offset)
             shm.queues.set(slot, qo.MIN_OFFSET, cq.min_offset_in_queue())
-        self.offsets = ConsumerOffsetManager(store.paths.consumer_offset)
-        self.offsets.load()
+        self.offsets = store.consumer_offsets  # loaded under the loss policy by MessageStore.open
         entries = sum(len(offsets) for offsets in self.offsets.table.values())
         self._check_capacity(
             "maxConsumerOffsetNum",
@@ -199,7 +206,14 @@ class Supervisor:
             for queue_id, offset in offsets.items():
                 shm.groups.set(shm.groups.find_or_insert(key, queue_id), qo.COMMITTED, offset)
         self.topics = TopicConfigManager(store.paths.topics)
-        self.topics.load()
+        if not self.topics.load():
+            # Rebuilt from the queues in use at the next persist; settings made by updateTopic
+            # may be lost, so it is reported, but it does not stop the store.
+            store.reporter.report(
+                "topic-configs-lost", str(store.paths.topics), 0, 0, self.topics.last_load.describe()
+            )
+            self.topics.set_aside()
+            self.topics.persist()
         self.last_persist = time.monotonic()
         failed = 0
         for buffer in shm.pool.buffers:
@@ -259,30 +273,61 @@ class Supervisor:
                 self.persist_config()
             time.sleep(0.05)
 
-    def persist_config(self) -> None:
+    def persist_config(self) -> bool:
         """Consumer offsets to consumerOffset.json and auto-created topics to topics.json, when
-        changed (BrokerController's periodic persist; `flushConsumerOffsetInterval`)."""
+        changed (BrokerController's periodic persist; `flushConsumerOffsetInterval`). An
+        ``OSError`` (a full disk, EIO, a directory in the way) does not stop the store: the last
+        good file stays, the failure is logged once per distinct error and counted
+        (CONFIG_PERSIST_FAILURES), and the next interval tries again. False if a write failed."""
         assert self.shm is not None
+        assert self.offsets is not None
         self.last_persist = time.monotonic()
         table: dict[str, dict[int, int]] = {}
         for key, queue_id, slot in self.shm.groups.queues():
             table.setdefault(key, {})[queue_id] = self.shm.groups.get(slot, qo.COMMITTED)
+        ok = True
         if table != self.offsets.table:
-            self.offsets.table = table
-            self.offsets.persist()
+            previous, self.offsets.table = self.offsets.table, table
+            if not self._persisted(self.offsets.persist, self.offsets.path):
+                self.offsets.table = previous  # still different next time: retried
+                ok = False
         queue_counts: dict[str, int] = {}
         for topic, queue_id, _slot in self.shm.queues.queues():
             queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
         # Under the flags lock, from the file: `rmq-admin updateTopic --name` changes it live.
+        assert self.topics is not None
         try:
             with self.shm.flags_lock("persist topics.json"):
-                self._persist_topics(queue_counts)
+                ok &= self._persisted(lambda: self._persist_topics(queue_counts), self.topics.path)
         except ShmAttachError as exc:
             log.warning("%s; postponed", exc)
+        return ok
+
+    def _persisted(self, persist: Callable[[], None], path: Path) -> bool:
+        """Run one config persist; an OSError is logged (once per distinct error), counted, False."""
+        assert self.shm is not None
+        try:
+            persist()
+        except OSError as exc:
+            self.shm.table.set(
+                layout.CONFIG_PERSIST_FAILURES, self.shm.table.get(layout.CONFIG_PERSIST_FAILURES) + 1
+            )
+            error = (str(path), exc.errno, exc.filename)
+            if error not in self.persist_errors:
+                self.persist_errors.add(error)
+                log.error(
+                    "persist of %s failed: %s; the last good file is kept, retrying every interval", path, exc
+                )
+            return False
+        if any(e[0] == str(path) for e in self.persist_errors):
+            self.persist_errors = {e for e in self.persist_errors if e[0] != str(path)}
+            log.warning("persist of %s works again", path)
+        return True
 
     def _persist_topics(self, queue_counts: dict[str, int]) -> None:
         """Grow topics.json to the queues in use, from the file as it is now (`rmq-admin
         updateTopic --name` changes it live); flags lock held."""
+        assert self.topics is not None
         self.topics.load()
         before = self.topics.counter
         for topic, count in queue_counts.items():
@@ -329,46 +374,70 @@ class Supervisor:
     # ------------------------------------------------------------------ stop
 
     def shutdown(self) -> bool:
-        """Stop workers in order, then release everything. True if the store stopped cleanly."""
+        """Stop workers in order, then release everything. True if the store stopped cleanly.
+
+        Whatever fails on the way (a worker that will not stop, a file that cannot be removed or
+        persisted), every shared segment and semaphore is still unlinked and the lock released:
+        a failure is logged and makes the stop unclean, never a leak."""
+        clean = False
+        try:
+            clean = self._stop_service()
+        except Exception:
+            log.exception("stopping the store failed; releasing its shared memory anyway")
+        finally:
+            self._release_shared()
+            if self.store is not None:
+                try:
+                    self.store.finish_service(clean=clean)
+                finally:
+                    self.store = None
+        return clean
+
+    def _stop_service(self) -> bool:
         clean = True
         if self.ops is not None:
             self.ops.stop()
-        if self.shm is not None:
-            t = self.shm.table
-            t.set(layout.STATE, layout.STOPPING)
-            for role in STOP_ORDER:
-                handle = self.workers.get(role)
-                if handle is not None and handle.process is not None:
-                    clean &= self._stop_worker(handle)
-            readable = t.get(
-                layout.FLUSHED_POSITION
-                if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-                else layout.COMMITTED_POSITION
-                if self.workers.get("committer")
-                else layout.WROTE_POSITION
-            )
-            caught_up = (
-                t.get(layout.REPUT_FROM_OFFSET) >= readable and t.get(layout.FLUSHED_POSITION) >= readable
-            )
-            if not caught_up:
-                log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
-            clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
-            self._remove_unused_files(t.get(layout.WROTE_POSITION))
-            self.persist_config()
-            t.set(layout.STATE, layout.STOPPED)
-            self.shm.close()
-            self.shm = None
-        if self.descriptor is not None:
-            self.descriptor.close()
-            self.descriptor = None
-        if self.metrics is not None:
-            self.metrics.close()
-            self.metrics = None
-        StoreShm.unlink_all(self.names)
-        if self.store is not None:
-            self.store.finish_service(clean=clean)
-            self.store = None
+        if self.shm is None:
+            return clean
+        t = self.shm.table
+        t.set(layout.STATE, layout.STOPPING)
+        for role in STOP_ORDER:
+            handle = self.workers.get(role)
+            if handle is not None and handle.process is not None:
+                clean &= self._stop_worker(handle)
+        readable = t.get(
+            layout.FLUSHED_POSITION
+            if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
+            else layout.COMMITTED_POSITION
+            if self.workers.get("committer")
+            else layout.WROTE_POSITION
+        )
+        caught_up = t.get(layout.REPUT_FROM_OFFSET) >= readable and t.get(layout.FLUSHED_POSITION) >= readable
+        if not caught_up:
+            log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")
+        clean &= caught_up and not (t.get(layout.RUNNING_FLAGS) & 0b11110)
+        self._remove_unused_files(t.get(layout.WROTE_POSITION))
+        if self.offsets is not None and self.topics is not None:  # both loaded: persist them
+            self.final_persist_ok = self.persist_config()
+            if not self.final_persist_ok:
+                log.error(
+                    "config/*.json could not be persisted at stop: offsets committed since the "
+                    "last good persist are lost (see the error above)"
+                )
+        t.set(layout.STATE, layout.STOPPED)
         return clean
+
+    def _release_shared(self) -> None:
+        """Close and unlink every shared segment and semaphore of this store (each step even if
+        one before it fails)."""
+        for resource in (self.shm, self.descriptor, self.metrics):
+            if resource is not None:
+                try:
+                    resource.close()
+                except Exception:
+                    log.exception("closing %s failed", type(resource).__name__)
+        self.shm = self.descriptor = self.metrics = None
+        StoreShm.unlink_all(self.names)
 
     def _remove_unused_files(self, wrote: int) -> None:
         """Files the allocator made ahead that no put reached (AllocateMappedFileService's
@@ -396,14 +465,17 @@ class Supervisor:
                     continue
         return process.returncode == 0
 
-    def run(self) -> int:
-        """Foreground: start, watch until SIGTERM/SIGINT, stop."""
+    def run(self, on_running: Callable[[], None] | None = None) -> int:
+        """Foreground: start, call ``on_running``, watch until SIGTERM/SIGINT, stop. Exit code 0
+        when the stop was clean and the last config persist worked, else 1."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.start()
+        if on_running is not None:
+            on_running()
         try:
             self.watch()
         finally:
             clean = self.shutdown()
         log.info("store %s stopped %s", self.root, "cleanly" if clean else "with abort kept")
-        return 0 if clean else 1
+        return 0 if clean and self.final_persist_ok else 1

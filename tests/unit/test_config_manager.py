@@ -18,7 +18,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmq_mp.config_manager import ConfigManager, FastJsonError, dumps, loads
+from rmq_mp.config_manager import CHECKSUMS_NAME, ConfigManager, FastJsonError, dumps, loads, sha256_hex
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 
@@ -266,11 +266,18 @@ def _offsets(path: Path, **offsets: int) -> ConsumerOffsetManager:
     return manager
 
 
-def test_first_persist_creates_the_directory_and_no_bak(tmp_path: Path) -> None:
+def test_first_persist_creates_the_directory_and_a_bak(tmp_path: Path) -> None:
+    """RocketMQ leaves no .bak until a second persist: a first file damaged early had no fallback."""
     manager = _offsets(tmp_path / "store" / "config" / "consumerOffset.json", q0=1)
     manager.persist()
-    assert sorted(p.name for p in manager.path.parent.iterdir()) == ["consumerOffset.json"]
+    assert sorted(p.name for p in manager.path.parent.iterdir()) == [
+        "consumerOffset.json",
+        "consumerOffset.json.bak",
+    ]
     assert manager.path.read_text(encoding="utf-8") == '{\n\t"offsetTable":{\n\t\t"T@g":{0:1\n\t\t}\n\t}\n}'
+    assert manager.bak_path.read_bytes() == manager.path.read_bytes()
+    record = loads((tmp_path / "store" / CHECKSUMS_NAME).read_text())
+    assert record["consumerOffset.json"]["sha256"] == [sha256_hex(manager.path.read_bytes())]
 
 
 def test_persist_keeps_the_previous_good_version_as_bak(tmp_path: Path) -> None:
@@ -320,6 +327,8 @@ def test_persist_fsyncs_the_data_before_each_rename_and_then_the_directory(
     manager.persist()
     assert events == [
         "fsync consumerOffset.json.tmp",
+        "fsync consumerOffset.json.bak.tmp",
+        "rename consumerOffset.json.bak.tmp -> consumerOffset.json.bak",
         "rename consumerOffset.json.tmp -> consumerOffset.json",
         f"fsync {tmp_path.name}",
     ]
@@ -334,6 +343,25 @@ def test_persist_fsyncs_the_data_before_each_rename_and_then_the_directory(
         f"fsync {tmp_path.name}",
     ]
     assert not list(tmp_path.glob("*.tmp"))
+
+    # In a store, the checksum record follows a first file and precedes any later rename.
+    events.clear()
+    in_store = _offsets(tmp_path / "store" / "config" / "consumerOffset.json", q0=1)
+    in_store.persist()
+    in_store.commit_offset("g", "T", 0, 2)
+    in_store.persist()
+    record = [
+        "fsync configChecksum.json.tmp",
+        "rename configChecksum.json.tmp -> configChecksum.json",
+        "fsync store",
+    ]
+    data = [
+        "fsync consumerOffset.json.tmp",
+        "fsync consumerOffset.json.bak.tmp",
+        "rename consumerOffset.json.bak.tmp -> consumerOffset.json.bak",
+    ]
+    publish = ["rename consumerOffset.json.tmp -> consumerOffset.json", "fsync config"]
+    assert events == [*data, *publish, *record, data[0], *record, *data[1:], *publish]
 
 
 def test_a_persist_interrupted_before_its_rename_leaves_the_old_file_loadable(
@@ -392,13 +420,13 @@ def test_a_corrupt_file_falls_back_to_bak_and_is_left_as_it_was(
 
     reloaded = ConsumerOffsetManager(manager.path)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert reloaded.load()
+        assert not reloaded.load(), "the .bak is one persist older: something may be lost"
     assert reloaded.query_offset("g", "T", 0) == 1
-    assert reloaded.loaded_from == manager.bak_path
-    assert reloaded.statistics().loads_from_bak == 1
-    assert [r.levelname for r in caplog.records] == ["WARNING"]
+    assert reloaded.last_load.lost
+    assert reloaded.last_load.damaged == (manager.path,)
+    assert [r.levelname for r in caplog.records] == ["ERROR"]
     assert str(manager.path) in caplog.text
-    assert "consumerOffset.json.bak" in caplog.text
+    assert "consumerOffset.json.bak" in caplog.text or reloaded.last_load.salvaged
     assert manager.path.read_bytes() == damage, "kept for forensics"
     assert manager.path.stat().st_mtime_ns == before.st_mtime_ns
 
@@ -406,9 +434,11 @@ def test_a_corrupt_file_falls_back_to_bak_and_is_left_as_it_was(
     reloaded.persist()
     assert manager.bak_path.read_bytes() == good_bak, "a corrupt file never replaces the good .bak"
     assert loads(manager.path.read_text())["offsetTable"]["T@g"] == {0: 3}
+    (kept,) = tmp_path.glob("consumerOffset.json.damaged-*")
+    assert kept.read_bytes() == damage, "persist keeps the damaged file aside, never overwrites it"
 
 
-def test_a_missing_file_with_a_bak_loads_the_bak_with_a_warning(
+def test_a_missing_file_with_a_bak_loads_the_bak_as_a_possible_loss(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     manager = _offsets(tmp_path / "consumerOffset.json", q0=1)
@@ -418,9 +448,24 @@ def test_a_missing_file_with_a_bak_loads_the_bak_with_a_warning(
     manager.path.unlink()  # e.g. RocketMQ's delete-then-rename interrupted
     reloaded = ConsumerOffsetManager(manager.path)
     with caplog.at_level(logging.WARNING, logger=LOGGER):
-        assert reloaded.load()
+        assert not reloaded.load()
+    assert reloaded.loaded_from == manager.bak_path
+    assert reloaded.statistics().loads_from_bak == 1
     assert reloaded.query_offset("g", "T", 0) == 1
     assert "missing" in caplog.text
+
+
+def test_a_bak_with_the_newest_content_is_no_loss(tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """After a first persist the .bak equals the file, and the record says so."""
+    manager = _offsets(tmp_path / "config" / "consumerOffset.json", q0=7)
+    manager.persist()
+    manager.path.write_bytes(b"\x00" * 64)
+    reloaded = ConsumerOffsetManager(manager.path)
+    with caplog.at_level(logging.WARNING, logger=LOGGER):
+        assert reloaded.load()
+    assert reloaded.loaded_from == manager.bak_path
+    assert reloaded.query_offset("g", "T", 0) == 7
+    assert [r.levelname for r in caplog.records] == ["WARNING"]
 
 
 def test_both_files_unusable_start_empty_and_are_counted_without_raising(
@@ -546,3 +591,25 @@ def test_topic_config_rejects_values_rocketmq_could_not_hold(kwargs: dict[str, A
     fields: dict[str, Any] = {"topic_name": "T", "read_queue_nums": 1, "write_queue_nums": 1} | kwargs
     with pytest.raises(ValueError, match=next(iter(kwargs))):
         TopicConfig(**fields)
+
+
+def test_a_repeated_key_is_malformed() -> None:
+    with pytest.raises(FastJsonError, match="Duplicate key 'a'"):
+        loads('{"a":1,"b":2,"a":3}')
+    with pytest.raises(FastJsonError, match="Duplicate key 0"):
+        loads("{0:1,0:2}")
+    assert loads('{0:1,"0":2}') == {0: 1, "0": 2}, "an int key and a str key are different keys"
+
+
+def test_damaged_topics_json_salvages_every_whole_bean(tmp_path: Path) -> None:
+    path = tmp_path / "topics.json"
+    good = ROCKETMQ_TOPICS.replace(
+        '"topicConfigTable":{',
+        '"topicConfigTable":{\n\t\t"A":{"topicName":"A","readQueueNums":2,"writeQueueNums":2},',
+    )
+    path.write_text(good[: good.index('"topicName":"TopicTest"')], encoding="utf-8")
+    manager = TopicConfigManager(path, clock_ms=lambda: 5)
+    assert not manager.load()
+    assert manager.topics() == ["A"]
+    assert manager.counter == 2, "past the salvaged data version"
+    assert manager.last_load.salvaged == "1 topic config(s) (A)"

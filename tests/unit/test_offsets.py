@@ -199,3 +199,120 @@ def test_delay_levels_are_bare_integer_keys(tmp_path: Path) -> None:
     assert manager.offset_of(3) == -1
     assert loads(manager.encode()) == {"offsetTable": {1: 12, 2: 0, 18: 3}}
     assert manager.encode() == path.read_text(encoding="utf-8")
+
+
+# ------------------------------------------------------------------------------ damage
+
+
+def _two_groups(tmp_path: Path) -> ConsumerOffsetManager:
+    """A store's consumerOffset.json persisted twice: .bak holds the older offsets."""
+    manager = ConsumerOffsetManager(tmp_path / "store" / "config" / "consumerOffset.json")
+    for group, offset in (("ga", 10), ("gb", 20)):
+        manager.commit_offset(group, "T", 0, offset)
+        manager.commit_offset(group, "T", 1, offset + 1)
+    manager.persist()
+    for group, offset in (("ga", 15), ("gb", 25)):
+        manager.commit_offset(group, "T", 0, offset)
+        manager.commit_offset(group, "T", 1, offset + 1)
+    manager.persist()
+    return manager
+
+
+def test_a_flipped_byte_that_still_parses_is_caught_by_the_checksum_record(tmp_path: Path) -> None:
+    """ "T@ga" -> "T@gc": valid JSON, another group's key; RocketMQ would load it silently."""
+    manager = _two_groups(tmp_path)
+    raw = manager.path.read_bytes()
+    manager.path.write_bytes(raw.replace(b'"T@ga"', b'"T@gc"'))
+    reloaded = ConsumerOffsetManager(manager.path)
+    assert not reloaded.load()
+    result = reloaded.last_load
+    assert result.lost
+    assert result.damaged == (manager.path,)
+    assert "configChecksum.json" in result.describe()
+    # Salvage: every entry of the damaged file plus the older .bak, the lower offset where both
+    # have one; "gc" keeps what the flipped key carried, "ga" falls back to the .bak.
+    assert reloaded.offsets_of("gb", "T") == {0: 20, 1: 21}
+    assert reloaded.offsets_of("ga", "T") == {0: 10, 1: 11}
+    assert reloaded.offsets_of("gc", "T") == {0: 15, 1: 16}
+    assert "3 group(s)" in result.salvaged
+    assert manager.path.read_bytes() != raw, "load changes no file"
+
+
+def test_a_flip_that_makes_two_keys_equal_is_unparseable_even_without_a_record(tmp_path: Path) -> None:
+    path = tmp_path / "consumerOffset.json"
+    path.write_text('{"offsetTable":{"T@ga":{0:15},"T@gb":{0:25}}}', encoding="utf-8")
+    path.write_text(path.read_text().replace("T@gb", "T@ga"), encoding="utf-8")
+    manager = ConsumerOffsetManager(path)
+    assert not manager.load()
+    assert "Duplicate key" in manager.last_load.describe()
+    assert manager.table == {"T@ga": {0: 15}}, "the lower of the two offsets: seen again, never skipped"
+
+
+def test_salvage_keeps_whole_maps_only(tmp_path: Path) -> None:
+    """A cut in the middle of "1:248" must not become offset 24."""
+    path = tmp_path / "consumerOffset.json"
+    path.write_text(
+        '{\n\t"offsetTable":{\n\t\t"T@a":{0:5,1:7\n\t\t},\n\t\t"T@b":{0:250,1:24', encoding="utf-8"
+    )
+    manager = ConsumerOffsetManager(path)
+    assert not manager.load()
+    assert manager.table == {"T@a": {0: 5, 1: 7}}
+    assert manager.last_load.salvaged.startswith("2 offset(s) of 1 group(s) (a)")
+
+
+def test_salvage_drops_entries_that_are_not_two_integers(tmp_path: Path) -> None:
+    path = tmp_path / "consumerOffset.json"
+    path.write_bytes(b'{"offsetTable":{"T@a":{0:5,1:\xff7,2:"9"},"T@":{0:1},"x":{0:1}}')
+    manager = ConsumerOffsetManager(path)
+    assert not manager.load()
+    assert manager.table == {"T@a": {0: 5, 2: 9}}
+    assert "1 unreadable entry(ies) dropped" in manager.last_load.salvaged
+
+
+def test_set_aside_keeps_every_damaged_copy(tmp_path: Path) -> None:
+    manager = _two_groups(tmp_path)
+    kept = []
+    for damage in (b"{", b"{{"):
+        manager.path.write_bytes(damage)
+        reloaded = ConsumerOffsetManager(manager.path)
+        reloaded.load()  # the second time the .bak has the newest content: no loss, still damage
+        assert reloaded.last_load.damaged == (manager.path,)
+        (moved,) = reloaded.set_aside()
+        kept.append(moved)
+        assert not manager.path.exists()
+        reloaded.persist()
+    assert [p.read_bytes() for p in kept] == [b"{", b"{{"], "a second damage never overwrites the first"
+    assert len(set(kept)) == 2
+
+
+def test_a_persist_cut_short_anywhere_loads_without_a_loss(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With the checksum record: stop the persist at each rename (a crash there) and reload."""
+    import os
+
+    real_replace = os.replace
+    for step in range(3):  # record, .bak, the file itself
+        manager = _two_groups(tmp_path / str(step))
+        manager.commit_offset("ga", "T", 0, 99)
+        calls: list[str | os.PathLike[str]] = []
+
+        def crash(
+            src: str | os.PathLike[str],
+            dst: str | os.PathLike[str],
+            *,
+            at: int = step,
+            calls: list[str | os.PathLike[str]] = calls,
+        ) -> None:
+            calls.append(dst)
+            if len(calls) > at:
+                raise OSError("simulated crash")
+            real_replace(src, dst)
+
+        monkeypatch.setattr(os, "replace", crash)
+        with pytest.raises(OSError, match="simulated crash"):
+            manager.persist()
+        monkeypatch.setattr(os, "replace", real_replace)
+        reloaded = ConsumerOffsetManager(manager.path)
+        assert reloaded.load(), f"crash before rename {step}: {reloaded.last_load.describe()}"
+        assert reloaded.query_offset("ga", "T", 0) == 15
