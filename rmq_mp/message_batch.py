@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rmq_mp import message as m
-from rmq_mp import record
+from rmq_mp import record, validators
 from rmq_mp.errors import InvalidBatchError
 from rmq_mp.status import PutMessageStatus
 
@@ -98,19 +98,28 @@ def properties_text(
     properties: Mapping[str, str] | None, tags: str | None, keys: str | Sequence[str] | None, uniq_key: str
 ) -> str:
     """The properties string a producer stores: ``properties``, then TAGS, KEYS and UNIQ_KEY
-    (kept if ``properties`` has one), as RocketMQ's Message setters order them."""
+    (kept if ``properties`` has one), as RocketMQ's Message setters order them. `RecordRejected`
+    (MESSAGE_ILLEGAL, naming the field) when a name, value, tag or key holds a separator."""
     if not properties:
         text = f"TAGS\x01{tags}\x02" if tags else ""
         if keys:
             text += f"KEYS\x01{keys_text(keys)}\x02"
-        return f"{text}{UNIQ_KEY_PREFIX}{uniq_key}"
-    props = dict(properties)
-    if tags:
-        props[m.PROPERTY_TAGS] = tags
-    if keys:
-        props[m.PROPERTY_KEYS] = keys_text(keys)
-    props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq_key)
-    return m.properties_to_string(props)
+        text = f"{text}{UNIQ_KEY_PREFIX}{uniq_key}"
+        entries = 1 + bool(tags) + bool(keys)
+    else:
+        props = dict(properties)
+        if tags:
+            props[m.PROPERTY_TAGS] = tags
+        if keys:
+            props[m.PROPERTY_KEYS] = keys_text(keys)
+        props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq_key)
+        text = m.properties_to_string(props)
+        entries = len(props)
+    if m.stray_separators(text, entries) and (
+        problem := validators.separator_problem(tags, keys, properties)
+    ):
+        raise record.RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+    return text
 
 
 class Placement(NamedTuple):
