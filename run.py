@@ -116,6 +116,8 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     print(
         f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
     )
+    if note := config.root_dir_note:
+        print(f"run.py: {note}")
     return 0
 
 
@@ -170,6 +172,8 @@ def main(argv: list[str] | None = None) -> int:
             setup_process_logging(config.store_path_root_dir, "supervisor")
             supervisor = Supervisor(config)
             print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
+            if note := config.root_dir_note:
+                print(f"run.py: {note}", flush=True)
             code = supervisor.run()
             print(
                 f"stopped store {config.store_path_root_dir} {'cleanly' if code == 0 else 'with abort kept'}"
