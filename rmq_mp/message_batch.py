@@ -99,27 +99,37 @@ def properties_text(
 ) -> str:
     """The properties string a producer stores: ``properties``, then TAGS, KEYS and UNIQ_KEY
     (kept if ``properties`` has one), as RocketMQ's Message setters order them. `RecordRejected`
-    (MESSAGE_ILLEGAL, naming the field) when a name, value, tag or key holds a separator."""
+    (MESSAGE_ILLEGAL, naming the field) when a name, value, tag or key holds a separator, found
+    in C and diagnosed only then: tags and keys by one ``isprintable`` scan each (the separators
+    are control characters), properties by counting each separator over the joined string (one
+    of each per property is its own). Nothing given, nothing to scan (UNIQ_KEY is ours)."""
     if not properties:
+        if not tags and not keys:
+            return f"{UNIQ_KEY_PREFIX}{uniq_key}"
+        keys_string = keys_text(keys) if keys else ""
+        if (tags and not tags.isprintable()) or not keys_string.isprintable():
+            _refuse_separators(tags, keys, None)  # or a tab, say: no separator, stored
         text = f"TAGS\x01{tags}\x02" if tags else ""
         if keys:
-            text += f"KEYS\x01{keys_text(keys)}\x02"
-        text = f"{text}{UNIQ_KEY_PREFIX}{uniq_key}"
-        entries = 1 + bool(tags) + bool(keys)
-    else:
-        props = dict(properties)
-        if tags:
-            props[m.PROPERTY_TAGS] = tags
-        if keys:
-            props[m.PROPERTY_KEYS] = keys_text(keys)
-        props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq_key)
-        text = m.properties_to_string(props)
-        entries = len(props)
-    if m.stray_separators(text, entries) and (
-        problem := validators.separator_problem(tags, keys, properties)
-    ):
-        raise record.RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+            text += f"KEYS\x01{keys_string}\x02"
+        return f"{text}{UNIQ_KEY_PREFIX}{uniq_key}"
+    props = dict(properties)
+    if tags:
+        props[m.PROPERTY_TAGS] = tags
+    if keys:
+        props[m.PROPERTY_KEYS] = keys_text(keys)
+    props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq_key)
+    text = m.properties_to_string(props)
+    entries = len(props)  # `message.stray_separators`, inlined: every send with properties pays it
+    if text.count("\x01") != entries or text.count("\x02") != entries - 1:
+        _refuse_separators(tags, keys, properties)
     return text
+
+
+def _refuse_separators(tags: str | None, keys: str | Sequence[str] | None, properties: object) -> None:
+    """`RecordRejected` naming the field that holds a property separator, if one does."""
+    if problem := validators.separator_problem(tags, keys, properties):
+        raise record.RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
 
 
 class Placement(NamedTuple):

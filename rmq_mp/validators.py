@@ -223,8 +223,8 @@ one in a property name or value, its tags or its keys is MESSAGE_ILLEGAL."""
 
 def separator_problem(tags: object, keys: object, properties: object) -> str:
     """Which of tags, keys, a property name or a property value holds a property separator
-    (the MESSAGE_ILLEGAL reason), '' when none does. The slow path: the encoders count the
-    separators of the whole properties string first (`message.stray_separators`)."""
+    (the MESSAGE_ILLEGAL reason), '' when none does. The slow path: the encoders look at the
+    whole properties string first (`message_batch.properties_text`, `message.stray_separators`)."""
     named: list[tuple[str, object]] = [("tags", tags)]
     if isinstance(keys, str) or not isinstance(keys, Sequence):
         named.append(("keys", keys))

@@ -517,10 +517,10 @@ def test_the_supervisor_refuses_a_queue_size_change_with_one_line(tmp_path: Path
         with Producer.attach(service.root) as producer:
             for i in range(25):
                 assert producer.send("Q", b"%d" % i, queue_id=0).ok
-        wait_until(
-            lambda: len(list((service.root / "consumequeue" / "Q" / "0").iterdir())) == 3, 10, "3 files"
-        )
+        with Consumer.attach(service.root, "g") as consumer:
+            wait_until(lambda: consumer.pull("Q", 0, 0).max_offset == 25, 10, "25 dispatched")
     before = queue_files(service.root)
+    assert len(before) == 3  # 10 entries of 20 bytes a file
     conf = write_conf(tmp_path / "other.conf", service.root, mappedFileSizeConsumeQueue="400")
     started = subprocess.run(
         [sys.executable, "run.py", "start", "--conf", str(conf)], cwd=ROOT, capture_output=True, text=True, timeout=90
