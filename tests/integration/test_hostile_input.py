@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 
 from rmq_mp import message as m
 from rmq_mp.admin import main as admin_main
-from rmq_mp.config import MessageStoreConfig
+from rmq_mp.config import PROPERTY_NAMES, MessageStoreConfig
 from rmq_mp.config_manager import loads
 from rmq_mp.consumer import Consumer
 from rmq_mp.errors import ConfigError, InvalidArgumentError, InvalidArgumentTypeError
@@ -532,3 +532,30 @@ def test_the_supervisor_refuses_a_queue_size_change_with_one_line(tmp_path: Path
     assert "Traceback" not in started.stderr
     assert queue_files(service.root) == before
     assert ShmNames.for_store(str(service.root), service.config.shm_name).leftovers() == []
+
+
+HOSTILE_VALUES = st.one_of(
+    st.sampled_from(["", " ", "-1", "0", "1", "19", "4095", str(2**31), str(2**63), "nan", "inf", "1e3",
+                     "true", "TRUE", "yes", "\0", "a\0b", "\udc80", "~", "/", "a,b", "SYNC_FLUSH", "04;05"]),
+    st.integers(-(2**64), 2**64).map(str),
+    st.text(max_size=8),
+)  # fmt: skip
+
+
+@settings(max_examples=300, deadline=None, database=None)
+@given(values=st.dictionaries(st.sampled_from(PROPERTY_NAMES), HOSTILE_VALUES, min_size=1, max_size=4))
+def test_hostile_broker_conf_values_are_config_errors(values: dict[str, str]) -> None:
+    """Any broker.conf value: a config, or one `ConfigError` naming the key, never another error."""
+    try:
+        config = MessageStoreConfig.from_properties({"storePathRootDir": "/tmp/x", **values}, source="<h>")
+    except ConfigError as exc:
+        refused = str(exc)
+    else:
+        refused = ""
+    if refused:
+        assert any(key in refused for key in values), (values, refused)
+        return
+    assert config.mapped_file_size_commit_log >= 4096
+    assert config.mapped_file_size_consume_queue >= 20
+    assert config.mapped_file_size_consume_queue % 20 == 0
+    assert "\0" not in config.store_path_root_dir + config.store_path_commit_log
