@@ -147,6 +147,8 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     print(
         f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
     )
+    if note := config.root_dir_note:
+        print(f"run.py: {note}")
     return 0
 
 
@@ -192,6 +194,8 @@ def start_foreground(config: MessageStoreConfig) -> int:
     try:
         supervisor = Supervisor(config)
         print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
+        if note := config.root_dir_note:
+            print(f"run.py: {note}", flush=True)
         code = supervisor.run(on_running=release)
     finally:
         if held is not None:

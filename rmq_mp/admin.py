@@ -326,7 +326,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("queryMsgByKey", parents=[common], help="messages by KEYS or UNIQ_KEY, newest first")
     p.add_argument("--topic", required=True)
     p.add_argument("--key", required=True)
-    p.add_argument("--max", type=_positive_int, help="most messages (default: defaultQueryMaxNum)")
+    p.add_argument("--max", type=positive_int, help="most messages (default: defaultQueryMaxNum)")
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int)
     p = sub.add_parser("queryMsgById", parents=[common], help="a message by its offset msgId")
@@ -382,7 +382,7 @@ def _utf8_stdout(*, machine: bool) -> None:
         out.reconfigure(errors="backslashreplace")
 
 
-def _positive_int(text: str) -> int:
+def positive_int(text: str) -> int:
     try:
         value = int(text)
     except ValueError:

@@ -11,6 +11,7 @@ back). Human tables by default, ``--json`` one object per line.
 from __future__ import annotations
 
 import argparse
+import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -18,7 +19,8 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.admin import iso, open_store, to_json_line
+from rmq_mp import validators as v
+from rmq_mp.admin import iso, open_store, positive_int, to_json_line
 from rmq_mp.errors import StoreError
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import MessageStore
@@ -144,7 +146,9 @@ def topic_list(args: argparse.Namespace) -> int:
 
 
 def update_topic(args: argparse.Namespace) -> int:
-    """mqadmin updateTopic: read/write queue counts (and perm) in config/topics.json."""
+    """mqadmin updateTopic: read/write queue counts (and perm) in config/topics.json, for a topic
+    the store can hold (`InvalidArgumentError` otherwise, before anything is written)."""
+    v.check_topic(args.topic, "--topic")
 
     def update(path: Path, default_queue_nums: int) -> dict[str, Any]:
         manager = TopicConfigManager(path)
@@ -262,7 +266,7 @@ def parse_timestamp(text: str) -> int:
     """Milliseconds since the epoch, ``now``, or an ISO 8601 time (local time if no zone)."""
     if text == "now":
         return int(time.time() * 1000)
-    if text.isdigit():
+    if text.isascii() and text.isdigit():
         return int(text)
     try:
         return int(datetime.fromisoformat(text).timestamp() * 1000)
@@ -276,6 +280,8 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
     """mqadmin resetOffsetByTime: each queue of the topic to the first message stored at or after
     the time. A live consumer of the group that commits afterwards overwrites the reset (RocketMQ
     pushes a reset to connected clients; rmq-mp consumers pick it up when they next subscribe)."""
+    v.check_group(args.group)
+    v.check_topic(args.topic, "--topic", with_offsets=True)
     timestamp_ms = parse_timestamp(args.timestamp)
     with open_store(args) as store:
         targets = {
@@ -425,7 +431,7 @@ def send_message(args: argparse.Namespace) -> int:
     _need_running(args, "sendMessage")
     with Producer.attach(args.name) as producer:
         results = producer.send_batch(
-            dict(topic=args.topic, body=args.body.encode("utf-8"), tags=args.tags, keys=args.keys)
+            dict(topic=args.topic, body=_body(args.body), tags=args.tags, keys=args.keys)
             for _ in range(args.count)
         )
     rows = [
@@ -463,12 +469,32 @@ def consume_message(args: argparse.Namespace) -> int:
     return print_messages(messages, as_json=args.json)
 
 
+def _body(text: str) -> bytes:
+    """``--body`` as UTF-8, the bytes of an argument that was not UTF-8 as given (Python holds
+    those as lone surrogates: ``surrogateescape``)."""
+    try:
+        return text.encode("utf-8", "surrogateescape")
+    except UnicodeEncodeError:
+        raise StoreError(f"--body {text!r} is not valid Unicode (a lone surrogate)") from None
+
+
 def _need_running(args: argparse.Namespace, command: str) -> None:
     if not _running(args):
         raise StoreError(f"{command} needs a running store: --name <shm name or store directory>")
 
 
 # ---------------------------------------------------------------------------- parsers
+
+
+def _seconds(text: str) -> float:
+    """A ``--timeout``: a finite number of seconds, at least 0 (``nan`` parses as a float)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid number of seconds: {text!r}") from None
+    if not math.isfinite(value) or value < 0:
+        raise argparse.ArgumentTypeError(f"seconds must be finite and at least 0, got {text!r}")
+    return value
 
 
 def _queue_count(text: str) -> int:
@@ -516,5 +542,5 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--topic", "-t", required=True)
     p.add_argument("--group", "-g", default="rmq-admin")
     p.add_argument("--tags", "-c", help="tag expression, e.g. 'TagA || TagB'")
-    p.add_argument("--count", type=int, default=32, help="most messages to read")
-    p.add_argument("--timeout", type=float, default=3.0, help="seconds to wait for messages")
+    p.add_argument("--count", type=positive_int, default=32, help="most messages to read")
+    p.add_argument("--timeout", type=_seconds, default=3.0, help="seconds to wait for messages")

@@ -216,9 +216,12 @@ def _unescape(raw: str, *, source: str) -> tuple[str, int]:
 
 _T = TypeVar("_T")
 MAX_TRANSIENT_STORE_POOL_SIZE: Final = 32
+"""The pointer table's pool slots (`shm.layout.POOL_SLOTS`; a test keeps the two equal)."""
 TOPIC_NAME_MAX_LENGTH: Final = 127
 """RocketMQ's TopicValidator.TOPIC_MAX_LENGTH, which brokerName and brokerClusterName must keep."""
-"""The pointer table's pool slots (`shm.layout.POOL_SLOTS`; a test keeps the two equal)."""
+MIN_COMMIT_LOG_FILE_BYTES: Final = 4096
+"""The smallest mappedFileSizeCommitLog accepted: one page (RocketMQ accepts any positive size,
+and a file too small for a record refuses every put)."""
 _META_KEY: Final = "rmq_mp.meta"  # not a property: provenance kept beside the values
 
 
@@ -253,8 +256,10 @@ class MessageStoreConfig:
     read_only_commit_log_store_paths: str = ""
 
     # -- commit log -----------------------------------------------------------------------------
-    # Bytes per commit-log file (1 GiB). Not required to be a multiple of 4096 (RocketMQ neither).
-    mapped_file_size_commit_log: int = _prop(1073741824, ge=1)
+    # Bytes per commit-log file (1 GiB). At least 4096 (rmq-mp; RocketMQ accepts 1, and then
+    # refuses every put): a page, room for a few small records. Not required to be a multiple of
+    # 4096 (RocketMQ neither).
+    mapped_file_size_commit_log: int = _prop(1073741824, ge=MIN_COMMIT_LOG_FILE_BYTES)
     # Largest message body accepted, bytes (4 MiB); a record may be up to 64 KiB larger.
     max_message_size: int = _prop(4194304, ge=1)
     # Verify each record's body CRC during recovery (slower startup, catches bit rot).
@@ -311,8 +316,10 @@ class MessageStoreConfig:
     commit_commit_log_thorough_interval: int = _prop(200, ge=0)
 
     # -- consume queue --------------------------------------------------------------------------
-    # Bytes per ConsumeQueue file (300,000 entries × 20); rounded up to a multiple of 20.
-    mapped_file_size_consume_queue: int = _prop(6000000, ge=1)
+    # Bytes per ConsumeQueue file (300,000 entries × 20); at least one 20-byte entry, rounded up
+    # to a multiple of 20 (as RocketMQ's getter rounds it). A store whose queue files have
+    # another size is refused at startup (as for mappedFileSizeCommitLog), never rewritten.
+    mapped_file_size_consume_queue: int = _prop(6000000, ge=CQ_STORE_UNIT_SIZE)
 
     # -- index ----------------------------------------------------------------------------------
     # Build index files (UNIQ_KEY and KEYS) during dispatch.
@@ -441,6 +448,9 @@ class MessageStoreConfig:
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.
     source: str = _meta("<defaults>")
+    # `from_properties` found no storePathRootDir: the store is RocketMQ's default ~/store, and
+    # the supervisor says so at start (`root_dir_note`).
+    root_dir_defaulted: bool = _meta(False)
     # `broker.conf` keys accepted but not used (`IGNORED_PROPERTIES`), as `key=value`.
     ignored_properties: tuple[str, ...] = _meta(())
     # What `effective_values` changed, one `key: written -> effective (rule)` string each.
@@ -505,7 +515,12 @@ class MessageStoreConfig:
             else:
                 problems.append(_unknown_property_message(key))
         _raise_problems(source, problems)
-        config = cls(**kwargs, source=source, ignored_properties=tuple(ignored))
+        config = cls(
+            **kwargs,
+            source=source,
+            ignored_properties=tuple(ignored),
+            root_dir_defaulted="store_path_root_dir" not in kwargs,
+        )
         _log.info(
             "MessageStoreConfig loaded from %s: %d store properties set, %d ignored by rmq-mp%s, "
             "%d adjustment(s)",
@@ -531,7 +546,12 @@ class MessageStoreConfig:
         values: dict[str, Any] = {name: getattr(self, name) for name in _SPECS}
         values.update(dict(self.unadjusted))
         values.update(overrides)
-        return type(self)(**values, source=self.source, ignored_properties=self.ignored_properties)
+        return type(self)(
+            **values,
+            source=self.source,
+            ignored_properties=self.ignored_properties,
+            root_dir_defaulted=self.root_dir_defaulted and "store_path_root_dir" not in overrides,
+        )
 
     def to_properties(self) -> dict[str, str]:
         """camelCase key → text for every property, effective values; round-trips through
@@ -543,6 +563,18 @@ class MessageStoreConfig:
     @property
     def root_dir(self) -> Path:
         return Path(self.store_path_root_dir)
+
+    @property
+    def root_dir_note(self) -> str:
+        """'' unless the store's root is RocketMQ's default because the file set no
+        storePathRootDir: then the line the supervisor logs and prints, so that a store never
+        lands in the home directory unannounced."""
+        if not self.root_dir_defaulted:
+            return ""
+        return (
+            f"{self.source} does not set storePathRootDir: the store is RocketMQ's default "
+            f"${{user.home}}/store = {self.store_path_root_dir}"
+        )
 
     @property
     def commit_log_dirs(self) -> tuple[Path, ...]:
@@ -804,6 +836,9 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
                 f"({len(values[name])} characters): must be 1 to {TOPIC_NAME_MAX_LENGTH} printable "
                 f"characters (RocketMQ makes it a topic name)"
             )
+    for name in ("store_path_root_dir", "store_path_commit_log", "read_only_commit_log_store_paths"):
+        if "\0" in values[name]:
+            problems.append(f"{_SPECS[name].key} = {values[name]!r}: a path cannot hold a NUL character")
     index_size = 40 + values["max_hash_slot_num"] * 4 + values["max_index_num"] * 20
     if index_size > _JAVA_INT[1]:
         problems.append(

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from rmq_mp.errors import CorruptFileError
+from rmq_mp.errors import ConfigError, CorruptFileError
 from rmq_mp.mapped_file import MappedFile, offset_to_file_name
 from rmq_mp.mapped_file_queue import MappedFileQueue
 from rmq_mp.mapping_pool import MappingPool, process_pool
@@ -125,8 +125,8 @@ class ConsumeQueue:
         """Set when dispatch met an entry not at the queue's next offset: records are missing
         before it (recovery rebuilds such a queue from the log's beginning)."""
 
-    def load(self) -> None:
-        self.mfq.load()
+    def load(self, names: list[str] | None = None) -> None:
+        self.mfq.load(names)
 
     def close(self) -> None:
         self.mfq.close()
@@ -554,21 +554,62 @@ class ConsumeQueueTable:
         the whole commit log to rebuild it (RocketMQ refuses to start instead)."""
 
     def load(self) -> None:
+        """Every queue's files, once each queue's file names show they were written with the
+        configured file size (`_refuse_other_file_size`): before any file is touched."""
         if not self.root.is_dir():
             return
+        listed: list[tuple[str, Path, list[str] | None]] = []
         for topic_dir in sorted(self.root.iterdir()):
             if topic_dir.is_dir():
                 for queue_dir in sorted(topic_dir.iterdir()):
-                    self._load_queue(topic_dir.name, queue_dir)
+                    names = os.listdir(queue_dir) if queue_dir.is_dir() else None
+                    listed.append((topic_dir.name, queue_dir, names))
+        for _topic, queue_dir, names in listed:
+            if names and len(names) > 1:
+                self._refuse_other_file_size(queue_dir, names, lone_file=False)
+        for topic, queue_dir, names in listed:
+            self._load_queue(topic, queue_dir, names)
 
-    def _load_queue(self, topic: str, queue_dir: Path) -> ConsumeQueue | None:
+    def _refuse_other_file_size(self, queue_dir: Path, names: list[str], *, lone_file: bool) -> None:
+        """`ConfigError` naming mappedFileSizeConsumeQueue when a queue's files were written with
+        another file size, as a commit log of another size is refused (RocketMQ refuses both):
+        rebuilt as damaged, every queue would be rewritten. The evidence: the step between its
+        first two file names (a name is its first entry's byte offset) with the first file that
+        long, or (``lone_file``, after its load failed) a queue's one file longer than configured
+        (a file never grows past its size). Anything else is damage, which recovery repairs."""
+        segments = sorted(name for name in names if len(name) == 20 and name.isdigit())
+        if len(segments) > 1:
+            written = int(segments[1]) - int(segments[0])
+            if written == self.mapped_file_size:
+                return
+        elif not (lone_file and segments):
+            return
+        try:
+            length = (queue_dir / segments[0]).stat().st_size
+        except OSError:
+            return
+        if len(segments) == 1:
+            written = length if length > self.mapped_file_size else 0
+        if written <= 0 or written % CQ_STORE_UNIT_SIZE or length != written:
+            return
+        raise ConfigError(
+            f"{queue_dir}: ConsumeQueue files of {written} bytes, but mappedFileSizeConsumeQueue is "
+            f"{self.mapped_file_size}: start this store with mappedFileSizeConsumeQueue={written} "
+            f"(its queue files are never rewritten to another size)"
+        )
+
+    def _load_queue(self, topic: str, queue_dir: Path, names: list[str] | None = None) -> ConsumeQueue | None:
         if not queue_dir.name.isdigit():
             log.warning("ignoring %s: not a queue id", queue_dir)
             return None
         cq = self._new(topic, int(queue_dir.name))
+        if cq.mfq.store_dir != queue_dir:  # a directory named 007: queue 7 lists its own, 7
+            names = None
         try:
-            cq.load()
+            cq.load(names)
         except CorruptFileError as exc:
+            store_dir = cq.mfq.store_dir
+            self._refuse_other_file_size(store_dir, names or os.listdir(store_dir), lone_file=True)
             if not self.writable:
                 raise
             cq.close()

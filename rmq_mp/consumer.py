@@ -44,6 +44,11 @@ PARK_SPIN_S = 0.0002
 """A long poll watches its queue this long before sleeping: a wake by reput costs 50-70 us."""
 READ_ATTEMPTS = 3
 SHORT_POLLING_S = 1.0
+MAX_TIMEOUT_S = v.JAVA_LONG_MAX // 1000
+"""The longest wait a pull or poll accepts: RocketMQ's timeouts are Java longs of milliseconds."""
+PARK_MAX_S = 60.0
+"""The longest one semaphore wait of a park (posix_ipc gives up at once on a deadline past what
+a timespec holds): a longer timeout parks again, as after any wakeup that brought nothing."""
 """With longPollingEnable=false, how long a pull that found nothing sleeps before it looks again
 (RocketMQ's BrokerConfig shortPollingTimeMills): new messages do not wake it."""
 """Reads retried when the cleaner deletes a file under them (each retry sees a higher minimum)."""
@@ -125,9 +130,14 @@ class Consumer:
         )
 
     def close(self) -> None:
+        """Give the consumer-table slot back and unmap; a second close does nothing (a `with`
+        block that closed it already)."""
+        if self._waiter_slot < 0:
+            return
         self.waiters.set(self._waiter_slot, wt.WAITING, 0)
         self.waiters.set(self._waiter_slot, wt.HOLD, wt.NO_HOLD)
         self.waiters.set(self._waiter_slot, wt.PID, 0)
+        self._waiter_slot = -1
         for cq in self._cqs.values():
             cq.close()
         self.store.close()
@@ -180,7 +190,8 @@ class Consumer:
         ``read_skipped_records``, and the next offset is past it (NO_MATCHED_MESSAGE when the
         pull found nothing else: `read_queue`). `InvalidArgumentError`, as RocketMQ's pull consumer and broker
         refuse them: a topic the store cannot hold, a queue id outside 0..2^31-1, an offset
-        beyond a Java long, ``max_msgs`` < 1 ("maxNums <= 0"); wrong types too."""
+        beyond a Java long, ``max_msgs`` < 1 ("maxNums <= 0"), a ``timeout_s`` that is negative,
+        NaN or infinite; wrong types too."""
         if (
             type(topic) is not str
             or topic not in self._checked_topics
@@ -195,7 +206,9 @@ class Consumer:
             topic, queue_id, offset, max_msgs, tags = self._pull_arguments(
                 topic, queue_id, offset, max_msgs, tags
             )
-        if type(timeout_s) is not float and type(timeout_s) is not int:
+        if (
+            type(timeout_s) is not float and type(timeout_s) is not int
+        ) or not 0 <= timeout_s <= MAX_TIMEOUT_S:
             timeout_s = _seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + timeout_s
         while True:
@@ -220,23 +233,9 @@ class Consumer:
     ) -> tuple[str, int, int, int, frozenset[str] | None]:
         """`pull`'s arguments checked one by one (the slow path: only when the quick test of
         `pull` failed), normalised (numpy integers to int, a set of tags to a frozenset)."""
-        checked_topic = v.check_topic(topic)
-        checked_queue_id = v.check_queue_id(queue_id)
-        checked_offset = v.check_offset(offset, "offset", negative_ok=True)
-        count = v.integer(max_msgs, "max_msgs")
-        if count < 1:
-            raise InvalidArgumentError(
-                f"max_msgs {count}: maxNums <= 0 (a pull asks for at least one message)"
-            )
-        if tags is not None:
-            if not isinstance(tags, (set, frozenset)) or not all(isinstance(t, str) for t in tags):
-                raise InvalidArgumentTypeError(
-                    f"tags must be a frozenset of str or None, not {tags!r} "
-                    "(parse_tag_expression('TagA || TagB') builds one)"
-                )
-            tags = frozenset(tags)
-        self._checked_topics.add(checked_topic)
-        return checked_topic, checked_queue_id, checked_offset, count, tags
+        checked = v.check_get(topic, queue_id, offset, max_msgs, tags)
+        self._checked_topics.add(checked[0])
+        return checked
 
     def _read(
         self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
@@ -285,7 +284,9 @@ class Consumer:
     ) -> None:
         """Register in our waiter slot, re-check (no lost wakeup) for PARK_SPIN_S, then sleep until
         woken or timeout. With longPollingEnable=false: sleep SHORT_POLLING_S (or the timeout)
-        without registering, as RocketMQ's short polling."""
+        without registering, as RocketMQ's short polling. At most `PARK_MAX_S`: the caller
+        parks again while its deadline is ahead."""
+        timeout_s = min(timeout_s, PARK_MAX_S)
         if not self.store.config.long_polling_enable:
             time.sleep(min(timeout_s, SHORT_POLLING_S))
             return
@@ -406,12 +407,18 @@ _LONG_MIN = -v.JAVA_LONG_MAX - 1
 
 
 def _seconds(value: object, what: str) -> float:
-    """A duration argument: an int or a float (not a bool)."""
-    if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return value
-    raise InvalidArgumentTypeError(
-        f"{what} must be a number of seconds, not {type(value).__name__} ({value!r})"
-    )
+    """A duration argument: an int or a float (not a bool), from 0 to `MAX_TIMEOUT_S`; NaN, an
+    infinity or a negative wait is `InvalidArgumentError` (as `queue.Queue.get` refuses one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a number of seconds, not {type(value).__name__} ({value!r})"
+        )
+    if not 0 <= value <= MAX_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"{what} {value!r} must be a finite number of seconds from 0 to {MAX_TIMEOUT_S} "
+            f"(Long.MAX_VALUE milliseconds)"
+        )
+    return value
 
 
 def _queue_offsets(offsets: object, what: str) -> dict[int, int]:

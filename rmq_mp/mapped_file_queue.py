@@ -50,9 +50,10 @@ class MappedFileQueue:
 
     # ------------------------------------------------------------------ loading
 
-    def load(self) -> None:
-        """Map every segment; all positions start at the file size and recovery cuts them."""
-        if not self.store_dir.is_dir():
+    def load(self, names: list[str] | None = None) -> None:
+        """Map every segment; all positions start at the file size and recovery cuts them.
+        ``names``: the directory's entries when the caller listed it already."""
+        if names is None and not self.store_dir.is_dir():
             return
         if self.writable:
             for stale in self.store_dir.glob(".*.tmp*"):  # a segment creation cut short by a crash
@@ -64,7 +65,9 @@ class MappedFileQueue:
                     "temporary file of an interrupted segment creation",
                 )
                 stale.unlink()
-        names = sorted(p.name for p in self.store_dir.iterdir() if not p.name.startswith("."))
+        if names is None:
+            names = [p.name for p in self.store_dir.iterdir()]
+        names = sorted(name for name in names if not name.startswith("."))
         for name in names:
             if not _NAME.match(name):
                 raise CorruptFileError(f"{self.store_dir / name}: not a segment name (20 decimal digits)")

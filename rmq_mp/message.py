@@ -70,6 +70,16 @@ def properties_to_string(properties: Mapping[str, str]) -> str:
     )
 
 
+def stray_separators(text: str, entries: int) -> bool:
+    """Whether the properties string of ``entries`` properties holds separators beyond its own
+    (one ``\\x01`` each, ``\\x02`` between): a name, value, tag or key brought some, and reading
+    the record back would set other properties (``x\\x02KEYS\\x01k`` sets KEYS). Two scans in C
+    over the joined string, paid by every message with properties."""
+    return bool(text) and (
+        text.count(NAME_VALUE_SEPARATOR) != entries or text.count(PROPERTY_SEPARATOR) != entries - 1
+    )
+
+
 def string_to_properties(text: str) -> dict[str, str]:
     """`string2messageProperties`: keep chunks with a non-empty name and a non-empty value."""
     result: dict[str, str] = {}

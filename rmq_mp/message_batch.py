@@ -29,7 +29,7 @@ from typing import Any, NamedTuple
 import numpy as np
 
 from rmq_mp import message as m
-from rmq_mp import record
+from rmq_mp import record, validators
 from rmq_mp.errors import InvalidBatchError
 from rmq_mp.status import PutMessageStatus
 
@@ -98,11 +98,20 @@ def properties_text(
     properties: Mapping[str, str] | None, tags: str | None, keys: str | Sequence[str] | None, uniq_key: str
 ) -> str:
     """The properties string a producer stores: ``properties``, then TAGS, KEYS and UNIQ_KEY
-    (kept if ``properties`` has one), as RocketMQ's Message setters order them."""
+    (kept if ``properties`` has one), as RocketMQ's Message setters order them. `RecordRejected`
+    (MESSAGE_ILLEGAL, naming the field) when a name, value, tag or key holds a separator, found
+    in C and diagnosed only then: tags and keys by one ``isprintable`` scan each (the separators
+    are control characters), properties by counting each separator over the joined string (one
+    of each per property is its own). Nothing given, nothing to scan (UNIQ_KEY is ours)."""
     if not properties:
+        if not tags and not keys:
+            return f"{UNIQ_KEY_PREFIX}{uniq_key}"
+        keys_string = keys_text(keys) if keys else ""
+        if (tags and not tags.isprintable()) or not keys_string.isprintable():
+            _refuse_separators(tags, keys, None)  # or a tab, say: no separator, stored
         text = f"TAGS\x01{tags}\x02" if tags else ""
         if keys:
-            text += f"KEYS\x01{keys_text(keys)}\x02"
+            text += f"KEYS\x01{keys_string}\x02"
         return f"{text}{UNIQ_KEY_PREFIX}{uniq_key}"
     props = dict(properties)
     if tags:
@@ -110,7 +119,17 @@ def properties_text(
     if keys:
         props[m.PROPERTY_KEYS] = keys_text(keys)
     props.setdefault(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq_key)
-    return m.properties_to_string(props)
+    text = m.properties_to_string(props)
+    entries = len(props)  # `message.stray_separators`, inlined: every send with properties pays it
+    if text.count("\x01") != entries or text.count("\x02") != entries - 1:
+        _refuse_separators(tags, keys, properties)
+    return text
+
+
+def _refuse_separators(tags: str | None, keys: str | Sequence[str] | None, properties: object) -> None:
+    """`RecordRejected` naming the field that holds a property separator, if one does."""
+    if problem := validators.separator_problem(tags, keys, properties):
+        raise record.RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
 
 
 class Placement(NamedTuple):

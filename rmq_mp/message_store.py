@@ -15,6 +15,7 @@ import fcntl
 import itertools
 import logging
 import os
+import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -24,6 +25,7 @@ from types import TracebackType
 
 from rmq_mp import message as m
 from rmq_mp import read_damage, record
+from rmq_mp import validators as v
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import MessageStoreConfig
@@ -34,6 +36,8 @@ from rmq_mp.errors import (
     ConfigError,
     ConsumerOffsetLossError,
     CorruptRecordError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
     MessageNotFoundError,
     StoreLockedError,
     StorePathError,
@@ -136,10 +140,26 @@ class MessageStore:
         *,
         read_only: bool = False,
     ) -> MessageStore:
-        """Open (creating if needed, unless read-only) and recover the store at ``store_dir``."""
+        """Open (creating if needed, unless read-only) and recover the store at ``store_dir``
+        (a str or path; `InvalidArgumentTypeError` otherwise, not a directory named after it)."""
+        if config is not None and not isinstance(config, MessageStoreConfig):
+            raise InvalidArgumentTypeError(
+                f"config must be a MessageStoreConfig, not {type(config).__name__}"
+            )
         config = config or MessageStoreConfig()
         if store_dir is not None:
-            config = config.replace(store_path_root_dir=str(store_dir))
+            path = (
+                store_dir
+                if isinstance(store_dir, str)
+                else os.fspath(store_dir)
+                if isinstance(store_dir, os.PathLike)
+                else None
+            )
+            if not isinstance(path, str):
+                raise InvalidArgumentTypeError(
+                    f"store_dir must be a str or a path, not {type(store_dir).__name__}"
+                )
+            config = config.replace(store_path_root_dir=path)
         paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
         store: MessageStore | None = None
         try:
@@ -303,18 +323,29 @@ class MessageStore:
     # ------------------------------------------------------------------ write
 
     def put_message(self, message: m.Message) -> PutMessageResult:
-        """Append one message and dispatch it (RocketMQ's putMessage + reput, in-process)."""
+        """Append one message and dispatch it (RocketMQ's putMessage + reput, in-process). A
+        message the store refuses is answered MESSAGE_ILLEGAL with the reason, nothing stored;
+        a field of the wrong type raises `InvalidArgumentTypeError` (as `Producer.send_batch`)."""
+        if not isinstance(message, m.Message):
+            raise InvalidArgumentTypeError(f"put_message takes a Message, not {type(message).__name__}")
         if not self.writable:
             raise StoreReadOnlyError(f"store {self.paths.root} is open read-only")
         if self._closed:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
-        problem = record.validate_message(message, max_message_size=self.config.max_message_size)
-        if problem is not None:
-            return PutMessageResult(problem[0], reason=problem[1])
-        if not message.born_timestamp:
-            message.born_timestamp = int(time.time() * 1000)
         store_host = message.store_host or self.store_host
-        encoded = record.encode_record(message, store_host)
+        try:
+            problem = record.validate_message(message, max_message_size=self.config.max_message_size)
+            if problem is not None:
+                v.message_problem(message)  # a wrong type raises first, as for a send
+                return PutMessageResult(problem[0], reason=problem[1])
+            if not message.born_timestamp:
+                message.born_timestamp = int(time.time() * 1000)
+            encoded = record.encode_record(message, store_host)
+        except (TypeError, ValueError, OverflowError, struct.error, AttributeError):
+            reason = v.message_problem(message)  # raises for a wrong type
+            if not reason:
+                raise
+            return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, reason=reason)
         (sys_flag,) = record._INT.unpack_from(encoded, record.POS_SYS_FLAG)
         dispatchable = m.is_dispatchable(sys_flag)
         with self._put_lock:
@@ -402,7 +433,9 @@ class MessageStore:
         *,
         tags: frozenset[str] | None = None,
     ) -> GetMessageResult:
-        """`getMessage`: statuses and next offset as RocketMQ computes them; ``tags`` filters."""
+        """`getMessage`: statuses and next offset as RocketMQ computes them; ``tags`` filters.
+        Arguments are checked as `Consumer.pull` checks them (`validators.check_get`)."""
+        topic, queue_id, offset, max_msgs, tags = v.check_get(topic, queue_id, offset, max_msgs, tags)
         cq = self.cq_table.get(topic, queue_id)
         if cq is None:
             return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
@@ -444,11 +477,15 @@ class MessageStore:
         """The record at a commit-log offset; MessageNotFoundError where the log holds none,
         CorruptRecordError (BodyCrcError for a body whose CRC fails) for a record that must not
         be served: a damaged record is never returned."""
-        return self.commit_log.look_message_by_offset(phy_offset)
+        return self.commit_log.look_message_by_offset(
+            v.check_offset(phy_offset, "phy_offset", negative_ok=True)
+        )
 
     def view_message_by_id(self, msg_id: str) -> m.MessageExt:
         """The record an offset msgId names (`viewMessageById`), checked as
         `look_message_by_offset`."""
+        if not isinstance(msg_id, str):
+            raise InvalidArgumentTypeError(f"msg_id must be a str, not {type(msg_id).__name__}")
         _host, phy_offset = m.decode_message_id(msg_id)
         return self.commit_log.look_message_by_offset(phy_offset)
 
@@ -460,11 +497,19 @@ class MessageStore:
         (`defaultQueryMaxNum` if not given; `maxMsgsNumBatch` caps it). Each index hit is checked
         against its record, so a hash collision never returns another key's message (RocketMQ #3613);
         a hit whose record must not be served (its body CRC fails, or no record starts there) is
-        skipped and reported (`read_skips`)."""
-        if self.index_service is None:
-            return []
+        skipped and reported (`read_skips`). `InvalidArgumentError` for a topic the store cannot
+        hold, a key that is not a str, a ``max_num`` below 1 or times that are not Java longs."""
+        topic = v.check_topic(topic)
+        if not isinstance(key, str):
+            raise InvalidArgumentTypeError(f"key must be a str, not {type(key).__name__} ({key!r})")
         if max_num is None:
             max_num = self.config.default_query_max_num
+        elif v.integer(max_num, "max_num") < 1:
+            raise InvalidArgumentError(f"max_num {max_num} is below 1")
+        begin = v.check_offset(begin, "begin", negative_ok=True)
+        end = v.check_offset(end, "end", negative_ok=True)
+        if self.index_service is None:
+            return []
         found = []
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
             try:
@@ -479,6 +524,8 @@ class MessageStore:
         return found
 
     def get_offset_in_queue_by_time(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        topic, queue_id = v.check_topic(topic), v.check_queue_id(queue_id)
+        timestamp_ms = v.check_offset(timestamp_ms, "timestamp_ms", negative_ok=True)
         cq = self.cq_table.get(topic, queue_id)
         return cq.offset_in_queue_by_time(timestamp_ms, self.commit_log) if cq else 0
 

@@ -514,6 +514,7 @@ class Producer:
             problem = (_ILLEGAL, _refused_send(exc, v.message_problem(message)))
             uniq = ""
         if problem is not None:  # PROPERTIES_SIZE_EXCEEDED too: the broker answers MESSAGE_ILLEGAL
+            v.message_problem(message)  # a wrong type raises first, as for a send
             return EncodedRun.refused(
                 message.topic, _int_or(message.queue_id), 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
             )

@@ -182,13 +182,18 @@ def body_problem(body_length: int, max_message_size: int) -> str:
 def validate_message(
     message: m.Message, *, max_message_size: int, properties_text: str | None = None
 ) -> tuple[PutMessageStatus, str] | None:
-    """The store's put checks (§3.2 steps 2 and 4). None when the message can be encoded.
+    """The store's put checks (§3.2 steps 2 and 4), and no property separator inside a property
+    name or value (`validators.PROPERTY_SEPARATORS`). None when the message can be encoded.
     ``properties_text``: the message's properties string when the caller already built it."""
     if problem := topic_problem(message.topic):
         return PutMessageStatus.MESSAGE_ILLEGAL, problem
     if problem := validators.queue_id_problem(message.queue_id):
         return PutMessageStatus.MESSAGE_ILLEGAL, problem
     props = m.properties_to_string(message.properties) if properties_text is None else properties_text
+    if m.stray_separators(props, len(message.properties)) and (
+        problem := validators.separator_problem(None, None, message.properties)
+    ):
+        return PutMessageStatus.MESSAGE_ILLEGAL, problem
     if found := properties_problem(props):
         return found
     if problem := body_problem(len(message.body), max_message_size):

@@ -92,6 +92,30 @@ def check_offset(offset: object, what: str, *, negative_ok: bool = False) -> int
     return value
 
 
+def check_get(
+    topic: object, queue_id: object, offset: object, max_msgs: object, tags: object
+) -> tuple[str, int, int, int, frozenset[str] | None]:
+    """A read's arguments (`Consumer.pull`, `MessageStore.get_message`), as RocketMQ's pull
+    consumer and broker refuse them: a topic the store cannot hold, a queue id outside
+    0..2^31-1, an offset beyond a Java long (a negative one is the store's OFFSET_TOO_SMALL),
+    ``max_msgs`` < 1 ("maxNums <= 0"), tags that are not a set of str. Normalised: numpy integers
+    to int, a set of tags to a frozenset."""
+    checked_topic = check_topic(topic)
+    checked_queue_id = check_queue_id(queue_id)
+    checked_offset = check_offset(offset, "offset", negative_ok=True)
+    count = integer(max_msgs, "max_msgs")
+    if count < 1:
+        raise InvalidArgumentError(f"max_msgs {count}: maxNums <= 0 (a pull asks for at least one message)")
+    if tags is not None:
+        if not isinstance(tags, (set, frozenset)) or not all(isinstance(t, str) for t in tags):
+            raise InvalidArgumentTypeError(
+                f"tags must be a frozenset of str or None, not {tags!r} "
+                "(parse_tag_expression('TagA || TagB') builds one)"
+            )
+        tags = frozenset(tags)
+    return checked_topic, checked_queue_id, checked_offset, count, tags
+
+
 def topic_problem(topic: object) -> str:
     """Why the store refuses ``topic`` (MESSAGE_ILLEGAL for a send), or ''. Not a str:
     `InvalidArgumentTypeError`. The store's rules only (see the module docstring): non-empty,
@@ -191,6 +215,35 @@ def check_properties(tags: object, keys: object, properties: object) -> None:
                 )
 
 
+PROPERTY_SEPARATORS = (m.NAME_VALUE_SEPARATOR, m.PROPERTY_SEPARATOR)
+"""``\\x01`` between a property's name and value, ``\\x02`` between properties: text holding one
+would set other properties (``KEYS``, ``TAGS``) when the record is read back, so a message with
+one in a property name or value, its tags or its keys is MESSAGE_ILLEGAL."""
+
+
+def separator_problem(tags: object, keys: object, properties: object) -> str:
+    """Which of tags, keys, a property name or a property value holds a property separator
+    (the MESSAGE_ILLEGAL reason), '' when none does. The slow path: the encoders look at the
+    whole properties string first (`message_batch.properties_text`, `message.stray_separators`)."""
+    named: list[tuple[str, object]] = [("tags", tags)]
+    if isinstance(keys, str) or not isinstance(keys, Sequence):
+        named.append(("keys", keys))
+    else:
+        named += [("keys", key) for key in keys]
+    if isinstance(properties, Mapping):
+        for name, value in properties.items():
+            named += [(f"property name {name!r}", name), (f"value of property {name!r}", value)]
+    for what, text in named:
+        if isinstance(text, str):
+            for separator in PROPERTY_SEPARATORS:
+                if separator in text:
+                    return (
+                        f"{what} contains {separator!r}, a separator of the properties string: "
+                        f"it would set other properties when read back"
+                    )
+    return ""
+
+
 def send_problem(
     topic: object,
     body: object,
@@ -206,10 +259,10 @@ def send_problem(
     problem = topic_problem(topic)
     body_bytes(body)
     check_properties(tags, keys, properties)
-    problem = problem or _text_problem(tags, keys, properties)
-    if queue_id is not None:
-        problem = problem or queue_id_problem(integer(queue_id, "queue_id"))
-    return problem or flag_problem(flag)
+    flag_reason = flag_problem(flag)  # every type is checked before any value is judged
+    queue_reason = "" if queue_id is None else queue_id_problem(integer(queue_id, "queue_id"))
+    problem = problem or _text_problem(tags, keys, properties) or separator_problem(tags, keys, properties)
+    return problem or queue_reason or flag_reason
 
 
 def _text_problem(tags: object, keys: object, properties: object) -> str:
@@ -227,12 +280,15 @@ def _text_problem(tags: object, keys: object, properties: object) -> str:
 
 
 def message_problem(message: Any) -> str:
-    """`send_problem` for a `Message` handed to `send_batch`."""
+    """`send_problem` for a `Message` handed to `send_batch` or `MessageStore.put_message`: its
+    queue id is an int (None picks no queue there)."""
+    integer(message.queue_id, "queue_id")
     problem = send_problem(
         message.topic, message.body, message.queue_id, message.flag, properties=message.properties
     )
     for what in ("sys_flag", "reconsume_times"):
-        problem = problem or flag_problem(getattr(message, what)).replace("flag", what, 1)
+        found = flag_problem(getattr(message, what)).replace("flag", what, 1)
+        problem = problem or found
     for what in ("born_host", "store_host"):
         host = getattr(message, what)
         if host is None and what == "store_host":

@@ -131,6 +131,9 @@ class Supervisor:
     # ------------------------------------------------------------------ start
 
     def start(self) -> None:
+        log.info("store root %s (storePathRootDir, resolved)", self.root)
+        if note := self.config.root_dir_note:
+            log.warning("%s", note)
         self.root.mkdir(parents=True, exist_ok=True)
         if self.names.leftovers():
             salvaged = salvage_crashed_run(self.names, self.config)

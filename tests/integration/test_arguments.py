@@ -10,6 +10,7 @@ of 1-255 characters of ``[%|a-zA-Z0-9_-]``.
 
 from __future__ import annotations
 
+import math
 import re
 from array import array
 from collections.abc import Callable, Mapping
@@ -102,12 +103,27 @@ def unencodable(*values: object) -> bool:
     return any(re.search("[\ud800-\udfff]", text) for text in texts)
 
 
+def separators(*values: object) -> bool:
+    """A text among tags, keys, property names and values holding \\x01 or \\x02, RocketMQ's
+    properties-string separators (reading it back would set other properties)."""
+    texts: list[str] = []
+    for value in values:
+        if isinstance(value, str):
+            texts.append(value)
+        elif isinstance(value, list):
+            texts += value
+        elif isinstance(value, dict):
+            texts += [*value, *value.values()]
+    return any("\x01" in text or "\x02" in text for text in texts)
+
+
 def send_value_refused(args: dict[str, Any]) -> bool:
     queue_id = args["queue_id"]
     given = args["properties"] or args["tags"] or args["keys"]
     return (
         topic_refused(args["topic"])
         or (bool(given) and unencodable(args["tags"], args["keys"], args["properties"]))
+        or (bool(given) and separators(args["tags"], args["keys"], args["properties"]))
         or (queue_id is not None and not 0 <= queue_id <= INT_MAX)
         or not -INT_MAX - 1 <= args["flag"] <= INT_MAX
     )
@@ -151,12 +167,16 @@ BODIES = st.one_of(
     st.none(),
     st.integers(),
 )
+INJECTED = ["x\x02KEYS\x01injected\x02y", "v\x02TAGS\x01Z", "\x01", "a\x02", "TAGS\x01Z"]
+"""Issue 18's injections: each would set KEYS or TAGS (or cut a property) when read back."""
 TAGS = st.one_of(
-    st.none(), st.text(alphabet="AB", max_size=3), st.integers(), st.lists(st.text(max_size=2), max_size=2)
-)
+    st.none(), st.text(alphabet="AB", max_size=3), st.integers(), st.lists(st.text(max_size=2), max_size=2),
+    st.sampled_from(INJECTED),
+)  # fmt: skip
 KEYS = st.one_of(
     st.none(), st.text(alphabet="k1 ", max_size=4), st.lists(st.text(alphabet="k2", min_size=1, max_size=3), max_size=3),
-    st.integers(), st.lists(st.integers(), min_size=1, max_size=2),
+    st.integers(), st.lists(st.integers(), min_size=1, max_size=2), st.sampled_from(INJECTED),
+    st.lists(st.sampled_from(["k", *INJECTED]), min_size=1, max_size=2),
 )  # fmt: skip
 PROPERTIES = st.one_of(
     st.none(),
@@ -167,6 +187,9 @@ PROPERTIES = st.one_of(
         st.sampled_from(["a", 1]), st.one_of(st.integers(), st.text(max_size=2)), min_size=1, max_size=2
     ),
     st.lists(st.tuples(st.text(max_size=2), st.text(max_size=2)), min_size=1, max_size=2),
+    st.dictionaries(
+        st.sampled_from(["a", *INJECTED]), st.sampled_from(["v", *INJECTED]), min_size=1, max_size=2
+    ),
 )
 SEND_ARGS = st.fixed_dictionaries(
     {
@@ -404,6 +427,9 @@ def test_topics_at_and_past_127_bytes(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------ pull / commit / subscribe
 
+BAD_TIMEOUTS = [-1, -0.5, math.nan, math.inf, -math.inf, 2**70, 1e300]
+"""Refused waits: negative, NaN, infinite, or beyond Long.MAX_VALUE milliseconds (posix_ipc once
+raised ExistentialError for NaN and gave up at once past what a timespec holds)."""
 PULL_ARGS = st.fixed_dictionaries(
     {
         "topic": TOPICS,
@@ -412,7 +438,7 @@ PULL_ARGS = st.fixed_dictionaries(
         "max_msgs": st.one_of(st.integers(-2, 40), st.just(2**40), ODD),
         "tags": st.one_of(st.none(), st.frozensets(st.sampled_from(["A", "B"])), st.sets(st.just("A")),
                           st.text(max_size=2), st.lists(st.just("A"), max_size=1), st.frozensets(st.integers(), min_size=1)),
-        "timeout_s": st.one_of(st.just(0), st.just(0.0), st.just(-1), st.none(), st.text(max_size=1), st.just(True)),
+        "timeout_s": st.one_of(st.sampled_from([0, 0.0, 0.001, *BAD_TIMEOUTS]), st.none(), st.text(max_size=1), st.just(True)),
     }
 )  # fmt: skip
 
@@ -438,6 +464,7 @@ def pull_problems(args: dict[str, Any]) -> tuple[bool, bool]:
         or (is_int(queue_id) and not 0 <= queue_id <= INT_MAX)
         or (is_int(offset) and not -(2**63) <= offset <= LONG_MAX)
         or (is_int(max_msgs) and max_msgs < 1)
+        or (isinstance(timeout, (int, float)) and not 0 <= timeout <= LONG_MAX // 1000)
     )
     return type_wrong, value_wrong
 

@@ -152,7 +152,7 @@ def test_conf_file_merges_with_set(
 ) -> None:
     conf = tmp_path / "broker.conf"
     conf.write_text(
-        "storePathRootDir=/nowhere\nmappedFileSizeCommitLog=999\nmappedFileSizeConsumeQueue=20000\n"
+        "storePathRootDir=/nowhere\nmappedFileSizeCommitLog=999999\nmappedFileSizeConsumeQueue=20000\n"
         "maxHashSlotNum=1000\nmaxIndexNum=4000\n",
         encoding="utf-8",
     )

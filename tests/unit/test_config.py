@@ -307,9 +307,14 @@ def test_long_fields_accept_long_values():
 @pytest.mark.parametrize(
     ("text", "rule"),
     [
-        ("mappedFileSizeCommitLog=0", "mappedFileSizeCommitLog = 0: must be >= 1"),
-        ("mappedFileSizeCommitLog=-1", "must be >= 1"),
-        ("mappedFileSizeConsumeQueue=0", "mappedFileSizeConsumeQueue = 0: must be >= 1"),
+        ("mappedFileSizeCommitLog=0", "mappedFileSizeCommitLog = 0: must be >= 4096"),
+        ("mappedFileSizeCommitLog=-1", "must be >= 4096"),
+        ("mappedFileSizeCommitLog=1", "mappedFileSizeCommitLog = 1: must be >= 4096"),
+        ("mappedFileSizeCommitLog=4095", "mappedFileSizeCommitLog = 4095: must be >= 4096"),
+        ("mappedFileSizeConsumeQueue=0", "mappedFileSizeConsumeQueue = 0: must be >= 20"),
+        ("mappedFileSizeConsumeQueue=19", "mappedFileSizeConsumeQueue = 19: must be >= 20"),
+        ("storePathRootDir=a\\u0000b", "storePathRootDir = .*: a path cannot hold a NUL character"),
+        ("storePathCommitLog=/x\\u0000", "storePathCommitLog"),
         ("flushIntervalCommitLog=-1", "flushIntervalCommitLog = -1: must be >= 0"),
         ("cleanResourceInterval=-5", "cleanResourceInterval = -5: must be >= 0"),
         ("transientStorePoolEnable=true\ntransientStorePoolSize=0", "transientStorePoolSize > 0"),
@@ -341,7 +346,15 @@ def test_all_problems_reported_at_once():
 
 
 def test_commit_log_size_need_not_be_page_aligned():
-    assert load("mappedFileSizeCommitLog=1000").mapped_file_size_commit_log == 1000
+    assert load("mappedFileSizeCommitLog=10000").mapped_file_size_commit_log == 10000
+
+
+def test_the_smallest_file_sizes():
+    """A page of commit log (a size of 1 used to be accepted, and then every put refused); one
+    ConsumeQueue entry, a size that is no multiple of 20 rounded up as RocketMQ's getter does."""
+    assert load("mappedFileSizeCommitLog=4096").mapped_file_size_commit_log == 4096
+    assert load("mappedFileSizeConsumeQueue=20").mapped_file_size_consume_queue == 20
+    assert load("mappedFileSizeConsumeQueue=21").mapped_file_size_consume_queue == 40
 
 
 def test_from_file_errors(tmp_path):
@@ -356,7 +369,7 @@ def test_from_file_errors(tmp_path):
 # ----------------------------------------------------------------------------- adjustments
 
 
-@pytest.mark.parametrize(("written", "effective"), [(128, 140), (10, 20), (20, 20), (6000000, 6000000)])
+@pytest.mark.parametrize(("written", "effective"), [(128, 140), (21, 40), (20, 20), (6000000, 6000000)])
 def test_consume_queue_size_rounded_up_to_multiple_of_20(written, effective, caplog):
     caplog.set_level(logging.INFO, logger=LOGGER)
     c = load(f"mappedFileSizeConsumeQueue={written}")
