@@ -309,6 +309,10 @@ def _check_queues(store: MessageStore, verify_from_phy: int) -> dict[ConsumeQueu
     commit_log = store.commit_log
     min_phy = commit_log.min_offset()
     rebuild: dict[ConsumeQueue, int] = {}
+    if not store.writable:  # nothing can be rebuilt: find where each queue ends, as RocketMQ does,
+        for cq in store.all_consume_queues():  # and let reads skip what is damaged
+            cq.recover()
+        return rebuild
     for cq in store.all_consume_queues():
         agree = partial(_agree, commit_log, cq.topic, cq.queue_id)
         rebuild_from = cq.check(agree, verify_from_phy)

@@ -9,8 +9,27 @@ from __future__ import annotations
 from collections import Counter
 
 from rmq_mp import message as m
+from rmq_mp.config import MessageStoreConfig
 from rmq_mp.message_store import MessageStore
-from rmq_mp.status import GetMessageStatus, PutMessageResult
+from rmq_mp.status import GetMessageStatus, PutMessageResult, PutMessageStatus
+from tests.store_content import make_messages
+
+
+def write_store(
+    config: MessageStoreConfig, count: int, seed: int, *, crash: bool
+) -> tuple[list[m.Message], list[PutMessageResult]]:
+    """Put ``count`` seeded messages; with ``crash`` leave the store as a killed process would
+    (flushed, `abort` kept), else close it cleanly."""
+    messages = make_messages(count, seed)
+    store = MessageStore.open(config=config)
+    results = [store.put_message(msg) for msg in messages]
+    assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+    if crash:
+        store.flush()
+        store._release()
+    else:
+        store.close()
+    return messages, results
 
 
 def served_by_queue(store: MessageStore) -> list[m.MessageExt]:

@@ -25,9 +25,7 @@ import pytest
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.errors import StoreError
 from rmq_mp.message_store import MessageStore
-from rmq_mp.status import PutMessageStatus
-from tests.damage_check import assert_intact_served
-from tests.store_content import make_messages
+from tests.damage_check import assert_intact_served, write_store
 
 COUNT = 600
 MESSAGE_SEED = 23
@@ -143,15 +141,7 @@ def test_seeded_damage(small_config: MessageStoreConfig, seed: int) -> None:
     rnd = random.Random(seed)
     crash = rnd.random() < 0.5
     config = small_config
-    messages = make_messages(COUNT, MESSAGE_SEED)
-    store = MessageStore.open(config=config)
-    results = [store.put_message(msg) for msg in messages]
-    assert all(r.status is PutMessageStatus.PUT_OK for r in results)
-    if crash:
-        store.flush()
-        store._release()  # as a killed process leaves it: `abort` stays
-    else:
-        store.close()
+    messages, results = write_store(config, COUNT, MESSAGE_SEED, crash=crash)
     root = Path(config.store_path_root_dir)
     before = {p: p.read_bytes() for p in (root / "commitlog").iterdir()}
     damage = apply(rnd, root)

@@ -19,25 +19,15 @@ import pytest
 from rmq_mp import message as m
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.message_store import MessageStore
-from rmq_mp.status import PutMessageResult, PutMessageStatus
-from tests.damage_check import assert_intact_served
-from tests.store_content import make_messages
+from rmq_mp.status import PutMessageResult
+from tests.damage_check import assert_intact_served, write_store
 
 COUNT = 700
 SEED = 11
 
 
 def write(config: MessageStoreConfig, *, crash: bool) -> tuple[list[m.Message], list[PutMessageResult]]:
-    messages = make_messages(COUNT, SEED)
-    store = MessageStore.open(config=config)
-    results = [store.put_message(msg) for msg in messages]
-    assert all(r.status is PutMessageStatus.PUT_OK for r in results)
-    if crash:
-        store.flush()
-        store._release()  # as a killed process leaves it: `abort` stays
-    else:
-        store.close()
-    return messages, results
+    return write_store(config, COUNT, SEED, crash=crash)
 
 
 def queue_dir(root: Path) -> Path:

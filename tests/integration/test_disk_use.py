@@ -152,8 +152,8 @@ def test_queues_of_one_message_cost_a_page_each(tmp_path: Path, small_ext4: Call
 def test_full_disk_refuses_puts_and_dispatch_resumes(
     tmp_path: Path, small_ext4: Callable[[int], Path]
 ) -> None:
-    """With the disk full, dispatch cannot reserve a ConsumeQueue (or index) chunk: reput reports
-    the error and retries, nobody gets a SIGBUS; puts go on into the commit log's reserved blocks
+    """With the disk full, dispatch cannot reserve a ConsumeQueue (or index) chunk: reput
+    quarantines the queue, reports it and retries, nobody gets a SIGBUS; puts go on into the commit log's reserved blocks
     and are refused (CREATE_MAPEDFILE_FAILED, with the reason) past them. Once space is freed,
     every acknowledged message is dispatched and readable, and again after a restart."""
     mount = small_ext4(48)
@@ -179,9 +179,10 @@ def test_full_disk_refuses_puts_and_dispatch_resumes(
                     refusal = result
                     break
                 acked.append(b"%06d" % i + body)
-            errors = layout.worker_field("reput", "errors")
-            wait_until(lambda: service.read(errors) > 0, 10, "reput to report the refused reservation")
-            assert service.read(layout.REPUT_FROM_OFFSET) < service.read(layout.WROTE_POSITION)
+            # The queue is quarantined (docs/architecture.md, "Dispatch faults"): reported, retried.
+            wait_until(
+                lambda: service.read(layout.DISPATCH_FAILED_QUEUES) > 0, 10, "reput to quarantine the queue"
+            )
             # Puts go on into the commit log's reserved blocks, and are refused past them.
             for i in range(300, 300 + 2 * LOG_FILE_SIZE // len(body)):
                 if refusal is not None:
