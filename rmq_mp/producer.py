@@ -370,7 +370,7 @@ class Producer:
             self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
-            v.send_problem(topic, body, queue_id, flag, tags, keys, properties)  # a wrong type raises first
+            v.topic_problem(topic)  # a wrong type raises first (the others were checked above)
             result = SendResult(exc.status, _int_or(queue_id), -1, -1, uniq, exc.reason)
         except InvalidArgumentError:
             raise
@@ -483,7 +483,7 @@ class Producer:
                 uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
-            v.send_problem(topic, body, queue_id, flag, tags, keys, properties)  # a wrong type raises first
+            v.topic_problem(topic)  # a wrong type raises first (the others were checked above)
             return EncodedRun.refused(topic, _int_or(queue_id), 1, exc.status, exc.reason, uniq_keys=(uniq,))
         except InvalidArgumentError:
             raise

@@ -7,6 +7,7 @@ damage test (tests/crash/test_seeded_damage.py)."""
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Mapping
 
 from rmq_mp import message as m
 from rmq_mp.config import MessageStoreConfig
@@ -16,14 +17,25 @@ from tests.store_content import make_messages
 
 
 def write_store(
-    config: MessageStoreConfig, count: int, seed: int, *, crash: bool
+    config: MessageStoreConfig,
+    count: int,
+    seed: int,
+    *,
+    crash: bool,
+    commits: Mapping[tuple[str, str, int], int] | None = None,
 ) -> tuple[list[m.Message], list[PutMessageResult]]:
-    """Put ``count`` seeded messages; with ``crash`` leave the store as a killed process would
-    (flushed, `abort` kept), else close it cleanly."""
+    """Put ``count`` seeded messages and persist ``commits`` ((topic, group, queue id) ->
+    offset) twice, the first one behind (so `.bak` is older and the checksum record exists); with
+    ``crash`` leave the store as a killed process would (flushed, `abort` kept), else close it."""
     messages = make_messages(count, seed)
     store = MessageStore.open(config=config)
     results = [store.put_message(msg) for msg in messages]
     assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+    if commits:
+        for behind in (1, 0):  # the `.bak` one commit behind the file, as after a live persist
+            for (topic, group, queue_id), offset in commits.items():
+                store.consumer_offsets.commit_offset(group, topic, queue_id, offset - behind)
+            store.consumer_offsets.persist()
     if crash:
         store.flush()
         store._release()

@@ -32,7 +32,9 @@ MESSAGE_SEED = 23
 CASES = int(os.environ.get("RMQ_DAMAGE_CASES", "64"))
 SEEDS = [int(os.environ["RMQ_DAMAGE_SEED"])] if "RMQ_DAMAGE_SEED" in os.environ else list(range(1, CASES + 1))
 
-KINDS = ["commitlog", "consumequeue", "index", "checkpoint", "marker", "junk", "swap"]
+KINDS = ["commitlog", "consumequeue", "index", "checkpoint", "offsets", "marker", "junk", "swap"]
+OFFSETS = {("OrderTopic", "g1", 0): 7, ("Payments", "g1", 3): 40, ("Payments", "g-two", 1): 12}
+"""Committed before the damage: a store that starts must still hold exactly these."""
 OPS = ["flip", "zero", "random", "truncate", "delete"]
 
 
@@ -51,6 +53,11 @@ def pick_file(rnd: random.Random, root: Path, kind: str) -> Path:
         return rnd.choice(sorted(p for p in (root / "consumequeue").rglob("*") if p.is_file()))
     if kind == "index":
         return rnd.choice(sorted((root / "index").iterdir()))
+    if kind == "offsets":
+        return rnd.choice(
+            [p for p in (root / "config").iterdir() if p.name.startswith("consumerOffset")]
+            + [root / "configChecksum.json"]
+        )
     return root / "checkpoint"
 
 
@@ -141,7 +148,7 @@ def test_seeded_damage(small_config: MessageStoreConfig, seed: int) -> None:
     rnd = random.Random(seed)
     crash = rnd.random() < 0.5
     config = small_config
-    messages, results = write_store(config, COUNT, MESSAGE_SEED, crash=crash)
+    messages, results = write_store(config, COUNT, MESSAGE_SEED, crash=crash, commits=OFFSETS)
     root = Path(config.store_path_root_dir)
     before = {p: p.read_bytes() for p in (root / "commitlog").iterdir()}
     damage = apply(rnd, root)
@@ -179,3 +186,7 @@ def test_seeded_damage(small_config: MessageStoreConfig, seed: int) -> None:
                     or r.phy_offset < reopened.min_phy_offset()
                 ), f"intact record at {r.phy_offset} dropped without a report"
         assert_intact_served(reopened, messages, results, surviving)
+        offsets = reopened.consumer_offsets
+        assert {key: offsets.query_offset(key[1], key[0], key[2]) for key in OFFSETS} == OFFSETS, (
+            "a store that starts keeps every committed offset"
+        )
