@@ -90,8 +90,8 @@ def send_type_wrong(args: dict[str, Any]) -> bool:
     )
 
 
-def unencodable(*values: object) -> bool:
-    """A text among tags, keys and properties with no UTF-8 form (a lone surrogate)."""
+def texts_of(*values: object) -> list[str]:
+    """The texts among tags, keys (a str or a list) and properties (names and values)."""
     texts: list[str] = []
     for value in values:
         if isinstance(value, str):
@@ -100,21 +100,18 @@ def unencodable(*values: object) -> bool:
             texts += value
         elif isinstance(value, dict):
             texts += [*value, *value.values()]
-    return any(re.search("[\ud800-\udfff]", text) for text in texts)
+    return texts
+
+
+def unencodable(*values: object) -> bool:
+    """A text among tags, keys and properties with no UTF-8 form (a lone surrogate)."""
+    return any(re.search("[\ud800-\udfff]", text) for text in texts_of(*values))
 
 
 def separators(*values: object) -> bool:
     """A text among tags, keys, property names and values holding \\x01 or \\x02, RocketMQ's
     properties-string separators (reading it back would set other properties)."""
-    texts: list[str] = []
-    for value in values:
-        if isinstance(value, str):
-            texts.append(value)
-        elif isinstance(value, list):
-            texts += value
-        elif isinstance(value, dict):
-            texts += [*value, *value.values()]
-    return any("\x01" in text or "\x02" in text for text in texts)
+    return any("\x01" in text or "\x02" in text for text in texts_of(*values))
 
 
 def send_value_refused(args: dict[str, Any]) -> bool:
