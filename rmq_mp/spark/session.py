@@ -1,9 +1,10 @@
 """A local SparkSession set up the way rmq-mp's source needs it (../shared/pyspark-notes.md §2).
 
 Why each setting: Spark's Python workers must run this interpreter (`PYSPARK_PYTHON`), the JVM
-must bind loopback (`SPARK_LOCAL_IP`; the host name resolves to 127.0.0.1 here), filter pushdown
-to Python sources is off unless `spark.sql.python.filterPushdown.enabled`, timestamps are shown
-and filtered in UTC, and the UI and console progress bars are noise for a job or a test.
+must bind loopback (`SPARK_LOCAL_IP`; the host name resolves to 127.0.0.1 here), timestamps are
+shown and filtered in UTC, and the UI and console progress bars are noise for a job or a test.
+`spark.sql.python.filterPushdown.enabled` stays off: the source pushes no filter down (PySpark
+4.3 reuses one query's pushed filters for the next query on the DataFrame: source.py).
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ LOG4J = Path(__file__).with_name("log4j2.properties")
 
 
 def local_session(
-    app_name: str,
+    app_name: str = "rmq-mp",
     *,
     master: str = "local[2]",
     work_dir: str | os.PathLike[str] | None = None,
@@ -45,7 +46,6 @@ def local_session(
         .config("spark.sql.shuffle.partitions", str(shuffle_partitions))
         .config("spark.default.parallelism", str(shuffle_partitions))
         .config("spark.sql.session.timeZone", "UTC")
-        .config("spark.sql.python.filterPushdown.enabled", "true")
         .config("spark.driver.extraJavaOptions", java_opts)
         .config("spark.log.level", "ERROR")
     )

@@ -2,9 +2,8 @@
 
 Mirrors Spark's Kafka source (options, offsets JSON, `failOnDataLoss`, `maxRecordsPerTrigger`)
 on RocketMQ's read path (`getMessage`: ConsumeQueue entry → CommitLog record). Partitions are
-(store, topic, queue, offset range); filters on queue_id, queue_offset, commit_log_offset, tags
-and store_timestamp are applied before the CommitLog is touched (tags by the entry's tags hash,
-then exactly) and are not re-checked by Spark. `read()` yields Arrow batches (columns.py).
+(store, topic, queue, offset range), narrowed by the options only: Spark applies every filter
+itself (no pushdown: see `RmqBatchReader`). `read()` yields Arrow batches (columns.py).
 A row is served only if its record passes a pull's checks (body CRC, a whole record, the one its
 entry promises: `columns.servable_rows`); another is skipped and reported as a pull skips it
 (rmq_mp/read_damage.py: logged by the Spark worker, counted in a running store's
@@ -19,29 +18,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from pyspark.sql.datasource import (
     DataSource,
     DataSourceReader,
     DataSourceStreamReader,
     DataSourceStreamWriter,
     DataSourceWriter,
-    EqualTo,
-    Filter,
-    GreaterThan,
-    GreaterThanOrEqual,
-    In,
     InputPartition,
-    IsNotNull,
-    LessThan,
-    LessThanOrEqual,
 )
 from pyspark.sql.streaming.datasource import (
     ReadAllAvailable,
@@ -51,7 +41,6 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from rmq_mp import message as m
 from rmq_mp.errors import ConfigError, CorruptRecordError, DataLossError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.read_damage import ReadSkips, gathered_problem, running_store_counter
@@ -74,9 +63,6 @@ BATCH_ROWS = 65536
 BATCH_BYTES = 32 << 20
 DEFAULT_MAX_RECORDS_PER_PARTITION = 1_000_000
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_NEVER_NULL = {"topic", "queue_id", "queue_offset", "commit_log_offset", "msg_id", "body", "keys",
-               "born_timestamp", "store_timestamp", "born_host", "store_host", "sys_flag",
-               "reconsume_times", "broker"}  # fmt: skip
 
 
 # ------------------------------------------------------------------------------------- options
@@ -177,83 +163,6 @@ def _resolve(option: str | dict[str, dict[int, int]], q: QueueRange, *, absent: 
     return q.min_offset if value == EARLIEST else q.max_offset if value == LATEST else value
 
 
-# ------------------------------------------------------------------------------------- filters
-
-
-def _micros(value: Any) -> int:
-    if isinstance(value, datetime):
-        if value.tzinfo is None:
-            value = value.replace(tzinfo=UTC)
-        return (value - _EPOCH) // timedelta(microseconds=1)
-    return int(value)
-
-
-@dataclass
-class Bounds:
-    """``[lo, hi)`` plus an optional set of allowed values."""
-
-    lo: int = -(1 << 63)
-    hi: int = 1 << 63
-    values: frozenset[int] | None = None
-
-    def allows(self, value: int) -> bool:
-        return self.lo <= value < self.hi and (self.values is None or value in self.values)
-
-    def absorb(self, f: Filter, convert: Any = int) -> bool:
-        if isinstance(f, In):
-            allowed = frozenset(convert(v) for v in f.value if v is not None)
-            self.values = allowed if self.values is None else self.values & allowed
-        elif isinstance(f, EqualTo):
-            v = convert(f.value)
-            self.lo, self.hi = max(self.lo, v), min(self.hi, v + 1)
-        elif isinstance(f, GreaterThan):
-            self.lo = max(self.lo, convert(f.value) + 1)
-        elif isinstance(f, GreaterThanOrEqual):
-            self.lo = max(self.lo, convert(f.value))
-        elif isinstance(f, LessThan):
-            self.hi = min(self.hi, convert(f.value))
-        elif isinstance(f, LessThanOrEqual):
-            self.hi = min(self.hi, convert(f.value) + 1)
-        else:
-            return False
-        return True
-
-    def clamp(self, lo: int, hi: int) -> tuple[int, int]:
-        return max(lo, self.lo), min(hi, self.hi)
-
-
-@dataclass
-class Pushdown:
-    """Filters the source applies itself; Spark does not re-check them."""
-
-    queue_id: Bounds = field(default_factory=Bounds)
-    queue_offset: Bounds = field(default_factory=Bounds)
-    commit_log_offset: Bounds = field(default_factory=Bounds)
-    store_timestamp_us: Bounds = field(default_factory=Bounds)
-    topics: frozenset[str] | None = None
-    tags: frozenset[str] | None = None
-
-    def absorb(self, f: Filter) -> bool:
-        attribute: tuple[str, ...] = getattr(f, "attribute", ())
-        if len(attribute) != 1:
-            return False
-        column = attribute[0]
-        if isinstance(f, IsNotNull):
-            return column in _NEVER_NULL
-        if column in ("queue_id", "queue_offset", "commit_log_offset"):
-            return bool(getattr(self, column).absorb(f))
-        if column == "store_timestamp":
-            return self.store_timestamp_us.absorb(f, _micros)
-        if column in ("topic", "tags") and isinstance(f, EqualTo | In):
-            given = [f.value] if isinstance(f, EqualTo) else list(f.value)
-            allowed = frozenset(str(v) for v in given if v is not None)
-            attr = "topics" if column == "topic" else "tags"
-            current = getattr(self, attr)
-            setattr(self, attr, allowed if current is None else current & allowed)
-            return True
-        return False
-
-
 # ------------------------------------------------------------------------------------- partitions
 
 
@@ -272,21 +181,12 @@ def _split(store: StoreRef, topic: str, queue_id: int, start: int, end: int, siz
     return [QueueSlice(store, topic, queue_id, s, min(end, s + size)) for s in range(start, end, size)]
 
 
-def _ms_ceil(micros: int) -> int:
-    return -((-micros) // 1000)
-
-
-def plan_batch(opts: ReadOptions, push: Pushdown) -> list[QueueSlice]:
+def plan_batch(opts: ReadOptions) -> list[QueueSlice]:
     """Partitions of a batch read: every queue of the chosen topics, offsets narrowed by the
-    options and the pushed filters (store-time bounds by binary search on the queue)."""
+    options only (a start time by binary search on the queue)."""
     slices: list[QueueSlice] = []
-    topics = (
-        opts.topics if push.topics is None else (push.topics & opts.topics if opts.topics else push.topics)
-    )
     for store in opts.stores:
-        for q in queue_ranges(store, topics):
-            if not push.queue_id.allows(q.queue_id):
-                continue
+        for q in queue_ranges(store, opts.topics):
             start = _resolve(opts.starting, q, absent=q.min_offset)
             end = _resolve(opts.ending, q, absent=q.max_offset)
             if start < q.min_offset:
@@ -296,14 +196,9 @@ def plan_batch(opts: ReadOptions, push: Pushdown) -> list[QueueSlice]:
                         f"minimum {q.min_offset} (deleted); set failOnDataLoss=false to skip"
                     )
                 start = q.min_offset
-            start, end = push.queue_offset.clamp(start, min(end, q.max_offset))
+            end = min(end, q.max_offset)
             if opts.starting_timestamp_ms is not None and start < end:
                 start = first_offset_at_or_after(store, q, start, end, opts.starting_timestamp_ms)
-            ts = push.store_timestamp_us
-            if ts.lo > -(1 << 63) and start < end:
-                start = first_offset_at_or_after(store, q, start, end, _ms_ceil(ts.lo))
-            if ts.hi < (1 << 63) and start < end:
-                end = first_offset_at_or_after(store, q, start, end, _ms_ceil(ts.hi))
             slices.extend(_split(store, q.topic, q.queue_id, start, end, opts.max_records_per_partition))
     return slices
 
@@ -312,18 +207,13 @@ def plan_batch(opts: ReadOptions, push: Pushdown) -> list[QueueSlice]:
 
 
 def read_slice(
-    part: QueueSlice, push: Pushdown, *, include_properties: bool, fail_on_data_loss: bool = True
+    part: QueueSlice, *, include_properties: bool, fail_on_data_loss: bool = True
 ) -> Iterator[pa.RecordBatch]:
     """The rows of one partition as Arrow batches of at most BATCH_ROWS rows / ~BATCH_BYTES."""
     reader = SegmentReader(part.store)
     file_size = part.store.commit_log_file_size
     skips = ReadSkips(
         REPORTER, publish=running_store_counter(part.store.shm_base) if part.store.shm_base else None
-    )
-    tags_codes = (
-        np.array(sorted({m.tags_code(t) for t in push.tags}), dtype=np.int64)
-        if push.tags is not None and part.topic != m.SCHEDULE_TOPIC
-        else None
     )
     try:
         offset = part.start
@@ -339,12 +229,6 @@ def read_slice(
             queue_offsets = np.arange(offset, upto, dtype=np.int64)
             keep = valid_entries(entries)
             phy = entries["phy"].astype(np.int64)
-            c = push.commit_log_offset
-            keep &= (phy >= c.lo) & (phy < c.hi)
-            if c.values is not None:
-                keep &= np.isin(phy, np.array(sorted(c.values), dtype=np.int64))
-            if tags_codes is not None:
-                keep &= np.isin(entries["tags"].astype(np.int64), tags_codes)
             size = entries["size"].astype(np.int64)
             phy, size, queue_offsets = phy[keep], size[keep], queue_offsets[keep]
             # Cut the batch by bytes too, so huge bodies never build a giant buffer.
@@ -372,7 +256,6 @@ def read_slice(
                     raise
                 continue
             batch = _decode_served(buf, starts, phy, size, queue_offsets, part, skips, include_properties)
-            batch = _post_filter(batch, push)
             if batch.num_rows:
                 yield batch
     finally:
@@ -444,41 +327,25 @@ def _skip(
     )
 
 
-def _post_filter(batch: pa.RecordBatch, push: Pushdown) -> pa.RecordBatch:
-    """Exact checks of what the entries could only narrow: tag strings, store-time bounds."""
-    mask = None
-    if push.tags is not None:
-        mask = pc.fill_null(pc.is_in(batch.column("tags"), pa.array(sorted(push.tags), pa.string())), False)
-    ts = push.store_timestamp_us
-    if ts.lo > -(1 << 63) or ts.hi < (1 << 63) or ts.values is not None:
-        micros = np.asarray(batch.column("store_timestamp").cast(pa.int64()))
-        in_range = (micros >= ts.lo) & (micros < ts.hi)
-        if ts.values is not None:
-            in_range &= np.isin(micros, np.array(sorted(ts.values), dtype=np.int64))
-        mask = pa.array(in_range) if mask is None else pc.and_(mask, pa.array(in_range))
-    return batch if mask is None else batch.filter(mask)
-
-
 # ------------------------------------------------------------------------------------- batch
 
 
 class RmqBatchReader(DataSourceReader):
+    """No `pushFilters`: PySpark 4.3 keeps the read plan of the last query that pushed a filter
+    on the DataFrame's source (`PythonDataSourceV2.readInfo`) and reuses it for a later query
+    on that DataFrame that pushes none, so pushed filters would leak into it (issue 19). Spark
+    applies every `where` itself; narrow a read with the offsets and topics options."""
+
     def __init__(self, opts: ReadOptions) -> None:
         self.opts = opts
-        self.push = Pushdown()
-
-    def pushFilters(self, filters: list[Filter]) -> Iterable[Filter]:
-        for f in filters:
-            if not self.push.absorb(f):
-                yield f
 
     def partitions(self) -> list[QueueSlice]:
-        return plan_batch(self.opts, self.push)
+        return plan_batch(self.opts)
 
     def read(self, partition: InputPartition) -> Iterator[pa.RecordBatch]:
         if not isinstance(partition, QueueSlice):  # Spark's stand-in when partitions() is empty
             return iter(())
-        return read_slice(partition, self.push, include_properties=self.opts.include_properties)
+        return read_slice(partition, include_properties=self.opts.include_properties)
 
 
 # ------------------------------------------------------------------------------------- streaming
@@ -600,7 +467,6 @@ class RmqStreamReader(DataSourceStreamReader, SupportsTriggerAvailableNow):
             return iter(())
         return read_slice(
             partition,
-            Pushdown(),
             include_properties=self.opts.include_properties,
             fail_on_data_loss=self.opts.fail_on_data_loss,
         )

@@ -304,7 +304,7 @@ def damage_for_spark(config: MessageStoreConfig, written: list[Written]) -> dict
 
 def test_the_spark_source_skips_and_reports_what_a_pull_skips(tmp_path: Path) -> None:
     pytest.importorskip("pyspark", reason="pyspark is not installed")
-    from rmq_mp.spark.source import REPORTER, Pushdown, QueueSlice, read_slice
+    from rmq_mp.spark.source import REPORTER, QueueSlice, read_slice
     from rmq_mp.spark.store_files import resolve_store
 
     config = store_config(tmp_path / "store")
@@ -315,7 +315,7 @@ def test_the_spark_source_skips_and_reports_what_a_pull_skips(tmp_path: Path) ->
         part = QueueSlice(ref, TOPIC, queue_id, 0, COUNT // QUEUES)
         rows = [
             row
-            for batch in read_slice(part, Pushdown(), include_properties=True)
+            for batch in read_slice(part, include_properties=True)
             for row in batch.select(["queue_id", "queue_offset", "body"]).to_pylist()
         ]
         assert [(r["queue_id"], r["queue_offset"], r["body"]) for r in rows] == expected(

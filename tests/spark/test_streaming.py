@@ -19,6 +19,8 @@ from .conftest import SKIP_REASON
 pytest.importorskip("pyspark", reason=SKIP_REASON)
 pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 
+KEY = ["topic", "queue_id", "queue_offset"]
+
 
 def _dispatched(service: RunningService, count: int) -> None:
     from rmq_mp.spark.store_files import queue_ranges, resolve_store
@@ -121,3 +123,35 @@ def test_offsets_deleted_before_they_were_read_fail_the_query_or_are_skipped(spa
     ) == [250]
     offsets = sorted(r.queue_offset for r in spark.read.parquet(str(sink)).select("queue_offset").collect())
     assert offsets == list(range(50)) + list(range(200, 450))
+
+
+def test_each_streaming_query_on_one_dataframe_sees_exactly_its_own_filters(
+    spark, clean_store: Path, tmp_path: Path
+) -> None:
+    """Issue 19: unfiltered, filtered, differently filtered and unfiltered queries of one
+    streaming DataFrame each deliver what a plain batch read filtered alike returns."""
+    plain = spark.read.format("rmq").option("store", str(clean_store)).load()
+    stream = (
+        spark.readStream.format("rmq")
+        .option("store", str(clean_store))
+        .option("startingOffsets", "earliest")
+        .load()
+    )
+    for i, where in enumerate(
+        [None, "queue_id = 1 and tags = 'TagA'", "queue_offset < 3 or tags = 'TagB'", None]
+    ):
+        query = (
+            (stream.where(where) if where else stream)
+            .select("topic", "queue_id", "queue_offset")
+            .writeStream.format("memory")
+            .queryName(f"each_query_{i}")
+            .option("checkpointLocation", str(tmp_path / f"checkpoint{i}"))
+            .trigger(availableNow=True)
+            .start()
+        )
+        assert query.awaitTermination(180), "availableNow query did not finish"
+        assert query.exception() is None
+        got = sorted(tuple(r) for r in spark.table(f"each_query_{i}").collect())
+        want = sorted(tuple(r) for r in (plain.where(where) if where else plain).select(*KEY).collect())
+        assert len(got) > 0, where
+        assert got == want, where
