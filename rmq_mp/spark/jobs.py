@@ -58,7 +58,7 @@ def store_config(store: str, conf: str | None, settings: list[str]) -> MessageSt
         root = str(descriptor["root"])
     except StoreError:
         if not Path(store).is_dir():
-            raise StoreError(f"{store}: no such store directory") from None
+            raise StoreError("no such store directory, and no running store has that shm name") from None
     if conf:
         properties.update(parse_properties(Path(conf).read_text(encoding="utf-8-sig"), source=conf))
     for item in settings:
@@ -71,6 +71,23 @@ def store_config(store: str, conf: str | None, settings: list[str]) -> MessageSt
     if not config.commit_log_dir.is_dir():
         raise StoreError(f"{root}: not a store directory (no {config.commit_log_dir.name}/)")
     return config
+
+
+def running_readable_end(store: str) -> int | None:
+    """A running store's readable end (`RunningStore.readable_end`: what its readers may see),
+    read once when a job starts; None for a store that is not running. The jobs stop there: the
+    rest of the file being written and the files allocated ahead hold no records yet."""
+    from rmq_mp.running_store import RunningStore
+    from shm.layout import Role
+
+    try:
+        running = RunningStore.attach(store, Role.CONSUMER)
+    except StoreError:
+        return None
+    try:
+        return running.readable_end()
+    finally:
+        running.close()
 
 
 def run_with_progress(spark: Any, label: str, action: Callable[[], T], *, out: TextIO | None) -> T:
@@ -125,8 +142,10 @@ def _map_segments(spark: Any, segments: list[Segment], fn: Callable[[Segment], T
 # ------------------------------------------------------------------------------------- audit
 
 
-def audit(spark: Any, config: MessageStoreConfig, *, out: TextIO | None = None) -> list[SegmentAudit]:
-    segments = list_segments(config.commit_log_dir)
+def audit(
+    spark: Any, config: MessageStoreConfig, *, readable_end: int | None = None, out: TextIO | None = None
+) -> list[SegmentAudit]:
+    segments = list_segments(config.commit_log_dir, readable_end)
     return run_with_progress(spark, "audit", lambda: _map_segments(spark, segments, audit_segment), out=out)
 
 
@@ -134,14 +153,20 @@ def audit(spark: Any, config: MessageStoreConfig, *, out: TextIO | None = None) 
 
 
 def rebuild_index(
-    spark: Any, config: MessageStoreConfig, target: Path, *, out: TextIO | None = None
+    spark: Any,
+    config: MessageStoreConfig,
+    target: Path,
+    *,
+    readable_end: int | None = None,
+    out: TextIO | None = None,
 ) -> dict[str, Any]:
     """Rebuild ConsumeQueues (in the tasks) and IndexFiles (one writer, commit-log order) under
-    ``target``, then compare them with the store's own."""
+    ``target``, then compare them with the store's own (of a running store: as far as its
+    readable end when the job started; what it writes meanwhile shows as a difference)."""
     if target.exists() and any(target.iterdir()):
         raise StoreError(f"--target {target} is not empty")
     target.mkdir(parents=True, exist_ok=True)
-    segments = list_segments(config.commit_log_dir)
+    segments = list_segments(config.commit_log_dir, readable_end)
     cq_size = config.mapped_file_size_consume_queue
     delay = list(record.parse_delay_levels(config.message_delay_level))
     root = str(target)
@@ -177,6 +202,12 @@ def rebuild_index(
         **_compare_index(Path(config.store_path_root_dir) / "index", target / "index"),
     }
     return report
+
+
+def rebuild_ok(report: dict[str, Any]) -> bool:
+    """Whether `rebuild-index` exits 0: no damage met, every key found, every ConsumeQueue file
+    of the store rebuilt byte for byte."""
+    return not (report["errors"] or report["keys_missing"] or report["cq_differ"] or report["cq_missing"])
 
 
 def _check_keys(
@@ -234,6 +265,7 @@ def export(
     target: Path,
     topics: frozenset[str] | None,
     *,
+    readable_end: int | None = None,
     out: TextIO | None = None,
 ) -> dict[str, Any]:
     """Dispatched messages of ``topics`` (all when None) to Parquet under ``target``, partitioned
@@ -241,7 +273,7 @@ def export(
     if target.exists() and any(target.iterdir()):
         raise StoreError(f"--target {target} is not empty")
     target.mkdir(parents=True, exist_ok=True)
-    segments = list_segments(config.commit_log_dir)
+    segments = list_segments(config.commit_log_dir, readable_end)
     dest = str(target)
     broker = str(Path(config.store_path_root_dir).resolve())
     started = time.monotonic()
@@ -275,9 +307,10 @@ def stats(
     topics: frozenset[str] | None,
     top: int,
     *,
+    readable_end: int | None = None,
     out: TextIO | None = None,
 ) -> dict[str, Any]:
-    segments = list_segments(config.commit_log_dir)
+    segments = list_segments(config.commit_log_dir, readable_end)
     parts = run_with_progress(
         spark,
         "stats",
@@ -359,16 +392,19 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progress: TextIO | None) -> int:
     topics = frozenset(args.topic) if getattr(args, "topic", None) else None
+    end = running_readable_end(args.store)
+    if end is not None and progress is not None:
+        print(f"{args.command}: running store: read up to its readable end, offset {end}", file=progress)
     if args.command == "audit":
-        reports = audit(spark, config, out=progress)
+        reports = audit(spark, config, readable_end=end, out=progress)
         if args.json:
             print(json.dumps([asdict(r) for r in reports]))
         else:
             _print_audit(reports)
         return 1 if any(r.errors for r in reports) else 0
     if args.command == "rebuild-index":
-        report = rebuild_index(spark, config, args.target, out=progress)
-        ok = not (report["errors"] or report["keys_missing"] or report["cq_differ"] or report["cq_missing"])
+        report = rebuild_index(spark, config, args.target, readable_end=end, out=progress)
+        ok = rebuild_ok(report)
         if args.json:
             print(json.dumps(report))
         else:
@@ -386,7 +422,7 @@ def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progr
                 print(f"  offset {phy}: {problem}")
         return 0 if ok else 1
     if args.command == "export":
-        report = export(spark, config, args.target, topics, out=progress)
+        report = export(spark, config, args.target, topics, readable_end=end, out=progress)
         if args.json:
             print(json.dumps(report))
         else:
@@ -396,7 +432,7 @@ def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progr
                 f"records) in {report['seconds']:.1f} s: {report['mb_per_s']:.1f} MB/s"
             )
         return 0
-    report = stats(spark, config, topics, args.top, out=progress)
+    report = stats(spark, config, topics, args.top, readable_end=end, out=progress)
     if args.json:
         print(json.dumps(report))
     else:

@@ -4,6 +4,9 @@ Why per segment: segments are independent files of fixed size, so a store of N s
 tasks with no shuffle; each task maps its file by path (never shipping 1 GiB through Spark).
 A walk follows the record chain from the segment's first byte (TOTALSIZE to TOTALSIZE) to the
 end-of-file BLANK record, as RocketMQ's recovery does (`checkMessageAndReturnSize`, §2.10).
+On a running store the walk stops at the store's readable end (`RunningStore.readable_end`):
+the bytes after it are the file being written (zeros until the next put) and files allocated
+ahead, which hold nothing yet and are not damage.
 """
 
 from __future__ import annotations
@@ -37,11 +40,23 @@ class Segment:
     path: str
     file_offset: int
     is_last: bool
+    readable_bytes: int | None = None
+    """On a running store: the bytes of this file below the store's readable end (0 for a file
+    allocated ahead); None offline, where the whole file is read."""
 
 
-def list_segments(commit_log_dir: str | os.PathLike[str]) -> list[Segment]:
+def list_segments(commit_log_dir: str | os.PathLike[str], readable_end: int | None = None) -> list[Segment]:
+    """The CommitLog files in offset order; ``readable_end`` (a running store's) bounds each."""
     paths = sorted(p for p in Path(commit_log_dir).iterdir() if p.name.isdigit() and len(p.name) == 20)
-    return [Segment(str(p), int(p.name), i == len(paths) - 1) for i, p in enumerate(paths)]
+    return [
+        Segment(
+            str(p),
+            int(p.name),
+            i == len(paths) - 1,
+            None if readable_end is None else max(0, readable_end - int(p.name)),
+        )
+        for i, p in enumerate(paths)
+    ]
 
 
 @dataclass
@@ -61,19 +76,22 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
 
     A record whose body CRC fails, or whose PHYSICALOFFSET is not its position, is reported and
     the walk goes on (its TOTALSIZE is sound); a broken chain (bad magic or size, zero bytes
-    before the end-of-file blank in a segment that is not the last) ends the walk there."""
+    before the end-of-file blank in a segment that is not the last) ends the walk there. On a
+    running store the walk ends cleanly at the readable end, which is a record boundary."""
     pos = 0
-    limit = len(buf)
+    running = seg.readable_bytes is not None
+    limit = len(buf) if seg.readable_bytes is None else min(len(buf), seg.readable_bytes)
+    writing = limit < len(buf)  # the file being written: what lies after is not written yet
     while pos + record.END_FILE_MIN_BLANK_LENGTH <= limit:
         total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
         phy = seg.file_offset + pos
         if magic == record.BLANK_MAGIC_CODE:
             audit.blank_at = phy
-            if pos + total != limit:
+            if pos + total != len(buf):
                 audit.errors.append((phy, f"end-of-file blank of {total} bytes does not reach the file end"))
             return
         if total == 0 and magic == 0:
-            if not seg.is_last:
+            if running or not seg.is_last:  # a running store wrote every byte below its readable end
                 audit.errors.append((phy, "zero bytes where a record or the end-of-file blank should be"))
             return
         req = record.check_record(buf, pos, limit, check_crc=True)
@@ -96,7 +114,15 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
         audit.record_bytes += req.size
         yield pos, req
         pos += req.size
-    if not seg.is_last:
+    if writing:
+        if pos != limit:
+            audit.errors.append(
+                (
+                    seg.file_offset + pos,
+                    f"the store's readable end {seg.file_offset + limit} is inside a record",
+                )
+            )
+    elif running or not seg.is_last:
         audit.errors.append((seg.file_offset + pos, "segment ends without an end-of-file blank"))
 
 
@@ -109,6 +135,8 @@ def _map(seg: Segment) -> mmap.mmap | None:
 def audit_segment(seg: Segment) -> SegmentAudit:
     """Decode every record (CRC, chain, PHYSICALOFFSET) of one segment."""
     audit = SegmentAudit(seg.path, seg.file_offset)
+    if seg.readable_bytes == 0:
+        return audit  # allocated ahead of a running store's write position: nothing written yet
     buf = _map(seg)
     if buf is None:
         audit.errors.append((seg.file_offset, "empty segment file"))

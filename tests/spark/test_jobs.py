@@ -138,3 +138,49 @@ def test_stats_counts_bytes_time_range_and_top_keys_per_queue(
     top = [(k["topic"], k["key"], k["count"]) for k in report["top_keys"]]
     assert [c for _t, _k, c in top] == [c for _key, c in keys.most_common(5)]
     assert all(keys[(t, k)] == c for t, k, c in top)
+
+
+def test_audit_and_rebuild_index_of_a_healthy_running_store_find_nothing_wrong(spark, tmp_path: Path) -> None:
+    """Issue 19: they stop at the running store's readable end; the zeros after it in the file
+    being written and the files allocated ahead are not damage."""
+    from rmq_mp.producer import Producer
+    from rmq_mp.spark.jobs import rebuild_index, rebuild_ok, running_readable_end, store_config
+    from rmq_mp.spark.store_files import queue_ranges, resolve_store
+    from tests.service import running_service, wait_until
+
+    with running_service(tmp_path) as service:
+        with Producer.attach(service.root) as producer:
+            for i in range(600):
+                result = producer.send("Orders", f"order {i} ".encode() * 300, tags="TagA", keys=[f"k{i}"])
+                assert result.ok, result
+        store = resolve_store(str(service.root))
+        wait_until(lambda: sum(q.max_offset for q in queue_ranges(store)) == 600, 30, "600 dispatched")
+        log_dir = service.root / "commitlog"
+        end = running_readable_end(str(service.root))
+        assert end is not None
+        assert end % 2**20 > 0  # inside a file: zeros follow it
+        wait_until(lambda: any(int(p.name) > end for p in log_dir.iterdir()), 30, "a file allocated ahead")
+        result = subprocess.run(
+            [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(service.root), "--master", "local[1]"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert ", 0 problem(s)" in result.stdout
+        assert f"running store: read up to its readable end, offset {end}" in result.stderr
+        report = rebuild_index(
+            spark, store_config(service.names.base, None, []), tmp_path / "rebuilt", readable_end=end
+        )
+        assert report["errors"] == []
+        assert report["cq_entries"] == 600
+        assert rebuild_ok(report), report
+
+
+def test_a_store_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(tmp_path / "stor")],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert result.returncode == 2
+    assert result.stderr.strip().splitlines() == [
+        f"rmq-spark: error: {tmp_path / 'stor'}: no such store directory, and no running store has that shm name"
+    ]
