@@ -26,7 +26,7 @@ import logging
 import os
 import re
 import string
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from types import MappingProxyType
@@ -764,6 +764,14 @@ PROPERTY_NAMES: Final = tuple(_BY_PROPERTY)
 _DELAY_UNIT_MS: Final = {"s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
+def closest_name(key: str, candidates: Iterable[str]) -> str | None:
+    """The candidate most like ``key``, case-insensitively (difflib, cutoff 0.6), as spelled in
+    ``candidates``; None when none is close. Names a typo's fix (broker.conf, Spark options)."""
+    by_lower = {name.lower(): name for name in candidates}
+    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
+    return by_lower[close[0]] if close else None
+
+
 def _unknown_property_message(key: str) -> str:
     """Name the key and the closest valid name, case-insensitively."""
     if key in _NO_EFFECT_IN_ROCKETMQ:
@@ -771,11 +779,9 @@ def _unknown_property_message(key: str) -> str:
             f"unknown property {key!r} (it does nothing in RocketMQ 4.9.8 either: "
             f"{_NO_EFFECT_IN_ROCKETMQ[key]})"
         )
-    candidates = [*PROPERTY_NAMES, *IGNORED_PROPERTIES, *UNSUPPORTED_PROPERTIES]
-    by_lower = {name.lower(): name for name in candidates}
-    close = difflib.get_close_matches(key.lower(), list(by_lower), n=1, cutoff=0.6)
+    close = closest_name(key, [*PROPERTY_NAMES, *IGNORED_PROPERTIES, *UNSUPPORTED_PROPERTIES])
     if close:
-        return f"unknown property {key!r}; did you mean {by_lower[close[0]]!r}?"
+        return f"unknown property {key!r}; did you mean {close!r}?"
     return f"unknown property {key!r} (no similar property; conf/broker.conf lists them all)"
 
 

@@ -21,6 +21,8 @@ from pyspark.sql.types import StructType
 from rmq_mp.errors import ConfigError, StoreError
 
 SEND_BATCH = 256
+SINK_OPTIONS = ("store", "path", "topic", "checkpointLocation")
+"""checkpointLocation: a streaming write's, which Spark passes to the sink too."""
 
 
 class SinkError(StoreError):
@@ -34,6 +36,9 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
+        from rmq_mp.spark.source import check_option_names
+
+        check_option_names("rmq sink", options, SINK_OPTIONS)
         opts = {k.lower(): v for k, v in options.items()}
         store = opts.get("store") or opts.get("path")
         if not store:

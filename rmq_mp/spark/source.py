@@ -41,6 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
+from rmq_mp.config import closest_name
 from rmq_mp.errors import ConfigError, CorruptRecordError, DataLossError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.read_damage import ReadSkips, gathered_problem, running_store_counter
@@ -67,6 +68,22 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 
 # ------------------------------------------------------------------------------------- options
 
+SOURCE_OPTIONS = ("store", "path", "conf", "topic", "topics", "startingOffsets", "endingOffsets",
+                  "startingTimestamp", "maxRecordsPerPartition", "maxRecordsPerTrigger",
+                  "includeProperties", "failOnDataLoss")  # fmt: skip
+
+
+def check_option_names(what: str, options: Mapping[str, str], valid: Iterable[str]) -> None:
+    """`ConfigError` for an option the source or sink does not know, naming the closest valid
+    one (as broker.conf typos are): Spark would pass a misspelled option on silently."""
+    valid = tuple(valid)
+    known = {name.lower() for name in valid}
+    for key in options:
+        if key.lower() not in known:
+            close = closest_name(key, valid)
+            hint = f"; did you mean {close!r}?" if close else f" (options: {', '.join(valid)})"
+            raise ConfigError(f"{what}: unknown option {key!r}{hint}")
+
 
 @dataclass(frozen=True)
 class ReadOptions:
@@ -84,6 +101,7 @@ class ReadOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], *, streaming: bool) -> ReadOptions:
+        check_option_names("rmq source", options, SOURCE_OPTIONS)
         opts = {k.lower(): v for k, v in options.items()}
         spec = opts.get("store") or opts.get("path")
         if not spec:

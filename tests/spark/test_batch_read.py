@@ -169,3 +169,11 @@ def test_bad_options_fail_with_a_clear_message(spark, clean_store: Path, tmp_pat
         _read(spark, clean_store, startingOffsets="{not json").count()
     with pytest.raises(PySparkException, match="not a directory and no running store"):
         spark.read.format("rmq").option("store", str(tmp_path / "nowhere")).load().count()
+    # A misspelled option is named with the closest valid one (issue 19), for the sink too.
+    with pytest.raises(
+        PySparkException, match="unknown option 'startingoffset'; did you mean 'startingOffsets'"
+    ):
+        _read(spark, clean_store, startingOffset="earliest").count()
+    rows = spark.createDataFrame([("T", b"x")], "topic string, body binary")
+    with pytest.raises(PySparkException, match="unknown option 'topik'; did you mean 'topic'"):
+        rows.write.format("rmq").option("store", str(tmp_path)).option("topik", "T").mode("append").save()
