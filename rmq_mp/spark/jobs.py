@@ -1,4 +1,4 @@
-"""`rmq-spark`: segment-parallel jobs over a store directory, one Spark task per CommitLog segment.
+"""`rmq-spark`: segment-parallel jobs over a store, one Spark task per CommitLog segment.
 
     rmq-spark audit         --store DIR                      CRC, record chain, PHYSICALOFFSET per segment
     rmq-spark rebuild-index --store DIR --target DIR         ConsumeQueue + IndexFile rebuilt, then compared
@@ -7,7 +7,8 @@
 
 Common options: ``--conf FILE`` / ``--set key=value`` for the settings that shape the files (as
 `rmq-admin`), ``--master`` (default ``local[*]``), ``--json`` (one JSON report on stdout).
-Progress (tasks done / total) goes to stderr while the job runs. Exit status: 0 when the job
+A running store (directory or shm name) is read up to its readable end when the job starts
+(`running_readable_end`). Progress (tasks done / total) goes to stderr while the job runs. Exit status: 0 when the job
 found nothing wrong, 1 when `audit` or `rebuild-index` found a problem, 2 for a usage or store
 error (one line, as `rmq-admin`).
 """
