@@ -98,7 +98,9 @@ def _body_preview(body: bytes, width: int = 40) -> str:
     return "0x" + (hexed if len(hexed) <= width else hexed[: width - 1] + "…")
 
 
-def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
+def print_messages(messages: Iterable[MessageExt], *, as_json: bool, bodies: bool = False) -> int:
+    """A table of messages (``bodies``: each followed by its body, text when it is printable
+    UTF-8, else hex), or JSON lines."""
     count = 0
     if not as_json:
         print(
@@ -115,6 +117,8 @@ def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
                 f"{(msg.tags or '-')[:10]:<10} {(msg.keys or '-')[:20]:<20} {len(msg.body):>6} "
                 f"{iso(msg.store_timestamp):<24} {msg.msg_id}"
             )
+            if bodies:
+                print(f"{'body:':>12} {_body_preview(msg.body, 200)}")
     if not as_json:
         print(f"{count} message(s)")
     return 0
@@ -173,11 +177,60 @@ def open_store(args: argparse.Namespace) -> MessageStore:
     config = MessageStoreConfig.from_properties(properties, source=source or "defaults")
     if not Path(root).is_dir():
         raise StoreError("no such store directory")
+    told = sizes_from_files(config, given=properties.keys())
+    if told.keys() - properties.keys():
+        properties.update({k: value for k, value in told.items() if k not in properties})
+        config = MessageStoreConfig.from_properties(
+            properties, source=f"{source or 'defaults'} and file lengths"
+        )
     if not any(p.is_dir() for p in config.commit_log_dirs) and not any(
         (Path(root) / name).exists() for name in ("consumequeue", "index", "checkpoint")
     ):
         raise StoreError("not a store directory (no commitlog/, consumequeue/, index/ or checkpoint)")
     return MessageStore.open(config=config, read_only=True)
+
+
+def _file_lengths(directory: Path, digits: int = 20) -> set[int]:
+    """The lengths of the mapped files (``digits``-digit names) directly in ``directory``."""
+    try:
+        entries = list(directory.iterdir())
+    except OSError:
+        return set()
+    return {f.stat().st_size for f in entries if len(f.name) == digits and f.name.isdigit() and f.is_file()}
+
+
+def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> dict[str, str]:
+    """The file sizes the files themselves tell, so ``--store`` alone opens a store made with
+    non-default sizes: every commit-log file has ``mappedFileSizeCommitLog`` bytes, every
+    consume-queue file ``mappedFileSizeConsumeQueue``, every index file ``40 + 4 *
+    maxHashSlotNum + 20 * maxIndexNum`` (one of the two ``given``, the length tells the other;
+    neither, RocketMQ's 1:4 ratio of slots to entries). A size is told only when all files of
+    the kind agree; otherwise the configured one stays and the store names the mismatch."""
+    told: dict[str, str] = {}
+    index = _file_lengths(config.root_dir / "index", digits=17)
+    if len(index) == 1 and (length := index.pop()) != config.index_file_size_bytes:
+        entries_bytes = length - 40
+        slots, entries = config.max_hash_slot_num, config.max_index_num
+        if "maxHashSlotNum" in given:
+            entries = (entries_bytes - 4 * slots) // 20
+        elif "maxIndexNum" in given:
+            slots = (entries_bytes - 20 * entries) // 4
+        else:
+            slots = entries_bytes // 84
+            entries = 4 * slots
+        if slots > 0 and entries > 0 and 40 + 4 * slots + 20 * entries == length:
+            told["maxHashSlotNum"], told["maxIndexNum"] = str(slots), str(entries)
+    commit_log = set().union(*(_file_lengths(d) for d in config.commit_log_dirs))
+    if len(commit_log) == 1:
+        told["mappedFileSizeCommitLog"] = str(commit_log.pop())
+    queues: set[int] = set()
+    with contextlib.suppress(OSError):
+        for topic in config.consume_queue_dir.iterdir():
+            for queue in topic.iterdir() if topic.is_dir() else ():
+                queues |= _file_lengths(queue)
+    if len(queues) == 1 and (size := queues.pop()) % 20 == 0 and size > 0:
+        told["mappedFileSizeConsumeQueue"] = str(size)
+    return told
 
 
 def _read_conf(path: str) -> str:
@@ -218,7 +271,22 @@ def delete_expired_commit_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_names(args: argparse.Namespace) -> None:
+    """Every subcommand's --topic and --group by the rules `Producer`/`Consumer` apply
+    (`validators.check_topic`, `check_group`): refused before anything is opened, so an empty
+    ``--topic ""`` never means "all topics" and a name no send could use is never created.
+    sendMessage's topic is the store's to judge: MESSAGE_ILLEGAL with the reason, as for a
+    `Producer`."""
+    from rmq_mp import validators as v
+
+    if getattr(args, "topic", None) is not None and args.command != "sendMessage":
+        v.check_topic(args.topic, "--topic")
+    if getattr(args, "group", None) is not None:
+        v.check_group(args.group)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_names(args)
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
 
@@ -308,7 +376,9 @@ def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", type=Path, help="store directory (read-only)")
-    where.add_argument("--name", help="shm name (or directory) of a running store")
+    where.add_argument(
+        "--name", "-n", help="shm name (or directory) of a running store (mqadmin's -n: where to look)"
+    )
     common.add_argument("--conf", help="broker.conf with the store's settings")
     common.add_argument(
         "--set",
@@ -320,25 +390,26 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("printMsg", parents=[common], help="print every message in commit-log order")
-    p.add_argument("--begin", type=int, default=0, help="store time from (ms since the epoch)")
-    p.add_argument("--end", type=int, help="store time to (ms since the epoch)")
-    p.add_argument("--topic")
+    p.add_argument("--begin", "-b", type=int, default=0, help="store time from (ms since the epoch)")
+    p.add_argument("--end", "-e", type=int, help="store time to (ms since the epoch)")
+    p.add_argument("--topic", "-t")
     p = sub.add_parser("queryMsgByKey", parents=[common], help="messages by KEYS or UNIQ_KEY, newest first")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--key", required=True)
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--key", "-k", required=True)
     p.add_argument("--max", type=positive_int, help="most messages (default: defaultQueryMaxNum)")
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int)
     p = sub.add_parser("queryMsgById", parents=[common], help="a message by its offset msgId")
-    p.add_argument("--id", required=True)
+    p.add_argument("--id", "--msgId", "-i", dest="id", required=True)
     p = sub.add_parser(
         "queryMsgByOffset", parents=[common], help="a message by topic, queue and queue offset"
     )
-    p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=int, required=True)
-    p.add_argument("--offset", type=int, required=True)
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--queue", "--queueId", "-i", dest="queue", type=int, required=True)
+    p.add_argument("--offset", "-o", type=int, required=True)
+    p.add_argument("--brokerName", "-b", help="accepted for mqadmin's sake; a store is one broker")
     p = sub.add_parser("topicStatus", parents=[common], help="per queue min/max offset and last update")
-    p.add_argument("--topic")
+    p.add_argument("--topic", "-t")
     p = sub.add_parser(
         "deleteExpiredCommitLog",
         parents=[common],
@@ -355,7 +426,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _utf8_stdout(machine=args.json)
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's final flush
+        return code
     except StoreError as exc:
         problem = str(exc)
     except BrokenPipeError:
