@@ -1,23 +1,24 @@
 """`rmq-admin`: mqadmin-style commands over a store directory or a running store.
 
-    rmq-admin printMsg         [--begin MS] [--end MS] [--topic T]   every record, commit-log order
-    rmq-admin queryMsgByKey    --topic T --key K [--max N] [--begin MS] [--end MS]
-    rmq-admin queryMsgById     --id MSGID
-    rmq-admin queryMsgByOffset --topic T --queue Q --offset N
-    rmq-admin topicStatus      [--topic T]                          per queue min/max offset, last update
+    rmq-admin printMsg         [-t T] [-b MS] [-e MS]                every record, commit-log order
+    rmq-admin queryMsgByKey    -t T -k K [--max N] [--begin MS] [--end MS]
+    rmq-admin queryMsgById     -i MSGID
+    rmq-admin queryMsgByOffset -t T -i QUEUE -o OFFSET [-b BROKER]
+    rmq-admin topicStatus      [-t T]                                per queue min/max offset, last update
     rmq-admin topicList                                              topics, queues, read/write queue counts
-    rmq-admin updateTopic      --topic T [-r N] [-w N] [-p PERM]     queue counts in config/topics.json
-    rmq-admin consumerProgress [--group G]                           per group and queue: offsets and lag
-    rmq-admin resetOffsetByTime --group G --topic T --timestamp MS|ISO|now
+    rmq-admin updateTopic      -t T [-r N] [-w N] [-p PERM]          queue counts in config/topics.json
+    rmq-admin consumerProgress [-g G]                                per group and queue: offsets and lag
+    rmq-admin resetOffsetByTime -g G -t T -s MS|ISO|now [--create-group]
     rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
-    rmq-admin sendMessage      --topic T --body TEXT [--keys K] [--tags X] [--count N]   (running store)
-    rmq-admin consumeMessage   --topic T [--group G] [--count N] [--timeout S]          (running store)
+    rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
+    rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
 
+The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
-store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
-memory), ``--conf FILE`` and ``--set key=value`` for the settings that shape the files
-(``mappedFileSizeCommitLog`` …), and ``--json`` for machine output (one object per line). The
+store) or ``--name``/``-n SHMNAME`` (a running store: its directory and settings come from its shared
+memory), ``--conf FILE`` and ``--set key=value`` for settings (the file sizes, unless given,
+come from the file lengths: `sizes_from_files`), and ``--json`` for machine output (one object per line). The
 JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file,
 and is UTF-8 whatever the locale. No command prints a record that fails its checks (body CRC, a
 whole record, the one its queue entry promises): printMsg and queryMsgByKey skip it with a
@@ -371,8 +372,24 @@ def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> in
     return 0
 
 
+EPILOG = """\
+mqadmin's option letters (RocketMQ 4.9), accepted beside the long options:
+  -n  the store: shm name or directory of a running store (mqadmin: name server)
+  -t  topic                      -g  consumer group           -k  message key
+  -i  msgId (queryMsgById), queue id (queryMsgByOffset)       -o  queue offset
+  -s  timestamp (resetOffsetByTime)                           -r/-w  read/write queue counts
+  -p  perm (updateTopic), body (sendMessage)                  -b/-e  begin/end store time (printMsg)
+  -c  tags (sendMessage), message count (consumeMessage)      -b  broker name (queryMsgByOffset: ignored)
+`rmq-admin <subcommand> --help` lists each subcommand's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmq-admin", description="mqadmin-style commands for rmq-mp stores")
+    parser = argparse.ArgumentParser(
+        prog="rmq-admin",
+        description="mqadmin-style commands for rmq-mp stores",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", type=Path, help="store directory (read-only)")

@@ -203,6 +203,13 @@ def test_mqadmin_short_options(filled: RunningService, capsys: pytest.CaptureFix
     ).stdout  # fmt: skip
     for flag in ("-n", "-t", "-i", "-o", "-b"):
         assert re.search(rf"(^|\s){flag}[ ,]", help_text), flag
+    top_help = build_parser().format_help()
+    for letter in ("-n", "-t", "-g", "-k", "-i", "-o", "-s", "-r/-w", "-p", "-b/-e", "-c"):
+        assert f"  {letter}  " in top_help, letter
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Operating a store: `rmq-admin`") :]
+    for letter in ("`-t`", "`-g`", "`-k`", "`-i`", "`-o`", "`-s`", "`-r`/`-w`", "`-b`/`-e`", "`-n`"):
+        assert letter in section, letter
 
 
 def test_reset_offset_by_time_refuses_an_unknown_group(
