@@ -130,13 +130,15 @@ def test_every_run_py_subcommand_refuses_bad_input_with_one_line(tmp_path: Path)
 
 
 def closed_pipe(argv: list[str]) -> subprocess.CompletedProcess[bytes]:
-    """``argv`` writing into a pipe whose reader has gone (``| head -0``)."""
+    """``argv`` writing into a pipe whose reader has gone (``| head -0``), its stdout block
+    buffered as a user's is (no PYTHONUNBUFFERED): the failing write is the final flush."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     read_end, write_end = os.pipe()
     os.close(read_end)
     try:
         return subprocess.run(
             argv, stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT, timeout=120,
-            env={**os.environ, "PYTHONPATH": str(ROOT)},
+            env={**env, "PYTHONPATH": str(ROOT)},
         )  # fmt: skip
     finally:
         os.close(write_end)
@@ -161,6 +163,11 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
         result = closed_pipe([sys.executable, str(ROOT / "run.py"), *args, "--conf", str(filled.conf)])
         assert result.returncode == 0, (args, result.stderr)
         assert result.stderr == b"", (args, result.stderr)
+    # stop's report goes nowhere, the stop itself is done
+    result = closed_pipe([sys.executable, str(ROOT / "run.py"), "stop", "--conf", str(filled.conf)])
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b""
+    assert filled.process.wait(60) == 0
 
 
 def msg_id_of(name: str, queue_offset: int) -> str:
