@@ -280,3 +280,20 @@ def test_status_watch_never_cuts_offsets_at_a_narrow_terminal(filled: RunningSer
     assert max(len(line) for line in result.stdout.splitlines()) <= 60
     for key in ("wrote", "committed", "flushed", "reput"):
         assert re.search(rf"{key}\s+│\s+{status['offsets'][key]:,}\s", result.stdout), (key, result.stdout)
+
+
+def test_attach_to_a_relative_path_that_is_not_a_store_is_a_typed_error(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``./stor`` (a slash, nothing there) was posix_ipc's ``ValueError: Invalid parameter(s)``."""
+    from rmq_mp.consumer import Consumer
+    from rmq_mp.errors import InvalidArgumentError, StoreNotRunningError
+    from rmq_mp.producer import Producer
+
+    monkeypatch.chdir(tmp_path)
+    for name in ("./stor", "stor/", "a/b", "../stor"):
+        for attach in (Producer.attach, lambda n: Consumer.attach(n, "g")):
+            with pytest.raises(StoreNotRunningError, match="not running"):
+                attach(name)
+    with pytest.raises(InvalidArgumentError, match="blank"):
+        Consumer.attach("./stor", "")  # the group is checked first
