@@ -192,12 +192,14 @@ def open_store(args: argparse.Namespace) -> MessageStore:
 
 
 def _file_lengths(directory: Path, digits: int = 20) -> set[int]:
-    """The lengths of the mapped files (``digits``-digit names) directly in ``directory``."""
+    """The lengths of the mapped files (``digits``-digit names) directly in ``directory``, the
+    last one left out when there are others (a torn last file may be short)."""
     try:
-        entries = list(directory.iterdir())
+        files = sorted(f for f in directory.iterdir() if len(f.name) == digits and f.name.isdigit())
+        lengths = [f.stat().st_size for f in files if f.is_file()]
     except OSError:
         return set()
-    return {f.stat().st_size for f in entries if len(f.name) == digits and f.name.isdigit() and f.is_file()}
+    return set(lengths[:-1] if len(lengths) > 1 else lengths)
 
 
 def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> dict[str, str]:

@@ -328,3 +328,17 @@ def test_store_alone_reads_the_file_sizes_from_the_files(
     # a size given that the files contradict is still refused, naming the mismatch
     assert main(["printMsg", "--store", store, "--set", "mappedFileSizeCommitLog=2097152"]) == 2
     assert "does not match the configured file size" in capsys.readouterr().err
+
+
+def test_store_alone_reads_a_crashed_store_as_with_its_settings(
+    rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = str(rocketmq_fixtures / "crashed-store")
+    assert main(["printMsg", "--store", store, *FIXTURE_SETTINGS, "--json"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["printMsg", "--store", store, "--json"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["topicStatus", "--store", store, "--json"]) == 0
+    alone = capsys.readouterr().out
+    assert main(["topicStatus", "--store", store, *FIXTURE_SETTINGS, "--json"]) == 0
+    assert capsys.readouterr().out == alone
