@@ -14,6 +14,7 @@ internal error (one line on stderr naming the log that holds the traceback).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import signal
@@ -26,7 +27,7 @@ from pathlib import Path
 
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consumer import Consumer
-from rmq_mp.errors import StoreError
+from rmq_mp.errors import ShmAttachError, StoreError, StoreNotRunningError
 from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.paths import StorePaths
 from rmq_mp.producer import Producer
@@ -50,10 +51,13 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
     """Start the store as a service, send ``count`` messages from this process, consume them with
     a long-polling consumer, look one up by key and by msgId, print the status, stop cleanly."""
     root = config.store_path_root_dir
+    check_store_paths(config)  # a misplaced store is refused in one line before anything starts
     command = [sys.executable, str(Path(__file__).resolve()), "start", "--conf", str(conf), "--store", root]
     supervisor = subprocess.Popen(command)
     try:
         if not wait_running(config, supervisor):
+            if supervisor.poll() == EXIT_REFUSED:
+                return EXIT_REFUSED  # the supervisor's one line is on stderr already
             print("run.py: the store did not start", file=sys.stderr)
             return 1
         name = ShmNames.for_store(root, config.shm_name).base  # shmName, when set, names it
@@ -242,11 +246,25 @@ def clean_after_dead_supervisor(config: MessageStoreConfig, names: ShmNames, tab
     return 1
 
 
-def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
+def attach_table(config: MessageStoreConfig, conf: Path | None) -> tuple[ShmNames, PointerTable]:
+    """The running store's pointer table. Not running: one line naming the store directory, the
+    shm name and the conf file it came from (run from another directory, the default conf names
+    another store), and how to name the right one."""
+    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
+    try:
+        return names, PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    except ShmAttachError as exc:
+        settings = f"settings from {conf.resolve()}" if conf is not None else "default settings"
+        raise StoreNotRunningError(
+            f"no store running at {config.store_path_root_dir} (shm {names.base}; {settings}): "
+            f"{exc}; --store DIR or --conf FILE names another store"
+        ) from None
+
+
+def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None = None) -> int:
     """SIGTERM the store's supervisor and wait for it to finish its clean shutdown; if it is
     already dead, clean up what it left."""
-    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
-    table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    names, table = attach_table(config, conf)
     pid = table.get(layout.SUPERVISOR_PID)
     if not pid or not pid_alive(pid):
         return clean_after_dead_supervisor(config, names, table)
@@ -268,8 +286,7 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0) -> int:
 
 
 def status(config: MessageStoreConfig, args: argparse.Namespace) -> int:
-    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
-    table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    _names, table = attach_table(config, args.conf)
     try:
         pid = table.get(layout.SUPERVISOR_PID)
     finally:
@@ -354,26 +371,39 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     setup_process_logging(None, "run.py")
     try:
-        config = MessageStoreConfig.from_file(args.conf)
-        if args.store is not None:
-            config = config.replace(store_path_root_dir=str(args.store.resolve()))
-        if args.command == "start" and args.daemon:
-            return start_daemon(args.conf, config)
-        if args.command == "start":
-            return start_foreground(config)
-        if args.command == "stop":
-            return stop(config)
-        if args.command == "status":
-            return status(config, args)
-        return demo(args.conf, config, args.messages)
+        code = run_command(args)
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's final flush
+        return code
     except StoreError as exc:
         return refused(exc)
+    except BrokenPipeError:
+        # The reader (`| head -1`) went away: stop quietly, and keep the interpreter's final
+        # flush of stdout from failing again.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
     except OSError as exc:
         return refused(exc) if exc.filename is not None else internal_error()
     except KeyboardInterrupt:
         return 130
     except Exception:
         return internal_error()
+
+
+def run_command(args: argparse.Namespace) -> int:
+    """The subcommand ``args`` names; `main` turns what it raises into one line and an exit code."""
+    config = MessageStoreConfig.from_file(args.conf)
+    if args.store is not None:
+        config = config.replace(store_path_root_dir=str(args.store.resolve()))
+    if args.command == "start" and args.daemon:
+        return start_daemon(args.conf, config)
+    if args.command == "start":
+        return start_foreground(config)
+    if args.command == "stop":
+        return stop(config, conf=args.conf)
+    if args.command == "status":
+        return status(config, args)
+    return demo(args.conf, config, args.messages)
 
 
 if __name__ == "__main__":

@@ -1,23 +1,24 @@
 """`rmq-admin`: mqadmin-style commands over a store directory or a running store.
 
-    rmq-admin printMsg         [--begin MS] [--end MS] [--topic T]   every record, commit-log order
-    rmq-admin queryMsgByKey    --topic T --key K [--max N] [--begin MS] [--end MS]
-    rmq-admin queryMsgById     --id MSGID
-    rmq-admin queryMsgByOffset --topic T --queue Q --offset N
-    rmq-admin topicStatus      [--topic T]                          per queue min/max offset, last update
+    rmq-admin printMsg         [-t T] [-b MS] [-e MS]                every record, commit-log order
+    rmq-admin queryMsgByKey    -t T -k K [--max N] [--begin MS] [--end MS]
+    rmq-admin queryMsgById     -i MSGID
+    rmq-admin queryMsgByOffset -t T -i QUEUE -o OFFSET [-b BROKER]
+    rmq-admin topicStatus      [-t T]                                per queue min/max offset, last update
     rmq-admin topicList                                              topics, queues, read/write queue counts
-    rmq-admin updateTopic      --topic T [-r N] [-w N] [-p PERM]     queue counts in config/topics.json
-    rmq-admin consumerProgress [--group G]                           per group and queue: offsets and lag
-    rmq-admin resetOffsetByTime --group G --topic T --timestamp MS|ISO|now
+    rmq-admin updateTopic      -t T [-r N] [-w N] [-p PERM]          queue counts in config/topics.json
+    rmq-admin consumerProgress [-g G]                                per group and queue: offsets and lag
+    rmq-admin resetOffsetByTime -g G -t T -s MS|ISO|now [--create-group]
     rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
-    rmq-admin sendMessage      --topic T --body TEXT [--keys K] [--tags X] [--count N]   (running store)
-    rmq-admin consumeMessage   --topic T [--group G] [--count N] [--timeout S]          (running store)
+    rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
+    rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
 
+The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
-store) or ``--name SHMNAME`` (a running store: its directory and settings come from its shared
-memory), ``--conf FILE`` and ``--set key=value`` for the settings that shape the files
-(``mappedFileSizeCommitLog`` …), and ``--json`` for machine output (one object per line). The
+store) or ``--name``/``-n SHMNAME`` (a running store: its directory and settings come from its shared
+memory), ``--conf FILE`` and ``--set key=value`` for settings (the file sizes, unless given,
+come from the file lengths: `sizes_from_files`), and ``--json`` for machine output (one object per line). The
 JSON of a message has the field names and order of the RocketMQ 4.9.8 fixture's messages file,
 and is UTF-8 whatever the locale. No command prints a record that fails its checks (body CRC, a
 whole record, the one its queue entry promises): printMsg and queryMsgByKey skip it with a
@@ -98,7 +99,9 @@ def _body_preview(body: bytes, width: int = 40) -> str:
     return "0x" + (hexed if len(hexed) <= width else hexed[: width - 1] + "…")
 
 
-def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
+def print_messages(messages: Iterable[MessageExt], *, as_json: bool, bodies: bool = False) -> int:
+    """A table of messages (``bodies``: each followed by its body, text when it is printable
+    UTF-8, else hex), or JSON lines."""
     count = 0
     if not as_json:
         print(
@@ -115,6 +118,8 @@ def print_messages(messages: Iterable[MessageExt], *, as_json: bool) -> int:
                 f"{(msg.tags or '-')[:10]:<10} {(msg.keys or '-')[:20]:<20} {len(msg.body):>6} "
                 f"{iso(msg.store_timestamp):<24} {msg.msg_id}"
             )
+            if bodies:
+                print(f"{'body:':>12} {_body_preview(msg.body, 200)}")
     if not as_json:
         print(f"{count} message(s)")
     return 0
@@ -173,11 +178,62 @@ def open_store(args: argparse.Namespace) -> MessageStore:
     config = MessageStoreConfig.from_properties(properties, source=source or "defaults")
     if not Path(root).is_dir():
         raise StoreError("no such store directory")
+    told = sizes_from_files(config, given=properties.keys())
+    if told.keys() - properties.keys():
+        properties.update({k: value for k, value in told.items() if k not in properties})
+        config = MessageStoreConfig.from_properties(
+            properties, source=f"{source or 'defaults'} and file lengths"
+        )
     if not any(p.is_dir() for p in config.commit_log_dirs) and not any(
         (Path(root) / name).exists() for name in ("consumequeue", "index", "checkpoint")
     ):
         raise StoreError("not a store directory (no commitlog/, consumequeue/, index/ or checkpoint)")
     return MessageStore.open(config=config, read_only=True)
+
+
+def _file_lengths(directory: Path, digits: int = 20) -> set[int]:
+    """The lengths of the mapped files (``digits``-digit names) directly in ``directory``, the
+    last one left out when there are others (a torn last file may be short)."""
+    try:
+        files = sorted(f for f in directory.iterdir() if len(f.name) == digits and f.name.isdigit())
+        lengths = [f.stat().st_size for f in files if f.is_file()]
+    except OSError:
+        return set()
+    return set(lengths[:-1] if len(lengths) > 1 else lengths)
+
+
+def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> dict[str, str]:
+    """The file sizes the files themselves tell, so ``--store`` alone opens a store made with
+    non-default sizes: every commit-log file has ``mappedFileSizeCommitLog`` bytes, every
+    consume-queue file ``mappedFileSizeConsumeQueue``, every index file ``40 + 4 *
+    maxHashSlotNum + 20 * maxIndexNum`` (one of the two ``given``, the length tells the other;
+    neither, RocketMQ's 1:4 ratio of slots to entries). A size is told only when all files of
+    the kind agree; otherwise the configured one stays and the store names the mismatch."""
+    told: dict[str, str] = {}
+    index = _file_lengths(config.root_dir / "index", digits=17)
+    if len(index) == 1 and (length := index.pop()) != config.index_file_size_bytes:
+        entries_bytes = length - 40
+        slots, entries = config.max_hash_slot_num, config.max_index_num
+        if "maxHashSlotNum" in given:
+            entries = (entries_bytes - 4 * slots) // 20
+        elif "maxIndexNum" in given:
+            slots = (entries_bytes - 20 * entries) // 4
+        else:
+            slots = entries_bytes // 84
+            entries = 4 * slots
+        if slots > 0 and entries > 0 and 40 + 4 * slots + 20 * entries == length:
+            told["maxHashSlotNum"], told["maxIndexNum"] = str(slots), str(entries)
+    commit_log = set().union(*(_file_lengths(d) for d in config.commit_log_dirs))
+    if len(commit_log) == 1:
+        told["mappedFileSizeCommitLog"] = str(commit_log.pop())
+    queues: set[int] = set()
+    with contextlib.suppress(OSError):
+        for topic in config.consume_queue_dir.iterdir():
+            for queue in topic.iterdir() if topic.is_dir() else ():
+                queues |= _file_lengths(queue)
+    if len(queues) == 1 and (size := queues.pop()) % 20 == 0 and size > 0:
+        told["mappedFileSizeConsumeQueue"] = str(size)
+    return told
 
 
 def _read_conf(path: str) -> str:
@@ -218,7 +274,22 @@ def delete_expired_commit_log(args: argparse.Namespace) -> int:
     return 0
 
 
+def check_names(args: argparse.Namespace) -> None:
+    """Every subcommand's --topic and --group by the rules `Producer`/`Consumer` apply
+    (`validators.check_topic`, `check_group`): refused before anything is opened, so an empty
+    ``--topic ""`` never means "all topics" and a name no send could use is never created.
+    sendMessage's topic is the store's to judge: MESSAGE_ILLEGAL with the reason, as for a
+    `Producer`."""
+    from rmq_mp import validators as v
+
+    if getattr(args, "topic", None) is not None and args.command != "sendMessage":
+        v.check_topic(args.topic, "--topic")
+    if getattr(args, "group", None) is not None:
+        v.check_group(args.group)
+
+
 def run(args: argparse.Namespace) -> int:
+    check_names(args)
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
 
@@ -303,12 +374,30 @@ def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> in
     return 0
 
 
+EPILOG = """\
+mqadmin's option letters (RocketMQ 4.9), accepted beside the long options:
+  -n  the store: shm name or directory of a running store (mqadmin: name server)
+  -t  topic                      -g  consumer group           -k  message key
+  -i  msgId (queryMsgById), queue id (queryMsgByOffset)       -o  queue offset
+  -s  timestamp (resetOffsetByTime)                           -r/-w  read/write queue counts
+  -p  perm (updateTopic), body (sendMessage)                  -b/-e  begin/end store time (printMsg)
+  -c  tags (sendMessage), message count (consumeMessage)      -b  broker name (queryMsgByOffset: ignored)
+`rmq-admin <subcommand> --help` lists each subcommand's options."""
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="rmq-admin", description="mqadmin-style commands for rmq-mp stores")
+    parser = argparse.ArgumentParser(
+        prog="rmq-admin",
+        description="mqadmin-style commands for rmq-mp stores",
+        epilog=EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     common = argparse.ArgumentParser(add_help=False)
     where = common.add_mutually_exclusive_group(required=True)
     where.add_argument("--store", type=Path, help="store directory (read-only)")
-    where.add_argument("--name", help="shm name (or directory) of a running store")
+    where.add_argument(
+        "--name", "-n", help="shm name (or directory) of a running store (mqadmin's -n: where to look)"
+    )
     common.add_argument("--conf", help="broker.conf with the store's settings")
     common.add_argument(
         "--set",
@@ -320,25 +409,26 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--json", action="store_true", help="one JSON object per line")
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("printMsg", parents=[common], help="print every message in commit-log order")
-    p.add_argument("--begin", type=int, default=0, help="store time from (ms since the epoch)")
-    p.add_argument("--end", type=int, help="store time to (ms since the epoch)")
-    p.add_argument("--topic")
+    p.add_argument("--begin", "-b", type=int, default=0, help="store time from (ms since the epoch)")
+    p.add_argument("--end", "-e", type=int, help="store time to (ms since the epoch)")
+    p.add_argument("--topic", "-t")
     p = sub.add_parser("queryMsgByKey", parents=[common], help="messages by KEYS or UNIQ_KEY, newest first")
-    p.add_argument("--topic", required=True)
-    p.add_argument("--key", required=True)
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--key", "-k", required=True)
     p.add_argument("--max", type=positive_int, help="most messages (default: defaultQueryMaxNum)")
     p.add_argument("--begin", type=int, default=0)
     p.add_argument("--end", type=int)
     p = sub.add_parser("queryMsgById", parents=[common], help="a message by its offset msgId")
-    p.add_argument("--id", required=True)
+    p.add_argument("--id", "--msgId", "-i", dest="id", required=True)
     p = sub.add_parser(
         "queryMsgByOffset", parents=[common], help="a message by topic, queue and queue offset"
     )
-    p.add_argument("--topic", required=True)
-    p.add_argument("--queue", type=int, required=True)
-    p.add_argument("--offset", type=int, required=True)
+    p.add_argument("--topic", "-t", required=True)
+    p.add_argument("--queue", "--queueId", "-i", dest="queue", type=int, required=True)
+    p.add_argument("--offset", "-o", type=int, required=True)
+    p.add_argument("--brokerName", "-b", help="accepted for mqadmin's sake; a store is one broker")
     p = sub.add_parser("topicStatus", parents=[common], help="per queue min/max offset and last update")
-    p.add_argument("--topic")
+    p.add_argument("--topic", "-t")
     p = sub.add_parser(
         "deleteExpiredCommitLog",
         parents=[common],
@@ -355,7 +445,9 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     _utf8_stdout(machine=args.json)
     try:
-        return run(args)
+        code = run(args)
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's final flush
+        return code
     except StoreError as exc:
         problem = str(exc)
     except BrokenPipeError:

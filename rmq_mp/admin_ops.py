@@ -295,6 +295,8 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
         if _running(args):
             with _attach(args) as running, _flags_lock(running):
                 groups = running.shm.groups
+                known = {k.partition("@")[2] for k, _queue_id, _slot in groups.queues()}
+                _refuse_unknown_group(args, known)
                 slots = groups.find_or_insert_all([(key, queue_id) for queue_id in targets])
                 for (queue_id, offset), slot in zip(targets.items(), slots, strict=True):
                     old[queue_id] = groups.get(slot, qo.COMMITTED)
@@ -307,6 +309,7 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
                     f"{offsets.path}: {offsets.last_load.describe()}; not changed: start the store "
                     "to decide (acceptConsumerOffsetLoss) or restore the file first"
                 )
+            _refuse_unknown_group(args, set(offsets.groups()))
             for queue_id, offset in targets.items():
                 old[queue_id] = offsets.query_offset(args.group, args.topic, queue_id)
                 offsets.commit_offset(args.group, args.topic, queue_id, offset)
@@ -335,6 +338,16 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
         footer=f"reset to {iso(timestamp_ms) if timestamp_ms > 0 else 'the first message'}",
     )
     return 0
+
+
+def _refuse_unknown_group(args: argparse.Namespace, known: set[str]) -> None:
+    """A group with no offsets anywhere is most likely a typo: creating it silently would leave
+    the real group where it was. ``--create-group`` says it is meant."""
+    if args.group not in known and not args.create_group:
+        raise StoreError(
+            f"consumer group {args.group!r} has no offsets in this store (a typo?); "
+            "--create-group creates it at the reset offsets"
+        )
 
 
 # ---------------------------------------------------------------------------- store status
@@ -429,10 +442,10 @@ def send_message(args: argparse.Namespace) -> int:
     from rmq_mp.producer import Producer
 
     _need_running(args, "sendMessage")
+    body = _body(args.body) if args.body is not None else _body_file(args.body_file)
     with Producer.attach(args.name) as producer:
         results = producer.send_batch(
-            dict(topic=args.topic, body=_body(args.body), tags=args.tags, keys=args.keys)
-            for _ in range(args.count)
+            dict(topic=args.topic, body=body, tags=args.tags, keys=args.keys) for _ in range(args.count)
         )
     rows = [
         {
@@ -447,7 +460,13 @@ def send_message(args: argparse.Namespace) -> int:
     emit(
         rows,
         as_json=args.json,
-        columns={"status": "Status", "msgId": "MsgId", "queueId": "QID", "queueOffset": "QueueOffset"},
+        columns={
+            "status": "Status",
+            "msgId": "MsgId",
+            "queueId": "QID",
+            "queueOffset": "QueueOffset",
+            "reason": "Reason",
+        },
     )
     return 0 if all(r.ok for r in results) else 1
 
@@ -466,7 +485,7 @@ def consume_message(args: argparse.Namespace) -> int:
         while len(messages) < args.count and (remaining := deadline - time.monotonic()) > 0:
             messages.extend(consumer.poll(timeout_s=remaining, max_msgs=args.count - len(messages)))
         consumer.commit()
-    return print_messages(messages, as_json=args.json)
+    return print_messages(messages, as_json=args.json, bodies=True)
 
 
 def _body(text: str) -> bytes:
@@ -476,6 +495,18 @@ def _body(text: str) -> bytes:
         return text.encode("utf-8", "surrogateescape")
     except UnicodeEncodeError:
         raise StoreError(f"--body {text!r} is not valid Unicode (a lone surrogate)") from None
+
+
+def _body_file(path: str) -> bytes:
+    """``--body-file``: the file's bytes as they are (``-`` reads standard input)."""
+    import sys
+
+    if path == "-":
+        return sys.stdin.buffer.read()
+    try:
+        return Path(path).read_bytes()
+    except OSError as exc:
+        raise StoreError(f"--body-file {path}: {exc.strerror or exc}") from None
 
 
 def _need_running(args: argparse.Namespace, command: str) -> None:
@@ -531,16 +562,25 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--topic", "-t", required=True)
     p.add_argument("--timestamp", "-s", required=True, help="ms since the epoch, 'now' or ISO 8601")
+    p.add_argument(
+        "--create-group",
+        action="store_true",
+        help="the group has no offsets yet: create it (without this, an unknown group is refused)",
+    )
     sub.add_parser("storeStatus", parents=[common], help="flush progress, pointers, pool, disk, flags")
     p = sub.add_parser("sendMessage", parents=[common], help="send a text message to a running store")
     p.add_argument("--topic", "-t", required=True)
-    p.add_argument("--body", "-p", required=True, help="message body (UTF-8 text)")
-    p.add_argument("--keys", "-k")
+    body = p.add_mutually_exclusive_group(required=True)
+    body.add_argument("--body", "-p", help="message body (UTF-8 text)")
+    body.add_argument("--body-file", help="message body: the bytes of this file ('-': standard input)")
+    p.add_argument("--keys", "--key", "-k", dest="keys")
     p.add_argument("--tags", "-c")
     p.add_argument("--count", type=_queue_count, default=1, help="copies to send (1..1024)")
     p = sub.add_parser("consumeMessage", parents=[common], help="read a topic as a consumer group, commit")
     p.add_argument("--topic", "-t", required=True)
     p.add_argument("--group", "-g", default="rmq-admin")
-    p.add_argument("--tags", "-c", help="tag expression, e.g. 'TagA || TagB'")
-    p.add_argument("--count", type=positive_int, default=32, help="most messages to read")
+    p.add_argument("--tags", help="tag expression, e.g. 'TagA || TagB'")
+    p.add_argument(
+        "--count", "--MessageNumber", "-c", type=positive_int, default=32, help="most messages to read"
+    )
     p.add_argument("--timeout", type=_seconds, default=3.0, help="seconds to wait for messages")

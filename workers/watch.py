@@ -8,6 +8,7 @@ lags, consumer lag per group, worker health and restarts, pool occupancy and the
 
 from __future__ import annotations
 
+import shutil
 import sys
 import time
 from typing import Any
@@ -49,14 +50,20 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
         f"{m.get('put_latency_avg_us', 0)} us",
         f"{m.get('lock_hold_avg_us', 0)} us",
     )
+    # One row per pointer, so three columns of numbers fit any terminal: a number is never cut.
     offsets = Table(title="commit log (bytes)", expand=True)
     o, lag = status["offsets"], status["lags"]
-    for column in ("min", "wrote", "committed", "flushed", "reput", "commit lag", "flush lag", "reput lag"):
-        offsets.add_column(column, justify="right")
-    offsets.add_row(
-        *(f"{o[k]:,}" for k in ("min", "wrote", "committed", "flushed", "reput")),
-        *(f"{lag[k]:,}" for k in ("commit", "flush", "reput")),
-    )
+    offsets.add_column("pointer")
+    offsets.add_column("offset", justify="right", no_wrap=True, min_width=len(f"{max(o.values()):,}"))
+    offsets.add_column("lag", justify="right", no_wrap=True)
+    for key, behind in (
+        ("min", ""),
+        ("wrote", ""),
+        ("committed", "commit"),
+        ("flushed", "flush"),
+        ("reput", "reput"),
+    ):
+        offsets.add_row(key, f"{o[key]:,}", f"{lag[behind]:,}" if behind else "")
     workers = Table(title="workers", expand=True)
     for column in ("worker", "pid", "state", "restarts", "heartbeat", "errors", "passes"):
         workers.add_column(column, justify="left" if column in ("worker", "state") else "right")
@@ -94,7 +101,8 @@ def watch(
     config: MessageStoreConfig, *, interval_s: float = 1.0, count: int = 0, console: Console | None = None
 ) -> int:
     """Refresh until Ctrl-C, the store stopping, or ``count`` frames (0 = no limit)."""
-    console = console or Console()
+    # The terminal's width (COLUMNS, else the terminal's, else 80), as `shutil` reads it.
+    console = console or Console(width=shutil.get_terminal_size().columns)
     before: dict[str, Any] | None = None
     before_at = time.monotonic()
     frames = 0

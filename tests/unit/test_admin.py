@@ -285,3 +285,60 @@ def test_against_a_running_store_by_shm_name(tmp_path: Path) -> None:
             "queryMsgByKey", "--name", service.names.base, "--topic", "Live", "--key", "k1", "--json"
         )
         assert json.loads(by_key.stdout)["msgId"] == sent.msg_id
+
+
+def test_store_alone_reads_the_file_sizes_from_the_files(
+    rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The fixture's non-default sizes (1 MiB commit-log files, 20000-byte queue files, 84040-byte
+    index files) come from the file lengths: --store works without --conf or --set."""
+    store = str(rocketmq_fixtures / "clean-store")
+    assert main(["printMsg", "--store", store, "--json"]) == 0
+    assert len(capsys.readouterr().out.splitlines()) == 12_000
+    topic = (
+        "t_%RETRY%x_long-topic-name_abcdefghijklmnopqrstuvwxyz0123456789abcdefghijklmnopqrstuvwxyz0123456789a"
+    )
+    with_settings = main(
+        ["queryMsgByKey", "--store", store, *FIXTURE_SETTINGS, "-t", topic, "-k", "oscar-65", "--json"]
+    )
+    expected = capsys.readouterr().out
+    assert with_settings == 0
+    assert expected.count("\n") >= 1
+    assert main(["queryMsgByKey", "--store", store, "-t", topic, "-k", "oscar-65", "--json"]) == 0
+    assert capsys.readouterr().out == expected
+    # one size given, the index length tells the other
+    assert (
+        main(
+            [
+                "queryMsgByKey",
+                "--store",
+                store,
+                "--set",
+                "maxHashSlotNum=1000",
+                "-t",
+                topic,
+                "-k",
+                "oscar-65",
+                "--json",
+            ]
+        )
+        == 0
+    )
+    assert capsys.readouterr().out == expected
+    # a size given that the files contradict is still refused, naming the mismatch
+    assert main(["printMsg", "--store", store, "--set", "mappedFileSizeCommitLog=2097152"]) == 2
+    assert "does not match the configured file size" in capsys.readouterr().err
+
+
+def test_store_alone_reads_a_crashed_store_as_with_its_settings(
+    rocketmq_fixtures: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    store = str(rocketmq_fixtures / "crashed-store")
+    assert main(["printMsg", "--store", store, *FIXTURE_SETTINGS, "--json"]) == 0
+    expected = capsys.readouterr().out
+    assert main(["printMsg", "--store", store, "--json"]) == 0
+    assert capsys.readouterr().out == expected
+    assert main(["topicStatus", "--store", store, "--json"]) == 0
+    alone = capsys.readouterr().out
+    assert main(["topicStatus", "--store", store, *FIXTURE_SETTINGS, "--json"]) == 0
+    assert capsys.readouterr().out == alone
