@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from rmq_mp.config import FlushDiskType, MessageStoreConfig
+from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
@@ -134,6 +134,7 @@ class Supervisor:
         log.info("store root %s (storePathRootDir, resolved)", self.root)
         if note := self.config.root_dir_note:
             log.warning("%s", note)
+        self._log_settings()
         self.root.mkdir(parents=True, exist_ok=True)
         if self.names.leftovers():
             salvaged = salvage_crashed_run(self.names, self.config)
@@ -160,6 +161,19 @@ class Supervisor:
         assert self.shm is not None
         self.shm.table.set(layout.STATE, layout.RUNNING)
         log.info("store %s running as %s", self.root, self.names.base)
+
+    def _log_settings(self) -> None:
+        """What the store runs with that differs from what broker.conf says, one record each (the
+        config itself is loaded before this process's log exists): every RocketMQ effective-value
+        adjustment and every broker-only key accepted and ignored."""
+        source = self.config.source
+        for adjustment in self.config.adjustments:
+            log.warning("setting adjusted (%s): %s", source, adjustment)
+        for ignored in self.config.ignored_properties:
+            why = IGNORED_PROPERTIES.get(
+                ignored.split("=", 1)[0], "a feature rmq-mp does not have, set false"
+            )
+            log.info("setting ignored (%s): %s (%s)", source, ignored, why)
 
     def _create_shared_memory(self) -> None:
         cfg, store = self.config, self.store
