@@ -340,9 +340,10 @@ class Producer:
         flag: int = 0,
     ) -> SendResult:
         """Store one message; the result's status is RocketMQ's PutMessageStatus. A message the
-        store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1, properties or body
-        too long) is answered MESSAGE_ILLEGAL with the reason and nothing stored; an argument of
-        the wrong type raises `InvalidArgumentTypeError` (`rmq_mp.validators`)."""
+        store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1 or outside the
+        topic's queues, properties or body too long) is answered MESSAGE_ILLEGAL with the reason
+        and nothing stored; an argument of the wrong type raises `InvalidArgumentTypeError`
+        (`rmq_mp.validators`)."""
         started_ns = time.perf_counter_ns()
         born_ms = time.time_ns() // 1_000_000
         uniq = self.uniq.next_id(born_ms)
@@ -359,6 +360,8 @@ class Producer:
                 body, queue_id, flag = _typed(body, queue_id, flag)
             if queue_id is None:
                 queue_id = self._queue_for(topic, None)
+            elif queue_id >= self._queue_limit(topic):
+                self._check_queue_id(topic, queue_id)
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
                 text = properties_text(properties, tags, keys, uniq)
@@ -409,21 +412,24 @@ class Producer:
     # ------------------------------------------------------------------ encode (outside the lock)
 
     def _queue_for(self, topic: str, queue_id: int | None) -> int:
-        """``queue_id``, or the next of the topic's write queues in round robin (as RocketMQ's
-        client rotates over the topic's route): its writeQueueNums in config/topics.json, or
-        defaultTopicQueueNums for a topic not there yet."""
+        """``queue_id`` (`RecordRejected` MESSAGE_ILLEGAL if the topic has no such queue), or the
+        next of the topic's write queues in round robin (as RocketMQ's client rotates over the
+        topic's route): its writeQueueNums in config/topics.json, or defaultTopicQueueNums for a
+        topic not there yet."""
         if queue_id is not None:
+            if queue_id >= self._queue_limit(topic):
+                self._check_queue_id(topic, queue_id)
             return queue_id
         turn = self._round_robin.get(topic, 0)
         self._round_robin[topic] = turn + 1
         return turn % self._write_queue_nums(topic)
 
-    def _write_queue_nums(self, topic: str) -> int:
-        """From topics.json, re-read when it changed (`rmq-admin updateTopic`, the supervisor's
-        saves of auto-created topics), looked at no more than every TOPICS_RECHECK_S."""
-        now = time.monotonic()
-        if now - self._topics_checked_s >= TOPICS_RECHECK_S:
-            self._topics_checked_s = now
+    def _reload_topics(self, *, now: bool = False) -> None:
+        """Re-read topics.json when it changed (`rmq-admin updateTopic`, the supervisor's saves of
+        auto-created topics), looked at no more than every TOPICS_RECHECK_S unless ``now``."""
+        monotonic = time.monotonic()
+        if now or monotonic - self._topics_checked_s >= TOPICS_RECHECK_S:
+            self._topics_checked_s = monotonic
             try:
                 mtime_ns = self._topics.path.stat().st_mtime_ns
             except FileNotFoundError:
@@ -431,11 +437,57 @@ class Producer:
             if mtime_ns != self._topics_mtime_ns:
                 self._topics_mtime_ns = mtime_ns
                 self._topics.load()
+
+    def _write_queue_nums(self, topic: str) -> int:
+        """The topic's writeQueueNums from topics.json, defaultTopicQueueNums for a new topic."""
+        self._reload_topics()
         found = self._topics.get(topic)
         return (
             found.write_queue_nums
             if found is not None and found.write_queue_nums > 0
             else (self.config.default_topic_queue_nums)
+        )
+
+    def _queue_limit(self, topic: str) -> int:
+        """Queue ids below this are the topic's: max(writeQueueNums, readQueueNums) as RocketMQ's
+        `AbstractSendMessageProcessor.msgCheck` bounds them, or defaultTopicQueueNums for a topic
+        not configured yet (the supervisor auto-creates it so, as autoCreateTopicEnable does)."""
+        self._reload_topics()
+        found = self._topics.get(topic)
+        if found is None:
+            return self.config.default_topic_queue_nums
+        return max(found.write_queue_nums, found.read_queue_nums)
+
+    def _check_queue_id(self, topic: str, queue_id: int) -> None:
+        """`RecordRejected` (MESSAGE_ILLEGAL) for a queue id the topic does not have."""
+        if problem := self._queue_id_problem(topic, queue_id):
+            raise RecordRejected(_ILLEGAL, problem)
+
+    def _queue_id_problem(self, topic: str, queue_id: int) -> str:
+        """Why a queue id at or past `_queue_limit` is refused, naming the topic's queue counts;
+        '' if topics.json changed meanwhile or the queue exists already (a store RocketMQ wrote,
+        whose topics.json the supervisor grows at its next persist). A send never grows a topic:
+        RocketMQ's broker refuses such a queue id too. A queue id or topic the store cannot hold
+        at all is left to `_encode`, which names that first."""
+        if v.queue_id_problem(queue_id) or v.topic_problem(topic) or self.queues.find(topic, queue_id) >= 0:
+            return ""
+        self._reload_topics(now=True)
+        found = self._topics.get(topic)
+        if found is None:
+            nums = self.config.default_topic_queue_nums
+            if queue_id < nums:
+                return ""
+            return (
+                f"queue id {queue_id} is illegal: topic {topic} is not configured yet and is created "
+                f"with defaultTopicQueueNums = {nums} queues (0..{nums - 1}); `rmq-admin updateTopic "
+                f"-w N` creates it with more"
+            )
+        if queue_id < max(found.write_queue_nums, found.read_queue_nums):
+            return ""
+        return (
+            f"queue id {queue_id} is illegal: topic {topic} has writeQueueNums = "
+            f"{found.write_queue_nums} (readQueueNums = {found.read_queue_nums}); `rmq-admin "
+            f"updateTopic -w N` gives it more queues"
         )
 
     def _encode(
@@ -508,6 +560,9 @@ class Producer:
             problem = record.validate_message(
                 message, max_message_size=self._max_message_size, properties_text=text
             )
+            if problem is None and message.queue_id >= self._queue_limit(message.topic):
+                queue_problem = self._queue_id_problem(message.topic, message.queue_id)
+                problem = (_ILLEGAL, queue_problem) if queue_problem else None
             if problem is None:
                 data = self.encoder.encode_message(message, text)
         except InvalidArgumentError:
@@ -584,12 +639,14 @@ class Producer:
         message has keys of its own, else its records joined."""
         batch = _checked_batch(batch)
         count = len(batch.bodies)
-        queue_id = self._queue_for(batch.topic, batch.queue_id)
+        queue_id = self._queue_for(batch.topic, None) if batch.queue_id is None else batch.queue_id
         first = self.uniq.take(count)
         uniq_prefix = f"{self.uniq.prefix_hex}{self.uniq.time_hex(born_ms)}"
         given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
         try:
+            if batch.queue_id is not None and queue_id >= self._queue_limit(batch.topic):
+                self._check_queue_id(batch.topic, queue_id)
             if batch.keys is None:
                 head = properties_text(batch.properties, batch.tags, None, "" if given_uniq else uniq_prefix)
                 rows = self._encode_uniform(batch, queue_id, born_ms, head, -1 if given_uniq else first)

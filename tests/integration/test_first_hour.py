@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 from rmq_mp.config_manager import loads
+from shm import layout
 from shm.names import ShmNames
 from tests.service import ROOT, leftover_processes, running_service, write_conf
 
@@ -88,3 +89,58 @@ def test_demo_commits_so_a_second_demo_consumes_only_its_own(tmp_path: Path) -> 
     assert "300 message(s) in 1 call(s): put latency avg " in status_line
     assert " us a message, " in status_line
     assert " us a call " in status_line
+
+
+def test_a_queue_id_outside_the_topic_is_refused_and_never_grows_it(tmp_path: Path) -> None:
+    from rmq_mp import Message, MessageBatch, Producer
+    from rmq_mp.admin import main as rmq_admin
+    from rmq_mp.status import PutMessageStatus
+    from tests.service import wait_until
+
+    illegal = PutMessageStatus.MESSAGE_ILLEGAL
+    with running_service(tmp_path, flushConsumerOffsetInterval="100") as service:
+        topics = service.root / "config" / "topics.json"
+        with Producer.attach(service.names.base) as producer:
+            # A topic not configured yet: its queues are the defaultTopicQueueNums it is created with.
+            refused = producer.send("Orders", b"x", queue_id=8)
+            assert refused.status is illegal, refused
+            assert "topic Orders is not configured yet" in refused.reason
+            assert "defaultTopicQueueNums = 8 queues (0..7)" in refused.reason
+            assert producer.send("Orders", b"x", queue_id=7).ok
+            wait_until(
+                lambda: topics.exists() and "Orders" in loads(topics.read_text())["topicConfigTable"],
+                20,
+                "the auto-created topic persisted",
+            )
+            puts = service.read(layout.PUT_COUNT)
+            for result in [
+                producer.send("Orders", b"x", queue_id=99),
+                *producer.send_batch([{"topic": "Orders", "body": b"x", "queue_id": 99}]),
+                *producer.send_batch(MessageBatch("Orders", [b"a", b"b"], queue_id=99)),
+                *producer.send_batch([Message(topic="Orders", body=b"x", queue_id=99)]),
+            ]:
+                assert result.status is illegal, result
+                assert "queue id 99 is illegal: topic Orders has writeQueueNums = 8" in result.reason
+            assert service.read(layout.PUT_COUNT) == puts  # nothing stored
+            # Bad input keeps its own, earlier reason.
+            negative = producer.send("Orders", b"x", queue_id=-1)
+            assert negative.status is illegal
+            assert "negative" in negative.reason
+            # More queues: at once, without waiting for the producer's periodic look at the file.
+            update = [
+                "updateTopic",
+                "--name",
+                service.names.base,
+                "--topic",
+                "Orders",
+                "-w",
+                "16",
+                "-r",
+                "16",
+            ]
+            assert rmq_admin(update) == 0
+            assert producer.send("Orders", b"x", queue_id=12).ok
+    # The stop's final persist writes the topic as configured, not grown to queue 99.
+    config = loads(topics.read_text())["topicConfigTable"]["Orders"]
+    assert (config["writeQueueNums"], config["readQueueNums"]) == (16, 16)
+    assert not (service.root / "consumequeue" / "Orders" / "99").exists()
