@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import os
 import struct
 import time
@@ -45,7 +46,7 @@ from rmq_mp import validators as v
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
-from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError, ShmAttachError
 from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.message_batch import (
     UNIQ_KEY_PREFIX,
@@ -59,7 +60,13 @@ from rmq_mp.message_batch import (
 )
 from rmq_mp.put_metrics import PutRecorder
 from rmq_mp.record import RecordRejected
-from rmq_mp.running_store import RunningStore
+from rmq_mp.running_store import (
+    REATTACH_WAIT_S,
+    START_TIMEOUT_S,
+    SUPERVISOR_STALE_MS,
+    Instance,
+    RunningStore,
+)
 from rmq_mp.status import PutMessageStatus, RunningFlags
 from rmq_mp.topics import TopicConfigManager
 from shm import flush_requests as fr
@@ -69,12 +76,12 @@ from shm.layout import Role
 from shm.pointer_table import pid_alive
 from shm.semaphores import PutLock, acquire
 
+log = logging.getLogger("rmq_mp.producer")
+
 LOCK_TIMEOUT_S = 3.0
 """How long a put waits for the lock before reporting OS_PAGECACHE_BUSY (never a hang)."""
 POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
-SUPERVISOR_STALE_MS = 3000
-"""A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
 DISPATCH_WAIT_S = 0.001
 """How often a put held back by maxDispatchLagBytes looks at reput's progress."""
 TOPICS_RECHECK_S = 1.0
@@ -247,9 +254,22 @@ class SendBatchResult(Sequence[SendResult]):
 
 
 class Producer:
-    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe)."""
+    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe).
+
+    A producer outlives a restart of its store: a send that finds its store stopping, stopped
+    or its supervisor dead looks whether a newer start of the store runs under the same shm name
+    and, if so, attaches to it and sends there (waiting up to `REATTACH_WAIT_S` for one still
+    starting); otherwise it is answered SERVICE_NOT_AVAILABLE saying so, and the next send looks
+    again."""
 
     def __init__(self, store: RunningStore) -> None:
+        self.uniq = m.UniqueIdGenerator()
+        self._round_robin: dict[str, int] = {}
+        self._bind(store)
+
+    def _bind(self, store: RunningStore) -> None:
+        """Everything that belongs to one start of the store (its shared memory, settings and
+        put state); `uniq` and the round robin belong to the producer and outlive a restart."""
         self.store = store
         self.table = store.shm.table
         self.queues = store.shm.queues
@@ -285,8 +305,6 @@ class Producer:
         self._acks = self._sync or self._sync_master
         """A put that waits for the store is answered after more than its append."""
         self._pool = store.pool_enabled
-        self.uniq = m.UniqueIdGenerator()
-        self._round_robin: dict[str, int] = {}
         self._topics = TopicConfigManager(store.paths.topics)
         self._topics_checked_s = -TOPICS_RECHECK_S
         self._topics_mtime_ns = -1
@@ -312,9 +330,33 @@ class Producer:
         without a system call, one ending above goes through `_reserve`."""
 
     @classmethod
-    def attach(cls, name: str | os.PathLike[str]) -> Producer:
-        """Attach to the running store ``name`` (shm name or store directory)."""
-        return cls(RunningStore.attach(name, Role.PRODUCER, writable_log=True))
+    def attach(cls, name: str | os.PathLike[str], *, start_timeout_s: float = START_TIMEOUT_S) -> Producer:
+        """Attach to the running store ``name`` (shm name or store directory); one still starting
+        is waited for up to ``start_timeout_s`` (`StoreNotRunningError` after it), so that no
+        send is refused for a start that was about to finish."""
+        return cls(
+            RunningStore.attach(name, Role.PRODUCER, writable_log=True, start_timeout_s=start_timeout_s)
+        )
+
+    def _reattach(self, why: str) -> str:
+        """After a refusal ``why`` that says the store stopped or its supervisor died: attach to
+        a newer start of the store under the same shm name, if there is one. '' once attached
+        (the caller looks at the new store's state again), else ``why`` and what to expect."""
+        names = self.store.names
+        instance = Instance.of(names)
+        if instance is None or instance.generation == self.table.get(layout.GENERATION):
+            return f"{why}; this producer attaches again by itself at a send once the store runs again"
+        try:
+            store = RunningStore.attach(
+                names.base, Role.PRODUCER, writable_log=True, start_timeout_s=REATTACH_WAIT_S
+            )
+        except ShmAttachError as exc:
+            return f"{why}; attaching to its new start failed ({exc}); the next send tries again"
+        old = self.store
+        self._bind(store)
+        old.close()
+        log.info("producer reattached to store %s (start %d)", names.base, self.table.get(layout.GENERATION))
+        return ""
 
     def close(self) -> None:
         self._file = None
@@ -728,19 +770,27 @@ class Producer:
 
     # ------------------------------------------------------------------ put (under the lock)
 
-    def _refusal(self, now: int) -> tuple[PutMessageStatus, str] | None:
-        """Why no put may happen now (RocketMQ's checks before taking the lock), or None."""
+    def _refusal(self, now: int, *, reattach: bool = True) -> tuple[PutMessageStatus, str] | None:
+        """Why no put may happen now (RocketMQ's checks before taking the lock), or None. A store
+        that stopped or lost its supervisor is replaced by a newer start of it when there is one
+        (`_reattach`), and the checks run again there."""
         w = self._words
         if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
-            if self._slave:
+            if self._slave and w[_STATE] == layout.RUNNING:
                 return (
                     PutMessageStatus.SERVICE_NOT_AVAILABLE,
                     "message store is in slave mode (brokerRole=SLAVE)",
                 )
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
+            why = f"store is not running ({self.store.instance.state_name})"
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead"
+            why = "store supervisor is dead"
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         flags = w[_FLAGS] & _PUT_BLOCKERS
         if flags:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(

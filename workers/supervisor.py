@@ -418,6 +418,7 @@ class Supervisor:
             return clean
         t = self.shm.table
         t.set(layout.STATE, layout.STOPPING)
+        self._wake_parked_consumers()
         for role in STOP_ORDER:
             handle = self.workers.get(role)
             if handle is not None and handle.process is not None:
@@ -443,6 +444,14 @@ class Supervisor:
                 )
         t.set(layout.STATE, layout.STOPPED)
         return clean
+
+    def _wake_parked_consumers(self) -> None:
+        """Consumers parked in a long poll wake and see the store stopping (nothing else will
+        wake them: reput stops), so they attach to its next start or say it stopped, at once
+        rather than at their timeout."""
+        assert self.shm is not None
+        for slot in self.shm.waiters.waiting_slots():
+            self.shm.waiter(slot).release()
 
     def _release_shared(self) -> None:
         """Close and unlink every shared segment and semaphore of this store (each step even if

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from rmq_mp.config_manager import loads
 from shm import layout
 from shm.names import ShmNames
@@ -144,3 +146,115 @@ def test_a_queue_id_outside_the_topic_is_refused_and_never_grows_it(tmp_path: Pa
     config = loads(topics.read_text())["topicConfigTable"]["Orders"]
     assert (config["writeQueueNums"], config["readQueueNums"]) == (16, 16)
     assert not (service.root / "consumequeue" / "Orders" / "99").exists()
+
+
+def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None:
+    from rmq_mp import Consumer, Producer
+    from rmq_mp.errors import StoreNotRunningError
+    from rmq_mp.status import PutMessageStatus
+    from tests.service import start_service
+
+    first = start_service(tmp_path, flushConsumerOffsetInterval="100")
+    name = first.names.base
+    producer = Producer.attach(name)
+    consumer = Consumer.attach(name, "carry-on")
+    try:
+        assert all(producer.send("Restart", b"before %d" % i, queue_id=0).ok for i in range(3))
+        consumer.subscribe("Restart")
+        assert [m.body for m in consumer.poll(5)] == [b"before %d" % i for i in range(3)]
+        consumer.commit()
+        assert first.stop() == 0
+
+        # Stopped: the producer says so and what it will do; the consumer raises, typed.
+        stopped = producer.send("Restart", b"while stopped", queue_id=0)
+        assert stopped.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        assert "store is not running (stopped)" in stopped.reason
+        assert "attaches again by itself" in stopped.reason
+        with pytest.raises(StoreNotRunningError, match="attaches again by itself"):
+            consumer.poll(0)
+
+        second = start_service(tmp_path, flushConsumerOffsetInterval="100")
+        try:
+            assert second.names.base == name
+            after = producer.send("Restart", b"after", queue_id=0)  # no new attach
+            assert after.ok, after
+            assert after.queue_offset == 3
+            assert [m.body for m in consumer.poll(5)] == [b"after"]  # from where it was
+            consumer.commit()
+            producer.close()
+            consumer.close()
+            assert second.stop() == 0
+        finally:
+            second.stop()
+    finally:
+        producer.close()
+        consumer.close()
+        first.stop()
+    offsets = loads((first.root / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert offsets["Restart@carry-on"] == {0: 4}
+    assert first.names.leftovers() == []
+
+
+def test_a_parked_consumer_wakes_when_its_store_stops(tmp_path: Path) -> None:
+    import threading
+
+    from rmq_mp import Consumer
+    from rmq_mp.errors import StoreNotRunningError
+    from tests.service import start_service, wait_until
+
+    service = start_service(tmp_path)
+    outcome: list[BaseException | None] = []
+    try:
+        with Consumer.attach(service.names.base, "parked") as consumer:
+            consumer.subscribe("Quiet")
+
+            def poll() -> None:
+                try:
+                    consumer.poll(600)
+                    outcome.append(None)
+                except BaseException as exc:
+                    outcome.append(exc)
+
+            thread = threading.Thread(target=poll)
+            thread.start()
+            wait_until(lambda: consumer.waiters.waiting_slots() != [], 30, "the consumer to park")
+            assert service.stop() == 0
+            thread.join(30)  # woken by the stop, not by its 600 s timeout
+            assert not thread.is_alive()
+    finally:
+        service.stop()
+    assert len(outcome) == 1
+    assert isinstance(outcome[0], StoreNotRunningError), outcome
+
+
+def test_attach_waits_for_a_store_that_is_still_starting(tmp_path: Path) -> None:
+    from rmq_mp import Consumer, Producer
+    from rmq_mp.config import MessageStoreConfig
+    from rmq_mp.errors import StoreNotRunningError
+    from rmq_mp.running_store import Instance
+    from tests.service import STARTED, RunningService, wait_until
+
+    conf = write_conf(tmp_path / "s.conf", tmp_path / "s")
+    config = MessageStoreConfig.from_file(conf)
+    names = ShmNames.for_store(config.store_path_root_dir)
+    log = tmp_path / "s.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [*RUN, "start", "--conf", str(conf)], stdout=out, stderr=subprocess.STDOUT, cwd=ROOT
+        )
+    service = RunningService(conf, config, names, process, log)
+    STARTED.append(service)
+    try:
+        wait_until(
+            lambda: (i := Instance.of(names)) is not None and i.starting, 60, "the store to be starting"
+        )
+        with pytest.raises(StoreNotRunningError, match="is still starting after 0 s"):
+            Producer.attach(names.base, start_timeout_s=0)
+        with Producer.attach(names.base) as producer:  # waits
+            assert service.read(layout.STATE) == layout.RUNNING
+            assert producer.send("Early", b"first").ok
+        with Consumer.attach(names.base, "early") as consumer:
+            assert consumer.pull("Early", 0, 0, timeout_s=5).messages[0].body == b"first"
+    finally:
+        assert service.stop() == 0
+    assert names.leftovers() == []
