@@ -152,7 +152,7 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
     from rmq_mp import Consumer, Producer
     from rmq_mp.errors import StoreNotRunningError
     from rmq_mp.status import PutMessageStatus
-    from tests.service import start_service
+    from tests.service import start_service, wait_until
 
     first = start_service(tmp_path, flushConsumerOffsetInterval="100")
     name = first.names.base
@@ -161,7 +161,9 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
     try:
         assert all(producer.send("Restart", b"before %d" % i, queue_id=0).ok for i in range(3))
         consumer.subscribe("Restart")
-        assert [m.body for m in consumer.poll(5)] == [b"before %d" % i for i in range(3)]
+        got: list[bytes] = []
+        wait_until(lambda: got.extend(m.body for m in consumer.poll(1)) or len(got) >= 3, 30, "three")
+        assert got == [b"before %d" % i for i in range(3)]
         consumer.commit()
         assert first.stop() == 0
 
@@ -179,7 +181,9 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
             after = producer.send("Restart", b"after", queue_id=0)  # no new attach
             assert after.ok, after
             assert after.queue_offset == 3
-            assert [m.body for m in consumer.poll(5)] == [b"after"]  # from where it was
+            got.clear()
+            wait_until(lambda: got.extend(m.body for m in consumer.poll(1)) or len(got) >= 1, 30, "after")
+            assert got == [b"after"]  # from where it was
             consumer.commit()
             producer.close()
             consumer.close()
