@@ -402,8 +402,9 @@ class Producer:
                 body, queue_id, flag = _typed(body, queue_id, flag)
             if queue_id is None:
                 queue_id = self._queue_for(topic, None)
-            elif queue_id >= self._queue_limit(topic):
-                self._check_queue_id(topic, queue_id)
+                named = False
+            else:
+                named = True
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
                 text = properties_text(properties, tags, keys, uniq)
@@ -412,6 +413,8 @@ class Producer:
                     wait = _waits_for_store(properties)
             else:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
+            if named and queue_id >= self._queue_limit(topic):  # after every type check
+                self._check_queue_id(topic, queue_id)
             self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
@@ -454,13 +457,11 @@ class Producer:
     # ------------------------------------------------------------------ encode (outside the lock)
 
     def _queue_for(self, topic: str, queue_id: int | None) -> int:
-        """``queue_id`` (`RecordRejected` MESSAGE_ILLEGAL if the topic has no such queue), or the
-        next of the topic's write queues in round robin (as RocketMQ's client rotates over the
-        topic's route): its writeQueueNums in config/topics.json, or defaultTopicQueueNums for a
-        topic not there yet."""
+        """``queue_id`` (checked by `_check_queue_id` once every type is checked), or the next of
+        the topic's write queues in round robin (as RocketMQ's client rotates over the topic's
+        route): its writeQueueNums in config/topics.json, or defaultTopicQueueNums for a topic
+        not there yet."""
         if queue_id is not None:
-            if queue_id >= self._queue_limit(topic):
-                self._check_queue_id(topic, queue_id)
             return queue_id
         turn = self._round_robin.get(topic, 0)
         self._round_robin[topic] = turn + 1
@@ -569,9 +570,12 @@ class Producer:
                 or (queue_id is not None and type(queue_id) is not int)
             ):
                 body, queue_id, flag = _typed(body, queue_id, flag)
+            named = queue_id is not None
             queue_id = self._queue_for(topic, queue_id)
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
+            if named and queue_id >= self._queue_limit(topic):  # after every type check
+                self._check_queue_id(topic, queue_id)
             text = properties_text(properties, tags, keys, uniq)
             if properties:
                 uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
