@@ -9,7 +9,8 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
 watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
         persist consumer offsets and topics every flushConsumerOffsetInterval (an OSError is
         logged once, counted in CONFIG_PERSIST_FAILURES and retried; the last good file stays).
-stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused; stop
+stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused and parked
+        consumers are woken (both attach to the store's next start by themselves); stop
         workers one by one in dependency order (committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
         remove `abort` only if dispatch caught up; persist the config files; unlink every
