@@ -308,6 +308,8 @@ class Producer:
         self._topics = TopicConfigManager(store.paths.topics)
         self._topics_checked_s = -TOPICS_RECHECK_S
         self._topics_mtime_ns = -1
+        self._queue_limits: dict[str, int] = {}
+        """Topic -> `_queue_limit`, until topics.json changes."""
         self._flush_until = -1
         """End offset the current lock hold's SYNC flush request must cover (-1: none)."""
         self._slots: dict[tuple[str, int], tuple[int, int]] = {}
@@ -413,7 +415,7 @@ class Producer:
                     wait = _waits_for_store(properties)
             else:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
-            if named and queue_id >= self._queue_limit(topic):  # after every type check
+            if named and not self._known_queue(topic, queue_id):  # after every type check
                 self._check_queue_id(topic, queue_id)
             self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
@@ -480,6 +482,7 @@ class Producer:
             if mtime_ns != self._topics_mtime_ns:
                 self._topics_mtime_ns = mtime_ns
                 self._topics.load()
+                self._queue_limits.clear()
 
     def _write_queue_nums(self, topic: str) -> int:
         """The topic's writeQueueNums from topics.json, defaultTopicQueueNums for a new topic."""
@@ -491,15 +494,30 @@ class Producer:
             else (self.config.default_topic_queue_nums)
         )
 
+    def _known_queue(self, topic: str, queue_id: int) -> bool:
+        """Whether ``queue_id`` is one of the topic's queues by the limit cached for it (a dict
+        lookup and a clock read a send); False sends it to `_check_queue_id`. The cache is
+        dropped whenever topics.json changed, looked at every TOPICS_RECHECK_S."""
+        if (
+            queue_id < self._queue_limits.get(topic, 0)
+            and time.monotonic() - self._topics_checked_s < TOPICS_RECHECK_S
+        ):
+            return True
+        return queue_id < self._queue_limit(topic)
+
     def _queue_limit(self, topic: str) -> int:
         """Queue ids below this are the topic's: max(writeQueueNums, readQueueNums) as RocketMQ's
         `AbstractSendMessageProcessor.msgCheck` bounds them, or defaultTopicQueueNums for a topic
         not configured yet (the supervisor auto-creates it so, as autoCreateTopicEnable does)."""
         self._reload_topics()
         found = self._topics.get(topic)
-        if found is None:
-            return self.config.default_topic_queue_nums
-        return max(found.write_queue_nums, found.read_queue_nums)
+        limit = (
+            self.config.default_topic_queue_nums
+            if found is None
+            else max(found.write_queue_nums, found.read_queue_nums)
+        )
+        self._queue_limits[topic] = limit
+        return limit
 
     def _check_queue_id(self, topic: str, queue_id: int) -> None:
         """`RecordRejected` (MESSAGE_ILLEGAL) for a queue id the topic does not have."""
@@ -574,7 +592,7 @@ class Producer:
             queue_id = self._queue_for(topic, queue_id)
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
-            if named and queue_id >= self._queue_limit(topic):  # after every type check
+            if named and not self._known_queue(topic, queue_id):  # after every type check
                 self._check_queue_id(topic, queue_id)
             text = properties_text(properties, tags, keys, uniq)
             if properties:
@@ -606,7 +624,7 @@ class Producer:
             problem = record.validate_message(
                 message, max_message_size=self._max_message_size, properties_text=text
             )
-            if problem is None and message.queue_id >= self._queue_limit(message.topic):
+            if problem is None and not self._known_queue(message.topic, message.queue_id):
                 queue_problem = self._queue_id_problem(message.topic, message.queue_id)
                 problem = (_ILLEGAL, queue_problem) if queue_problem else None
             if problem is None:
@@ -691,7 +709,7 @@ class Producer:
         given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
         try:
-            if batch.queue_id is not None and queue_id >= self._queue_limit(batch.topic):
+            if batch.queue_id is not None and not self._known_queue(batch.topic, queue_id):
                 self._check_queue_id(batch.topic, queue_id)
             if batch.keys is None:
                 head = properties_text(batch.properties, batch.tags, None, "" if given_uniq else uniq_prefix)
