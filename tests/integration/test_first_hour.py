@@ -262,3 +262,47 @@ def test_attach_waits_for_a_store_that_is_still_starting(tmp_path: Path) -> None
     finally:
         assert service.stop() == 0
     assert names.leftovers() == []
+
+
+def test_the_readme_consumer_snippet_commits_its_group(tmp_path: Path) -> None:
+    """The README's first producer/consumer snippet, run as written against ./store: a second run
+    of its consumer starts where the first committed."""
+    import re
+
+    from rmq_mp import Consumer
+
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = text.split("From any local process", 1)[1]
+    block = re.search(r"```python\n(.*?)```", section, re.S)
+    assert block is not None
+    assert "consumer.commit()" in block.group(1)
+    iterated = []
+    with running_service(tmp_path, "store") as service:
+        for _ in range(2):
+            ran = subprocess.run(
+                [sys.executable, "-c", block.group(1)],
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            assert ran.returncode == 0, ran.stderr
+            iterated.append(re.findall(r"^(\d+) b'hello'$", ran.stdout, re.M))
+        # Each run sends one message to queue 0; its loop starts where the last run committed.
+        assert iterated == [["0"], ["1"]]
+        with Consumer.attach(service.names.base, "my-group") as consumer:
+            committed = [consumer.committed_offset("Orders", q) for q in range(8)]
+    assert sum(c for c in committed if c > 0) == 2  # both runs' messages, each consumed once
+
+
+def test_a_daemon_start_that_fails_without_a_refusal_line_shows_the_supervisors_last_words() -> None:
+    from run import did_not_start
+
+    lines = ["starting store /s as shm rmq_x", "Killed", ""]
+    assert did_not_start(-9, lines, Path("/s/logs/supervisor.log"), Path("/s/logs/supervisor.out")) == (
+        "run.py: the store did not start (supervisor exit code -9): Killed; "
+        "see /s/logs/supervisor.log and /s/logs/supervisor.out"
+    )
+    assert did_not_start(None, [], Path("l"), Path("o")).startswith(
+        "run.py: the store is still starting after 60 s (`run.py status` shows when it runs); see l"
+    )
