@@ -49,7 +49,8 @@ DEFAULT_CONF = Path(__file__).resolve().parent / "conf" / "broker.conf"
 
 def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
     """Start the store as a service, send ``count`` messages from this process, consume them with
-    a long-polling consumer, look one up by key and by msgId, print the status, stop cleanly."""
+    a long-polling consumer from its group's committed offsets and commit the new ones (a second
+    demo consumes only its own messages), look one up by msgId, print the status, stop cleanly."""
     root = config.store_path_root_dir
     check_store_paths(config)  # a misplaced store is refused in one line before anything starts
     command = [sys.executable, str(Path(__file__).resolve()), "start", "--conf", str(conf), "--store", root]
@@ -79,7 +80,11 @@ def demo(conf: Path, config: MessageStoreConfig, count: int) -> int:
             received = 0
             while received < ok and (batch := consumer.poll(timeout_s=5)):
                 received += len(batch)
-            print(f"consumed {received} messages with a long-polling consumer (group demo-group)")
+            committed = consumer.commit()  # the group's next offsets: a second demo starts there
+            print(
+                f"consumed {received} messages with a long-polling consumer (group demo-group) and "
+                f"committed its offsets on {len(committed)} queue(s) (`rmq-admin consumerProgress` shows them)"
+            )
             last = results[-1]
             print(
                 f"by msgId {last.msg_id}: {consumer.store.commit_log.look_message_by_offset(last.commit_log_offset).body!r}"
@@ -143,17 +148,27 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
         if code is not None and code in (EXIT_REFUSED, EXIT_INTERNAL) and errors:
             print(errors[-1], file=sys.stderr)
             return code
-        print(
-            f"run.py: the store did not start; see {logs / 'supervisor.log'} and {out_path}",
-            file=sys.stderr,
-        )
+        print(did_not_start(code, lines, logs / "supervisor.log", out_path), file=sys.stderr)
         return 1
+    name = ShmNames.for_store(config.store_path_root_dir, config.shm_name).base
     print(
-        f"store {config.store_path_root_dir} running, supervisor pid {process.pid}, log {logs / 'supervisor.log'}"
+        f"store {config.store_path_root_dir} running as shm {name}, supervisor pid {process.pid}, "
+        f"log {logs / 'supervisor.log'}"
     )
     if note := config.root_dir_note:
         print(f"run.py: {note}")
     return 0
+
+
+def did_not_start(code: int | None, lines: list[str], log: Path, out_path: Path) -> str:
+    """The one line `start --daemon` prints when the supervisor neither ran nor refused with a
+    line of its own: the last thing it wrote (the reason, when it gave one) and where the rest is."""
+    said = next((line.strip() for line in reversed(lines) if line.strip()), "")
+    if code is None:
+        what = "the store is still starting after 60 s (`run.py status` shows when it runs)"
+    else:
+        what = f"the store did not start (supervisor exit code {code})"
+    return f"run.py: {what}{': ' + said if said else ''}; see {log} and {out_path}"
 
 
 class HeldConsole(logging.Handler):

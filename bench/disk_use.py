@@ -56,7 +56,11 @@ def main(argv: list[str] | None = None) -> int:
         "--set", dest="overrides", action="append", default=[], type=parse_setting, metavar="KEY=VALUE"
     )
     args = parser.parse_args(argv)
-    settings = {**DEFAULT_GEOMETRY, **dict(args.overrides)}
+    settings = {
+        **DEFAULT_GEOMETRY,
+        "defaultTopicQueueNums": str(args.queues_per_topic),  # a send names only its topic's queues
+        **dict(args.overrides),
+    }
     print(f"{args.queues} queues, {args.queues_per_topic} a topic, one message each; {settings}")
     tmp = Path(tempfile.mkdtemp(prefix="rmq-disk-use-", dir=args.dir))
     try:

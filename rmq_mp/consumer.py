@@ -12,6 +12,7 @@ loop. `subscribe` + `poll` iterate topics with tag expressions (``"TagA || TagB"
 
 from __future__ import annotations
 
+import logging
 import os
 import time
 from collections.abc import Iterator, Mapping
@@ -25,6 +26,7 @@ from rmq_mp.errors import (
     InvalidArgumentTypeError,
     ShmAttachError,
     StoreError,
+    StoreNotRunningError,
 )
 from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import MessageExt
@@ -32,13 +34,16 @@ from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.read_damage import ReadSkips, shm_counter
 from rmq_mp.reporter import Reporter
-from rmq_mp.running_store import RunningStore
+from rmq_mp.running_store import REATTACH_WAIT_S, START_TIMEOUT_S, SUPERVISOR_STALE_MS, Instance, RunningStore
 from rmq_mp.status import GetMessageResult, GetMessageStatus
+from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
 from shm.layout import Role
-from shm.pointer_table import pid_alive
+from shm.pointer_table import now_ms, pid_alive
 from shm.semaphores import acquire, spin_until, try_acquire
+
+log = logging.getLogger("rmq_mp.consumer")
 
 PARK_SPIN_S = 0.0002
 """A long poll watches its queue this long before sleeping: a wake by reput costs 50-70 us."""
@@ -84,31 +89,81 @@ class Consumer:
 
     def __init__(self, store: RunningStore, group: str) -> None:
         v.check_group(group)
-        self.store = store
         self.group = group
+        self.reporter = Reporter()
+        """Records this consumer skipped rather than serve (rmq_mp/read_damage.py)."""
+        self.subscriptions: dict[str, Subscription] = {}
+        self._checked_topics: set[str] = set()
+        """Topics `pull` has checked already: a pull of one of them pays a set lookup."""
+        self.committed: dict[tuple[str, int], int] = {}
+        self._holds: list[int] = []
+        self._waiter_slot = -1
+        self._bind(store)
+
+    def _bind(self, store: RunningStore) -> None:
+        """Everything that belongs to one start of the store (its shared memory and a slot in its
+        consumer table); subscriptions, their next offsets and `committed` belong to the consumer
+        and outlive a restart."""
+        self.store = store
         self.queues = store.shm.queues
         self.waiters = store.shm.waiters
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
         self._pool = process_pool(store.config.max_open_consume_queue_files)
         """Shared by every consumer of the process: the queue files all of them read stay
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
-        self.reporter = Reporter()
-        """Records this consumer skipped rather than serve (rmq_mp/read_damage.py)."""
         self.skips = ReadSkips(self.reporter, publish=shm_counter(store.shm))
-        self.subscriptions: dict[str, Subscription] = {}
-        self._checked_topics: set[str] = set()
-        """Topics `pull` has checked already: a pull of one of them pays a set lookup."""
-        self.committed: dict[tuple[str, int], int] = {}
-        self._holds: list[int] = []
         self._waiter_slot = self._claim_waiter_slot()
         self._waiter_sem = store.shm.waiter(self._waiter_slot)
 
     @classmethod
-    def attach(cls, name: str | os.PathLike[str], group: str) -> Consumer:
+    def attach(
+        cls, name: str | os.PathLike[str], group: str, *, start_timeout_s: float = START_TIMEOUT_S
+    ) -> Consumer:
         """Attach to the running store ``name`` (shm name or store directory) as ``group``, a
-        name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing)."""
+        name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing).
+        A store still starting is waited for up to ``start_timeout_s``."""
         v.check_group(group)
-        return cls(RunningStore.attach(name, Role.CONSUMER), group)
+        return cls(RunningStore.attach(name, Role.CONSUMER, start_timeout_s=start_timeout_s), group)
+
+    def _check_running(self) -> None:
+        """At every call that reads or commits: the store this consumer is attached to still
+        runs (one word read, and a clock read), or a newer start of it is attached to in its
+        place (`_reattach`)."""
+        table = self.store.table
+        if table.get(layout.STATE) != layout.RUNNING or (
+            now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
+            and not pid_alive(table.get(layout.SUPERVISOR_PID))
+        ):
+            self._reattach()
+
+    def _reattach(self) -> None:
+        """The store stopped or its supervisor died: attach to a newer start of it under the
+        same shm name, keeping subscriptions and their next offsets (`StoreNotRunningError`
+        when there is none yet: a later call looks again)."""
+        names = self.store.names
+        current = self.store.instance
+        why = (
+            "its supervisor is dead"
+            if current.state == layout.RUNNING
+            else f"it is not running ({current.state_name})"
+        )
+        instance = Instance.of(names)
+        if instance is None or instance.generation == current.generation:
+            raise StoreNotRunningError(
+                f"store {names.base}: {why}; this consumer attaches again by itself at a call once "
+                f"the store runs again"
+            )
+        store = RunningStore.attach(names.base, Role.CONSUMER, start_timeout_s=REATTACH_WAIT_S)
+        self._release()
+        try:
+            self._bind(store)
+        except ShmAttachError as exc:
+            raise StoreNotRunningError(
+                f"store {names.base} started again, but this consumer could not attach: {exc}"
+            ) from exc
+        log.info(
+            "consumer of %s reattached to store %s (start %d)", self.group, names.base, instance.generation
+        )
 
     def _claim_waiter_slot(self) -> int:
         """A consumer-table slot of our own: free, or left by a dead consumer (under the flags
@@ -132,6 +187,10 @@ class Consumer:
     def close(self) -> None:
         """Give the consumer-table slot back and unmap; a second close does nothing (a `with`
         block that closed it already)."""
+        self._release()
+
+    def _release(self) -> None:
+        """Give this start's consumer-table slot back, unmap its queues and shared memory."""
         if self._waiter_slot < 0:
             return
         self.waiters.set(self._waiter_slot, wt.WAITING, 0)
@@ -212,6 +271,7 @@ class Consumer:
             timeout_s = _seconds(timeout_s, "timeout_s")
         deadline = time.monotonic() + timeout_s
         while True:
+            self._check_running()
             result = self._read(topic, queue_id, offset, max_msgs, tags)
             waiting_for_new = result.status in (
                 GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
@@ -323,6 +383,7 @@ class Consumer:
             )
         starts = _queue_offsets(from_offsets or {}, "from_offsets")
         sub = Subscription(topic, parse_tag_expression(expression))
+        self._check_running()
         groups = self.store.shm.groups
         for queue_id, slot in groups.queues_of(self._offset_key(topic)):
             sub.next_offsets[queue_id] = groups.get(slot, qo.COMMITTED)
@@ -333,6 +394,7 @@ class Consumer:
         """The group's committed offset for a queue, -1 when it has none (as RocketMQ)."""
         v.check_topic(topic, with_offsets=True)
         queue_id = v.check_queue_id(queue_id)
+        self._check_running()
         groups = self.store.shm.groups
         slot = groups.find(self._offset_key(topic), queue_id)
         return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
@@ -352,6 +414,7 @@ class Consumer:
             )
         deadline = time.monotonic() + timeout_s
         while True:
+            self._check_running()
             batch: list[MessageExt] = []
             for sub in self.subscriptions.values():
                 for queue_id in self._topic_queues(sub.topic):
@@ -388,6 +451,7 @@ class Consumer:
             }
         else:
             offsets = _commit_offsets(offsets)
+        self._check_running()  # never into the table of a store that stopped: it is not persisted
         groups = self.store.shm.groups
         keys = [(self._offset_key(topic), queue_id) for topic, queue_id in offsets]
         slots = [groups.find(key, queue_id) for key, queue_id in keys]

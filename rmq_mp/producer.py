@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import bisect
 import dataclasses
+import logging
 import os
 import struct
 import time
@@ -45,7 +46,7 @@ from rmq_mp import validators as v
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
 from rmq_mp.disk import not_writeable_reason
-from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError, ShmAttachError
 from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.message_batch import (
     UNIQ_KEY_PREFIX,
@@ -59,7 +60,13 @@ from rmq_mp.message_batch import (
 )
 from rmq_mp.put_metrics import PutRecorder
 from rmq_mp.record import RecordRejected
-from rmq_mp.running_store import RunningStore
+from rmq_mp.running_store import (
+    REATTACH_WAIT_S,
+    START_TIMEOUT_S,
+    SUPERVISOR_STALE_MS,
+    Instance,
+    RunningStore,
+)
 from rmq_mp.status import PutMessageStatus, RunningFlags
 from rmq_mp.topics import TopicConfigManager
 from shm import flush_requests as fr
@@ -69,12 +76,12 @@ from shm.layout import Role
 from shm.pointer_table import pid_alive
 from shm.semaphores import PutLock, acquire
 
+log = logging.getLogger("rmq_mp.producer")
+
 LOCK_TIMEOUT_S = 3.0
 """How long a put waits for the lock before reporting OS_PAGECACHE_BUSY (never a hang)."""
 POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
-SUPERVISOR_STALE_MS = 3000
-"""A supervisor heartbeat older than this makes a put check that the supervisor process exists."""
 DISPATCH_WAIT_S = 0.001
 """How often a put held back by maxDispatchLagBytes looks at reput's progress."""
 TOPICS_RECHECK_S = 1.0
@@ -247,9 +254,22 @@ class SendBatchResult(Sequence[SendResult]):
 
 
 class Producer:
-    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe)."""
+    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe).
+
+    A producer outlives a restart of its store: a send that finds its store stopping, stopped
+    or its supervisor dead looks whether a newer start of the store runs under the same shm name
+    and, if so, attaches to it and sends there (waiting up to `REATTACH_WAIT_S` for one still
+    starting); otherwise it is answered SERVICE_NOT_AVAILABLE saying so, and the next send looks
+    again."""
 
     def __init__(self, store: RunningStore) -> None:
+        self.uniq = m.UniqueIdGenerator()
+        self._round_robin: dict[str, int] = {}
+        self._bind(store)
+
+    def _bind(self, store: RunningStore) -> None:
+        """Everything that belongs to one start of the store (its shared memory, settings and
+        put state); `uniq` and the round robin belong to the producer and outlive a restart."""
         self.store = store
         self.table = store.shm.table
         self.queues = store.shm.queues
@@ -285,11 +305,11 @@ class Producer:
         self._acks = self._sync or self._sync_master
         """A put that waits for the store is answered after more than its append."""
         self._pool = store.pool_enabled
-        self.uniq = m.UniqueIdGenerator()
-        self._round_robin: dict[str, int] = {}
         self._topics = TopicConfigManager(store.paths.topics)
         self._topics_checked_s = -TOPICS_RECHECK_S
         self._topics_mtime_ns = -1
+        self._queue_limits: dict[str, int] = {}
+        """Topic -> `_queue_limit`, until topics.json changes."""
         self._flush_until = -1
         """End offset the current lock hold's SYNC flush request must cover (-1: none)."""
         self._slots: dict[tuple[str, int], tuple[int, int]] = {}
@@ -312,9 +332,33 @@ class Producer:
         without a system call, one ending above goes through `_reserve`."""
 
     @classmethod
-    def attach(cls, name: str | os.PathLike[str]) -> Producer:
-        """Attach to the running store ``name`` (shm name or store directory)."""
-        return cls(RunningStore.attach(name, Role.PRODUCER, writable_log=True))
+    def attach(cls, name: str | os.PathLike[str], *, start_timeout_s: float = START_TIMEOUT_S) -> Producer:
+        """Attach to the running store ``name`` (shm name or store directory); one still starting
+        is waited for up to ``start_timeout_s`` (`StoreNotRunningError` after it), so that no
+        send is refused for a start that was about to finish."""
+        return cls(
+            RunningStore.attach(name, Role.PRODUCER, writable_log=True, start_timeout_s=start_timeout_s)
+        )
+
+    def _reattach(self, why: str) -> str:
+        """After a refusal ``why`` that says the store stopped or its supervisor died: attach to
+        a newer start of the store under the same shm name, if there is one. '' once attached
+        (the caller looks at the new store's state again), else ``why`` and what to expect."""
+        names = self.store.names
+        instance = Instance.of(names)
+        if instance is None or instance.generation == self.table.get(layout.GENERATION):
+            return f"{why}; this producer attaches again by itself at a send once the store runs again"
+        try:
+            store = RunningStore.attach(
+                names.base, Role.PRODUCER, writable_log=True, start_timeout_s=REATTACH_WAIT_S
+            )
+        except ShmAttachError as exc:
+            return f"{why}; attaching to its new start failed ({exc}); the next send tries again"
+        old = self.store
+        self._bind(store)
+        old.close()
+        log.info("producer reattached to store %s (start %d)", names.base, self.table.get(layout.GENERATION))
+        return ""
 
     def close(self) -> None:
         self._file = None
@@ -340,9 +384,10 @@ class Producer:
         flag: int = 0,
     ) -> SendResult:
         """Store one message; the result's status is RocketMQ's PutMessageStatus. A message the
-        store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1, properties or body
-        too long) is answered MESSAGE_ILLEGAL with the reason and nothing stored; an argument of
-        the wrong type raises `InvalidArgumentTypeError` (`rmq_mp.validators`)."""
+        store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1 or outside the
+        topic's queues, properties or body too long) is answered MESSAGE_ILLEGAL with the reason
+        and nothing stored; an argument of the wrong type raises `InvalidArgumentTypeError`
+        (`rmq_mp.validators`)."""
         started_ns = time.perf_counter_ns()
         born_ms = time.time_ns() // 1_000_000
         uniq = self.uniq.next_id(born_ms)
@@ -359,6 +404,9 @@ class Producer:
                 body, queue_id, flag = _typed(body, queue_id, flag)
             if queue_id is None:
                 queue_id = self._queue_for(topic, None)
+                named = False
+            else:
+                named = True
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
                 text = properties_text(properties, tags, keys, uniq)
@@ -367,6 +415,8 @@ class Producer:
                     wait = _waits_for_store(properties)
             else:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
+            if named and not self._known_queue(topic, queue_id):  # after every type check
+                self._check_queue_id(topic, queue_id)
             self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
@@ -409,21 +459,22 @@ class Producer:
     # ------------------------------------------------------------------ encode (outside the lock)
 
     def _queue_for(self, topic: str, queue_id: int | None) -> int:
-        """``queue_id``, or the next of the topic's write queues in round robin (as RocketMQ's
-        client rotates over the topic's route): its writeQueueNums in config/topics.json, or
-        defaultTopicQueueNums for a topic not there yet."""
+        """``queue_id`` (checked by `_check_queue_id` once every type is checked), or the next of
+        the topic's write queues in round robin (as RocketMQ's client rotates over the topic's
+        route): its writeQueueNums in config/topics.json, or defaultTopicQueueNums for a topic
+        not there yet."""
         if queue_id is not None:
             return queue_id
         turn = self._round_robin.get(topic, 0)
         self._round_robin[topic] = turn + 1
         return turn % self._write_queue_nums(topic)
 
-    def _write_queue_nums(self, topic: str) -> int:
-        """From topics.json, re-read when it changed (`rmq-admin updateTopic`, the supervisor's
-        saves of auto-created topics), looked at no more than every TOPICS_RECHECK_S."""
-        now = time.monotonic()
-        if now - self._topics_checked_s >= TOPICS_RECHECK_S:
-            self._topics_checked_s = now
+    def _reload_topics(self, *, now: bool = False) -> None:
+        """Re-read topics.json when it changed (`rmq-admin updateTopic`, the supervisor's saves of
+        auto-created topics), looked at no more than every TOPICS_RECHECK_S unless ``now``."""
+        monotonic = time.monotonic()
+        if now or monotonic - self._topics_checked_s >= TOPICS_RECHECK_S:
+            self._topics_checked_s = monotonic
             try:
                 mtime_ns = self._topics.path.stat().st_mtime_ns
             except FileNotFoundError:
@@ -431,11 +482,73 @@ class Producer:
             if mtime_ns != self._topics_mtime_ns:
                 self._topics_mtime_ns = mtime_ns
                 self._topics.load()
+                self._queue_limits.clear()
+
+    def _write_queue_nums(self, topic: str) -> int:
+        """The topic's writeQueueNums from topics.json, defaultTopicQueueNums for a new topic."""
+        self._reload_topics()
         found = self._topics.get(topic)
         return (
             found.write_queue_nums
             if found is not None and found.write_queue_nums > 0
             else (self.config.default_topic_queue_nums)
+        )
+
+    def _known_queue(self, topic: str, queue_id: int) -> bool:
+        """Whether ``queue_id`` is one of the topic's queues by the limit cached for it (a dict
+        lookup and a clock read a send); False sends it to `_check_queue_id`. The cache is
+        dropped whenever topics.json changed, looked at every TOPICS_RECHECK_S."""
+        if (
+            queue_id < self._queue_limits.get(topic, 0)
+            and time.monotonic() - self._topics_checked_s < TOPICS_RECHECK_S
+        ):
+            return True
+        return queue_id < self._queue_limit(topic)
+
+    def _queue_limit(self, topic: str) -> int:
+        """Queue ids below this are the topic's: max(writeQueueNums, readQueueNums) as RocketMQ's
+        `AbstractSendMessageProcessor.msgCheck` bounds them, or defaultTopicQueueNums for a topic
+        not configured yet (the supervisor auto-creates it so, as autoCreateTopicEnable does)."""
+        self._reload_topics()
+        found = self._topics.get(topic)
+        limit = (
+            self.config.default_topic_queue_nums
+            if found is None
+            else max(found.write_queue_nums, found.read_queue_nums)
+        )
+        self._queue_limits[topic] = limit
+        return limit
+
+    def _check_queue_id(self, topic: str, queue_id: int) -> None:
+        """`RecordRejected` (MESSAGE_ILLEGAL) for a queue id the topic does not have."""
+        if problem := self._queue_id_problem(topic, queue_id):
+            raise RecordRejected(_ILLEGAL, problem)
+
+    def _queue_id_problem(self, topic: str, queue_id: int) -> str:
+        """Why a queue id at or past `_queue_limit` is refused, naming the topic's queue counts;
+        '' if topics.json changed meanwhile or the queue exists already (a store RocketMQ wrote,
+        whose topics.json the supervisor grows at its next persist). A send never grows a topic:
+        RocketMQ's broker refuses such a queue id too. A queue id or topic the store cannot hold
+        at all is left to `_encode`, which names that first."""
+        if v.queue_id_problem(queue_id) or v.topic_problem(topic) or self.queues.find(topic, queue_id) >= 0:
+            return ""
+        self._reload_topics(now=True)
+        found = self._topics.get(topic)
+        if found is None:
+            nums = self.config.default_topic_queue_nums
+            if queue_id < nums:
+                return ""
+            return (
+                f"queue id {queue_id} is illegal: topic {topic} is not configured yet and is created "
+                f"with defaultTopicQueueNums = {nums} queues (0..{nums - 1}); `rmq-admin updateTopic "
+                f"-w N` creates it with more"
+            )
+        if queue_id < max(found.write_queue_nums, found.read_queue_nums):
+            return ""
+        return (
+            f"queue id {queue_id} is illegal: topic {topic} has writeQueueNums = "
+            f"{found.write_queue_nums} (readQueueNums = {found.read_queue_nums}); `rmq-admin "
+            f"updateTopic -w N` gives it more queues"
         )
 
     def _encode(
@@ -475,9 +588,12 @@ class Producer:
                 or (queue_id is not None and type(queue_id) is not int)
             ):
                 body, queue_id, flag = _typed(body, queue_id, flag)
+            named = queue_id is not None
             queue_id = self._queue_for(topic, queue_id)
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
+            if named and not self._known_queue(topic, queue_id):  # after every type check
+                self._check_queue_id(topic, queue_id)
             text = properties_text(properties, tags, keys, uniq)
             if properties:
                 uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
@@ -508,6 +624,9 @@ class Producer:
             problem = record.validate_message(
                 message, max_message_size=self._max_message_size, properties_text=text
             )
+            if problem is None and not self._known_queue(message.topic, message.queue_id):
+                queue_problem = self._queue_id_problem(message.topic, message.queue_id)
+                problem = (_ILLEGAL, queue_problem) if queue_problem else None
             if problem is None:
                 data = self.encoder.encode_message(message, text)
         except InvalidArgumentError:
@@ -584,12 +703,14 @@ class Producer:
         message has keys of its own, else its records joined."""
         batch = _checked_batch(batch)
         count = len(batch.bodies)
-        queue_id = self._queue_for(batch.topic, batch.queue_id)
+        queue_id = self._queue_for(batch.topic, None) if batch.queue_id is None else batch.queue_id
         first = self.uniq.take(count)
         uniq_prefix = f"{self.uniq.prefix_hex}{self.uniq.time_hex(born_ms)}"
         given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
         try:
+            if batch.queue_id is not None and not self._known_queue(batch.topic, queue_id):
+                self._check_queue_id(batch.topic, queue_id)
             if batch.keys is None:
                 head = properties_text(batch.properties, batch.tags, None, "" if given_uniq else uniq_prefix)
                 rows = self._encode_uniform(batch, queue_id, born_ms, head, -1 if given_uniq else first)
@@ -671,19 +792,27 @@ class Producer:
 
     # ------------------------------------------------------------------ put (under the lock)
 
-    def _refusal(self, now: int) -> tuple[PutMessageStatus, str] | None:
-        """Why no put may happen now (RocketMQ's checks before taking the lock), or None."""
+    def _refusal(self, now: int, *, reattach: bool = True) -> tuple[PutMessageStatus, str] | None:
+        """Why no put may happen now (RocketMQ's checks before taking the lock), or None. A store
+        that stopped or lost its supervisor is replaced by a newer start of it when there is one
+        (`_reattach`), and the checks run again there."""
         w = self._words
         if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
-            if self._slave:
+            if self._slave and w[_STATE] == layout.RUNNING:
                 return (
                     PutMessageStatus.SERVICE_NOT_AVAILABLE,
                     "message store is in slave mode (brokerRole=SLAVE)",
                 )
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store is not running (stopping)"
+            why = f"store is not running ({self.store.instance.state_name})"
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, "store supervisor is dead"
+            why = "store supervisor is dead"
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         flags = w[_FLAGS] & _PUT_BLOCKERS
         if flags:
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, not_writeable_reason(

@@ -7,7 +7,9 @@ CommitLog. Producers, consumers and workers all start here.
 
 from __future__ import annotations
 
+import math
 import os
+import time
 from dataclasses import dataclass
 
 from rmq_mp.config import FlushDiskType, MessageStoreConfig
@@ -17,7 +19,7 @@ from rmq_mp.shared_log import SharedCommitLog
 from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames, valid_base
-from shm.pointer_table import PointerTable
+from shm.pointer_table import PointerTable, pid_alive
 from shm.store_shm import StoreShm, read_descriptor
 
 
@@ -45,6 +47,74 @@ def resolve_names(name: str | os.PathLike[str]) -> ShmNames:
     )
 
 
+START_TIMEOUT_S = 60.0
+"""How long `Producer.attach` and `Consumer.attach` wait for a store that is still starting."""
+REATTACH_WAIT_S = 3.0
+"""How long a send or read waits for a newer start of its store to finish starting (RocketMQ's
+client gives a send 3 s, sendMsgTimeout)."""
+SUPERVISOR_STALE_MS = 3000
+"""A supervisor heartbeat older than this makes a put or read check that the supervisor exists."""
+START_POLL_S = 0.01
+"""How often an attach waiting for a starting store looks at its state word."""
+_STATE_NAMES = {layout.STARTING: "starting", layout.RUNNING: "running", layout.STOPPING: "stopping",
+                layout.STOPPED: "stopped"}  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class Instance:
+    """One start of a store, as its pointer table says: which start (GENERATION, the start time
+    in ms) and how far it is."""
+
+    generation: int
+    state: int
+    supervisor_pid: int
+
+    @property
+    def state_name(self) -> str:
+        return _STATE_NAMES.get(self.state, f"state {self.state}")
+
+    @property
+    def starting(self) -> bool:
+        """Its supervisor is alive and has not finished starting (a table only just created has
+        no pid yet)."""
+        return self.state == layout.STARTING and (self.supervisor_pid == 0 or pid_alive(self.supervisor_pid))
+
+    @classmethod
+    def of(cls, names: ShmNames) -> Instance | None:
+        """The instance now holding the store's name (None: none), read from its pointer table
+        alone: cheap enough to ask at every refused send."""
+        try:
+            table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+        except ShmAttachError:
+            return None
+        try:
+            return cls(
+                table.get(layout.GENERATION), table.get(layout.STATE), table.get(layout.SUPERVISOR_PID)
+            )
+        finally:
+            table.close()
+
+
+def wait_until_started(names: ShmNames, timeout_s: float, shown: str) -> None:
+    """Return once the store named is past STARTING (or not there at all); a store still starting
+    after ``timeout_s`` raises `StoreNotRunningError` saying so, so that nobody attaches to a
+    store whose puts would all be refused."""
+    if not isinstance(timeout_s, (int, float)) or isinstance(timeout_s, bool):
+        raise InvalidArgumentTypeError(
+            f"start_timeout_s must be a number of seconds, not {type(timeout_s).__name__}"
+        )
+    if not 0 <= timeout_s < math.inf:
+        raise InvalidArgumentError(f"start_timeout_s {timeout_s!r} must be a finite number of seconds >= 0")
+    deadline = time.monotonic() + timeout_s
+    while (instance := Instance.of(names)) is not None and instance.starting:
+        if time.monotonic() >= deadline:
+            raise StoreNotRunningError(
+                f"store {shown} is still starting after {timeout_s:g} s (supervisor pid "
+                f"{instance.supervisor_pid}): wait longer (start_timeout_s) or see its logs/supervisor.log"
+            )
+        time.sleep(START_POLL_S)
+
+
 @dataclass
 class RunningStore:
     names: ShmNames
@@ -54,8 +124,20 @@ class RunningStore:
     commit_log: SharedCommitLog
 
     @classmethod
-    def attach(cls, name: str | os.PathLike[str], role: Role, *, writable_log: bool = False) -> RunningStore:
+    def attach(
+        cls,
+        name: str | os.PathLike[str],
+        role: Role,
+        *,
+        writable_log: bool = False,
+        start_timeout_s: float | None = None,
+    ) -> RunningStore:
+        """Attach in ``role``. With ``start_timeout_s`` (producers and consumers), a store still
+        starting is waited for that long first (`wait_until_started`); workers attach while their
+        store starts and pass None."""
         names = resolve_names(name)
+        if start_timeout_s is not None:
+            wait_until_started(names, start_timeout_s, os.fspath(name))
         try:
             descriptor = read_descriptor(names)
             shm = StoreShm.attach(names, role)
@@ -77,6 +159,12 @@ class RunningStore:
             delay_level_ms=list(config.delay_levels_ms),
         )
         return cls(names, config, paths, shm, commit_log)
+
+    @property
+    def instance(self) -> Instance:
+        """This attachment's instance as its (possibly since unlinked) pointer table says."""
+        t = self.shm.table
+        return Instance(t.get(layout.GENERATION), t.get(layout.STATE), t.get(layout.SUPERVISOR_PID))
 
     @property
     def table(self) -> PointerTable:

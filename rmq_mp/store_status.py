@@ -216,7 +216,10 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
         metrics = {
             "puts": totals.puts,
             "put_failures": totals.put_failures,
+            "put_calls": totals.latency.count,
             "put_latency_avg_us": totals.latency.sum_us // max(totals.latency.count, 1),
+            # Per `send`/`send_batch` call (a batch's whole time), and per message sent:
+            "put_latency_per_message_avg_us": round(totals.latency.sum_us / max(totals.puts, 1), 1),
             "lock_hold_avg_us": totals.lock_hold.sum_us // max(totals.lock_hold.count, 1),
             "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
             "producers": totals.producers,

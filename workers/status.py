@@ -45,8 +45,10 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     m = status["producer_metrics"]
     if m:
         print(
-            f"producers put latency avg {m['put_latency_avg_us']} us  lock hold avg {m['lock_hold_avg_us']} us  "
-            f"holds over 500 ms {m['lock_holds_over_500ms']}  failures {m['put_failures']}"
+            f"producers {m['puts']:,} message(s) in {m['put_calls']:,} call(s): put latency avg "
+            f"{m['put_latency_per_message_avg_us']:,.1f} us a message, {m['put_latency_avg_us']:,} us a call  "
+            f"lock hold avg {m['lock_hold_avg_us']:,} us a call  holds over 500 ms {m['lock_holds_over_500ms']}  "
+            f"failures {m['put_failures']}"
         )
     for g in status["consumer_groups"]:
         print(f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s)")

@@ -9,7 +9,8 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
 watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
         persist consumer offsets and topics every flushConsumerOffsetInterval (an OSError is
         logged once, counted in CONFIG_PERSIST_FAILURES and retried; the last good file stays).
-stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused; stop
+stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused and parked
+        consumers are woken (both attach to the store's next start by themselves); stop
         workers one by one in dependency order (committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
         remove `abort` only if dispatch caught up; persist the config files; unlink every
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from rmq_mp.config import FlushDiskType, MessageStoreConfig
+from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
@@ -134,6 +135,7 @@ class Supervisor:
         log.info("store root %s (storePathRootDir, resolved)", self.root)
         if note := self.config.root_dir_note:
             log.warning("%s", note)
+        self._log_settings()
         self.root.mkdir(parents=True, exist_ok=True)
         if self.names.leftovers():
             salvaged = salvage_crashed_run(self.names, self.config)
@@ -160,6 +162,19 @@ class Supervisor:
         assert self.shm is not None
         self.shm.table.set(layout.STATE, layout.RUNNING)
         log.info("store %s running as %s", self.root, self.names.base)
+
+    def _log_settings(self) -> None:
+        """What the store runs with that differs from what broker.conf says, one record each (the
+        config itself is loaded before this process's log exists): every RocketMQ effective-value
+        adjustment and every broker-only key accepted and ignored."""
+        source = self.config.source
+        for adjustment in self.config.adjustments:
+            log.warning("setting adjusted (%s): %s", source, adjustment)
+        for ignored in self.config.ignored_properties:
+            why = IGNORED_PROPERTIES.get(
+                ignored.split("=", 1)[0], "a feature rmq-mp does not have, set false"
+            )
+            log.info("setting ignored (%s): %s (%s)", source, ignored, why)
 
     def _create_shared_memory(self) -> None:
         cfg, store = self.config, self.store
@@ -404,6 +419,7 @@ class Supervisor:
             return clean
         t = self.shm.table
         t.set(layout.STATE, layout.STOPPING)
+        self._wake_parked_consumers()
         for role in STOP_ORDER:
             handle = self.workers.get(role)
             if handle is not None and handle.process is not None:
@@ -429,6 +445,14 @@ class Supervisor:
                 )
         t.set(layout.STATE, layout.STOPPED)
         return clean
+
+    def _wake_parked_consumers(self) -> None:
+        """Consumers parked in a long poll wake and see the store stopping (nothing else will
+        wake them: reput stops), so they attach to its next start or say it stopped, at once
+        rather than at their timeout."""
+        assert self.shm is not None
+        for slot in self.shm.waiters.waiting_slots():
+            self.shm.waiter(slot).release()
 
     def _release_shared(self) -> None:
         """Close and unlink every shared segment and semaphore of this store (each step even if

@@ -39,7 +39,7 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
         f"{status['supervisor_pid']}",
     )
     rates = Table(title="throughput", expand=True)
-    for column in ("puts/s", "MB/s", "dispatch/s", "flushes/s", "latency avg", "lock hold avg"):
+    for column in ("puts/s", "MB/s", "dispatch/s", "flushes/s", "latency/message", "lock hold avg"):
         rates.add_column(column, justify="right")
     m = status["producer_metrics"]
     rates.add_row(
@@ -47,7 +47,7 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
         f"{_rate(status, before, 'put_bytes', seconds) / 1e6:,.2f}",
         f"{_rate(status, before, 'dispatch_count', seconds):,.0f}",
         f"{_rate(status, before, 'flush_count', seconds):,.1f}",
-        f"{m.get('put_latency_avg_us', 0)} us",
+        f"{m.get('put_latency_per_message_avg_us', 0):,.1f} us",
         f"{m.get('lock_hold_avg_us', 0)} us",
     )
     # One row per pointer, so three columns of numbers fit any terminal: a number is never cut.

@@ -122,6 +122,7 @@ def send_value_refused(args: dict[str, Any]) -> bool:
         or (bool(given) and unencodable(args["tags"], args["keys"], args["properties"]))
         or (bool(given) and separators(args["tags"], args["keys"], args["properties"]))
         or (queue_id is not None and not 0 <= queue_id <= INT_MAX)
+        or (queue_id is not None and queue_id >= 8)  # not one of the topic's defaultTopicQueueNums queues
         or not -INT_MAX - 1 <= args["flag"] <= INT_MAX
     )
 

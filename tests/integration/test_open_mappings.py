@@ -112,6 +112,7 @@ def test_reput_and_consumers_keep_queue_mappings_bounded(tmp_path: Path) -> None
         mappedFileSizeConsumeQueue=str(QUEUE_FILE_BYTES),
         maxOpenConsumeQueueFiles=str(BOUND),
         messageIndexEnable="false",
+        defaultTopicQueueNums=str(QUEUES_PER_TOPIC),
     ) as service:
         reput = service.worker_pid("reput")
         cleaner = service.worker_pid("cleaner")

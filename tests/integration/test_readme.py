@@ -44,7 +44,7 @@ def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
             if names.base in cmd or (f"{tmp_path}" in cmd and "run.py" in cmd):
                 proc.kill()
     started, sent, consumed, progress, status, stopped = outputs
-    assert f"store {tmp_path / 'store'} running" in started
+    assert f"store {tmp_path / 'store'} running as shm {names.base}," in started
     assert sent.count("PUT_OK") == 3
     assert "3 message(s)" in consumed
     assert "Diff Total: 0" in progress

@@ -115,7 +115,11 @@ def test_ten_thousand_queues_and_two_hundred_groups_every_offset_exact(tmp_path:
     ]
     plan = {g: {queue: rnd.randint(1, PER_QUEUE) for queue in rnd.sample(all_queues, 200)} for g in groups}
     ctx = mp.get_context("spawn")
-    settings = {"mappedFileSizeConsumeQueue": str(20 * 64), "flushConsumerOffsetInterval": "500"}
+    settings = {
+        "mappedFileSizeConsumeQueue": str(20 * 64),
+        "flushConsumerOffsetInterval": "500",
+        "defaultTopicQueueNums": str(queues),  # a send names only queues its topic has
+    }
     with running_service(tmp_path, **settings) as service:
         out = ctx.Queue()
         workers = [
