@@ -333,6 +333,8 @@ class MessageStore:
         if self._closed:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
         store_host = message.store_host or self.store_host
+        if type(message.flag) is not int or type(message.queue_id) is not int:
+            v.message_problem(message)  # a bool (an int to the encoder) or another type raises
         try:
             problem = record.validate_message(message, max_message_size=self.config.max_message_size)
             if problem is not None:

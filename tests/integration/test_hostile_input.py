@@ -20,6 +20,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -559,3 +560,14 @@ def test_hostile_broker_conf_values_are_config_errors(values: dict[str, str]) ->
     assert config.mapped_file_size_consume_queue >= 20
     assert config.mapped_file_size_consume_queue % 20 == 0
     assert "\0" not in config.store_path_root_dir + config.store_path_commit_log
+
+
+def test_a_bool_flag_or_queue_id_is_a_type_error_for_put_message(tmp_path: Path) -> None:
+    """A bool is an int to the encoder: `put_message` stored ``flag=False`` until hypothesis
+    found it (the send paths already refused it); numpy integers stay accepted."""
+    with MessageStore.open(tmp_path / "store") as store:
+        for fields in ({"flag": False}, {"queue_id": True}):
+            with pytest.raises(InvalidArgumentTypeError, match="not bool"):
+                store.put_message(m.Message(topic="T", body=b"x", **fields))  # type: ignore[arg-type]
+        assert store.max_phy_offset() == 0
+        assert store.put_message(m.Message(topic="T", body=b"x", flag=np.int32(3))).is_ok  # type: ignore[arg-type]
