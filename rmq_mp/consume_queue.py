@@ -231,14 +231,7 @@ class ConsumeQueue:
 
     def _cut(self, process_offset: int, reason: str) -> None:
         """Truncate at byte ``process_offset``, reporting any non-zero bytes dropped."""
-        files = self.mfq.files
-        garbage_end = process_offset
-        for mf in files:
-            if mf.file_from_offset + mf.file_size > process_offset:
-                local = max(0, process_offset - mf.file_from_offset)
-                tail = mf.last_nonzero(local)
-                if tail > local:
-                    garbage_end = mf.file_from_offset + tail
+        garbage_end = self.mfq.last_nonzero(process_offset)
         if garbage_end > process_offset:
             self.reporter.report(
                 "cq-entries-dropped", str(self.mfq.store_dir), process_offset, garbage_end, reason
@@ -282,24 +275,6 @@ class ConsumeQueue:
                 f"entries pointing at or beyond commit-log end {phy_offset}",
             )
         return dropped
-
-    def tail_in_order(self) -> bool:
-        """The last file's entries end in non-decreasing commit-log order (pre-blanks count as
-        ending at 0, as `truncate_dirty_logic_files` counts them). Always so unless the file is
-        damaged; recovery dispatches while it scans only then (see recovery.py)."""
-        last = self.mfq.last_file()
-        if last is None:
-            return True
-        valid, _ = _valid_entry_count(last, last.wrote_position)
-        if valid < 2:
-            return True
-        entries = np.frombuffer(last.buf, dtype=CQ_ENTRY_DTYPE, count=valid)
-        try:
-            sizes = entries["size"].astype(np.int64)
-            ends = entries["phy"].astype(np.int64) + np.where(sizes == PRE_BLANK_SIZE, 0, sizes)
-        finally:
-            del entries
-        return bool((ends[1:] >= ends[:-1]).all())
 
     def destroy_files(self) -> None:
         """Remove every file: the queue is empty until dispatch rebuilds it."""

@@ -120,6 +120,18 @@ class MappedFileQueue:
     def last_file(self) -> MappedFile | None:
         return self.files[-1] if self.files else None
 
+    def last_nonzero(self, offset: int) -> int:
+        """One past the last non-zero byte at or after ``offset`` over every segment (``offset``
+        if all zero): where a cut at ``offset`` reports its dropped range ending."""
+        end = offset
+        for mf in self.files:
+            if mf.file_from_offset + mf.file_size > offset:
+                local = max(0, offset - mf.file_from_offset)
+                tail = mf.last_nonzero(local)
+                if tail > local:
+                    end = mf.file_from_offset + tail
+        return end
+
     def min_offset(self) -> int:
         """First byte still stored, -1 when there is no file."""
         return self.files[0].file_from_offset if self.files else -1

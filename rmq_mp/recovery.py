@@ -175,6 +175,7 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, che
     from ``replay.start`` on are dispatched as they are found valid; queues are checked to hold
     the records below ``check_below``."""
     missing: set[ConsumeQueue | tuple[str, int]] = set()
+    heads: dict[ConsumeQueue, tuple[int, int] | None] = {}
     commit_log = store.commit_log
     valid_end = start_offset
     last_end = -1
@@ -193,7 +194,7 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, che
                 )
             batch = step.batch
             if len(batch) and int(batch.position[0]) < check_below:
-                missing |= _missing_records(store, batch, check_below)
+                missing |= _missing_records(store, batch, check_below, heads)
             if len(batch):
                 last_position = int(batch.position[-1])
                 last_end = batch.end_offset()
@@ -228,16 +229,7 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, che
 
 def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
     """Report the non-zero bytes from ``phy`` to the end of the log as one dropped range."""
-    files = store.commit_log.mfq.files
-    last_nonzero = phy
-    for mf in files:
-        file_end = mf.file_from_offset + mf.file_size
-        if file_end <= phy:
-            continue
-        local_start = max(0, phy - mf.file_from_offset)
-        tail = mf.last_nonzero(local_start)
-        if tail > local_start:
-            last_nonzero = mf.file_from_offset + tail
+    last_nonzero = store.commit_log.mfq.last_nonzero(phy)
     if last_nonzero > phy:
         store.reporter.report(
             "commitlog-truncated", str(store.commit_log.mfq.store_dir), phy, last_nonzero, reason
@@ -422,11 +414,12 @@ def _rebuild_missing_heads(store: MessageStore) -> dict[ConsumeQueue, int]:
 
 
 def _missing_records(
-    store: MessageStore, batch: RecordBatch, below: int
+    store: MessageStore, batch: RecordBatch, below: int, heads: dict[ConsumeQueue, tuple[int, int] | None]
 ) -> set[ConsumeQueue | tuple[str, int]]:
     """Queues lacking records of ``batch`` that lie below ``below`` (which dispatch will not
-    add again): a queue directory or file deleted or cut. Compared with the queue's head and
-    end as loaded and checked; a missing queue is named by (topic, queue id)."""
+    add again): a queue directory or file deleted or cut. Compared with the queue's head
+    (looked up once a scan, in ``heads``: each look-up maps the queue's first file) and end as
+    loaded and checked; a missing queue is named by (topic, queue id)."""
     rows = np.flatnonzero(batch.position < below)
     if not len(rows):
         return set()
@@ -446,7 +439,7 @@ def _missing_records(
         if cq is None:
             missing.add((topic, queue_id))
             continue
-        head = _queue_head(cq)
+        head = heads[cq] if cq in heads else heads.setdefault(cq, _queue_head(cq))
         low = int(batch.queue_offset[group].min())
         high = int(batch.queue_offset[last])
         if head is None or head[0] > low or cq.max_offset_in_queue() <= high:
