@@ -6,6 +6,11 @@ Every operation passes through to the backing directory, except that fsync/fdata
 EIO while the file ``<backing dir>/.fail-fsync`` exists, and take the milliseconds written in
 ``<backing dir>/.slow-fsync`` longer while that file exists (a slow disk). The kernel then reports the failure to
 the caller of fsync/fdatasync exactly as a failing disk would. Needs libfuse2 and fusepy.
+
+One way it is not a real file system: libfuse's high-level API renames an open file that a
+rename replaces out of the way first (or, with ``hard_remove``, fails its open), so a reader
+racing ``os.replace`` can get ENOENT. Tests read what the store wrote through the backing
+directory.
 """
 
 from __future__ import annotations
