@@ -164,6 +164,16 @@ class MappedFile:
         """Recovery's cut: all three positions to ``position``."""
         self.wrote_position = self.committed_position = self.flushed_position = position
 
+    @property
+    def fd(self) -> int:
+        """The open file (`fill`'s pwrite; the compiled put core writes through it too)."""
+        return self._fd
+
+    @property
+    def mapping(self) -> mmap.mmap | None:
+        """The file's shared mapping (None for a zero-length file opened read-only)."""
+        return self._mm
+
     def _target(self) -> mmap.mmap:
         target = self.write_buffer if self.write_buffer is not None else self._mm
         assert target is not None, "zero-length file opened read-only"

@@ -7,6 +7,7 @@ Mirrors `Message`, `MessageExt`, `MessageDecoder` (properties string, msgId),
 
 from __future__ import annotations
 
+import array
 import functools
 import ipaddress
 import operator
@@ -179,24 +180,26 @@ class UniqueIdGenerator:
         )
         self.prefix_hex = prefix.hex().upper()
         """The fixed part of every id this generator makes (ip, pid, seed)."""
-        self._counter = 0
-        self._month_start_ms = 0
-        self._next_month_ms = 0
+        self.state = array.array("q", [0, 0, 0])
+        """[counter, month start ms, next month ms]: one array, so the compiled send
+        (rmq_mp/put/_core.c) takes ids from the same counter as this generator."""
         self._prefix_ms = -1
         self._prefix_at = ""
+        self._roll_month(time.time_ns() // 1_000_000)
 
     def _roll_month(self, now_ms: int) -> None:
         now = datetime.fromtimestamp(now_ms / 1000)
         start = now.replace(day=1, hour=0, minute=0, second=0, microsecond=0)
         nxt = start.replace(year=start.year + (start.month == 12), month=start.month % 12 + 1)
-        self._month_start_ms = int(start.timestamp() * 1000)
-        self._next_month_ms = int(nxt.timestamp() * 1000)
+        self.state[1] = int(start.timestamp() * 1000)
+        self.state[2] = int(nxt.timestamp() * 1000)
+        self._prefix_ms = -1
 
     def time_hex(self, now_ms: int) -> str:
         """The 8 hex characters of ``now_ms`` as milliseconds since the month began."""
-        if now_ms >= self._next_month_ms:
+        if now_ms >= self.state[2]:
             self._roll_month(now_ms)
-        return f"{(now_ms - self._month_start_ms) & 0xFFFFFFFF:08X}"
+        return f"{(now_ms - self.state[1]) & 0xFFFFFFFF:08X}"
 
     def prefix_at(self, now_ms: int) -> str:
         """The first 28 of an id's 32 characters at ``now_ms`` (all but the counter)."""
@@ -207,14 +210,16 @@ class UniqueIdGenerator:
 
     def take(self, count: int) -> int:
         """Reserve ``count`` consecutive counter values; returns the first (mod 2^16 per id)."""
-        first = self._counter
-        self._counter = first + count
+        state = self.state
+        first = state[0]
+        state[0] = first + count
         return first
 
     def next_id(self, now_ms: int | None = None) -> str:
         now_ms = int(time.time() * 1000) if now_ms is None else now_ms
-        counter = self._counter
-        self._counter = counter + 1
+        state = self.state
+        counter = state[0]
+        state[0] = counter + 1
         return f"{self.prefix_at(now_ms)}{counter & 0xFFFF:04X}"
 
 

@@ -58,6 +58,7 @@ from rmq_mp.message_batch import (
     join_records,
     properties_text,
 )
+from rmq_mp.put import native
 from rmq_mp.put_metrics import PutRecorder
 from rmq_mp.record import RecordRejected
 from rmq_mp.running_store import (
@@ -74,6 +75,7 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.pointer_table import pid_alive
+from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock
 from shm.semaphores import PutLock, acquire
 
 log = logging.getLogger("rmq_mp.producer")
@@ -122,6 +124,26 @@ RESERVE_OWN_BYTES = 1 << 20
 allocator fell behind): a MiB, so a put racing ahead pays one posix_fallocate a MiB."""
 _RING_FULL = "every SYNC flush-request slot is taken (maxSyncFlushRequestNum): raise it"
 _NOT_FLUSHED = "not flushed within syncFlushTimeout"
+_NATIVE_WORDS = (
+    "WROTE_POSITION",
+    "JOURNAL_ACTIVE",
+    "JOURNAL_WROTE_BEFORE",
+    "JOURNAL_WROTE_AFTER",
+    "JOURNAL_QUEUE_SLOT",
+    "JOURNAL_QUEUE_OFFSET_BEFORE",
+    "LAST_STORE_TIMESTAMP",
+    "PUT_COUNT",
+    "PUT_BYTES",
+    "STATE",
+    "SUPERVISOR_HEARTBEAT_MS",
+    "RUNNING_FLAGS",
+    "REPUT_FROM_OFFSET",
+    "FLUSH_REQUEST_SEQ",
+    "FLUSHED_POSITION",
+    "PUT_LOCK_OWNER_PID",
+    "PUT_LOCK_SINCE_MS",
+)
+"""The pointer-table fields the compiled send reads or writes (their indices go to it by name)."""
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
 _CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
@@ -278,19 +300,15 @@ class Producer:
         self.config = store.config
         self.store_host: m.Host = (self.config.broker_ip1, self.config.listen_port)
         self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
-        self.lock = PutLock(
-            store.shm.semaphore(store.names.put_lock),
-            store.shm.semaphore(store.names.put_lock_takeover),
-            self.table,
-            on_takeover=self._undo_interrupted_put,
-            spin=not self.config.use_reentrant_lock_when_put_message,
-            busy_ms=self.config.os_page_cache_busy_time_out_mills,
-        )
+        self._native: Any = None
+        """The compiled send (`rmq_mp.put.native`), or None: every send runs the reference."""
+        self.lock: PutLock | AtomicPutLock = self._put_lock(store)
         self._words = self.table.words(*_PUT_FIELDS)
         """Pointer-table words for the put path (writer check done once, in `words`)."""
         self._file: tuple[MappedFile, Any] | None = None
         """The segment being written and its pool buffer (None without a pool): a file keeps
-        its buffer until it is full and wholly committed, so this stays valid until we roll."""
+        its buffer until it is full and wholly committed, so this stays valid until we roll.
+        Set by `_set_file`, which tells the compiled send."""
         self.encoder = record.RecordEncoder(self.store_host, self.born_host)
         self._born_ip, self._born_port = m.parse_host(self.born_host)
         self._msg_id_prefix = (
@@ -330,15 +348,107 @@ class Producer:
         """Commit-log offset below which, from the write position on, blocks are known reserved
         (ALLOCATED_UNTIL or this producer's own reservation): a put ending below it writes
         without a system call, one ending above goes through `_reserve`."""
+        if (
+            native.core is not None
+            and isinstance(self.lock, AtomicPutLock)
+            and not self._slave
+            and not self._sync_master
+        ):
+            self._native = native.core.Sender(self._native_settings(store))
+
+    def _put_lock(self, store: RunningStore) -> PutLock | AtomicPutLock:
+        """The put lock the store's supervisor chose (`shm.layout.PUT_LOCK_KIND`)."""
+        spin = not self.config.use_reentrant_lock_when_put_message
+        busy_ms = self.config.os_page_cache_busy_time_out_mills
+        if self.table.get(layout.PUT_LOCK_KIND) == layout.LOCK_ATOMIC:
+            if native.lock_core is None:
+                raise ShmAttachError(
+                    f"store {store.names.base} takes the compiled core's atomic put lock, and this process "
+                    f"cannot load the core ({native.why_reference}): rebuild it, or start the store with "
+                    f"{native.PURE_ENV}=1"
+                )
+            return AtomicPutLock(
+                native.lock_core, self.table, self._undo_interrupted_put, spin=spin, busy_ms=busy_ms
+            )
+        return PutLock(
+            store.shm.semaphore(store.names.put_lock),
+            store.shm.semaphore(store.names.put_lock_takeover),
+            self.table,
+            on_takeover=self._undo_interrupted_put,
+            spin=spin,
+            busy_ms=busy_ms,
+        )
+
+    def _native_settings(self, store: RunningStore) -> dict[str, Any]:
+        """Everything `_core.Sender` needs, from the layout modules and this producer: the core
+        computes no shared-memory offset of its own."""
+        names = store.names
+        wakes = []
+        if self._wake_after_put is not None:
+            role = "committer" if self._pool else "flusher"
+            wakes.append((layout.worker_field(role, "notified").index, names.wakeup(role)))
+        if self._wake_reput is not None:
+            wakes.append((layout.worker_field("reput", "notified").index, names.wakeup("reput")))
+        settings: dict[str, Any] = {
+            "words": {name: getattr(layout, name).index for name in _NATIVE_WORDS},
+            "accepting_state": self._accepting_state,
+            "put_blockers": _PUT_BLOCKERS,
+            "supervisor_stale_ms": SUPERVISOR_STALE_MS,
+            "max_dispatch_lag_bytes": self._max_lag,
+            "pid": self.lock.pid,
+            "spin_ns": SLICE_MS * 1_000_000 if self.lock.spin else SPIN_NS,
+            "slice_ms": 0 if self.lock.spin else SLICE_MS,
+            "max_message_size": self._max_message_size,
+            "sync": int(self._sync),
+            "table": self.table.segment.mm,
+            "queues": self.queues.segment.mm,
+            "uniq_state": self.uniq.state,
+            "uniq_prefix": self.uniq.prefix_hex,
+            "born_ip": self._born_ip,
+            "born_port": self._born_port,
+            "store_ip": self.encoder.store_ip,
+            "store_port": self.encoder.store_port,
+            "wakes": wakes,
+            "metrics": self._metrics.native_view(),
+            "result_type": SendResult,
+            "PUT_OK": _PUT_OK,
+            "FLUSH_DISK_TIMEOUT": PutMessageStatus.FLUSH_DISK_TIMEOUT,
+            "msg_id_prefix": self._msg_id_prefix,
+            "ring_full_reason": _RING_FULL,
+            "not_flushed_reason": _NOT_FLUSHED,
+        }
+        if self._sync:
+            ring = self.ring
+            settings.update(
+                ring=ring.segment.mm,
+                ring_capacity=ring.capacity,
+                ring_base=ring.byte_offset(0, 0),
+                ring_slot_size=fr.SLOT_SIZE,
+                ring_state=fr.STATE,
+                ring_next_offset=fr.NEXT_OFFSET,
+                ring_deadline_ms=fr.DEADLINE_MS,
+                ring_pid=fr.PID,
+                FREE=fr.FREE,
+                WAITING=fr.WAITING,
+                DONE_OK=fr.DONE_OK,
+                DONE_TIMEOUT=fr.DONE_TIMEOUT,
+                ABANDONED=fr.ABANDONED,
+                sync_flush_timeout_ms=self.config.sync_flush_timeout,
+                flush_done_names=[names.flush_done(i) for i in range(ring.capacity)],
+            )
+        return settings
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str], *, start_timeout_s: float = START_TIMEOUT_S) -> Producer:
         """Attach to the running store ``name`` (shm name or store directory); one still starting
         is waited for up to ``start_timeout_s`` (`StoreNotRunningError` after it), so that no
         send is refused for a start that was about to finish."""
-        return cls(
-            RunningStore.attach(name, Role.PRODUCER, writable_log=True, start_timeout_s=start_timeout_s)
-        )
+        store = RunningStore.attach(name, Role.PRODUCER, writable_log=True, start_timeout_s=start_timeout_s)
+        try:
+            return cls(store)
+        except BaseException:
+            store.close()
+            raise
 
     def _reattach(self, why: str) -> str:
         """After a refusal ``why`` that says the store stopped or its supervisor died: attach to
@@ -354,14 +464,24 @@ class Producer:
             )
         except ShmAttachError as exc:
             return f"{why}; attaching to its new start failed ({exc}); the next send tries again"
-        old = self.store
-        self._bind(store)
+        old, old_native = self.store, self._native
+        try:
+            self._bind(store)
+        except ShmAttachError as exc:
+            store.close()
+            self._bind(old)
+            return f"{why}; its new start cannot be used here: {exc}"
+        if old_native is not None:
+            old_native.close()
         old.close()
         log.info("producer reattached to store %s (start %d)", names.base, self.table.get(layout.GENERATION))
         return ""
 
     def close(self) -> None:
-        self._file = None
+        self._set_file(None)
+        if self._native is not None:
+            self._native.close()  # its views of the shared segments first
+            self._native = None
         self.store.close()
 
     def __enter__(self) -> Producer:
@@ -387,7 +507,33 @@ class Producer:
         store refuses (topic over 127 UTF-8 bytes, queue id outside 0..2^31-1 or outside the
         topic's queues, properties or body too long) is answered MESSAGE_ILLEGAL with the reason
         and nothing stored; an argument of the wrong type raises `InvalidArgumentTypeError`
-        (`rmq_mp.validators`)."""
+        (`rmq_mp.validators`).
+
+        The compiled core (`rmq_mp.put.native`) sends the common message in one call; whatever
+        it leaves (None: anything unusual, before it changed anything shared) is sent here, by
+        the reference."""
+        named = queue_id is not None
+        if self._native is not None and type(topic) is str:
+            if not named:
+                queue_id = self._queue_for(topic, None)
+            result: SendResult | None = self._native.send(topic, body, tags, keys, properties, queue_id, flag)
+            if result is not None:
+                return result
+        return self._send(topic, body, tags, keys, properties, queue_id, flag, named)
+
+    def _send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None,
+        keys: str | Sequence[str] | None,
+        properties: Mapping[str, str] | None,
+        queue_id: Any,
+        flag: int,
+        named: bool,
+    ) -> SendResult:
+        """`send` in Python: the reference the compiled core is tested against. ``named``: the
+        caller gave ``queue_id`` (a rotated one, or None to rotate here, is not checked)."""
         started_ns = time.perf_counter_ns()
         born_ms = time.time_ns() // 1_000_000
         uniq = self.uniq.next_id(born_ms)
@@ -396,17 +542,10 @@ class Producer:
             # Three type tests are all the common send pays (a wrong type raises before any value
             # is judged); anything else wrong surfaces as an exception of the encode, diagnosed
             # then (`_refused_send`).
-            if (
-                type(body) is not bytes
-                or type(flag) is not int
-                or (queue_id is not None and type(queue_id) is not int)
-            ):
+            if type(body) is not bytes or type(flag) is not int or (named and type(queue_id) is not int):
                 body, queue_id, flag = _typed(body, queue_id, flag)
             if queue_id is None:
                 queue_id = self._queue_for(topic, None)
-                named = False
-            else:
-                named = True
             if properties or tags or keys:
                 v.check_properties(tags, keys, properties)
                 text = properties_text(properties, tags, keys, uniq)
@@ -483,6 +622,10 @@ class Producer:
                 self._topics_mtime_ns = mtime_ns
                 self._topics.load()
                 self._queue_limits.clear()
+                if self._native is not None:
+                    self._native.forget_topics()
+            if self._native is not None:
+                self._native.fresh_until_ns = int((monotonic + TOPICS_RECHECK_S) * 1e9)
 
     def _write_queue_nums(self, topic: str) -> int:
         """The topic's writeQueueNums from topics.json, defaultTopicQueueNums for a new topic."""
@@ -981,6 +1124,10 @@ class Producer:
         if found is None:
             slot = self.queues.find_or_insert(topic, queue_id)
             found = self._slots[key] = (slot, self.queues.word_index(slot, qo.NEXT_OFFSET))
+        if self._native is not None:
+            limit = self._queue_limits.get(topic)
+            if limit is not None and queue_id < limit:  # a queue the compiled send may put to
+                self._native.learn(topic, self.encoder.topic_field(topic), limit, queue_id, *found)
         return found
 
     def _put_one(
@@ -1073,7 +1220,7 @@ class Producer:
         w = self._words
         allocated = w[_ALLOCATED]
         if end <= allocated:
-            self._reserved_until = allocated
+            self._set_reserved_until(allocated)
             return ""
         wrote = w[_WROTE]
         file_end = mf.file_from_offset + mf.file_size
@@ -1083,8 +1230,13 @@ class Producer:
             mf.reserve_range(start - mf.file_from_offset, mark - mf.file_from_offset)
         except OSError as exc:
             return f"cannot reserve disk blocks for the commit log at {start}-{mark}: {exc}"
-        self._reserved_until = mark
+        self._set_reserved_until(mark)
         return ""
+
+    def _set_reserved_until(self, offset: int) -> None:
+        self._reserved_until = offset
+        if self._native is not None:
+            self._native.reserved_until = offset
 
     def _end_file(self, mf: MappedFile, wrote: int) -> None:
         """Close the current file with a BLANK record, journalled like an append."""
@@ -1096,7 +1248,7 @@ class Producer:
         CommitLog.end_file(mf)
         w[_WROTE] = mf.file_from_offset + mf.file_size
         w[_J_ACTIVE] = 0
-        self._file = None
+        self._set_file(None)
 
     def _target_file(self, wrote: int) -> MappedFile | None:
         """The segment at the write position, its positions synced and its pool buffer attached."""
@@ -1122,8 +1274,20 @@ class Producer:
             mf.write_buffer = self.pool.buffers[index].mm
         if self._sync:
             mf.pwrite_min_bytes = 0
-        self._file = (mf, mf.write_buffer)
+        self._set_file((mf, mf.write_buffer))
         return mf
+
+    def _set_file(self, cached: tuple[MappedFile, Any] | None) -> None:
+        self._file = cached
+        core = self._native
+        if core is None:
+            return
+        if cached is None:
+            core.set_file(None, False, -1, 0, 0, 0)
+            return
+        mf, buffer = cached
+        dest = buffer if buffer is not None else mf.mapping
+        core.set_file(dest, buffer is None, mf.fd, mf.file_from_offset, mf.file_size, mf.pwrite_min_bytes)
 
     def _borrow_buffer(self, file_offset: int) -> int:
         """A free pool buffer for a new file, waiting boundedly for the committer to return one
@@ -1140,7 +1304,7 @@ class Producer:
     def _undo_interrupted_put(self) -> None:
         """Called with the lock taken over from a dead owner: roll its half-done put back."""
         t = self.table
-        self._file = None  # the undo below may detach the cached file's pool buffer
+        self._set_file(None)  # the undo below may detach the cached file's pool buffer
         if not t.get(layout.JOURNAL_ACTIVE):
             return
         wrote = t.get(layout.WROTE_POSITION)

@@ -14,6 +14,7 @@ import logging
 import os
 import time
 from bisect import bisect_left
+from typing import Any
 
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.running_store import RunningStore
@@ -45,6 +46,22 @@ class PutRecorder:
         self._latency_buckets = base + metrics.LATENCY_BUCKETS // 8
         self._hold_sum = base + metrics.LOCK_HOLD_SUM_US // 8
         self._hold_buckets = base + metrics.LOCK_HOLD_BUCKETS // 8
+
+    def native_view(self) -> tuple[Any, ...] | None:
+        """What the compiled send records into (rmq_mp/put/_core.c `record_metrics`): the words,
+        each field's word index and the bucket bounds; None without a slot."""
+        if self._words is None:
+            return None
+        return (
+            self._words,
+            self._puts,
+            self._failures,
+            self._latency_sum,
+            self._latency_buckets,
+            self._hold_sum,
+            self._hold_buckets,
+            _BOUNDS,
+        )
 
     def record(self, started_ns: int, puts: int, failures: int, lock_hold_ns: int) -> None:
         """One call that began at ``started_ns`` (perf_counter_ns) and ends now;

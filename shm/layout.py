@@ -67,7 +67,7 @@ S, P, A, C, F, R, CL = (
 )
 
 MAGIC_VALUE = 0x524D514D50303031  # "RMQMP001"
-LAYOUT_VERSION = 1
+LAYOUT_VERSION = 2  # 2: PUT_LOCK_KIND, the atomic put lock
 
 # State values of STATE.
 STARTING, RUNNING, STOPPING, STOPPED = 0, 1, 2, 3
@@ -95,7 +95,14 @@ ALLOCATED_UNTIL = _f(
     doc="commit-log offset below which, from the write position on, disk blocks are reserved",
 )
 LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, C, lock=Lock.PUT)
-PUT_LOCK_OWNER_PID = _f("put_lock_owner_pid", 14, P, C, lock=Lock.PUT, doc="0 when free")
+PUT_LOCK_OWNER_PID = _f(
+    "put_lock_owner_pid",
+    14,
+    P,
+    C,
+    lock=Lock.PUT,
+    doc="0 when free; with PUT_LOCK_KIND atomic, the lock word itself (`lock_owner` reads the pid)",
+)
 PUT_LOCK_SINCE_MS = _f(
     "put_lock_since_ms", 15, P, C, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
 )
@@ -200,9 +207,29 @@ INDEX_DISPATCH_ERROR = _f(
 INDEX_RESUME_OFFSET = _f(
     "index_resume_offset", 283, R, doc="while indexing is paused: the first record not indexed"
 )
+PUT_LOCK_KIND = _f(
+    "put_lock_kind",
+    301,
+    S,
+    doc="LOCK_SEMAPHORE or LOCK_ATOMIC, chosen at creation: every producer of the store takes that lock",
+)
 CONFIG_PERSIST_FAILURES = _f(
     "config_persist_failures", 300, S, doc="persists of config/*.json that raised OSError (retried)"
 )
+
+# PUT_LOCK_KIND values. LOCK_SEMAPHORE: a POSIX semaphore, the owner's pid written after taking it
+# (shm/semaphores.py `PutLock`, the pure-Python reference). LOCK_ATOMIC: the low 32 bits of
+# PUT_LOCK_OWNER_PID are the lock, compare-and-swapped from 0 to the owner's pid, bit 30 set while
+# a waiter may sleep on it in a futex (rmq_mp/put/_core.c; shm/put_lock.py `AtomicPutLock`).
+LOCK_SEMAPHORE, LOCK_ATOMIC = 0, 1
+LOCK_WAITERS_BIT = 1 << 30
+LOCK_OWNER_MASK = LOCK_WAITERS_BIT - 1
+
+
+def lock_owner(word: int) -> int:
+    """The owner's pid in PUT_LOCK_OWNER_PID's value (0: free), whichever the lock kind."""
+    return word & LOCK_OWNER_MASK
+
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

@@ -211,3 +211,12 @@ def drain_every_queue(consumer: Consumer) -> int:
             offset = result.next_begin_offset
             seen += len(result.messages)
     return seen
+
+
+def reference_put_path(producer: Any) -> None:
+    """Make ``producer`` send through the pure-Python reference only (its compiled send closed):
+    for white-box tests that record the reference's own stores. The compiled core keeps the same
+    order in C (rmq_mp/put/_core.c), which tests/unit/test_native_core.py checks by outcome."""
+    if producer._native is not None:
+        producer._native.close()
+        producer._native = None

@@ -229,7 +229,9 @@ class OpsMonitor:
         if held_ms > LOCK_HELD_TOO_LONG_US // 1000 and since_ms != self.reported_hold_since_ms:
             self.reported_hold_since_ms = since_ms
             log.warning(
-                "put lock held for %d ms so far by pid %d", held_ms, self.table.get(layout.PUT_LOCK_OWNER_PID)
+                "put lock held for %d ms so far by pid %d",
+                held_ms,
+                layout.lock_owner(self.table.get(layout.PUT_LOCK_OWNER_PID)),
             )
 
     def stop(self) -> None:

@@ -34,6 +34,7 @@ from types import FrameType
 from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.put import native
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.topics import TopicConfig, TopicConfigManager
@@ -162,6 +163,10 @@ class Supervisor:
         assert self.shm is not None
         self.shm.table.set(layout.STATE, layout.RUNNING)
         log.info("store %s running as %s", self.root, self.names.base)
+        if native.core is not None:
+            log.info("put path: the compiled core, atomic put lock")
+        else:
+            log.info("put path: the pure-Python reference, semaphore put lock (%s)", native.why_reference)
 
     def _log_settings(self) -> None:
         """What the store runs with that differs from what broker.conf says, one record each (the
@@ -188,6 +193,7 @@ class Supervisor:
         t.set(layout.SUPERVISOR_PID, os.getpid())
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
+        t.set(layout.PUT_LOCK_KIND, native.store_lock_kind())
         t.set(layout.FLUSH_DISK_SYNC, int(cfg.flush_disk_type is FlushDiskType.SYNC_FLUSH))
         end = store.max_phy_offset()
         for f in (

@@ -26,6 +26,7 @@ from tests.load import QUEUES, TOPICS, message_for
 from tests.service import (
     ROOT,
     RunningService,
+    reference_put_path,
     running_service,
     start_producers,
     start_service,
@@ -265,6 +266,7 @@ def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: 
         running_service(tmp_path, flushDiskType="SYNC_FLUSH") as service,
         Producer.attach(service.root) as producer,
     ):
+        reference_put_path(producer)  # the order of the reference's own stores is recorded
         writes: list[tuple[str, int, int]] = []
 
         class Recorded:

@@ -1,0 +1,1113 @@
+/* rmq_mp.put._core: the put path's compiled core (C against the CPython API).
+ *
+ * The pure-Python put path (rmq_mp/producer.py, rmq_mp/record.py, shm/semaphores.py) is the
+ * reference; this file does the same work for the common `send` in one call, and gives the put
+ * lock its atomic form. Nothing here knows a shared-memory offset: every word index, ring
+ * layout and constant comes from Python (shm.layout, shm.flush_requests) when a `Sender` is
+ * built, and `layout()` reports the record layout compiled in here so the loader can refuse a
+ * core that disagrees with rmq_mp.record (rmq_mp/put/native.py).
+ *
+ * - crc32: IEEE CRC-32 (zlib's), slice-by-8.
+ * - encode_own: one v1 CommitLog record, byte for byte `RecordEncoder.encode_own`.
+ * - The put lock on atomics: a 32-bit word in the pointer table holding the owner's pid
+ *   (compare-and-swap 0 -> pid), bit 30 set while a waiter may sleep on it; a short spin, then
+ *   a futex wait on that word (shared, not private: the word is in a MAP_SHARED segment).
+ *   The owner pid in the word is what makes a holder's death detectable at once: a waiter that
+ *   finds the owner gone takes the lock over with one CAS (Python runs the journal undo).
+ * - Sender.send: `Producer.send` for the common case (explicit queue id, no user properties,
+ *   a known topic and queue, the record fitting the current file): encode, refusal checks,
+ *   lock, journal, copy, queue offset, write position (the commit point), counters, flush
+ *   request, unlock, worker wake-ups, the SYNC flush wait with the GIL released, metrics and
+ *   the SendResult. Anything else returns None *before changing anything shared*, and the
+ *   Python reference does the whole send.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include "structmember.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <semaphore.h>
+#include <signal.h>
+#include <stdint.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+
+#if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
+#error "the pointer table holds native little-endian words; the lock word is its low half"
+#endif
+
+/* ------------------------------------------------------------------ record layout (v1) */
+
+#define MESSAGE_MAGIC_CODE ((int32_t)0xDAA320A7)
+#define POS_QUEUE_OFFSET 20
+#define POS_PHY_OFFSET 28
+#define POS_SYS_FLAG 36
+#define POS_BORN_HOST 48
+#define STOREHOST_V6_FLAG 0x20
+#define BORNHOST_V6_FLAG 0x10
+#define MAX_PROPERTIES_BYTES 32767
+#define END_FILE_MIN_BLANK_LENGTH 8
+#define UNIQ_KEY_LEN 32
+
+/* ------------------------------------------------------------------ CRC-32 */
+
+static uint32_t crc_table[8][256];
+
+static void crc_init(void) {
+    for (uint32_t i = 0; i < 256; i++) {
+        uint32_t c = i;
+        for (int k = 0; k < 8; k++) c = c & 1 ? 0xEDB88320u ^ (c >> 1) : c >> 1;
+        crc_table[0][i] = c;
+    }
+    for (uint32_t i = 0; i < 256; i++)
+        for (int t = 1; t < 8; t++)
+            crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
+}
+
+static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) {
+    crc = ~crc;
+    while (n && ((uintptr_t)p & 7)) {
+        crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+        n--;
+    }
+    while (n >= 8) {
+        uint64_t v;
+        memcpy(&v, p, 8);
+        v ^= crc;
+        crc = crc_table[7][v & 0xFF] ^ crc_table[6][(v >> 8) & 0xFF] ^ crc_table[5][(v >> 16) & 0xFF] ^
+              crc_table[4][(v >> 24) & 0xFF] ^ crc_table[3][(v >> 32) & 0xFF] ^
+              crc_table[2][(v >> 40) & 0xFF] ^ crc_table[1][(v >> 48) & 0xFF] ^ crc_table[0][v >> 56];
+        p += 8;
+        n -= 8;
+    }
+    while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
+    return ~crc;
+}
+
+/* ------------------------------------------------------------------ big-endian stores */
+
+static inline void put16(uint8_t *p, uint16_t v) { v = __builtin_bswap16(v); memcpy(p, &v, 2); }
+static inline void put32(uint8_t *p, uint32_t v) { v = __builtin_bswap32(v); memcpy(p, &v, 4); }
+static inline void put64(uint8_t *p, uint64_t v) { v = __builtin_bswap64(v); memcpy(p, &v, 8); }
+
+typedef struct {
+    uint8_t store_ip[16];
+    int store_ip_len; /* 4 or 16 */
+    int32_t store_port;
+    uint8_t born_ip[4]; /* a writer's own born host is IPv4 (RecordEncoder) */
+    int32_t born_port;
+    int32_t sys_flag;
+} Hosts;
+
+static inline Py_ssize_t fixed_size(const Hosts *h) { return 80 + h->store_ip_len + 4; }
+
+/* The store timestamp's position in a record born at an IPv4 host. */
+#define POS_STORE_TIMESTAMP (POS_BORN_HOST + 8)
+
+/* One record with QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP 0 (patched under the lock).
+ * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. */
+static Py_ssize_t encode_into(uint8_t *out, const Hosts *h, const uint8_t *topic_field, Py_ssize_t topic_len,
+                              const uint8_t *body, Py_ssize_t body_len, int32_t queue_id, int32_t flag,
+                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len) {
+    Py_ssize_t fixed = fixed_size(h);
+    Py_ssize_t total = fixed + body_len + topic_len + 2 + props_len;
+    uint8_t *p = out;
+    put32(p, (uint32_t)total);
+    put32(p + 4, (uint32_t)MESSAGE_MAGIC_CODE);
+    put32(p + 8, body_len ? crc32_of(0, body, (size_t)body_len) & 0x7FFFFFFFu : 0);
+    put32(p + 12, (uint32_t)queue_id);
+    put32(p + 16, (uint32_t)flag);
+    memset(p + 20, 0, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
+    put32(p + 36, (uint32_t)h->sys_flag);
+    put64(p + 40, (uint64_t)born_ms);
+    memcpy(p + 48, h->born_ip, 4);
+    put32(p + 52, (uint32_t)h->born_port);
+    memset(p + 56, 0, 8); /* STORETIMESTAMP */
+    memcpy(p + 64, h->store_ip, (size_t)h->store_ip_len);
+    p += 64 + h->store_ip_len;
+    put32(p, (uint32_t)h->store_port);
+    memset(p + 4, 0, 12); /* RECONSUMETIMES, PREPARED TRANSACTION OFFSET */
+    put32(p + 16, (uint32_t)body_len);
+    p = out + fixed;
+    memcpy(p, body, (size_t)body_len);
+    p += body_len;
+    memcpy(p, topic_field, (size_t)topic_len);
+    p += topic_len;
+    put16(p, (uint16_t)props_len);
+    memcpy(p + 2, props, (size_t)props_len);
+    return total;
+}
+
+/* ------------------------------------------------------------------ time */
+
+static inline int64_t mono_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+static inline int64_t real_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_REALTIME, &ts);
+    return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Python's floor division of a time_ns (never negative here) by 10^6. */
+static inline int64_t real_ms(void) { return real_ns() / 1000000; }
+
+/* ------------------------------------------------------------------ the put lock */
+
+#define LOCK_WAITERS 0x40000000u
+#define LOCK_OWNER_MASK 0x3FFFFFFFu
+
+static inline long futex(uint32_t *addr, int op, uint32_t val, const struct timespec *timeout) {
+    return syscall(SYS_futex, addr, op, val, timeout, NULL, 0);
+}
+
+static inline void cpu_relax(void) {
+#if defined(__x86_64__) || defined(__i386__)
+    __builtin_ia32_pause();
+#elif defined(__aarch64__)
+    __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int lock_try(uint32_t *word, uint32_t pid) {
+    uint32_t expected = 0;
+    return __atomic_compare_exchange_n(word, &expected, pid, 0, __ATOMIC_ACQUIRE, __ATOMIC_RELAXED);
+}
+
+/* Spin for up to spin_ns (watching, yielding the CPU between looks: a holder that lost its CPU
+ * gets it back), then sleep on the futex until wait_deadline_ns (CLOCK_MONOTONIC). 1 once held.
+ * Call without the GIL. */
+static int lock_wait(uint32_t *word, uint32_t pid, int64_t spin_ns, int64_t wait_deadline_ns) {
+    int64_t now = mono_ns();
+    int64_t spin_until = now + spin_ns;
+    int looks = 0;
+    while (now < spin_until) {
+        if (__atomic_load_n(word, __ATOMIC_RELAXED) == 0 && lock_try(word, pid)) return 1;
+        if (++looks < 64)
+            cpu_relax();
+        else
+            sched_yield();
+        now = mono_ns();
+    }
+    while (now < wait_deadline_ns) {
+        uint32_t v = __atomic_load_n(word, __ATOMIC_RELAXED);
+        if (v == 0) {
+            uint32_t expected = 0; /* taken as contended: others may still sleep on it */
+            if (__atomic_compare_exchange_n(word, &expected, pid | LOCK_WAITERS, 0, __ATOMIC_ACQUIRE,
+                                            __ATOMIC_RELAXED))
+                return 1;
+            continue;
+        }
+        if (!(v & LOCK_WAITERS)) {
+            if (!__atomic_compare_exchange_n(word, &v, v | LOCK_WAITERS, 0, __ATOMIC_RELAXED, __ATOMIC_RELAXED))
+                continue;
+            v |= LOCK_WAITERS;
+        }
+        int64_t left = wait_deadline_ns - now;
+        struct timespec ts = {(time_t)(left / 1000000000), (long)(left % 1000000000)};
+        futex(word, FUTEX_WAIT, v, &ts);
+        now = mono_ns();
+    }
+    return 0;
+}
+
+static inline void lock_release(uint32_t *word) {
+    uint32_t old = __atomic_exchange_n(word, 0, __ATOMIC_RELEASE);
+    if (old & LOCK_WAITERS) futex(word, FUTEX_WAKE, 1, NULL);
+}
+
+/* ------------------------------------------------------------------ buffers */
+
+typedef struct {
+    Py_buffer view;
+    int held;
+} Held;
+
+static int hold(Held *h, PyObject *obj, int writable) {
+    if (PyObject_GetBuffer(obj, &h->view, writable ? PyBUF_WRITABLE : PyBUF_SIMPLE) < 0) return -1;
+    h->held = 1;
+    return 0;
+}
+
+static void unhold(Held *h) {
+    if (h->held) {
+        PyBuffer_Release(&h->view);
+        h->held = 0;
+    }
+}
+
+static uint32_t *lock_word_of(Py_buffer *table, Py_ssize_t index) {
+    if (index < 0 || (index + 1) * 8 > table->len) {
+        PyErr_SetString(PyExc_IndexError, "lock word outside the table");
+        return NULL;
+    }
+    return (uint32_t *)((char *)table->buf + index * 8);
+}
+
+/* lock_acquire(table, index, pid, spin_ns, wait_ms) -> bool: the atomic put lock, taken within
+ * spin_ns of watching and wait_ms of sleeping (GIL released). */
+static PyObject *py_lock_acquire(PyObject *self, PyObject *args) {
+    PyObject *table;
+    Py_ssize_t index;
+    unsigned int pid;
+    long long spin_ns, wait_ms;
+    if (!PyArg_ParseTuple(args, "OnILL", &table, &index, &pid, &spin_ns, &wait_ms)) return NULL;
+    if (pid == 0 || pid & ~LOCK_OWNER_MASK) return PyErr_Format(PyExc_ValueError, "pid %u out of range", pid);
+    Held h = {0};
+    if (hold(&h, table, 1) < 0) return NULL;
+    uint32_t *word = lock_word_of(&h.view, index);
+    if (!word) {
+        unhold(&h);
+        return NULL;
+    }
+    int got = lock_try(word, pid);
+    if (!got) {
+        int64_t deadline = mono_ns() + spin_ns + wait_ms * 1000000;
+        Py_BEGIN_ALLOW_THREADS got = lock_wait(word, pid, spin_ns, deadline);
+        Py_END_ALLOW_THREADS
+    }
+    unhold(&h);
+    return PyBool_FromLong(got);
+}
+
+static PyObject *py_lock_release(PyObject *self, PyObject *args) {
+    PyObject *table;
+    Py_ssize_t index;
+    if (!PyArg_ParseTuple(args, "On", &table, &index)) return NULL;
+    Held h = {0};
+    if (hold(&h, table, 1) < 0) return NULL;
+    uint32_t *word = lock_word_of(&h.view, index);
+    if (word) lock_release(word);
+    unhold(&h);
+    if (!word) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* lock_cas(table, index, expected, new) -> bool: take over a lock whose owner died. */
+static PyObject *py_lock_cas(PyObject *self, PyObject *args) {
+    PyObject *table;
+    Py_ssize_t index;
+    unsigned int expected, desired;
+    if (!PyArg_ParseTuple(args, "OnII", &table, &index, &expected, &desired)) return NULL;
+    Held h = {0};
+    if (hold(&h, table, 1) < 0) return NULL;
+    uint32_t *word = lock_word_of(&h.view, index);
+    int done = 0;
+    if (word)
+        done = __atomic_compare_exchange_n(word, &expected, desired, 0, __ATOMIC_ACQ_REL, __ATOMIC_RELAXED);
+    unhold(&h);
+    if (!word) return NULL;
+    return PyBool_FromLong(done);
+}
+
+/* ------------------------------------------------------------------ module-level encode */
+
+static int parse_host(PyObject *ip, long long port, uint8_t *out, int *out_len, int32_t *out_port) {
+    char *raw;
+    Py_ssize_t n;
+    if (PyBytes_AsStringAndSize(ip, &raw, &n) < 0) return -1;
+    if (n != 4 && n != 16) {
+        PyErr_SetString(PyExc_ValueError, "a host address is 4 or 16 bytes");
+        return -1;
+    }
+    memcpy(out, raw, (size_t)n);
+    *out_len = (int)n;
+    *out_port = (int32_t)port;
+    return 0;
+}
+
+static PyObject *py_encode_own(PyObject *self, PyObject *args) {
+    Py_buffer topic_field, body, props;
+    long long queue_id, flag, born_ms, born_port, store_port;
+    PyObject *born_ip, *store_ip;
+    if (!PyArg_ParseTuple(args, "y*y*LLLy*OLOL", &topic_field, &body, &queue_id, &flag, &born_ms, &props,
+                          &born_ip, &born_port, &store_ip, &store_port))
+        return NULL;
+    PyObject *out = NULL;
+    Hosts h;
+    int born_len;
+    int32_t bp, sp;
+    if (parse_host(born_ip, born_port, h.born_ip, &born_len, &bp) < 0) goto done;
+    if (born_len != 4) {
+        PyErr_SetString(PyExc_ValueError, "a writer's own born host is IPv4");
+        goto done;
+    }
+    if (parse_host(store_ip, store_port, h.store_ip, &h.store_ip_len, &sp) < 0) goto done;
+    if (props.len > MAX_PROPERTIES_BYTES) {
+        PyErr_SetString(PyExc_ValueError, "properties too long");
+        goto done;
+    }
+    h.born_port = bp;
+    h.store_port = sp;
+    h.sys_flag = h.store_ip_len == 16 ? STOREHOST_V6_FLAG : 0;
+    Py_ssize_t total = fixed_size(&h) + body.len + topic_field.len + 2 + props.len;
+    out = PyByteArray_FromStringAndSize(NULL, total);
+    if (out)
+        encode_into((uint8_t *)PyByteArray_AS_STRING(out), &h, topic_field.buf, topic_field.len, body.buf,
+                    body.len, (int32_t)queue_id, (int32_t)flag, born_ms, props.buf, props.len);
+done:
+    PyBuffer_Release(&topic_field);
+    PyBuffer_Release(&body);
+    PyBuffer_Release(&props);
+    return out;
+}
+
+static PyObject *py_crc32(PyObject *self, PyObject *args) {
+    Py_buffer data;
+    unsigned int start = 0;
+    if (!PyArg_ParseTuple(args, "y*|I", &data, &start)) return NULL;
+    uint32_t crc = crc32_of(start, data.buf, (size_t)data.len);
+    PyBuffer_Release(&data);
+    return PyLong_FromUnsignedLong(crc);
+}
+
+static PyObject *py_layout(PyObject *self, PyObject *noargs) {
+    return Py_BuildValue("{s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i,s:i}", "MESSAGE_MAGIC_CODE", MESSAGE_MAGIC_CODE,
+                         "POS_QUEUE_OFFSET", POS_QUEUE_OFFSET, "POS_PHY_OFFSET", POS_PHY_OFFSET, "POS_SYS_FLAG",
+                         POS_SYS_FLAG, "POS_BORN_HOST", POS_BORN_HOST, "STOREHOSTADDRESS_V6_FLAG",
+                         STOREHOST_V6_FLAG, "BORNHOST_V6_FLAG", BORNHOST_V6_FLAG, "MAX_PROPERTIES_BYTES",
+                         MAX_PROPERTIES_BYTES, "END_FILE_MIN_BLANK_LENGTH", END_FILE_MIN_BLANK_LENGTH,
+                         "LOCK_WAITERS", (int)LOCK_WAITERS);
+}
+
+/* ------------------------------------------------------------------ Sender */
+
+enum {
+    W_WROTE, W_J_ACTIVE, W_J_BEFORE, W_J_AFTER, W_J_SLOT, W_J_QUEUE_OFFSET, W_LAST_STORE_TS, W_PUT_COUNT,
+    W_PUT_BYTES, W_STATE, W_HEARTBEAT, W_FLAGS, W_REPUT_FROM, W_FLUSH_SEQ, W_FLUSHED, W_LOCK, W_LOCK_SINCE,
+    W_COUNT
+};
+static const char *const WORD_NAMES[W_COUNT] = {
+    "WROTE_POSITION", "JOURNAL_ACTIVE", "JOURNAL_WROTE_BEFORE", "JOURNAL_WROTE_AFTER", "JOURNAL_QUEUE_SLOT",
+    "JOURNAL_QUEUE_OFFSET_BEFORE", "LAST_STORE_TIMESTAMP", "PUT_COUNT", "PUT_BYTES", "STATE",
+    "SUPERVISOR_HEARTBEAT_MS", "RUNNING_FLAGS", "REPUT_FROM_OFFSET", "FLUSH_REQUEST_SEQ", "FLUSHED_POSITION",
+    "PUT_LOCK_OWNER_PID", "PUT_LOCK_SINCE_MS"};
+
+#define MAX_WAKES 2
+#define MAX_BOUNDS 64
+
+/* Test hook: stop this process (SIGSTOP) at a point of the put, so a test can kill -9 it there. */
+enum { PAUSE_NONE, PAUSE_LOCKED, PAUSE_JOURNALLED, PAUSE_COPIED, PAUSE_FLUSH_WAIT };
+static int pause_at = PAUSE_NONE;
+#define PAUSE_POINT(p) \
+    do {                                      \
+        if (pause_at == (p)) kill(getpid(), SIGSTOP); \
+    } while (0)
+
+typedef struct {
+    PyObject_HEAD
+    Held table, queues, ring, metrics, uniq_state;
+    Py_ssize_t w[W_COUNT];
+    int64_t accepting_state, put_blockers, stale_ms, max_lag;
+    int64_t pid, spin_ns, slice_ms;
+    Hosts hosts;
+    int64_t max_message_size;
+    char uniq_prefix[20];
+    /* SYNC: the flush-request ring */
+    int sync;
+    int64_t ring_capacity, ring_base, ring_slot_size, ring_state, ring_next, ring_deadline, ring_pid;
+    int64_t ring_free, ring_waiting, ring_done_ok, ring_done_timeout, ring_abandoned;
+    int64_t sync_flush_timeout_ms;
+    PyObject *flush_done_names; /* list of str */
+    sem_t **flush_done;
+    /* worker wake-ups after a put */
+    int wakes;
+    Py_ssize_t wake_word[MAX_WAKES];
+    sem_t *wake_sem[MAX_WAKES];
+    /* metrics */
+    int has_metrics;
+    Py_ssize_t m_puts, m_failures, m_latency_sum, m_latency_buckets, m_hold_sum, m_hold_buckets;
+    int n_bounds;
+    int64_t bounds[MAX_BOUNDS];
+    /* the current file, set by the Python side whenever it changes */
+    PyObject *dest; /* pool buffer or the file's mapping; None: no cached file */
+    int dest_is_file;
+    int fd;
+    long long file_from_offset, file_size, pwrite_min_bytes;
+    long long reserved_until;
+    long long fresh_until_ns;
+    long long last_hold_ns;
+    PyObject *topics; /* dict: topic -> (topic_field: bytes, limit: int, queues: dict[int, (slot, word)]) */
+    /* results */
+    PyObject *result_type, *put_ok, *flush_timeout, *msg_id_prefix, *empty, *ring_full_reason,
+        *not_flushed_reason;
+    uint8_t *scratch;
+    Py_ssize_t scratch_len;
+    int closed;
+} Sender;
+
+static int64_t dict_i64(PyObject *d, const char *key, int *ok) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        if (*ok) PyErr_Format(PyExc_KeyError, "Sender setting %s missing", key);
+        *ok = 0;
+        return 0;
+    }
+    long long x = PyLong_AsLongLong(v);
+    if (x == -1 && PyErr_Occurred()) *ok = 0;
+    return x;
+}
+
+static PyObject *dict_obj(PyObject *d, const char *key, int *ok) {
+    PyObject *v = PyDict_GetItemString(d, key);
+    if (!v) {
+        if (*ok) PyErr_Format(PyExc_KeyError, "Sender setting %s missing", key);
+        *ok = 0;
+    }
+    return v;
+}
+
+static sem_t *open_sem(PyObject *name) {
+    const char *s = PyUnicode_AsUTF8(name);
+    if (!s) return NULL;
+    sem_t *sem = sem_open(s, 0);
+    if (sem == SEM_FAILED) {
+        PyErr_SetFromErrnoWithFilename(PyExc_OSError, s);
+        return NULL;
+    }
+    return sem;
+}
+
+static void sender_release(Sender *s) {
+    unhold(&s->table);
+    unhold(&s->queues);
+    unhold(&s->ring);
+    unhold(&s->metrics);
+    unhold(&s->uniq_state);
+    for (int i = 0; i < s->wakes; i++)
+        if (s->wake_sem[i]) sem_close(s->wake_sem[i]);
+    s->wakes = 0;
+    if (s->flush_done) {
+        for (int64_t i = 0; i < s->ring_capacity; i++)
+            if (s->flush_done[i]) sem_close(s->flush_done[i]);
+        PyMem_Free(s->flush_done);
+        s->flush_done = NULL;
+    }
+    Py_CLEAR(s->dest);
+    s->closed = 1;
+}
+
+static void Sender_dealloc(Sender *s) {
+    sender_release(s);
+    Py_XDECREF(s->flush_done_names);
+    Py_XDECREF(s->topics);
+    Py_XDECREF(s->result_type);
+    Py_XDECREF(s->put_ok);
+    Py_XDECREF(s->flush_timeout);
+    Py_XDECREF(s->msg_id_prefix);
+    Py_XDECREF(s->empty);
+    Py_XDECREF(s->ring_full_reason);
+    Py_XDECREF(s->not_flushed_reason);
+    PyMem_Free(s->scratch);
+    Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+/* Sender(settings: dict): see rmq_mp/put/native.py `sender_settings` for the keys. */
+static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
+    PyObject *d;
+    if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
+    int ok = 1;
+    PyObject *words = dict_obj(d, "words", &ok);
+    if (!ok) return -1;
+    for (int i = 0; i < W_COUNT; i++) {
+        s->w[i] = dict_i64(words, WORD_NAMES[i], &ok);
+        if (!ok) return -1;
+    }
+    s->accepting_state = dict_i64(d, "accepting_state", &ok);
+    s->put_blockers = dict_i64(d, "put_blockers", &ok);
+    s->stale_ms = dict_i64(d, "supervisor_stale_ms", &ok);
+    s->max_lag = dict_i64(d, "max_dispatch_lag_bytes", &ok);
+    s->pid = dict_i64(d, "pid", &ok);
+    s->spin_ns = dict_i64(d, "spin_ns", &ok);
+    s->slice_ms = dict_i64(d, "slice_ms", &ok);
+    s->max_message_size = dict_i64(d, "max_message_size", &ok);
+    s->sync = (int)dict_i64(d, "sync", &ok);
+    if (!ok) return -1;
+    if (hold(&s->table, dict_obj(d, "table", &ok), 1) < 0) return -1;
+    if (hold(&s->queues, dict_obj(d, "queues", &ok), 1) < 0) return -1;
+    if (hold(&s->uniq_state, dict_obj(d, "uniq_state", &ok), 1) < 0) return -1;
+    if (s->uniq_state.view.len < 24) {
+        PyErr_SetString(PyExc_ValueError, "uniq_state holds counter, month start and next month");
+        return -1;
+    }
+    for (int i = 0; i < W_COUNT; i++)
+        if (s->w[i] < 0 || (s->w[i] + 1) * 8 > s->table.view.len) {
+            PyErr_Format(PyExc_ValueError, "word %s outside the table", WORD_NAMES[i]);
+            return -1;
+        }
+    PyObject *prefix = dict_obj(d, "uniq_prefix", &ok);
+    if (!ok) return -1;
+    Py_ssize_t plen;
+    const char *p = PyUnicode_AsUTF8AndSize(prefix, &plen);
+    if (!p) return -1;
+    if (plen != 20) {
+        PyErr_SetString(PyExc_ValueError, "uniq_prefix is 20 hex characters (IPv4 client)");
+        return -1;
+    }
+    memcpy(s->uniq_prefix, p, 20);
+    int born_len;
+    if (parse_host(dict_obj(d, "born_ip", &ok), dict_i64(d, "born_port", &ok), s->hosts.born_ip, &born_len,
+                   &s->hosts.born_port) < 0)
+        return -1;
+    if (parse_host(dict_obj(d, "store_ip", &ok), dict_i64(d, "store_port", &ok), s->hosts.store_ip,
+                   &s->hosts.store_ip_len, &s->hosts.store_port) < 0)
+        return -1;
+    if (born_len != 4) {
+        PyErr_SetString(PyExc_ValueError, "a producer's own born host is IPv4");
+        return -1;
+    }
+    s->hosts.sys_flag = s->hosts.store_ip_len == 16 ? STOREHOST_V6_FLAG : 0;
+    if (s->sync) {
+        if (hold(&s->ring, dict_obj(d, "ring", &ok), 1) < 0) return -1;
+        s->ring_capacity = dict_i64(d, "ring_capacity", &ok);
+        s->ring_base = dict_i64(d, "ring_base", &ok);
+        s->ring_slot_size = dict_i64(d, "ring_slot_size", &ok);
+        s->ring_state = dict_i64(d, "ring_state", &ok);
+        s->ring_next = dict_i64(d, "ring_next_offset", &ok);
+        s->ring_deadline = dict_i64(d, "ring_deadline_ms", &ok);
+        s->ring_pid = dict_i64(d, "ring_pid", &ok);
+        s->ring_free = dict_i64(d, "FREE", &ok);
+        s->ring_waiting = dict_i64(d, "WAITING", &ok);
+        s->ring_done_ok = dict_i64(d, "DONE_OK", &ok);
+        s->ring_done_timeout = dict_i64(d, "DONE_TIMEOUT", &ok);
+        s->ring_abandoned = dict_i64(d, "ABANDONED", &ok);
+        s->sync_flush_timeout_ms = dict_i64(d, "sync_flush_timeout_ms", &ok);
+        PyObject *names = dict_obj(d, "flush_done_names", &ok);
+        if (!ok) return -1;
+        if (!PyList_Check(names) || PyList_GET_SIZE(names) != s->ring_capacity || s->ring_capacity < 1 ||
+            s->ring_base + s->ring_capacity * s->ring_slot_size > s->ring.view.len) {
+            PyErr_SetString(PyExc_ValueError, "flush ring settings disagree");
+            return -1;
+        }
+        Py_INCREF(names);
+        s->flush_done_names = names;
+        s->flush_done = PyMem_Calloc((size_t)s->ring_capacity, sizeof(sem_t *));
+        if (!s->flush_done) {
+            PyErr_NoMemory();
+            return -1;
+        }
+    }
+    PyObject *wakes = dict_obj(d, "wakes", &ok); /* list of (notified word, semaphore name) */
+    if (!ok) return -1;
+    if (!PyList_Check(wakes) || PyList_GET_SIZE(wakes) > MAX_WAKES) {
+        PyErr_SetString(PyExc_ValueError, "wakes: at most two (word, name) pairs");
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(wakes); i++) {
+        PyObject *pair = PyList_GET_ITEM(wakes, i);
+        PyObject *word, *name;
+        if (!PyArg_ParseTuple(pair, "OO", &word, &name)) return -1;
+        s->wake_word[i] = PyLong_AsSsize_t(word);
+        if (s->wake_word[i] < 0 || (s->wake_word[i] + 1) * 8 > s->table.view.len) {
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "wake word outside the table");
+            return -1;
+        }
+        s->wake_sem[i] = open_sem(name);
+        if (!s->wake_sem[i]) return -1;
+        s->wakes = (int)i + 1;
+    }
+    PyObject *metrics = dict_obj(d, "metrics", &ok);
+    if (!ok) return -1;
+    if (metrics != Py_None) {
+        PyObject *buf, *bounds;
+        if (!PyArg_ParseTuple(metrics, "OnnnnnnO", &buf, &s->m_puts, &s->m_failures, &s->m_latency_sum,
+                              &s->m_latency_buckets, &s->m_hold_sum, &s->m_hold_buckets, &bounds))
+            return -1;
+        if (hold(&s->metrics, buf, 1) < 0) return -1;
+        Py_ssize_t nb = PySequence_Size(bounds);
+        if (nb < 1 || nb > MAX_BOUNDS) {
+            PyErr_SetString(PyExc_ValueError, "metrics bounds");
+            return -1;
+        }
+        for (Py_ssize_t i = 0; i < nb; i++) {
+            PyObject *b = PySequence_GetItem(bounds, i);
+            if (!b) return -1;
+            s->bounds[i] = PyLong_AsLongLong(b);
+            Py_DECREF(b);
+        }
+        s->n_bounds = (int)nb;
+        Py_ssize_t top = s->m_hold_buckets + nb + 1;
+        if (top * 8 > s->metrics.view.len || s->m_latency_buckets + nb + 1 > s->metrics.view.len / 8) {
+            PyErr_SetString(PyExc_ValueError, "metrics slot outside its segment");
+            return -1;
+        }
+        s->has_metrics = 1;
+    }
+    s->result_type = Py_NewRef(dict_obj(d, "result_type", &ok));
+    if (!ok) return -1;
+    s->put_ok = Py_NewRef(dict_obj(d, "PUT_OK", &ok));
+    if (!ok) return -1;
+    s->flush_timeout = Py_NewRef(dict_obj(d, "FLUSH_DISK_TIMEOUT", &ok));
+    if (!ok) return -1;
+    s->msg_id_prefix = Py_NewRef(dict_obj(d, "msg_id_prefix", &ok));
+    if (!ok) return -1;
+    s->ring_full_reason = Py_NewRef(dict_obj(d, "ring_full_reason", &ok));
+    if (!ok) return -1;
+    s->not_flushed_reason = Py_NewRef(dict_obj(d, "not_flushed_reason", &ok));
+    if (!ok) return -1;
+    s->empty = PyUnicode_FromString("");
+    s->topics = PyDict_New();
+    s->dest = Py_NewRef(Py_None);
+    s->fd = -1;
+    s->last_hold_ns = -1;
+    if (!s->empty || !s->topics) return -1;
+    return 0;
+}
+
+static inline int64_t *words_of(Held *h) { return (int64_t *)h->view.buf; }
+
+static int grow_scratch(Sender *s, Py_ssize_t n) {
+    if (n <= s->scratch_len) return 0;
+    Py_ssize_t want = n < 4096 ? 4096 : n;
+    uint8_t *p = PyMem_Realloc(s->scratch, (size_t)want);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    s->scratch = p;
+    s->scratch_len = want;
+    return 0;
+}
+
+static inline int has_separator(const char *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++)
+        if ((unsigned char)p[i] <= 2 && p[i] != 0) return 1;
+    return 0;
+}
+
+static const char HEX[] = "0123456789ABCDEF";
+
+/* A flush-request ring slot for [.., end) (put lock held): `Producer._flush_request`. */
+static int64_t take_ring_slot(Sender *s, int64_t end, int64_t now_ms) {
+    int64_t *w = words_of(&s->table);
+    int64_t *ring = words_of(&s->ring);
+    int64_t ticket = w[s->w[W_FLUSH_SEQ]];
+    for (int64_t i = 0; i < s->ring_capacity; i++) {
+        ticket += 1;
+        int64_t slot = ticket % s->ring_capacity;
+        int64_t base = (s->ring_base + slot * s->ring_slot_size) >> 3;
+        int64_t state = ring[base + (s->ring_state >> 3)];
+        if (state == s->ring_free ||
+            (state != s->ring_waiting && ring[base + (s->ring_deadline >> 3)] + 1000 < now_ms)) {
+            ring[base + (s->ring_next >> 3)] = end;
+            ring[base + (s->ring_deadline >> 3)] = now_ms + s->sync_flush_timeout_ms;
+            ring[base + (s->ring_pid >> 3)] = s->pid;
+            __atomic_store_n(&ring[base + (s->ring_state >> 3)], s->ring_waiting, __ATOMIC_RELEASE);
+            w[s->w[W_FLUSH_SEQ]] = ticket;
+            return slot;
+        }
+    }
+    w[s->w[W_FLUSH_SEQ]] = ticket;
+    return -1;
+}
+
+/* Wait for ring slot `slot` to be completed (GIL held on entry and exit; released while
+ * sleeping). 1 DONE_OK, 0 timed out, -1 with an exception (a signal handler raised). */
+static int wait_for_flush(Sender *s, int64_t slot) {
+    int64_t *ring = words_of(&s->ring);
+    int64_t *state = &ring[((s->ring_base + slot * s->ring_slot_size) >> 3) + (s->ring_state >> 3)];
+    if (!s->flush_done[slot]) {
+        s->flush_done[slot] = open_sem(PyList_GET_ITEM(s->flush_done_names, slot));
+        if (!s->flush_done[slot]) return -1;
+    }
+    sem_t *sem = s->flush_done[slot];
+    int64_t deadline = real_ns() + s->sync_flush_timeout_ms * 1000000;
+    for (;;) {
+        int64_t st = __atomic_load_n(state, __ATOMIC_ACQUIRE);
+        if (st == s->ring_done_ok || st == s->ring_done_timeout) {
+            *state = s->ring_free;
+            return st == s->ring_done_ok;
+        }
+        int64_t now = real_ns();
+        if (now >= deadline) { /* the flusher is not answering (stopped, or dead) */
+            *state = s->ring_abandoned;
+            return 0;
+        }
+        struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+        int rc, err = 0;
+        PAUSE_POINT(PAUSE_FLUSH_WAIT);
+        Py_BEGIN_ALLOW_THREADS rc = sem_timedwait(sem, &ts);
+        if (rc < 0) err = errno;
+        Py_END_ALLOW_THREADS
+        if (rc < 0 && err == EINTR && PyErr_CheckSignals() < 0) {
+            *state = s->ring_abandoned;
+            return -1;
+        }
+    }
+}
+
+static inline void record_metrics(Sender *s, int64_t started_ns, int failed, int64_t hold_ns) {
+    if (!s->has_metrics) return;
+    int64_t *m = words_of(&s->metrics);
+    int64_t latency_us = (mono_ns() - started_ns) / 1000;
+    m[s->m_puts] += 1;
+    if (failed) m[s->m_failures] += 1;
+    m[s->m_latency_sum] += latency_us;
+    int k = 0;
+    while (k < s->n_bounds && s->bounds[k] < latency_us) k++;
+    m[s->m_latency_buckets + k] += 1;
+    if (hold_ns >= 0) {
+        int64_t hold_us = hold_ns / 1000;
+        m[s->m_hold_sum] += hold_us;
+        k = 0;
+        while (k < s->n_bounds && s->bounds[k] < hold_us) k++;
+        m[s->m_hold_buckets + k] += 1;
+    }
+}
+
+/* send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None */
+static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send takes 7 arguments");
+    if (s->closed) Py_RETURN_NONE;
+    int64_t started_ns = mono_ns();
+    PyObject *topic = args[0], *body = args[1], *tags = args[2], *keys = args[3], *props = args[4],
+             *qid_obj = args[5], *flag_obj = args[6];
+    /* ---- eligibility: anything unusual is the reference's (nothing shared changed yet) */
+    if (!PyBytes_CheckExact(body) || !PyLong_CheckExact(flag_obj) || !PyLong_CheckExact(qid_obj) ||
+        !PyUnicode_CheckExact(topic))
+        Py_RETURN_NONE;
+    if (props != Py_None && !(PyDict_CheckExact(props) && PyDict_GET_SIZE(props) == 0)) Py_RETURN_NONE;
+    if (tags != Py_None && !PyUnicode_CheckExact(tags)) Py_RETURN_NONE;
+    if (keys != Py_None && !PyUnicode_CheckExact(keys)) Py_RETURN_NONE;
+    int overflow;
+    long long queue_id = PyLong_AsLongLongAndOverflow(qid_obj, &overflow);
+    if (overflow || queue_id < 0 || queue_id > INT32_MAX) Py_RETURN_NONE;
+    long long flag = PyLong_AsLongLongAndOverflow(flag_obj, &overflow);
+    if (overflow || flag < INT32_MIN || flag > INT32_MAX) Py_RETURN_NONE;
+    if (mono_ns() >= s->fresh_until_ns) Py_RETURN_NONE; /* topics.json to be looked at again */
+    PyObject *entry = PyDict_GetItemWithError(s->topics, topic);
+    if (!entry) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    PyObject *topic_field = PyTuple_GET_ITEM(entry, 0);
+    long long limit = PyLong_AsLongLong(PyTuple_GET_ITEM(entry, 1));
+    if (queue_id >= limit) Py_RETURN_NONE;
+    PyObject *qentry = PyDict_GetItemWithError(PyTuple_GET_ITEM(entry, 2), qid_obj);
+    if (!qentry) {
+        if (PyErr_Occurred()) return NULL;
+        Py_RETURN_NONE;
+    }
+    int64_t slot = PyLong_AsLongLong(PyTuple_GET_ITEM(qentry, 0));
+    Py_ssize_t next_word = PyLong_AsSsize_t(PyTuple_GET_ITEM(qentry, 1));
+    if (next_word < 0 || (next_word + 1) * 8 > s->queues.view.len) {
+        PyErr_SetString(PyExc_IndexError, "queue word outside the queue-offset table");
+        return NULL;
+    }
+    const char *tags_p = NULL, *keys_p = NULL;
+    Py_ssize_t tags_n = 0, keys_n = 0;
+    if (tags != Py_None) {
+        tags_p = PyUnicode_AsUTF8AndSize(tags, &tags_n);
+        if (!tags_p) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (has_separator(tags_p, tags_n)) Py_RETURN_NONE;
+    }
+    if (keys != Py_None) {
+        keys_p = PyUnicode_AsUTF8AndSize(keys, &keys_n);
+        if (!keys_p) {
+            PyErr_Clear();
+            Py_RETURN_NONE;
+        }
+        if (has_separator(keys_p, keys_n)) Py_RETURN_NONE;
+    }
+    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+    if (body_len > s->max_message_size) Py_RETURN_NONE;
+    int64_t born_ms = real_ms();
+    int64_t *uniq = words_of(&s->uniq_state); /* counter, month start ms, next month ms */
+    if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE; /* the month rolls: Python's */
+    /* ---- the properties: [TAGS][KEYS]UNIQ_KEY, as `properties_text` */
+    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN;
+    if (props_len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
+    int64_t *w = words_of(&s->table);
+    /* ---- RocketMQ's checks before the lock (`Producer._refusal`); a refusal is the reference's */
+    if (w[s->w[W_STATE]] != s->accepting_state || born_ms - w[s->w[W_HEARTBEAT]] > s->stale_ms ||
+        (w[s->w[W_FLAGS]] & s->put_blockers) ||
+        (s->max_lag && w[s->w[W_WROTE]] - w[s->w[W_REPUT_FROM]] > s->max_lag))
+        Py_RETURN_NONE;
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
+    Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + props_len;
+    if (grow_scratch(s, size + props_len) < 0) return NULL;
+    uint8_t *pb = s->scratch + size; /* the properties are built past the record, then encoded */
+    uint8_t *q = pb;
+    if (tags_n) {
+        memcpy(q, "TAGS\x01", 5);
+        memcpy(q + 5, tags_p, (size_t)tags_n);
+        q[5 + tags_n] = 2;
+        q += 6 + tags_n;
+    }
+    if (keys_n) {
+        memcpy(q, "KEYS\x01", 5);
+        memcpy(q + 5, keys_p, (size_t)keys_n);
+        q[5 + keys_n] = 2;
+        q += 6 + keys_n;
+    }
+    memcpy(q, "UNIQ_KEY\x01", 9);
+    uint8_t *uniq_p = q + 9;
+    int64_t counter = uniq[0];
+    uniq[0] = counter + 1;
+    memcpy(uniq_p, s->uniq_prefix, 20);
+    uint32_t month_ms = (uint32_t)(born_ms - uniq[1]);
+    for (int i = 0; i < 8; i++) uniq_p[20 + i] = (uint8_t)HEX[(month_ms >> (28 - 4 * i)) & 0xF];
+    for (int i = 0; i < 4; i++) uniq_p[28 + i] = (uint8_t)HEX[((uint32_t)counter >> (12 - 4 * i)) & 0xF];
+    PyObject *uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, uniq_p, UNIQ_KEY_LEN);
+    if (!uniq_str) return NULL;
+    encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
+                (const uint8_t *)PyBytes_AS_STRING(body), body_len, (int32_t)queue_id, (int32_t)flag, born_ms,
+                pb, props_len);
+    /* ---- the put lock */
+    uint32_t *lock = (uint32_t *)&w[s->w[W_LOCK]];
+    uint32_t pid = (uint32_t)s->pid;
+    if (!lock_try(lock, pid)) {
+        int got;
+        int64_t deadline = mono_ns() + s->spin_ns + s->slice_ms * 1000000;
+        Py_BEGIN_ALLOW_THREADS got = lock_wait(lock, pid, s->spin_ns, deadline);
+        Py_END_ALLOW_THREADS
+        if (!got) { /* a long hold, a dead owner, a busy lock: the reference decides */
+            Py_DECREF(uniq_str);
+            Py_RETURN_NONE;
+        }
+    }
+    int64_t acquired_ns = real_ns();
+    int64_t store_ts = acquired_ns / 1000000;
+    w[s->w[W_LOCK_SINCE]] = store_ts;
+    PAUSE_POINT(PAUSE_LOCKED);
+    int64_t wrote = w[s->w[W_WROTE]];
+    int64_t position = wrote - s->file_from_offset;
+    if (s->dest == Py_None || position < 0 ||
+        position > s->file_size - size - END_FILE_MIN_BLANK_LENGTH || wrote + size > s->reserved_until) {
+        w[s->w[W_LOCK_SINCE]] = 0; /* a new file or a reservation first: the reference's */
+        lock_release(lock);
+        Py_DECREF(uniq_str);
+        Py_RETURN_NONE;
+    }
+    int use_pwrite = s->dest_is_file && size >= s->pwrite_min_bytes;
+    Held dest = {0};
+    if (!use_pwrite && hold(&dest, s->dest, 1) < 0) {
+        w[s->w[W_LOCK_SINCE]] = 0;
+        lock_release(lock);
+        Py_DECREF(uniq_str);
+        return NULL;
+    }
+    if (!use_pwrite && position + size > dest.view.len) {
+        unhold(&dest);
+        w[s->w[W_LOCK_SINCE]] = 0;
+        lock_release(lock);
+        Py_DECREF(uniq_str);
+        PyErr_SetString(PyExc_AssertionError, "the cached file's buffer is shorter than its file");
+        return NULL;
+    }
+    int64_t *qwords = words_of(&s->queues);
+    int64_t queue_offset = qwords[next_word];
+    put64(s->scratch + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
+    put64(s->scratch + POS_PHY_OFFSET, (uint64_t)wrote);
+    put64(s->scratch + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
+    int64_t end = wrote + size;
+    /* the journal, then the bytes, the queue's next offset and the write position (the commit
+     * point), as `Producer._write_chunk` */
+    w[s->w[W_J_BEFORE]] = wrote;
+    w[s->w[W_J_AFTER]] = end;
+    w[s->w[W_J_SLOT]] = slot;
+    w[s->w[W_J_QUEUE_OFFSET]] = queue_offset;
+    __atomic_store_n(&w[s->w[W_J_ACTIVE]], 1, __ATOMIC_RELEASE);
+    PAUSE_POINT(PAUSE_JOURNALLED);
+    if (use_pwrite) {
+        Py_ssize_t done = 0;
+        while (done < size) {
+            ssize_t n = pwrite(s->fd, s->scratch + done, (size_t)(size - done), position + done);
+            if (n < 0) {
+                if (errno == EINTR) continue;
+                int err = errno;
+                w[s->w[W_LOCK_SINCE]] = 0; /* the journal stays: the next taker's undo zeroes it */
+                lock_release(lock);
+                Py_DECREF(uniq_str);
+                errno = err;
+                return PyErr_SetFromErrno(PyExc_OSError);
+            }
+            done += n;
+        }
+    } else {
+        memcpy((char *)dest.view.buf + position, s->scratch, (size_t)size);
+        unhold(&dest);
+    }
+    PAUSE_POINT(PAUSE_COPIED);
+    qwords[next_word] = queue_offset + 1;
+    __atomic_store_n(&w[s->w[W_WROTE]], end, __ATOMIC_RELEASE);
+    __atomic_store_n(&w[s->w[W_J_ACTIVE]], 0, __ATOMIC_RELEASE);
+    w[s->w[W_LAST_STORE_TS]] = store_ts;
+    w[s->w[W_PUT_COUNT]] += 1;
+    w[s->w[W_PUT_BYTES]] += size;
+    int64_t ring_slot = s->sync ? take_ring_slot(s, end, store_ts) : -1;
+    w[s->w[W_LOCK_SINCE]] = 0;
+    lock_release(lock);
+    int64_t hold_ns = real_ns() - acquired_ns;
+    s->last_hold_ns = hold_ns;
+    /* ---- wake the committer or flusher, and reput (`Producer._wake_workers`) */
+    for (int i = 0; i < s->wakes; i++)
+        if (w[s->wake_word[i]] == 0) {
+            w[s->wake_word[i]] = 1;
+            sem_post(s->wake_sem[i]);
+        }
+    PyObject *status = s->put_ok, *reason = s->empty;
+    if (s->sync) {
+        int flushed;
+        if (ring_slot < 0) {
+            flushed = 0;
+            reason = s->ring_full_reason;
+        } else {
+            flushed = wait_for_flush(s, ring_slot);
+            if (flushed < 0) {
+                Py_DECREF(uniq_str);
+                return NULL;
+            }
+            reason = flushed ? s->empty : s->not_flushed_reason;
+        }
+        if (!flushed)
+            status = s->flush_timeout;
+        else if (w[s->w[W_FLUSHED]] < end) {
+            Py_DECREF(uniq_str);
+            return PyErr_Format(PyExc_AssertionError, "acknowledged %lld above flushed %lld", (long long)end,
+                                (long long)w[s->w[W_FLUSHED]]);
+        }
+    }
+    record_metrics(s, started_ns, status != s->put_ok, hold_ns);
+    PyObject *qoff = PyLong_FromLongLong(queue_offset), *phy = PyLong_FromLongLong(wrote);
+    PyObject *result = NULL;
+    if (qoff && phy) {
+        PyObject *call[7] = {status, qid_obj, qoff, phy, uniq_str, reason, s->msg_id_prefix};
+        result = PyObject_Vectorcall(s->result_type, call, 7, NULL);
+    }
+    Py_XDECREF(qoff);
+    Py_XDECREF(phy);
+    Py_DECREF(uniq_str);
+    return result;
+}
+
+/* set_file(dest, dest_is_file, fd, file_from_offset, file_size, pwrite_min_bytes): the segment at
+ * the write position (dest None: none cached). */
+static PyObject *Sender_set_file(Sender *s, PyObject *args) {
+    PyObject *dest;
+    int is_file, fd;
+    long long from, size, pwrite_min;
+    if (!PyArg_ParseTuple(args, "OpiLLL", &dest, &is_file, &fd, &from, &size, &pwrite_min)) return NULL;
+    Py_INCREF(dest);
+    Py_SETREF(s->dest, dest);
+    s->dest_is_file = is_file;
+    s->fd = fd;
+    s->file_from_offset = from;
+    s->file_size = size;
+    s->pwrite_min_bytes = pwrite_min;
+    Py_RETURN_NONE;
+}
+
+/* learn(topic, topic_field, limit, queue_id, slot, next_word): a queue the reference placed. */
+static PyObject *Sender_learn(Sender *s, PyObject *args) {
+    PyObject *topic, *topic_field, *limit, *queue_id, *slot, *word;
+    if (!PyArg_ParseTuple(args, "UO!OOOO", &topic, &PyBytes_Type, &topic_field, &limit, &queue_id, &slot, &word))
+        return NULL;
+    PyObject *entry = PyDict_GetItemWithError(s->topics, topic);
+    if (!entry && PyErr_Occurred()) return NULL;
+    if (entry && PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), limit, Py_EQ) != 1) entry = NULL;
+    if (!entry) {
+        PyObject *queues = PyDict_New();
+        if (!queues) return NULL;
+        entry = PyTuple_Pack(3, topic_field, limit, queues);
+        Py_DECREF(queues);
+        if (!entry || PyDict_SetItem(s->topics, topic, entry) < 0) {
+            Py_XDECREF(entry);
+            return NULL;
+        }
+        Py_DECREF(entry);
+    }
+    PyObject *pair = PyTuple_Pack(2, slot, word);
+    if (!pair) return NULL;
+    int rc = PyDict_SetItem(PyTuple_GET_ITEM(entry, 2), queue_id, pair);
+    Py_DECREF(pair);
+    if (rc < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+static PyObject *Sender_forget_topics(Sender *s, PyObject *noargs) {
+    PyDict_Clear(s->topics);
+    Py_RETURN_NONE;
+}
+
+static PyObject *Sender_close(Sender *s, PyObject *noargs) {
+    sender_release(s);
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef Sender_methods[] = {
+    {"send", (PyCFunction)(void (*)(void))Sender_send, METH_FASTCALL,
+     "send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None (None: the reference's)"},
+    {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
+    {"learn", (PyCFunction)Sender_learn, METH_VARARGS, "a queue and its offset-table slot"},
+    {"forget_topics", (PyCFunction)Sender_forget_topics, METH_NOARGS, "topics.json changed"},
+    {"close", (PyCFunction)Sender_close, METH_NOARGS, "release every shared buffer (before closing them)"},
+    {NULL}};
+
+static PyMemberDef Sender_members[] = {
+    {"reserved_until", T_LONGLONG, offsetof(Sender, reserved_until), 0,
+     "commit-log offset below which blocks are known reserved (Producer._reserved_until)"},
+    {"fresh_until_ns", T_LONGLONG, offsetof(Sender, fresh_until_ns), 0,
+     "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
+    {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
+    {NULL}};
+
+static PyTypeObject SenderType = {
+    PyVarObject_HEAD_INIT(NULL, 0).tp_name = "rmq_mp.put._core.Sender",
+    .tp_basicsize = sizeof(Sender),
+    .tp_flags = Py_TPFLAGS_DEFAULT,
+    .tp_doc = "One producer's compiled send for one start of a store (rmq_mp/put/native.py builds it).",
+    .tp_new = PyType_GenericNew,
+    .tp_init = (initproc)Sender_init,
+    .tp_dealloc = (destructor)Sender_dealloc,
+    .tp_methods = Sender_methods,
+    .tp_members = Sender_members,
+};
+
+static PyObject *py_set_pause(PyObject *self, PyObject *args) {
+    int at;
+    if (!PyArg_ParseTuple(args, "i", &at)) return NULL;
+    if (at < PAUSE_NONE || at > PAUSE_FLUSH_WAIT) return PyErr_Format(PyExc_ValueError, "no pause point %d", at);
+    pause_at = at;
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> int: zlib.crc32"},
+    {"encode_own", py_encode_own, METH_VARARGS,
+     "encode_own(topic_field, body, queue_id, flag, born_ms, props, born_ip, born_port, store_ip, store_port)"
+     " -> bytearray: RecordEncoder.encode_own"},
+    {"layout", py_layout, METH_NOARGS, "the record layout and constants compiled in"},
+    {"lock_acquire", py_lock_acquire, METH_VARARGS,
+     "lock_acquire(table, word_index, pid, spin_ns, wait_ms) -> bool (GIL released while sleeping)"},
+    {"lock_release", py_lock_release, METH_VARARGS, "lock_release(table, word_index)"},
+    {"lock_cas", py_lock_cas, METH_VARARGS, "lock_cas(table, word_index, expected, new) -> bool"},
+    {"_set_pause", py_set_pause, METH_VARARGS,
+     "test hook: SIGSTOP this process at a point of the put (0 none, 1 locked, 2 journalled, 3 copied, "
+     "4 flush wait)"},
+    {NULL}};
+
+static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", "rmq-mp's compiled put path", -1, methods};
+
+PyMODINIT_FUNC PyInit__core(void) {
+    crc_init();
+    if (PyType_Ready(&SenderType) < 0) return NULL;
+    PyObject *m = PyModule_Create(&module);
+    if (!m) return NULL;
+    if (PyModule_AddObjectRef(m, "Sender", (PyObject *)&SenderType) < 0) {
+        Py_DECREF(m);
+        return NULL;
+    }
+    return m;
+}
