@@ -11,8 +11,15 @@ setup(
         Extension(
             "rmq_mp.put._core",
             ["rmq_mp/put/_core.c"],
-            extra_compile_args=["-O2", "-std=gnu11", "-Wall", "-Wextra", "-Wno-unused-parameter",
-                                "-Wno-missing-field-initializers", "-Wno-cast-function-type"],
+            extra_compile_args=[
+                "-O2",
+                "-std=gnu11",
+                "-Wall",
+                "-Wextra",
+                "-Wno-unused-parameter",
+                "-Wno-missing-field-initializers",
+                "-Wno-cast-function-type",
+            ],
             optional=True,
         )
     ]

@@ -86,7 +86,11 @@ class AtomicPutLock:
                 return self._owned()
             word = self._words[_WORD] & 0xFFFFFFFF
             owner = layout.lock_owner(word)
-            if owner and not pid_alive(owner) and core.lock_cas(buf, _WORD, word, pid | layout.LOCK_WAITERS_BIT):
+            if (
+                owner
+                and not pid_alive(owner)
+                and core.lock_cas(buf, _WORD, word, pid | layout.LOCK_WAITERS_BIT)
+            ):
                 self._owned()
                 self.table.add(layout.LOCK_RECOVERIES, 1)
                 self.on_takeover()
@@ -99,7 +103,9 @@ class AtomicPutLock:
         held_ms = time.time_ns() // 1_000_000 - self._words[_SINCE]
         owner = layout.lock_owner(self._words[_WORD])
         if self.busy_ms < held_ms < 10_000_000 and owner and pid_alive(owner):
-            self.refusal = f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
+            self.refusal = (
+                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
+            )
             return True
         return False
 

@@ -26,6 +26,29 @@ FIXTURE_SETTINGS = {
 }
 
 
+PUT_PATH_TESTS = (
+    "tests/unit/test_native_core.py",
+    "tests/integration/test_put_path.py",
+    "tests/integration/test_put_properties.py",
+    "tests/integration/test_service.py",
+    "tests/integration/test_arguments.py",
+    "tests/crash/test_kill_matrix.py",
+    "tests/crash/test_power_loss.py",
+    "tests/crash/test_fsync_failure.py",
+    "tests/crash/test_slow_flush.py",
+)
+"""Marked ``put_path``: the README's test command runs them again with RMQ_PURE_PYTHON=1, so the
+Python reference put path (and the semaphore put lock) stays tested beside the compiled core."""
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    root = Path(config.rootpath)
+    for item in items:
+        where = item.path.relative_to(root).as_posix()
+        if where.startswith(PUT_PATH_TESTS):
+            item.add_marker(pytest.mark.put_path)
+
+
 @pytest.fixture(autouse=True)
 def _no_store_left_behind() -> Iterator[None]:
     """Whatever happens in a test, no store process, segment or semaphore outlives it."""

@@ -34,9 +34,9 @@ from types import FrameType
 from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
-from rmq_mp.put import native
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
+from rmq_mp.put import native
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo

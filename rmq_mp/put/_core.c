@@ -435,6 +435,7 @@ typedef struct {
     long long reserved_until;
     long long fresh_until_ns;
     long long last_hold_ns;
+    long long sent; /* sends this core completed (tests: the fast path is really taken) */
     PyObject *topics; /* dict: topic -> (topic_field: bytes, limit: int, queues: dict[int, (slot, word)]) */
     /* results */
     PyObject *result_type, *put_ok, *flush_timeout, *msg_id_prefix, *empty, *ring_full_reason,
@@ -720,6 +721,7 @@ static int wait_for_flush(Sender *s, int64_t slot) {
     }
     sem_t *sem = s->flush_done[slot];
     int64_t deadline = real_ns() + s->sync_flush_timeout_ms * 1000000;
+    PAUSE_POINT(PAUSE_FLUSH_WAIT);
     for (;;) {
         int64_t st = __atomic_load_n(state, __ATOMIC_ACQUIRE);
         if (st == s->ring_done_ok || st == s->ring_done_timeout) {
@@ -733,7 +735,6 @@ static int wait_for_flush(Sender *s, int64_t slot) {
         }
         struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
         int rc, err = 0;
-        PAUSE_POINT(PAUSE_FLUSH_WAIT);
         Py_BEGIN_ALLOW_THREADS rc = sem_timedwait(sem, &ts);
         if (rc < 0) err = errno;
         Py_END_ALLOW_THREADS
@@ -980,6 +981,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         }
     }
     record_metrics(s, started_ns, status != s->put_ok, hold_ns);
+    s->sent += 1;
     PyObject *qoff = PyLong_FromLongLong(queue_offset), *phy = PyLong_FromLongLong(wrote);
     PyObject *result = NULL;
     if (qoff && phy) {
@@ -1061,6 +1063,7 @@ static PyMemberDef Sender_members[] = {
     {"fresh_until_ns", T_LONGLONG, offsetof(Sender, fresh_until_ns), 0,
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
+    {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
     {NULL}};
 
 static PyTypeObject SenderType = {

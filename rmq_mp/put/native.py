@@ -47,7 +47,7 @@ def _layout_problem(core: ModuleType) -> str:
 
 def _load() -> tuple[ModuleType | None, str]:
     try:
-        from rmq_mp.put import _core
+        import rmq_mp.put._core as _core
     except ImportError as exc:
         return None, f"the compiled put core is not built ({exc}); reinstall with a C compiler"
     problem = _layout_problem(_core)
@@ -72,4 +72,3 @@ def store_lock_kind() -> int:
     from shm import layout
 
     return layout.LOCK_SEMAPHORE if core is None else layout.LOCK_ATOMIC
-

@@ -1,0 +1,56 @@
+"""Types of the compiled put core (rmq_mp/put/_core.c)."""
+
+from typing import Any
+
+def crc32(data: bytes, start: int = 0, /) -> int: ...
+def encode_own(
+    topic_field: bytes,
+    body: bytes,
+    queue_id: int,
+    flag: int,
+    born_ms: int,
+    props: bytes,
+    born_ip: bytes,
+    born_port: int,
+    store_ip: bytes,
+    store_port: int,
+    /,
+) -> bytearray: ...
+def layout() -> dict[str, int]: ...
+def lock_acquire(table: Any, index: int, pid: int, spin_ns: int, wait_ms: int, /) -> bool: ...
+def lock_release(table: Any, index: int, /) -> None: ...
+def lock_cas(table: Any, index: int, expected: int, new: int, /) -> bool: ...
+def _set_pause(point: int, /) -> None: ...
+
+class Sender:
+    reserved_until: int
+    fresh_until_ns: int
+    last_hold_ns: int
+    sent: int
+    def __init__(self, settings: dict[str, Any], /) -> None: ...
+    def send(
+        self,
+        topic: str,
+        body: bytes,
+        tags: str | None,
+        keys: Any,
+        properties: Any,
+        queue_id: Any,
+        flag: Any,
+        /,
+    ) -> Any: ...
+    def set_file(
+        self,
+        dest: Any,
+        dest_is_file: bool,
+        fd: int,
+        file_from_offset: int,
+        file_size: int,
+        pwrite_min_bytes: int,
+        /,
+    ) -> None: ...
+    def learn(
+        self, topic: str, topic_field: bytes, limit: int, queue_id: int, slot: int, word: int, /
+    ) -> None: ...
+    def forget_topics(self) -> None: ...
+    def close(self) -> None: ...

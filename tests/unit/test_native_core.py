@@ -1,0 +1,148 @@
+"""The compiled put core against the Python reference: one definition of the bytes, one lock.
+
+- A normal install runs the core (this fails when the build silently fell back).
+- CRC-32 and the record encoding equal zlib's and `RecordEncoder.encode_own`'s for any input.
+- The atomic put lock excludes: processes incrementing a shared counter without atomics under
+  it lose no increment; a dead owner's lock is taken over by exactly one compare-and-swap.
+"""
+
+from __future__ import annotations
+
+import mmap
+import multiprocessing
+import os
+import zlib
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from rmq_mp.put import native
+from rmq_mp.record import RecordEncoder
+from shm import layout
+
+core = native.lock_core
+needs_core = pytest.mark.skipif(core is None, reason=f"no compiled core: {native.why_reference}")
+
+JAVA_INT = st.integers(-(2**31), 2**31 - 1)
+JAVA_LONG = st.integers(-(2**63), 2**63 - 1)
+
+
+def test_a_normal_install_runs_the_compiled_core() -> None:
+    """`pip install -e .` builds rmq_mp/put/_core.c; only RMQ_PURE_PYTHON=1 may run without it."""
+    if native.pure_requested:
+        assert native.core is None
+        pytest.skip("RMQ_PURE_PYTHON is set: this run tests the reference")
+    assert native.core is not None, native.why_reference
+    assert native.store_lock_kind() == layout.LOCK_ATOMIC
+
+
+@needs_core
+@given(st.binary(max_size=5000), st.integers(0, 2**32 - 1))
+def test_crc32_is_zlibs(data: bytes, start: int) -> None:
+    assert core is not None
+    assert core.crc32(data, start) == zlib.crc32(data, start)
+
+
+@needs_core
+@settings(max_examples=300)
+@given(
+    topic=st.text(st.characters(categories=("L", "N")), min_size=1, max_size=40).filter(
+        lambda t: len(t.encode()) <= 127
+    ),
+    body=st.binary(max_size=3000),
+    queue_id=JAVA_INT,
+    flag=JAVA_INT,
+    born_ms=JAVA_LONG,
+    props=st.binary(max_size=300),
+    born_port=JAVA_INT,
+    store=st.sampled_from([("10.1.2.3", 10911), ("::1", 10911), ("fe80::7:8", -5)]),
+)
+def test_encode_own_is_the_references(
+    topic: str,
+    body: bytes,
+    queue_id: int,
+    flag: int,
+    born_ms: int,
+    props: bytes,
+    born_port: int,
+    store: tuple[str, int],
+) -> None:
+    assert core is not None
+    encoder = RecordEncoder(store, ("192.168.7.9", born_port))
+    field = encoder.topic_field(topic)
+    want = encoder.encode_own(field, body, queue_id, flag, born_ms, props)
+    got = core.encode_own(
+        field,
+        body,
+        queue_id,
+        flag,
+        born_ms,
+        props,
+        bytes([192, 168, 7, 9]),
+        born_port,
+        encoder.store_ip,
+        store[1],
+    )
+    assert type(got) is bytearray
+    assert got == want
+
+
+@needs_core
+def test_the_core_agrees_with_rmq_mp_record() -> None:
+    assert core is not None
+    assert native._layout_problem(core) == ""
+
+
+def _count_under_lock(path: str, pid_slot: int, rounds: int) -> None:
+    assert core is not None
+    with open(path, "r+b") as f:
+        mm = mmap.mmap(f.fileno(), 4096)
+    words = memoryview(mm).cast("q")
+    pid = os.getpid()
+    for _ in range(rounds):
+        assert core.lock_acquire(mm, pid_slot, pid, 20_000, 10_000)
+        value = words[1]  # a read-modify-write no other holder may interleave with
+        os.sched_yield()
+        words[1] = value + 1
+        core.lock_release(mm, pid_slot)
+    words.release()
+    mm.close()
+
+
+@needs_core
+def test_the_atomic_lock_excludes_across_processes(tmp_path: os.PathLike[str]) -> None:
+    path = os.path.join(tmp_path, "words")
+    with open(path, "wb") as f:
+        f.write(bytes(4096))
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_count_under_lock, args=(path, 0, 3000)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+        assert p.exitcode == 0
+    with open(path, "rb") as f:
+        raw = f.read(16)
+    assert int.from_bytes(raw[:8], "little") == 0, "the lock is free"
+    assert int.from_bytes(raw[8:], "little") == 4 * 3000, "no increment lost"
+
+
+@needs_core
+def test_a_dead_owners_lock_is_taken_over_by_one_cas() -> None:
+    assert core is not None
+    mm = mmap.mmap(-1, 4096)
+    try:
+        dead = 4_000_000  # above the pid ceiling: no such process
+        assert core.lock_acquire(mm, 3, dead, 0, 0)
+        assert not core.lock_acquire(mm, 3, os.getpid(), 1000, 1), "held"
+        word = int.from_bytes(mm[24:28], "little")
+        assert layout.lock_owner(word) == dead
+        assert word & layout.LOCK_WAITERS_BIT, "a sleeper marked the word"
+        mine = os.getpid() | layout.LOCK_WAITERS_BIT
+        assert core.lock_cas(mm, 3, word, mine)
+        assert not core.lock_cas(mm, 3, word, mine), "a second taker loses"
+        core.lock_release(mm, 3)
+        assert mm[24:32] == bytes(8)
+    finally:
+        mm.close()
