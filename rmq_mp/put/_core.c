@@ -437,7 +437,9 @@ typedef struct {
     long long last_hold_ns;
     long long sent; /* sends this core completed (tests: the fast path is really taken) */
     PyObject *topics; /* dict: topic -> (topic_field: bytes, limit: int, queues: dict[int, (slot, word)]) */
-    /* results */
+    /* results: SendResult is built by storing its seven slots (its dataclass __init__ only
+     * assigns them, and cost a fifth of a send); the slots are checked at init */
+    Py_ssize_t result_slot[7];
     PyObject *result_type, *put_ok, *flush_timeout, *msg_id_prefix, *empty, *ring_full_reason,
         *not_flushed_reason;
     uint8_t *scratch;
@@ -509,6 +511,53 @@ static void Sender_dealloc(Sender *s) {
     Py_XDECREF(s->not_flushed_reason);
     PyMem_Free(s->scratch);
     Py_TYPE(s)->tp_free((PyObject *)s);
+}
+
+static const char *const RESULT_FIELDS[7] = {"status",    "queue_id", "queue_offset", "commit_log_offset",
+                                             "uniq_key", "reason",   "msg_id_prefix"};
+
+/* The byte offsets of SendResult's slots, in its constructor's order: refused unless the type
+ * has exactly these seven object slots and nothing else (no __dict__, no __init__ side effect
+ * this would skip: `test_native_send` compares results field by field). */
+static int find_result_slots(Sender *s) {
+    PyTypeObject *type = (PyTypeObject *)s->result_type;
+    if (!PyType_Check(s->result_type) || type->tp_dictoffset != 0) {
+        PyErr_SetString(PyExc_TypeError, "result_type must be a slotted class");
+        return -1;
+    }
+    PyObject *slots = PyObject_GetAttrString(s->result_type, "__slots__");
+    if (!slots) return -1;
+    Py_ssize_t n = PySequence_Size(slots);
+    Py_DECREF(slots);
+    if (n != 7) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_TypeError, "result_type must have exactly 7 slots");
+        return -1;
+    }
+    for (int i = 0; i < 7; i++) {
+        PyObject *desc = PyObject_GetAttrString(s->result_type, RESULT_FIELDS[i]);
+        if (!desc) return -1;
+        if (Py_TYPE(desc) != &PyMemberDescr_Type ||
+            ((PyMemberDescrObject *)desc)->d_member->type != T_OBJECT_EX) {
+            Py_DECREF(desc);
+            PyErr_Format(PyExc_TypeError, "result_type.%s is not an object slot", RESULT_FIELDS[i]);
+            return -1;
+        }
+        s->result_slot[i] = ((PyMemberDescrObject *)desc)->d_member->offset;
+        Py_DECREF(desc);
+    }
+    return 0;
+}
+
+/* A SendResult with its seven slots set (references stolen: every one of them is owned). */
+static PyObject *new_result(Sender *s, PyObject *const values[7]) {
+    PyTypeObject *type = (PyTypeObject *)s->result_type;
+    PyObject *obj = type->tp_alloc(type, 0);
+    if (!obj) {
+        for (int i = 0; i < 7; i++) Py_DECREF(values[i]);
+        return NULL;
+    }
+    for (int i = 0; i < 7; i++) *(PyObject **)((char *)obj + s->result_slot[i]) = values[i];
+    return obj;
 }
 
 /* Sender(settings: dict): see rmq_mp/put/native.py `sender_settings` for the keys. */
@@ -644,6 +693,7 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     }
     s->result_type = Py_NewRef(dict_obj(d, "result_type", &ok));
     if (!ok) return -1;
+    if (find_result_slots(s) < 0) return -1;
     s->put_ok = Py_NewRef(dict_obj(d, "PUT_OK", &ok));
     if (!ok) return -1;
     s->flush_timeout = Py_NewRef(dict_obj(d, "FLUSH_DISK_TIMEOUT", &ok));
@@ -983,15 +1033,15 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     record_metrics(s, started_ns, status != s->put_ok, hold_ns);
     s->sent += 1;
     PyObject *qoff = PyLong_FromLongLong(queue_offset), *phy = PyLong_FromLongLong(wrote);
-    PyObject *result = NULL;
-    if (qoff && phy) {
-        PyObject *call[7] = {status, qid_obj, qoff, phy, uniq_str, reason, s->msg_id_prefix};
-        result = PyObject_Vectorcall(s->result_type, call, 7, NULL);
+    if (!qoff || !phy) {
+        Py_XDECREF(qoff);
+        Py_XDECREF(phy);
+        Py_DECREF(uniq_str);
+        return NULL;
     }
-    Py_XDECREF(qoff);
-    Py_XDECREF(phy);
-    Py_DECREF(uniq_str);
-    return result;
+    PyObject *values[7] = {Py_NewRef(status), Py_NewRef(qid_obj), qoff,          phy,
+                           uniq_str,          Py_NewRef(reason),  Py_NewRef(s->msg_id_prefix)};
+    return new_result(s, values);
 }
 
 /* set_file(dest, dest_is_file, fd, file_from_offset, file_size, pwrite_min_bytes): the segment at
