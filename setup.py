@@ -4,7 +4,16 @@
 rmq-mp then runs the pure-Python reference put path, saying so once (rmq_mp/put/native.py).
 """
 
+import os
+import sysconfig
+
 from setuptools import Extension, setup
+
+# zlib's CRC-32 when its header is there (the core has its own slice-by-8 table otherwise).
+_ZLIB = any(
+    os.path.exists(os.path.join(d, "zlib.h"))
+    for d in ("/usr/include", "/usr/local/include", sysconfig.get_config_var("INCLUDEDIR") or "")
+)
 
 setup(
     ext_modules=[
@@ -20,6 +29,8 @@ setup(
                 "-Wno-missing-field-initializers",
                 "-Wno-cast-function-type",
             ],
+            define_macros=[("RMQ_HAVE_ZLIB", "1")] if _ZLIB else [],
+            libraries=["z"] if _ZLIB else [],
             optional=True,
         )
     ]
