@@ -8,7 +8,8 @@ Scenarios (``--scenario``, repeatable; default all):
             ASYNC_SEND_BLOCK). Baselines: raw append (same producers and body) and, for SYNC, the
             plain-Python group commit.
   e2e       producer-to-consumer latency, ASYNC, one producer paced at 10% of its measured
-            maximum `send` rate, a long-polling consumer in another process.
+            maximum `send` rate, a long-polling consumer in another process; baseline: one hop
+            (a record in shared memory and a semaphore post between two processes, same pacing).
   reput     dispatch lag (wrote - reput offset) sampled under sustained maximum load (2 producers,
             send_batch, maxDispatchLagBytes as shipped), bounded when its slope over the run's
             last two thirds stays under 1 MiB/s, and the reput process's CPU time per dispatched
@@ -17,6 +18,8 @@ Scenarios (``--scenario``, repeatable; default all):
   recovery  abnormal recovery (SIGKILL, checkpoint removed so the whole log is scanned with CRC
             and re-dispatched) per GiB vs reading + CRC-checking the same files.
   cleaner   put p99 while the cleaner deletes a batch of expired files vs without.
+  realistic the shape the issue compared with RocketMQ's store: 1 producer, tags and a key,
+            8 queues, 1 GiB files with the pool, 200,000 messages, beside raw append.
   scale     put rate and p99 over 8, 1,000 and 10,000 queues written round-robin (ratio to the
             8-queue row), disk and shared memory held, consumer catch-up over every queue,
             normal and abnormal recovery time (bench/scale.py).
@@ -44,7 +47,7 @@ import psutil
 
 from bench import baselines, charts, scale
 from bench.baselines import percentiles
-from bench.store import CTX, e2e_consumer, run_producers
+from bench.store import CTX, e2e_consumer, realistic_worker, run_producers
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.message_store import MessageStore
 from shm import layout
@@ -218,10 +221,14 @@ class Bench:
             latencies = sorted(ns / 1000 for ns in out.get(timeout=120))
             consumer.join(30)
         lat = percentiles(latencies)
+        hop = baselines.one_hop(rate_per_s=rate, duration_s=duration)["latency_us"]
         self.results["e2e"] = {"rate_per_s": rate, "max_send_rate_per_s": self.max_send_rate, "latency_us": lat,
-                               "target": "p50 < 100 us, p99 < 1000 us"}  # fmt: skip
+                               "one_hop_us": hop, "p50_ratio": _ratio(lat["p50"], hop["p50"]),
+                               "p99_ratio": _ratio(lat["p99"], hop["p99"]),
+                               "target": "p50 <= 2.5x, p99 <= 3x one hop"}  # fmt: skip
         print(f"e2e ASYNC at 10% load ({rate:.0f}/s): p50 {lat['p50']:.0f} us, p99 {lat['p99']:.0f} us, "
-              f"p99.9 {lat['p99.9']:.0f} us over {lat['samples']} messages")  # fmt: skip
+              f"p99.9 {lat['p99.9']:.0f} us over {lat['samples']} messages; one hop (semaphore, same pacing): "
+              f"p50 {hop['p50']:.0f} us, p99 {hop['p99']:.0f} us")  # fmt: skip
 
     # ---------------------------------------------------------------- reput lag
 
@@ -338,6 +345,43 @@ class Bench:
 
     # ---------------------------------------------------------------- cleaner
 
+    def realistic(self) -> None:
+        """The issue's RocketMQ comparison shape (see `bench.store.realistic_worker`) on a store
+        with RocketMQ's defaults where the shape sets none: 1 GiB commit-log files, the pool on
+        (fresh 1 GiB buffers), keys indexed; beside raw append in the same run. 200,000 messages
+        after 2,000 (a tenth of each with --quick)."""
+        messages, warmup = (20_000, 200) if self.quick else (200_000, 2_000)
+        settings = {
+            "mappedFileSizeCommitLog": str(1 << 30),
+            "transientStorePoolEnable": "true",
+            "transientStorePoolSize": "2",
+            "mappedFileSizeConsumeQueue": "6000000",
+            "maxHashSlotNum": "5000000",
+            "maxIndexNum": "20000000",
+        }
+        self.counter += 1
+        name = f"s{self.counter}"
+        try:
+            with running_service(self.tmp, name, **{**settings, **self.overrides}) as service:
+                out = CTX.Queue()
+                proc = CTX.Process(target=realistic_worker, args=(service.names.base, messages, warmup, out))
+                proc.start()
+                sent, failures, elapsed = out.get(timeout=600)
+                proc.join(30)
+        finally:
+            shutil.rmtree(self.tmp / name, ignore_errors=True)
+        rate = sent / elapsed
+        raw = baselines.raw_append(self.tmp, producers=1, body_size=128, duration_s=self.window_s)[
+            "msgs_per_s"
+        ]
+        self.results["realistic"] = {"messages": sent, "failures": failures, "msgs_per_s": rate,
+                                     "raw_append_msgs_per_s": raw, "ratio": _ratio(rate, raw),
+                                     "settings": settings}  # fmt: skip
+        print(
+            f"realistic send (tags, a key, 1 GiB files, pool): {rate:.0f} msgs/s over {sent} messages, "
+            f"raw append {raw:.0f}: {_ratio(rate, raw):.2f}x" + (f"  FAILURES {failures}" if failures else "")
+        )
+
     def cleaner(self) -> None:
         size = 1 << 20
         window = 2.0 if self.quick else 4.0
@@ -376,14 +420,14 @@ class Bench:
         checks: list[tuple[str, str, bool | None]] = []
         if r := row("ASYNC", "send", 1):
             checks.append(
-                ("ASYNC 1 producer 128 B send >= 0.25x raw append", f"{r['ratio']:.3f}x", r["ratio"] >= 0.25)
+                ("ASYNC 1 producer 128 B send >= 0.5x raw append", f"{r['ratio']:.3f}x", r["ratio"] >= 0.5)
             )
         if r := row("ASYNC", "batch100", 1):
             checks.append(
                 (
-                    "ASYNC 1 producer 128 B send_batch(100) >= 1.0x raw",
+                    "ASYNC 1 producer 128 B send_batch(100) >= 2.0x raw",
                     f"{r['ratio']:.3f}x",
-                    r["ratio"] >= 1.0,
+                    r["ratio"] >= 2.0,
                 )
             )
         sync8 = row("SYNC", "send", 8) or row(
@@ -400,9 +444,17 @@ class Bench:
             checks.append((f"SYNC {sync8['producers']} producers p99 <= 1.5x group commit p99",
                            f"{sync8['p99_ratio']:.3f}x", sync8["p99_ratio"] <= 1.5))  # fmt: skip
         if e := self.results.get("e2e"):
-            lat = e["latency_us"]
-            checks.append(("e2e ASYNC 10% load p50 < 100 us", f"{lat['p50']:.0f} us", lat["p50"] < 100))
-            checks.append(("e2e ASYNC 10% load p99 < 1 ms", f"{lat['p99']:.0f} us", lat["p99"] < 1000))
+            lat, hop = e["latency_us"], e["one_hop_us"]
+            checks.append(("e2e ASYNC 10% load p50 <= 2.5x one hop",
+                           f"{lat['p50']:.0f} vs {hop['p50']:.0f} us: {e['p50_ratio']:.2f}x", e["p50_ratio"] <= 2.5))  # fmt: skip
+            checks.append(("e2e ASYNC 10% load p99 <= 3x one hop",
+                           f"{lat['p99']:.0f} vs {hop['p99']:.0f} us: {e['p99_ratio']:.2f}x", e["p99_ratio"] <= 3.0))  # fmt: skip
+        if (one := row("ASYNC", "send", 1)) and (four := row("ASYNC", "send", 4)):
+            scaling = _ratio(four["msgs_per_s"], one["msgs_per_s"])
+            checks.append(("ASYNC send, 4 producers >= 1.6x one", f"{scaling:.2f}x", scaling >= 1.6))
+        if re := self.results.get("realistic"):
+            checks.append(("realistic send (tags, key, 1 GiB, pool) >= 0.5x raw", f"{re['ratio']:.3f}x",
+                           re["ratio"] >= 0.5))  # fmt: skip
         if rp := self.results.get("reput"):
             checks.append(("reput lag bounded", f"max {rp['lag_bytes_max'] / 1024:.0f} KiB", rp["bounded"]))
         if rc := self.results.get("recovery"):
@@ -471,6 +523,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "recovery": Bench.recovery,
     "cleaner": Bench.cleaner,
     "scale": Bench.scale,
+    "realistic": Bench.realistic,
 }
 
 

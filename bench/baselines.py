@@ -162,3 +162,68 @@ def percentiles(sorted_values: list[float]) -> dict[str, float]:
         return sorted_values[min(n - 1, int(q * n))]
 
     return {"p50": at(0.50), "p99": at(0.99), "p99.9": at(0.999), "samples": n}
+
+
+def _hop_reader(shm_name: str, sem_name: str, expected: int, ready: Any, out: Any) -> None:
+    """Sleep on the semaphore, wake, read the stamped record from shared memory."""
+    import mmap
+
+    import posix_ipc
+
+    shm = posix_ipc.SharedMemory(shm_name)
+    mm = mmap.mmap(shm.fd, 4096)
+    shm.close_fd()
+    sem = posix_ipc.Semaphore(sem_name)
+    latencies: list[int] = []
+    ready.set()
+    try:
+        for _ in range(expected):
+            sem.acquire(30)
+            now = time.monotonic_ns()
+            record = mm[:128]
+            latencies.append(now - int.from_bytes(record[:8], "big"))
+    except posix_ipc.BusyError:
+        pass
+    finally:
+        sem.close()
+        mm.close()
+    out.put(latencies)
+
+
+def one_hop(*, rate_per_s: float, duration_s: float) -> dict[str, Any]:
+    """The e2e target's baseline: one plain Python process writes a 128 B record stamped with
+    CLOCK_MONOTONIC into shared memory and posts a semaphore, at ``rate_per_s`` (paced as the e2e
+    producer is); another sleeps on the semaphore, wakes and reads it. What waking a sleeping
+    process costs on this machine, with nothing else in the way."""
+    import posix_ipc
+
+    tag = f"{os.getpid()}_{time.monotonic_ns()}"
+    shm = posix_ipc.SharedMemory(f"/rmqbench_hop_{tag}", posix_ipc.O_CREX, size=4096)
+    sem = posix_ipc.Semaphore(f"/rmqbench_hop_{tag}", posix_ipc.O_CREX, initial_value=0)
+    mm = __import__("mmap").mmap(shm.fd, 4096)
+    shm.close_fd()
+    expected = int(rate_per_s * duration_s)
+    ready, out = _CTX.Event(), _CTX.Queue()
+    reader = _CTX.Process(target=_hop_reader, args=(shm.name, sem.name, expected, ready, out))
+    try:
+        reader.start()
+        ready.wait(30)
+        body = os.urandom(120)
+        interval_s = 1 / rate_per_s
+        next_at = time.perf_counter()
+        for _ in range(expected):
+            while (now := time.perf_counter()) < next_at:  # the e2e producer's pacing
+                time.sleep(max(0.0, next_at - now - 50e-6))
+            next_at += interval_s
+            mm[:128] = time.monotonic_ns().to_bytes(8, "big") + body
+            sem.release()
+        latencies = sorted(ns / 1000 for ns in out.get(timeout=duration_s + 60))
+        reader.join(30)
+    finally:
+        if reader.is_alive():
+            reader.kill()
+        mm.close()
+        shm.unlink()
+        sem.unlink()
+        sem.close()
+    return {"rate_per_s": rate_per_s, "latency_us": percentiles(latencies)}

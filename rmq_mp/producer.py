@@ -301,6 +301,7 @@ class Producer:
         self.store_host: m.Host = (self.config.broker_ip1, self.config.listen_port)
         self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
         self._native: Any = None
+        self._last_rotated = 0
         """The compiled send (`rmq_mp.put.native`), or None: every send runs the reference."""
         self.lock: PutLock | AtomicPutLock = self._put_lock(store)
         self._words = self.table.words(*_PUT_FIELDS)
@@ -575,6 +576,12 @@ class Producer:
         """Store many messages under one put-lock hold: a `MessageBatch` (RocketMQ's batch: one
         topic and queue, whole in one file), or any `Message`s and ``send`` keyword dicts, each
         with its own queue offset. Results come in the order given."""
+        if type(messages) is MessageBatch and self._native is not None:
+            result = self._send_batch_natively(messages)
+            if result is not None:
+                return result
+            if messages.queue_id is None:  # rotated there: the reference stores it on that queue
+                messages = dataclasses.replace(messages, queue_id=self._last_rotated)
         started_ns = time.perf_counter_ns()
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
@@ -594,6 +601,34 @@ class Producer:
         result = SendBatchResult(runs, self._msg_id_prefix)
         self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
         return result
+
+    def _send_batch_natively(self, batch: MessageBatch) -> SendBatchResult | None:
+        """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes
+        bodies, a known queue, fitting the current file) by the compiled core; None otherwise,
+        with nothing stored (the rotated queue id in ``_last_rotated``)."""
+        assert self._native is not None
+        if batch.keys is not None or batch.properties or type(batch.topic) is not str:
+            return None
+        queue_id = batch.queue_id
+        if queue_id is None:
+            queue_id = self._last_rotated = self._queue_for(batch.topic, None)
+        got = self._native.send_batch(batch.topic, batch.bodies, batch.tags, queue_id, batch.flag)
+        if got is None:
+            return None
+        status, reason, queue_offset, phy_offset, born_ms, first, record_size, ends = got
+        count = len(batch.bodies)
+        run = EncodedRun(
+            batch.topic,
+            queue_id,
+            b"",  # the records went from the core's buffer to the log; results need their sizes only
+            count=count,
+            record_size=record_size if ends is None else 0,
+            ends=ends,
+            uniq_keys=UniqKeys(self.uniq.prefix_at(born_ms), first, count),
+            whole=True,
+        )
+        run.place(Placement(0, count, status, reason, phy_offset, queue_offset))
+        return SendBatchResult((run,), self._msg_id_prefix)
 
     # ------------------------------------------------------------------ encode (outside the lock)
 

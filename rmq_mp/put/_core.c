@@ -459,6 +459,8 @@ typedef struct {
         *not_flushed_reason;
     uint8_t *scratch;
     Py_ssize_t scratch_len;
+    Py_ssize_t *starts; /* a batch's record starts in scratch */
+    size_t starts_len;
     int closed;
 } Sender;
 
@@ -527,6 +529,7 @@ static void Sender_dealloc(Sender *s) {
     Py_XDECREF(s->ring_full_reason);
     Py_XDECREF(s->not_flushed_reason);
     PyMem_Free(s->scratch);
+    PyMem_Free(s->starts);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -812,12 +815,13 @@ static int wait_for_flush(Sender *s, int64_t slot) {
     }
 }
 
-static inline void record_metrics(Sender *s, int64_t latency_ns, int failed, int64_t hold_ns) {
+static inline void record_metrics(Sender *s, int64_t latency_ns, Py_ssize_t puts, Py_ssize_t failed,
+                                  int64_t hold_ns) {
     if (!s->has_metrics) return;
     int64_t *m = words_of(&s->metrics);
     int64_t latency_us = latency_ns / 1000;
-    m[s->m_puts] += 1;
-    if (failed) m[s->m_failures] += 1;
+    m[s->m_puts] += puts;
+    if (failed) m[s->m_failures] += failed;
     m[s->m_latency_sum] += latency_us;
     int k = 0;
     while (k < s->n_bounds && s->bounds[k] < latency_us) k++;
@@ -831,115 +835,97 @@ static inline void record_metrics(Sender *s, int64_t latency_ns, int failed, int
     }
 }
 
-/* send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None */
-static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send takes 7 arguments");
-    if (s->closed) Py_RETURN_NONE;
-    int64_t started_ns = mono_ns();
-    PyObject *topic = args[0], *body = args[1], *tags = args[2], *keys = args[3], *props = args[4],
-             *qid_obj = args[5], *flag_obj = args[6];
-    /* ---- eligibility: anything unusual is the reference's (nothing shared changed yet) */
-    if (!PyBytes_CheckExact(body) || !PyLong_CheckExact(flag_obj) || !PyLong_CheckExact(qid_obj) ||
-        !PyUnicode_CheckExact(topic))
-        Py_RETURN_NONE;
-    if (props != Py_None && !(PyDict_CheckExact(props) && PyDict_GET_SIZE(props) == 0)) Py_RETURN_NONE;
-    if (tags != Py_None && !PyUnicode_CheckExact(tags)) Py_RETURN_NONE;
-    if (keys != Py_None && !PyUnicode_CheckExact(keys)) Py_RETURN_NONE;
-    int overflow;
-    long long queue_id = PyLong_AsLongLongAndOverflow(qid_obj, &overflow);
-    if (overflow || queue_id < 0 || queue_id > INT32_MAX) Py_RETURN_NONE;
-    long long flag = PyLong_AsLongLongAndOverflow(flag_obj, &overflow);
-    if (overflow || flag < INT32_MIN || flag > INT32_MAX) Py_RETURN_NONE;
-    if (started_ns >= s->fresh_until_ns) Py_RETURN_NONE; /* topics.json to be looked at again */
+/* The topic's entry and the queue's offset-table slot and next-offset word, as learned from the
+ * reference (`Sender.learn`). 1 found, 0 not (the reference's), -1 with an exception. */
+static int find_queue(Sender *s, PyObject *topic, long long queue_id, PyObject **topic_field, int64_t *slot,
+                      Py_ssize_t *next_word) {
     PyObject *entry;
     if (topic == s->last_topic) {
         entry = s->last_entry;
     } else {
         entry = PyDict_GetItemWithError(s->topics, topic);
-        if (!entry) {
-            if (PyErr_Occurred()) return NULL;
-            Py_RETURN_NONE;
-        }
+        if (!entry) return PyErr_Occurred() ? -1 : 0;
         Py_INCREF(topic);
         Py_XSETREF(s->last_topic, topic);
         Py_INCREF(entry);
         Py_XSETREF(s->last_entry, entry);
     }
-    PyObject *topic_field = PyTuple_GET_ITEM(entry, 0);
     PyObject *queues = PyTuple_GET_ITEM(entry, 2);
-    if (queue_id >= PyList_GET_SIZE(queues)) Py_RETURN_NONE; /* the list is `limit` long */
+    if (queue_id >= PyList_GET_SIZE(queues)) return 0; /* the list is the topic's queue limit long */
     PyObject *qentry = PyList_GET_ITEM(queues, queue_id);
-    if (qentry == Py_None) Py_RETURN_NONE;
-    int64_t slot = PyLong_AsLongLong(PyTuple_GET_ITEM(qentry, 0));
-    Py_ssize_t next_word = PyLong_AsSsize_t(PyTuple_GET_ITEM(qentry, 1));
-    if (next_word < 0 || (next_word + 1) * 8 > s->queues.view.len) {
+    if (qentry == Py_None) return 0;
+    *topic_field = PyTuple_GET_ITEM(entry, 0);
+    *slot = PyLong_AsLongLong(PyTuple_GET_ITEM(qentry, 0));
+    *next_word = PyLong_AsSsize_t(PyTuple_GET_ITEM(qentry, 1));
+    if (*next_word < 0 || (*next_word + 1) * 8 > s->queues.view.len) {
         PyErr_SetString(PyExc_IndexError, "queue word outside the queue-offset table");
-        return NULL;
+        return -1;
     }
-    const char *tags_p = NULL, *keys_p = NULL;
-    Py_ssize_t tags_n = 0, keys_n = 0;
-    if (tags != Py_None) {
-        tags_p = PyUnicode_AsUTF8AndSize(tags, &tags_n);
-        if (!tags_p) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (has_separator(tags_p, tags_n)) Py_RETURN_NONE;
-    }
-    if (keys != Py_None) {
-        keys_p = PyUnicode_AsUTF8AndSize(keys, &keys_n);
-        if (!keys_p) {
-            PyErr_Clear();
-            Py_RETURN_NONE;
-        }
-        if (has_separator(keys_p, keys_n)) Py_RETURN_NONE;
-    }
-    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
-    if (body_len > s->max_message_size) Py_RETURN_NONE;
-    int64_t born_ns = real_ns();
-    int64_t born_ms = born_ns / 1000000;
-    int64_t *uniq = words_of(&s->uniq_state); /* counter, month start ms, next month ms */
-    if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE; /* the month rolls: Python's */
-    /* ---- the properties: [TAGS][KEYS]UNIQ_KEY, as `properties_text` */
-    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN;
-    if (props_len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
+    return 1;
+}
+
+/* RocketMQ's checks before the lock (`Producer._refusal`): 1 when a put may go ahead. A refusal
+ * is the reference's to word. */
+static inline int may_put(Sender *s, int64_t now_ms) {
     int64_t *w = words_of(&s->table);
-    /* ---- RocketMQ's checks before the lock (`Producer._refusal`); a refusal is the reference's */
-    if (w[s->w[W_STATE]] != s->accepting_state || born_ms - w[s->w[W_HEARTBEAT]] > s->stale_ms ||
-        (w[s->w[W_FLAGS]] & s->put_blockers) ||
-        (s->max_lag && w[s->w[W_WROTE]] - w[s->w[W_REPUT_FROM]] > s->max_lag))
-        Py_RETURN_NONE;
-    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
-    Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + props_len;
-    if (grow_scratch(s, size + props_len) < 0) return NULL;
-    uint8_t *pb = s->scratch + size; /* the properties are built past the record, then encoded */
-    uint8_t *q = pb;
+    return w[s->w[W_STATE]] == s->accepting_state && now_ms - w[s->w[W_HEARTBEAT]] <= s->stale_ms &&
+           !(w[s->w[W_FLAGS]] & s->put_blockers) &&
+           !(s->max_lag && w[s->w[W_WROTE]] - w[s->w[W_REPUT_FROM]] > s->max_lag);
+}
+
+/* `tags` (None or a str without the property separators) as UTF-8; 1 usable, 0 the reference's. */
+static int plain_text(PyObject *text, const char **p, Py_ssize_t *n) {
+    *p = NULL;
+    *n = 0;
+    if (text == Py_None) return 1;
+    if (!PyUnicode_CheckExact(text)) return 0;
+    *p = PyUnicode_AsUTF8AndSize(text, n);
+    if (!*p) {
+        PyErr_Clear();
+        return 0;
+    }
+    return !has_separator(*p, *n);
+}
+
+/* Write [TAGS][KEYS]UNIQ_KEY\x01 + the 32-character id of `counter` at `born_ms` (as
+ * `properties_text`); returns the id's address. */
+static uint8_t *write_properties(Sender *s, uint8_t *q, const char *tags, Py_ssize_t tags_n, const char *keys,
+                                 Py_ssize_t keys_n, int64_t born_ms, int64_t counter) {
     if (tags_n) {
         memcpy(q, "TAGS\x01", 5);
-        memcpy(q + 5, tags_p, (size_t)tags_n);
+        memcpy(q + 5, tags, (size_t)tags_n);
         q[5 + tags_n] = 2;
         q += 6 + tags_n;
     }
     if (keys_n) {
         memcpy(q, "KEYS\x01", 5);
-        memcpy(q + 5, keys_p, (size_t)keys_n);
+        memcpy(q + 5, keys, (size_t)keys_n);
         q[5 + keys_n] = 2;
         q += 6 + keys_n;
     }
     memcpy(q, "UNIQ_KEY\x01", 9);
-    uint8_t *uniq_p = q + 9;
-    int64_t counter = uniq[0];
-    uniq[0] = counter + 1;
-    memcpy(uniq_p, s->uniq_prefix, 20);
+    uint8_t *id = q + 9;
+    int64_t *uniq = words_of(&s->uniq_state);
+    memcpy(id, s->uniq_prefix, 20);
     uint32_t month_ms = (uint32_t)(born_ms - uniq[1]);
-    for (int i = 0; i < 8; i++) uniq_p[20 + i] = (uint8_t)HEX[(month_ms >> (28 - 4 * i)) & 0xF];
-    for (int i = 0; i < 4; i++) uniq_p[28 + i] = (uint8_t)HEX[((uint32_t)counter >> (12 - 4 * i)) & 0xF];
-    PyObject *uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, uniq_p, UNIQ_KEY_LEN);
-    if (!uniq_str) return NULL;
-    encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
-                (const uint8_t *)PyBytes_AS_STRING(body), body_len, (int32_t)queue_id, (int32_t)flag, born_ms,
-                pb, props_len);
-    /* ---- the put lock */
+    for (int i = 0; i < 8; i++) id[20 + i] = (uint8_t)HEX[(month_ms >> (28 - 4 * i)) & 0xF];
+    for (int i = 0; i < 4; i++) id[28 + i] = (uint8_t)HEX[((uint32_t)counter >> (12 - 4 * i)) & 0xF];
+    return id;
+}
+
+typedef struct {
+    int64_t wrote, queue_offset, store_ts, ring_slot, hold_ns, released_ns;
+} Placed;
+
+/* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
+ * record at 0), of the queue whose next offset is queues[next_word]. The journal first, then the
+ * bytes, the queue's next offset and the write position (the commit point), as
+ * `Producer._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
+ * (nothing changed: the records do not fit the cached file, or the lock was not had within a
+ * slice), -1 with an exception. */
+static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts, int64_t slot,
+                         Py_ssize_t next_word, int64_t born_ms, Placed *out) {
+    int64_t *w = words_of(&s->table);
     uint32_t *lock = (uint32_t *)&w[s->w[W_LOCK]];
     uint32_t pid = (uint32_t)s->pid;
     /* The store time is read when the lock is taken; taken at once, the born time's reading a
@@ -950,10 +936,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         int64_t deadline = mono_ns() + s->spin_ns + s->slice_ms * 1000000;
         Py_BEGIN_ALLOW_THREADS got = lock_wait(lock, pid, s->spin_ns, deadline);
         Py_END_ALLOW_THREADS
-        if (!got) { /* a long hold, a dead owner, a busy lock: the reference decides */
-            Py_DECREF(uniq_str);
-            Py_RETURN_NONE;
-        }
+        if (!got) return 0; /* a long hold, a dead owner, a busy lock: the reference decides */
         store_ts = real_ms();
     }
     int64_t acquired_ns = mono_ns();
@@ -961,37 +944,33 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     PAUSE_POINT(PAUSE_LOCKED);
     int64_t wrote = w[s->w[W_WROTE]];
     int64_t position = wrote - s->file_from_offset;
-    if (s->dest == Py_None || position < 0 ||
-        position > s->file_size - size - END_FILE_MIN_BLANK_LENGTH || wrote + size > s->reserved_until) {
-        w[s->w[W_LOCK_SINCE]] = 0; /* a new file or a reservation first: the reference's */
-        lock_release(lock);
-        Py_DECREF(uniq_str);
-        Py_RETURN_NONE;
-    }
     int use_pwrite = s->dest_is_file && size >= s->pwrite_min_bytes;
     Held dest = {0};
-    if (!use_pwrite && hold(&dest, s->dest, 1) < 0) {
-        w[s->w[W_LOCK_SINCE]] = 0;
-        lock_release(lock);
-        Py_DECREF(uniq_str);
-        return NULL;
+    int ok = s->dest != Py_None && position >= 0 &&
+             position <= s->file_size - size - END_FILE_MIN_BLANK_LENGTH && wrote + size <= s->reserved_until;
+    if (ok && !use_pwrite) {
+        if (hold(&dest, s->dest, 1) < 0)
+            ok = -1;
+        else if (position + size > dest.view.len) {
+            unhold(&dest);
+            PyErr_SetString(PyExc_AssertionError, "the cached file's buffer is shorter than its file");
+            ok = -1;
+        }
     }
-    if (!use_pwrite && position + size > dest.view.len) {
-        unhold(&dest);
+    if (ok != 1) { /* a new file or a reservation first: the reference's */
         w[s->w[W_LOCK_SINCE]] = 0;
         lock_release(lock);
-        Py_DECREF(uniq_str);
-        PyErr_SetString(PyExc_AssertionError, "the cached file's buffer is shorter than its file");
-        return NULL;
+        return ok;
     }
     int64_t *qwords = words_of(&s->queues);
     int64_t queue_offset = qwords[next_word];
-    put64(s->scratch + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
-    put64(s->scratch + POS_PHY_OFFSET, (uint64_t)wrote);
-    put64(s->scratch + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
+    for (Py_ssize_t i = 0; i < n; i++) {
+        uint8_t *r = s->scratch + (starts ? starts[i] : 0);
+        put64(r + POS_QUEUE_OFFSET, (uint64_t)(queue_offset + i));
+        put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
+        put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
+    }
     int64_t end = wrote + size;
-    /* the journal, then the bytes, the queue's next offset and the write position (the commit
-     * point), as `Producer._write_chunk` */
     w[s->w[W_J_BEFORE]] = wrote;
     w[s->w[W_J_AFTER]] = end;
     w[s->w[W_J_SLOT]] = slot;
@@ -1001,66 +980,135 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     if (use_pwrite) {
         Py_ssize_t done = 0;
         while (done < size) {
-            ssize_t n = pwrite(s->fd, s->scratch + done, (size_t)(size - done), position + done);
-            if (n < 0) {
+            ssize_t k = pwrite(s->fd, s->scratch + done, (size_t)(size - done), position + done);
+            if (k < 0) {
                 if (errno == EINTR) continue;
                 int err = errno;
                 w[s->w[W_LOCK_SINCE]] = 0; /* the journal stays: the next taker's undo zeroes it */
                 lock_release(lock);
-                Py_DECREF(uniq_str);
                 errno = err;
-                return PyErr_SetFromErrno(PyExc_OSError);
+                PyErr_SetFromErrno(PyExc_OSError);
+                return -1;
             }
-            done += n;
+            done += k;
         }
     } else {
         memcpy((char *)dest.view.buf + position, s->scratch, (size_t)size);
         unhold(&dest);
     }
     PAUSE_POINT(PAUSE_COPIED);
-    qwords[next_word] = queue_offset + 1;
+    qwords[next_word] = queue_offset + n;
     __atomic_store_n(&w[s->w[W_WROTE]], end, __ATOMIC_RELEASE);
     __atomic_store_n(&w[s->w[W_J_ACTIVE]], 0, __ATOMIC_RELEASE);
     w[s->w[W_LAST_STORE_TS]] = store_ts;
-    w[s->w[W_PUT_COUNT]] += 1;
+    w[s->w[W_PUT_COUNT]] += n;
     w[s->w[W_PUT_BYTES]] += size;
-    int64_t ring_slot = s->sync ? take_ring_slot(s, end, store_ts) : -1;
+    out->ring_slot = s->sync ? take_ring_slot(s, end, store_ts) : -1;
     w[s->w[W_LOCK_SINCE]] = 0;
     lock_release(lock);
-    int64_t released_ns = mono_ns();
-    int64_t hold_ns = released_ns - acquired_ns;
-    s->last_hold_ns = hold_ns;
-    /* ---- wake the committer or flusher, and reput (`Producer._wake_workers`) */
+    out->released_ns = mono_ns();
+    out->hold_ns = out->released_ns - acquired_ns;
+    out->wrote = wrote;
+    out->queue_offset = queue_offset;
+    out->store_ts = store_ts;
+    s->last_hold_ns = out->hold_ns;
+    /* wake the committer or flusher, and reput (`Producer._wake_workers`) */
     for (int i = 0; i < s->wakes; i++)
         if (w[s->wake_word[i]] == 0) {
             w[s->wake_word[i]] = 1;
             sem_post(s->wake_sem[i]);
         }
-    PyObject *status = s->put_ok, *reason = s->empty;
-    if (s->sync) {
-        int flushed;
-        if (ring_slot < 0) {
-            flushed = 0;
-            reason = s->ring_full_reason;
-        } else {
-            flushed = wait_for_flush(s, ring_slot);
-            if (flushed < 0) {
-                Py_DECREF(uniq_str);
-                return NULL;
-            }
-            reason = flushed ? s->empty : s->not_flushed_reason;
-        }
-        if (!flushed)
-            status = s->flush_timeout;
-        else if (w[s->w[W_FLUSHED]] < end) {
-            Py_DECREF(uniq_str);
-            return PyErr_Format(PyExc_AssertionError, "acknowledged %lld above flushed %lld", (long long)end,
-                                (long long)w[s->w[W_FLUSHED]]);
-        }
+    return 1;
+}
+
+/* What the put was promised (`Producer._acknowledge`): under SYNC_FLUSH, its flush, waited for
+ * with the GIL released. Sets the status and reason (borrowed); -1 with an exception. */
+static int acknowledge(Sender *s, const Placed *p, int64_t end, PyObject **status, PyObject **reason) {
+    *status = s->put_ok;
+    *reason = s->empty;
+    if (!s->sync) return 0;
+    int flushed;
+    if (p->ring_slot < 0) {
+        flushed = 0;
+        *reason = s->ring_full_reason;
+    } else {
+        flushed = wait_for_flush(s, p->ring_slot);
+        if (flushed < 0) return -1;
+        if (!flushed) *reason = s->not_flushed_reason;
     }
-    record_metrics(s, s->sync ? mono_ns() - started_ns : released_ns - started_ns, status != s->put_ok, hold_ns);
+    int64_t *w = words_of(&s->table);
+    if (!flushed)
+        *status = s->flush_timeout;
+    else if (w[s->w[W_FLUSHED]] < end) {
+        PyErr_Format(PyExc_AssertionError, "acknowledged %lld above flushed %lld", (long long)end,
+                     (long long)w[s->w[W_FLUSHED]]);
+        return -1;
+    }
+    return 0;
+}
+
+/* A queue id and flag the store takes: 1, else 0 (the reference words the refusal). */
+static int plain_ids(PyObject *qid_obj, PyObject *flag_obj, long long *queue_id, long long *flag) {
+    int overflow;
+    if (!PyLong_CheckExact(flag_obj) || !PyLong_CheckExact(qid_obj)) return 0;
+    *queue_id = PyLong_AsLongLongAndOverflow(qid_obj, &overflow);
+    if (overflow || *queue_id < 0 || *queue_id > INT32_MAX) return 0;
+    *flag = PyLong_AsLongLongAndOverflow(flag_obj, &overflow);
+    return !overflow && *flag >= INT32_MIN && *flag <= INT32_MAX;
+}
+
+/* send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None */
+static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send takes 7 arguments");
+    if (s->closed) Py_RETURN_NONE;
+    int64_t started_ns = mono_ns();
+    PyObject *topic = args[0], *body = args[1], *tags = args[2], *keys = args[3], *props = args[4],
+             *qid_obj = args[5], *flag_obj = args[6];
+    /* ---- eligibility: anything unusual is the reference's (nothing shared changed yet) */
+    long long queue_id, flag;
+    if (!PyBytes_CheckExact(body) || !PyUnicode_CheckExact(topic) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
+        Py_RETURN_NONE;
+    if (props != Py_None && !(PyDict_CheckExact(props) && PyDict_GET_SIZE(props) == 0)) Py_RETURN_NONE;
+    if (started_ns >= s->fresh_until_ns) Py_RETURN_NONE; /* topics.json to be looked at again */
+    PyObject *topic_field;
+    int64_t slot;
+    Py_ssize_t next_word;
+    int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
+    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    const char *tags_p, *keys_p;
+    Py_ssize_t tags_n, keys_n;
+    if (!plain_text(tags, &tags_p, &tags_n) || !plain_text(keys, &keys_p, &keys_n)) Py_RETURN_NONE;
+    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
+    if (body_len > s->max_message_size) Py_RETURN_NONE;
+    int64_t born_ms = real_ns() / 1000000;
+    int64_t *uniq = words_of(&s->uniq_state); /* counter, month start ms, next month ms */
+    if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE; /* the month rolls: Python's */
+    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN;
+    if (props_len > MAX_PROPERTIES_BYTES || !may_put(s, born_ms)) Py_RETURN_NONE;
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
+    Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + props_len;
+    if (grow_scratch(s, size + props_len) < 0) return NULL;
+    uint8_t *pb = s->scratch + size; /* the properties are built past the record, then encoded */
+    int64_t counter = uniq[0];
+    uniq[0] = counter + 1;
+    uint8_t *id = write_properties(s, pb, tags_p, tags_n, keys_p, keys_n, born_ms, counter);
+    PyObject *uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, id, UNIQ_KEY_LEN);
+    if (!uniq_str) return NULL;
+    encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
+                (const uint8_t *)PyBytes_AS_STRING(body), body_len, (int32_t)queue_id, (int32_t)flag, born_ms,
+                pb, props_len);
+    /* ---- the put */
+    Placed placed;
+    int done = append_locked(s, size, 1, NULL, slot, next_word, born_ms, &placed);
+    PyObject *status, *reason;
+    if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0) {
+        Py_DECREF(uniq_str);
+        return done == 0 ? Py_NewRef(Py_None) : NULL;
+    }
+    int64_t latency_ns = (s->sync ? mono_ns() : placed.released_ns) - started_ns;
+    record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
     s->sent += 1;
-    PyObject *qoff = PyLong_FromLongLong(queue_offset), *phy = PyLong_FromLongLong(wrote);
+    PyObject *qoff = PyLong_FromLongLong(placed.queue_offset), *phy = PyLong_FromLongLong(placed.wrote);
     if (!qoff || !phy) {
         Py_XDECREF(qoff);
         Py_XDECREF(phy);
@@ -1070,6 +1118,93 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     PyObject *values[7] = {Py_NewRef(status), Py_NewRef(qid_obj), qoff,          phy,
                            uniq_str,          Py_NewRef(reason),  Py_NewRef(s->msg_id_prefix)};
     return new_result(s, values);
+}
+
+#define MAX_BATCH 65536
+
+/* send_batch(topic, bodies: list[bytes], tags, queue_id, flag) -> (status, reason, queue_offset,
+ * phy_offset, born_ms, first_counter, record_size, ends) | None. RocketMQ's batch for one queue,
+ * stored whole in the current file; `record_size` when every record has one size (ends None),
+ * else -1 and each record's end in the run. None: the reference's, nothing shared changed. */
+static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "send_batch takes 5 arguments");
+    if (s->closed) Py_RETURN_NONE;
+    int64_t started_ns = mono_ns();
+    PyObject *topic = args[0], *bodies = args[1], *tags = args[2], *qid_obj = args[3], *flag_obj = args[4];
+    long long queue_id, flag;
+    if (!PyUnicode_CheckExact(topic) || !PyList_CheckExact(bodies) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
+        Py_RETURN_NONE;
+    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    if (n < 1 || n > MAX_BATCH || started_ns >= s->fresh_until_ns) Py_RETURN_NONE;
+    PyObject *topic_field;
+    int64_t slot;
+    Py_ssize_t next_word;
+    int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
+    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    const char *tags_p;
+    Py_ssize_t tags_n;
+    if (!plain_text(tags, &tags_p, &tags_n)) Py_RETURN_NONE;
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
+    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + 9 + UNIQ_KEY_LEN;
+    if (props_len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
+    Py_ssize_t per_record = fixed_size(&s->hosts) + topic_len + 2 + props_len, size = 0;
+    int uniform = 1;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i);
+        if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > s->max_message_size) Py_RETURN_NONE;
+        size += per_record + PyBytes_GET_SIZE(body);
+        uniform &= PyBytes_GET_SIZE(body) == PyBytes_GET_SIZE(PyList_GET_ITEM(bodies, 0));
+    }
+    int64_t born_ms = real_ns() / 1000000;
+    int64_t *uniq = words_of(&s->uniq_state);
+    if (born_ms >= uniq[2] || born_ms < uniq[1] || !may_put(s, born_ms)) Py_RETURN_NONE;
+    if (grow_scratch(s, size + props_len) < 0) return NULL;
+    if ((size_t)n > s->starts_len) {
+        Py_ssize_t *p = PyMem_Realloc(s->starts, (size_t)n * sizeof(Py_ssize_t));
+        if (!p) return PyErr_NoMemory();
+        s->starts = p;
+        s->starts_len = (size_t)n;
+    }
+    int64_t first = uniq[0];
+    uniq[0] = first + n;
+    uint8_t *pb = s->scratch + size;
+    uint8_t *id = write_properties(s, pb, tags_p, tags_n, NULL, 0, born_ms, first);
+    Py_ssize_t at = 0;
+    for (Py_ssize_t i = 0; i < n; i++) {
+        PyObject *body = PyList_GET_ITEM(bodies, i);
+        uint32_t c = (uint32_t)(first + i);
+        for (int k = 0; k < 4; k++) id[28 + k] = (uint8_t)HEX[(c >> (12 - 4 * k)) & 0xF];
+        s->starts[i] = at;
+        at += encode_into(s->scratch + at, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
+                          (const uint8_t *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), (int32_t)queue_id,
+                          (int32_t)flag, born_ms, pb, props_len);
+    }
+    assert(at == size);
+    Placed placed;
+    int done = append_locked(s, size, n, s->starts, slot, next_word, born_ms, &placed);
+    PyObject *status, *reason;
+    if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)
+        return done == 0 ? Py_NewRef(Py_None) : NULL;
+    int64_t latency_ns = (s->sync ? mono_ns() : placed.released_ns) - started_ns;
+    record_metrics(s, latency_ns, n, status != s->put_ok ? n : 0, placed.hold_ns);
+    s->sent += n;
+    PyObject *ends;
+    if (uniform) {
+        ends = Py_NewRef(Py_None);
+    } else {
+        ends = PyList_New(n);
+        if (!ends) return NULL;
+        for (Py_ssize_t i = 0; i < n; i++) {
+            PyObject *e = PyLong_FromSsize_t(i + 1 < n ? s->starts[i + 1] : size);
+            if (!e) {
+                Py_DECREF(ends);
+                return NULL;
+            }
+            PyList_SET_ITEM(ends, i, e);
+        }
+    }
+    return Py_BuildValue("OOLLLLnN", status, reason, (long long)placed.queue_offset, (long long)placed.wrote,
+                         (long long)born_ms, (long long)first, uniform ? size / n : (Py_ssize_t)-1, ends);
 }
 
 /* set_file(dest, dest_is_file, fd, file_from_offset, file_size, pwrite_min_bytes): the segment at
@@ -1136,6 +1271,9 @@ static PyObject *Sender_close(Sender *s, PyObject *noargs) {
 static PyMethodDef Sender_methods[] = {
     {"send", (PyCFunction)(void (*)(void))Sender_send, METH_FASTCALL,
      "send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None (None: the reference's)"},
+    {"send_batch", (PyCFunction)(void (*)(void))Sender_send_batch, METH_FASTCALL,
+     "send_batch(topic, bodies, tags, queue_id, flag) -> (status, reason, queue_offset, phy_offset, born_ms, "
+     "first_counter, record_size, ends) | None (None: the reference's)"},
     {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
     {"learn", (PyCFunction)Sender_learn, METH_VARARGS, "a queue and its offset-table slot"},
     {"forget_topics", (PyCFunction)Sender_forget_topics, METH_NOARGS, "topics.json changed"},

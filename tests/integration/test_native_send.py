@@ -10,14 +10,18 @@ journal in the pointer table describes each put the same way. Refusals are compa
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 import os
 import struct
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rmq_mp.message_batch import MessageBatch
 from rmq_mp.producer import Producer, SendResult
 from rmq_mp.put import native
 from rmq_mp.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_OFFSET
@@ -140,3 +144,71 @@ def test_the_common_send_is_taken_by_the_core(store: tuple[RunningService, Produ
     assert len(queues) == 8, "the rotation covers the topic's 8 queues (defaultTopicQueueNums)"
     assert core.sent - before == len(results) - len(queues), "only a queue's first send is the reference's"
     assert len({r.uniq_key for r in results}) == len(results)
+
+
+@contextlib.contextmanager
+def _reference_only(producer: Producer) -> Iterator[None]:
+    """The reference put path for the sends inside (the compiled sender set aside, not closed)."""
+    core, producer._native = producer._native, None
+    try:
+        yield
+    finally:
+        producer._native = core
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=300), min_size=1, max_size=40),
+    uniform=st.booleans(),
+    tags=st.none() | TEXT,
+    queue_id=st.none() | st.integers(0, QUEUES - 1),
+    flag=st.integers(-(2**31), 2**31 - 1),
+)
+def test_a_batch_is_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    bodies: list[bytes],
+    uniform: bool,
+    tags: str | None,
+    queue_id: int | None,
+    flag: int,
+) -> None:
+    service, producer = store
+    core = producer._native
+    assert core is not None
+    if uniform:
+        bodies = [bodies[0]] * len(bodies)
+    batch = MessageBatch("Batch", bodies, queue_id=queue_id, tags=tags, flag=flag)
+    sent_before = core.sent
+    fast = producer.send_batch(batch)
+    took_core = core.sent == sent_before + len(bodies)
+    with _reference_only(producer):
+        slow = producer.send_batch(dataclasses.replace(batch, queue_id=fast[0].queue_id))
+    assert fast.ok == slow.ok
+    assert fast.failures == slow.failures
+    assert [(r.status, r.reason, r.queue_id) for r in fast] == [
+        (r.status, r.reason, r.queue_id) for r in slow
+    ]
+    if not fast.ok:
+        return
+    assert list(slow.queue_offsets()) == [q + len(bodies) for q in fast.queue_offsets()]
+    for a, b in zip(fast, slow, strict=True):
+        fast_raw, slow_raw = _record(service, a.commit_log_offset), _record(service, b.commit_log_offset)
+        assert _comparable(fast_raw) == _comparable(slow_raw)
+        assert struct.unpack_from(">qq", fast_raw, POS_QUEUE_OFFSET) == (a.queue_offset, a.commit_log_offset)
+        assert fast_raw.endswith(a.uniq_key.encode())
+    assert list(fast.commit_log_offsets()) == [r.commit_log_offset for r in fast]
+    if took_core:
+        assert _journal(service)[0] == 0
+
+
+def test_batches_are_taken_by_the_core(store: tuple[RunningService, Producer]) -> None:
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    producer.send_batch(MessageBatch("B", [b"x"], queue_id=2))  # the queue's first: the reference's
+    before = core.sent
+    for size in (1, 100, 300):
+        result = producer.send_batch(MessageBatch("B", [os.urandom(128)] * size, queue_id=2, tags="T"))
+        assert result.ok
+        assert len(result) == size
+    assert core.sent - before == 401
