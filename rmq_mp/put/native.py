@@ -1,5 +1,5 @@
 """Which put path this process runs: the compiled core (rmq_mp/put/_core.c) or the pure-Python
-reference (rmq_mp/producer.py, rmq_mp/record.py, shm/semaphores.py).
+reference (rmq_mp/put/producer.py, rmq_mp/record.py, shm/semaphores.py).
 
 The core is built by the install command (setup.py, an optional extension). It is used unless
 ``RMQ_PURE_PYTHON=1`` is set (the tests run the put path both ways), it is missing (a machine

@@ -282,8 +282,9 @@ def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: 
                 writes.append((self.name, index, value))
                 self.words[index] = value
 
-        producer._ring_words = Recorded("ring", producer._ring_words)  # type: ignore[assignment]
-        producer._words = Recorded("table", producer._words)  # type: ignore[assignment]
+        requests = producer.flush_requests
+        requests._ring_words = Recorded("ring", requests._ring_words)  # type: ignore[assignment]
+        requests._words = Recorded("table", requests._words)  # type: ignore[assignment]
         state_words = {producer.ring.word_index(slot, fr.STATE) for slot in range(producer.ring.capacity)}
         for _ in range(3):
             assert producer.send("Sync", b"x", queue_id=0).ok

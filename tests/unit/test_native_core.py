@@ -11,6 +11,8 @@ from __future__ import annotations
 import mmap
 import multiprocessing
 import os
+import subprocess
+import sys
 import zlib
 
 import pytest
@@ -146,3 +148,24 @@ def test_a_dead_owners_lock_is_taken_over_by_one_cas() -> None:
         assert mm[24:32] == bytes(8)
     finally:
         mm.close()
+
+
+def test_without_the_core_the_reference_runs_and_says_so_once(tmp_path: os.PathLike[str]) -> None:
+    """A machine without a compiler: the import of the core fails; rmq-mp warns once, runs the
+    reference put path and creates stores with the semaphore lock."""
+    code = (
+        "import logging, sys\n"
+        "logging.basicConfig(level=logging.WARNING, format='%(message)s')\n"
+        "sys.modules['rmq_mp.put._core'] = None\n"  # what a failed build leaves: no importable core
+        "from rmq_mp.put import native\n"
+        "from shm import layout\n"
+        "assert native.core is None and native.lock_core is None\n"
+        "assert native.store_lock_kind() == layout.LOCK_SEMAPHORE\n"
+        "print('reference:', native.why_reference)\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != native.PURE_ENV}
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "compiled put core is not built" in done.stdout
+    warnings = [line for line in done.stderr.splitlines() if "pure-Python put path" in line]
+    assert len(warnings) == 1, done.stderr
