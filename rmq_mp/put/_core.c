@@ -69,20 +69,7 @@ static void crc_init(void) {
             crc_table[t][i] = (crc_table[t - 1][i] >> 8) ^ crc_table[0][crc_table[t - 1][i] & 0xFF];
 }
 
-#ifdef RMQ_HAVE_ZLIB
-#include <zlib.h>
-/* zlib's CRC-32 (braided, faster than slice-by-8 past a few hundred bytes: 4 KiB in 1.1 us
- * against 2.75 us here); setup.py links it when zlib.h is there, else the table below. */
-static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) {
-    while (n > 0x40000000u) {
-        crc = (uint32_t)crc32(crc, p, 0x40000000u);
-        p += 0x40000000u;
-        n -= 0x40000000u;
-    }
-    return (uint32_t)crc32(crc, p, (uInt)n);
-}
-#else
-static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) {
+static uint32_t crc32_table(uint32_t crc, const uint8_t *p, size_t n) {
     crc = ~crc;
     while (n && ((uintptr_t)p & 7)) {
         crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
@@ -101,6 +88,23 @@ static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) {
     while (n--) crc = crc_table[0][(crc ^ *p++) & 0xFF] ^ (crc >> 8);
     return ~crc;
 }
+
+#ifdef RMQ_HAVE_ZLIB
+#include <zlib.h>
+/* Slice-by-8 for small bodies, zlib's braided CRC from 384 bytes: measured here (C loop, same
+ * machine), 128 B 70 vs 110 ns, 512 B 300 vs 250 ns, 4 KiB 2.5 vs 1.0 us. setup.py links zlib
+ * when its header is there. */
+static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) {
+    if (n < 384) return crc32_table(crc, p, n);
+    while (n > 0x40000000u) {
+        crc = (uint32_t)crc32(crc, p, 0x40000000u);
+        p += 0x40000000u;
+        n -= 0x40000000u;
+    }
+    return (uint32_t)crc32(crc, p, (uInt)n);
+}
+#else
+static uint32_t crc32_of(uint32_t crc, const uint8_t *p, size_t n) { return crc32_table(crc, p, n); }
 #endif
 
 /* ------------------------------------------------------------------ big-endian stores */
