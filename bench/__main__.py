@@ -196,12 +196,12 @@ class Bench:
 
     def e2e(self) -> None:
         with self.store("ASYNC") as service:
-            if not self.max_send_rate:
+            if not self.max_send_rate and not self.args.e2e_rate:
                 got = run_producers(
                     service.names.base, producers=1, body_size=128, batch=1, duration_s=self.window_s
                 )
                 self.max_send_rate = got["msgs_per_s"]
-            rate = self.max_send_rate * 0.10
+            rate = self.args.e2e_rate or self.max_send_rate * 0.10
             duration = 3.0 if self.quick else 10.0
             wait_until(  # a backlog from the rate measurement would be dispatched during the paced run
                 lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
@@ -226,7 +226,8 @@ class Bench:
                                "one_hop_us": hop, "p50_ratio": _ratio(lat["p50"], hop["p50"]),
                                "p99_ratio": _ratio(lat["p99"], hop["p99"]),
                                "target": "p50 <= 2.5x, p99 <= 3x one hop"}  # fmt: skip
-        print(f"e2e ASYNC at 10% load ({rate:.0f}/s): p50 {lat['p50']:.0f} us, p99 {lat['p99']:.0f} us, "
+        load = "--e2e-rate" if self.args.e2e_rate else "10% load"
+        print(f"e2e ASYNC at {load} ({rate:.0f}/s): p50 {lat['p50']:.0f} us, p99 {lat['p99']:.0f} us, "
               f"p99.9 {lat['p99.9']:.0f} us over {lat['samples']} messages; one hop (semaphore, same pacing): "
               f"p50 {hop['p50']:.0f} us, p99 {hop['p99']:.0f} us")  # fmt: skip
 
@@ -543,6 +544,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--body", type=int, help="one body size for the put matrix")
     parser.add_argument("--seconds", type=float, help="put window per row")
     parser.add_argument("--quick", action="store_true", help="fewer rows, shorter windows (a few minutes)")
+    parser.add_argument(
+        "--e2e-rate",
+        type=float,
+        default=0.0,
+        help="pace the e2e producer at this many msgs/s (default: 10%% of the measured maximum send rate)",
+    )
     parser.add_argument(
         "--set",
         dest="overrides",
