@@ -33,6 +33,17 @@ _WORD = layout.PUT_LOCK_OWNER_PID.index
 _SINCE = layout.PUT_LOCK_SINCE_MS.index
 
 
+def busy_refusal(words: memoryview, busy_ms: int) -> str:
+    """Why a put should not queue for the lock (RocketMQ's isOSPageCacheBusy): a live holder has
+    held it over ``busy_ms``; '' otherwise (SINCE is 0 when the lock is free). Either lock kind:
+    the owner's pid is `layout.lock_owner` of the owner word."""
+    held_ms = time.time_ns() // 1_000_000 - words[_SINCE]
+    owner = layout.lock_owner(words[_WORD])
+    if busy_ms < held_ms < 10_000_000 and owner and pid_alive(owner):
+        return f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
+    return ""
+
+
 class LockCore(Protocol):
     """What rmq_mp/put/_core.c offers for the lock."""
 
@@ -100,14 +111,10 @@ class AtomicPutLock:
                 return False
 
     def _busy(self) -> bool:
-        held_ms = time.time_ns() // 1_000_000 - self._words[_SINCE]
-        owner = layout.lock_owner(self._words[_WORD])
-        if self.busy_ms < held_ms < 10_000_000 and owner and pid_alive(owner):
-            self.refusal = (
-                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
-            )
-            return True
-        return False
+        why = busy_refusal(self._words, self.busy_ms)
+        if why:
+            self.refusal = why
+        return bool(why)
 
     def _owned(self) -> bool:
         self.held = True

@@ -19,6 +19,7 @@ import posix_ipc
 from rmq_mp.errors import ShmAttachError
 from shm import layout
 from shm.pointer_table import PointerTable, pid_alive
+from shm.put_lock import busy_refusal
 
 SPIN_S = 20e-6
 """How long a contended put lock is watched before sleeping in the kernel: contended hand-offs
@@ -179,14 +180,11 @@ class PutLock:
                 return False
 
     def _busy(self) -> bool:
-        """A live holder has held the lock longer than ``busy_ms`` (SINCE is 0 when it is free)."""
-        held_ms = time.time_ns() // 1_000_000 - self._words[_SINCE]
-        if self.busy_ms < held_ms < 10_000_000 and pid_alive(self._words[_OWNER]):
-            self.refusal = (
-                f"the put lock has been held for {held_ms} ms, more than osPageCacheBusyTimeOutMills"
-            )
-            return True
-        return False
+        """A live holder has held the lock longer than ``busy_ms`` (`busy_refusal`)."""
+        why = busy_refusal(self._words, self.busy_ms)
+        if why:
+            self.refusal = why
+        return bool(why)
 
     def _owned(self) -> bool:
         self.held = True
