@@ -220,3 +220,4 @@ def reference_put_path(producer: Any) -> None:
     if producer._native is not None:
         producer._native.close()
         producer._native = None
+        vars(producer).pop("send", None)

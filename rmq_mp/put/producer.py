@@ -253,6 +253,13 @@ class Producer:
             and not self._sync_master
         ):
             self._native = native.core.Sender(self._native_settings(store))
+            self._native.bind(self._send, self._queue_for)
+            # The compiled send, bound on this instance, shadows the `send` method below (which
+            # stays the documented entry and the path without the core): one C call per send,
+            # no Python frame before it (15-17% of a send, measured by perf).
+            vars(self)["send"] = self._native.send_kw
+        else:
+            vars(self).pop("send", None)
 
     def _put_lock(self, store: RunningStore) -> PutLock | AtomicPutLock:
         """The put lock the store's supervisor chose (`shm.layout.PUT_LOCK_KIND`)."""
@@ -380,6 +387,7 @@ class Producer:
         if self._native is not None:
             self._native.close()  # its views of the shared segments first
             self._native = None
+            vars(self).pop("send", None)
         self.store.close()
 
     def __enter__(self) -> Producer:
