@@ -258,7 +258,8 @@ def send_problem(
     the store refuses, '' when it finds nothing (the failure was not the caller's)."""
     problem = topic_problem(topic)
     body_bytes(body)
-    check_properties(tags, keys, properties)
+    if properties or tags or keys:  # falsy ones are "none given", as the send path takes them
+        check_properties(tags, keys, properties)
     flag_reason = flag_problem(flag)  # every type is checked before any value is judged
     queue_reason = "" if queue_id is None else queue_id_problem(integer(queue_id, "queue_id"))
     problem = problem or _text_problem(tags, keys, properties) or separator_problem(tags, keys, properties)

@@ -39,6 +39,21 @@ class Sender:
         flag: Any,
         /,
     ) -> Any: ...
+    def send_kw(
+        self,
+        topic: str,
+        body: bytes,
+        *,
+        tags: str | None = None,
+        keys: Any = None,
+        properties: Any = None,
+        queue_id: int | None = None,
+        flag: int = 0,
+    ) -> Any: ...
+    def bind(self, reference: Any, rotate: Any, /) -> None: ...
+    def send_batch(
+        self, topic: str, bodies: list[bytes], tags: str | None, queue_id: int, flag: int, /
+    ) -> tuple[Any, str, int, int, int, int, int, list[int] | None] | None: ...
     def set_file(
         self,
         dest: Any,

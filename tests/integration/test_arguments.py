@@ -642,3 +642,13 @@ def test_attach_by_a_hostile_name(name: Any, error: type[Exception]) -> None:
     for attach in (Producer.attach, lambda n: Consumer.attach(n, "g")):
         with pytest.raises(error):
             attach(name)
+
+
+def test_falsy_tags_are_none_given_also_when_a_value_is_refused(tmp_path: Path) -> None:
+    """``tags=0`` is "no tags" on the send path; the diagnosis of a refused value (here a flag
+    past a Java int) took it for a wrong type and raised (found by hypothesis in a CI-like run)."""
+    with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
+        result = producer.send("A", b"x", tags=0, flag=2**31)  # type: ignore[arg-type]
+        assert result.status is PutMessageStatus.MESSAGE_ILLEGAL
+        assert "Java int" in result.reason
+        assert producer.send("A", b"x", tags=0).ok  # type: ignore[arg-type]
