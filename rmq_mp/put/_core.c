@@ -14,7 +14,7 @@
  *   a futex wait on that word (shared, not private: the word is in a MAP_SHARED segment).
  *   The owner pid in the word is what makes a holder's death detectable at once: a waiter that
  *   finds the owner gone takes the lock over with one CAS (Python runs the journal undo).
- * - Sender.send: `Producer.send` for the common case (explicit queue id, no user properties,
+ * - Sender.send_kw (bound as a producer's `send`): `Producer.send` for the common case (explicit queue id, no user properties,
  *   a known topic and queue, the record fitting the current file): encode, refusal checks,
  *   lock, journal, copy, queue offset, write position (the commit point), counters, flush
  *   request, unlock, worker wake-ups, the SYNC flush wait with the GIL released, metrics and
@@ -1077,7 +1077,8 @@ static int plain_ids(PyObject *qid_obj, PyObject *flag_obj, long long *queue_id,
     return !overflow && *flag >= INT32_MIN && *flag <= INT32_MAX;
 }
 
-/* send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None */
+/* The common message (topic, body, tags, keys, properties, queue_id, flag), or None before
+ * anything shared changed: the reference's. Sender_send_kw's fast path. */
 static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send takes 7 arguments");
     if (s->closed) Py_RETURN_NONE;
@@ -1370,8 +1371,6 @@ static PyObject *Sender_close(Sender *s, PyObject *noargs) {
 }
 
 static PyMethodDef Sender_methods[] = {
-    {"send", (PyCFunction)(void (*)(void))Sender_send, METH_FASTCALL,
-     "send(topic, body, tags, keys, properties, queue_id, flag) -> SendResult | None (None: the reference's)"},
     {"send_batch", (PyCFunction)(void (*)(void))Sender_send_batch, METH_FASTCALL,
      "send_batch(topic, bodies, tags, queue_id, flag) -> (status, reason, queue_offset, phy_offset, born_ms, "
      "first_counter, record_size, ends) | None (None: the reference's)"},

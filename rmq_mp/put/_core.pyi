@@ -28,17 +28,6 @@ class Sender:
     last_hold_ns: int
     sent: int
     def __init__(self, settings: dict[str, Any], /) -> None: ...
-    def send(
-        self,
-        topic: str,
-        body: bytes,
-        tags: str | None,
-        keys: Any,
-        properties: Any,
-        queue_id: Any,
-        flag: Any,
-        /,
-    ) -> Any: ...
     def send_kw(
         self,
         topic: str,

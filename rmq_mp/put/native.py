@@ -21,6 +21,7 @@ from types import ModuleType
 
 from rmq_mp import message as m
 from rmq_mp import record
+from shm import layout
 
 log = logging.getLogger("rmq_mp")
 
@@ -69,6 +70,4 @@ if core is None and not pure_requested:
 
 def store_lock_kind() -> int:
     """The put lock a store created by this process uses (the supervisor's choice)."""
-    from shm import layout
-
     return layout.LOCK_SEMAPHORE if core is None else layout.LOCK_ATOMIC

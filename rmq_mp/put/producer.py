@@ -196,7 +196,6 @@ class Producer:
         self.store_host: m.Host = (self.config.broker_ip1, self.config.listen_port)
         self.born_host: m.Host = ("127.0.0.1", os.getpid() & 0xFFFF)
         self._native: Any = None
-        self._last_rotated = 0
         """The compiled send (`rmq_mp.put.native`), or None: every send runs the reference."""
         self.lock: PutLock | AtomicPutLock = self._put_lock(store)
         self._words = self.table.words(*_PUT_FIELDS)
@@ -415,17 +414,10 @@ class Producer:
         and nothing stored; an argument of the wrong type raises `InvalidArgumentTypeError`
         (`rmq_mp.validators`).
 
-        The compiled core (`rmq_mp.put.native`) sends the common message in one call; whatever
-        it leaves (None: anything unusual, before it changed anything shared) is sent here, by
-        the reference."""
-        named = queue_id is not None
-        if self._native is not None and type(topic) is str:
-            if not named:
-                queue_id = self._queue_for(topic, None)
-            result: SendResult | None = self._native.send(topic, body, tags, keys, properties, queue_id, flag)
-            if result is not None:
-                return result
-        return self._send(topic, body, tags, keys, properties, queue_id, flag, named)
+        With the compiled core (`rmq_mp.put.native`), a producer's ``send`` is the core's own,
+        bound in `_bind`: it sends the common message in one call and hands anything else to
+        `_send`, the reference, which is all this method does."""
+        return self._send(topic, body, tags, keys, properties, queue_id, flag, queue_id is not None)
 
     def _send(
         self,
@@ -481,12 +473,21 @@ class Producer:
         """Store many messages under one put-lock hold: a `MessageBatch` (RocketMQ's batch: one
         topic and queue, whole in one file), or any `Message`s and ``send`` keyword dicts, each
         with its own queue offset. Results come in the order given."""
-        if type(messages) is MessageBatch and self._native is not None:
-            result = self._send_batch_natively(messages)
+        if (
+            type(messages) is MessageBatch
+            and self._native is not None
+            and messages.keys is None
+            and not messages.properties
+            and type(messages.topic) is str
+        ):
+            queue_id = messages.queue_id
+            if queue_id is None:
+                queue_id = self._queue_for(messages.topic, None)
+            result = self._send_batch_natively(messages, queue_id)
             if result is not None:
                 return result
-            if messages.queue_id is None:  # rotated there: the reference stores it on that queue
-                messages = dataclasses.replace(messages, queue_id=self._last_rotated)
+            if messages.queue_id is None:  # rotated once: the reference stores it on that queue
+                messages = dataclasses.replace(messages, queue_id=queue_id)
         started_ns = time.perf_counter_ns()
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
@@ -507,16 +508,11 @@ class Producer:
         self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
         return result
 
-    def _send_batch_natively(self, batch: MessageBatch) -> SendBatchResult | None:
+    def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
         """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes
-        bodies, a known queue, fitting the current file) by the compiled core; None otherwise,
-        with nothing stored (the rotated queue id in ``_last_rotated``)."""
+        bodies, a known queue, fitting the current file) on ``queue_id`` by the compiled core;
+        None otherwise, with nothing stored."""
         assert self._native is not None
-        if batch.keys is not None or batch.properties or type(batch.topic) is not str:
-            return None
-        queue_id = batch.queue_id
-        if queue_id is None:
-            queue_id = self._last_rotated = self._queue_for(batch.topic, None)
         got = self._native.send_batch(batch.topic, batch.bodies, batch.tags, queue_id, batch.flag)
         if got is None:
             return None
