@@ -194,11 +194,14 @@ class IndexService:
         current = self.last_file()
         if phy_offset < current.end_phy_offset:
             return
-        holder = self._holder_of_end(current)
-        if phy_offset == current.end_phy_offset and holder is not None:
-            # Partly indexed before a crash: skip the keys already there (RocketMQ adds them twice).
+        holders = self._holders_of_end(current)
+        if phy_offset == current.end_phy_offset and holders:
+            # Partly indexed before a crash or a cut: skip the keys already there, in whichever
+            # file holds them (RocketMQ adds them twice).
             key_hashes = [
-                h for h in key_hashes if phy_offset not in holder.select_by_hash(h, 1 << 30, 0, 1 << 62)
+                h
+                for h in key_hashes
+                if not any(phy_offset in f.select_by_hash(h, 1 << 30, 0, 1 << 62) for f in holders)
             ]
         for key_hash in key_hashes:
             if not current.put_hash(key_hash, phy_offset, store_timestamp):
@@ -206,15 +209,18 @@ class IndexService:
                 if not current.put_hash(key_hash, phy_offset, store_timestamp):
                     raise AssertionError("a fresh index file must accept a key")
 
-    def _holder_of_end(self, current: IndexFile) -> IndexFile | None:
-        """The file holding keys of the record at the index's end: the newest file, or the one
-        before it while the newest (rolled when that one filled, perhaps mid-record, or after
-        recovery removed damaged files) holds none yet."""
-        if current.entry_count() > 0:
-            return current
-        if len(self.files) > 1 and self.files[-2].end_phy_offset == current.end_phy_offset:
-            return self.files[-2] if self.files[-2].entry_count() > 0 else None
-        return None
+    def _holders_of_end(self, current: IndexFile) -> list[IndexFile]:
+        """The files holding keys of the record at the index's end, newest first: every file from
+        the newest back that ends at it. A roll when a file filled may split a record's keys
+        between two files (or more), and the newest may hold none yet."""
+        end = current.end_phy_offset
+        holders: list[IndexFile] = []
+        for index_file in reversed(self.files):
+            if index_file.end_phy_offset != end:
+                break
+            if index_file.entry_count() > 0:
+                holders.append(index_file)
+        return holders
 
     def build_index_batch(self, batch: RecordBatch) -> None:
         """`build_index` for every record of a dispatch batch, in order, with the same bytes.
@@ -245,7 +251,7 @@ class IndexService:
             if phy[i] < end:
                 i = _first_at_least(phy, i, end)  # already indexed: skipped as one record would be
                 continue
-            if phy[i] == end and self._holder_of_end(current) is not None:
+            if phy[i] == end and self._holders_of_end(current):
                 self.build_index_hashes(
                     int(phy[i]), int(timestamp[i]), key_hash[key_start[i] : key_stop[i]].tolist()
                 )

@@ -8,6 +8,7 @@ is served exactly once by its queue with its bytes, and found by each of its uni
 
 from __future__ import annotations
 
+import itertools
 import os
 import random
 import shutil
@@ -188,3 +189,44 @@ def test_damaged_index_is_rekeyed_from_the_commit_log(
         assert_intact_served(store, messages, results)
     with MessageStore.open(config=small_config) as again:
         assert not [d for d in again.reporter.findings if d.kind.startswith("index-")]
+
+
+def split_records(root: Path, max_hash_slot_num: int) -> list[int]:
+    """Phy offsets of records whose keys an index-file roll split: the older file ends with some
+    of them, the newer one starts with the rest."""
+    files = [path.read_bytes() for path in index_files(root)]
+    first_entry = 40 + max_hash_slot_num * 4 + 20
+    return [
+        int.from_bytes(older[24:32], "big")  # the header's endPhyOffset
+        for older, newer in itertools.pairwise(files)
+        if int.from_bytes(newer[first_entry + 4 : first_entry + 12], "big")
+        == int.from_bytes(older[24:32], "big")
+    ]
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-exit", "crash"])
+def test_a_record_keyed_across_two_index_files_is_keyed_once_after_a_cut_behind_it(
+    small_config: MessageStoreConfig, crash: bool
+) -> None:
+    """The commit log cut right behind a record whose keys span two index files: the index is cut
+    to that record and re-keyed from it, and its keys already in the older file are not put again
+    (a query would return the message twice)."""
+    messages, results = write_store(small_config, 760, SEED, crash=crash)  # a roll in the last 3 files
+    root = Path(small_config.store_path_root_dir)
+    log_files = sorted((root / "commitlog").iterdir())
+    scanned_from = int(log_files[-3].name)  # a clean exit's recovery checks the last three files
+    by_phy = {r.phy_offset: i for i, r in enumerate(results)}
+    splits = [phy for phy in split_records(root, small_config.max_hash_slot_num) if phy >= scanned_from]
+    assert splits, "small index files roll inside some record"
+    split = by_phy[splits[-1]]
+    cut = results[split + 1].phy_offset
+    path = root / "commitlog" / f"{cut - cut % small_config.mapped_file_size_commit_log:020d}"
+    overwrite(path, cut % small_config.mapped_file_size_commit_log + 4, b"\0\0\0\0")  # its magic code
+    with MessageStore.open(config=small_config) as store:
+        assert store.recovery is not None
+        assert store.recovery.recovered_end_offset == cut
+        end = results[-1].phy_offset + results[-1].wrote_bytes
+        assert [(d.start, d.end) for d in store.reporter.findings if d.kind == "commitlog-truncated"] == [
+            (cut, end)
+        ]
+        assert_intact_served(store, messages, results, {r.phy_offset for r in results if r.phy_offset < cut})
