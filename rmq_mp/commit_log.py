@@ -282,6 +282,8 @@ class CommitLog:
             req = record.check_record(
                 mf.buf, pos, limit, check_crc=check_crc, delay_level_ms=self.delay_level_ms
             )
+            if req.success and req.size > 0:
+                req.phy_offset = offset  # its place, whatever a damaged PHYSICALOFFSET says (RecordBatch)
             yield offset, req
             if not req.success:
                 return

@@ -89,8 +89,10 @@ _MASK32 = 0xFFFFFFFF
 class RecordBatch:
     """Valid records in log order, as columns (int64 unless said), plus their index keys.
 
-    ``position`` is where a record lies in the log; ``phy_offset`` is its PHYSICALOFFSET field,
-    what dispatch writes (the two agree in any sound log). ``key_record`` and ``key_hash`` list
+    ``position`` is where a record lies in the log, and ``phy_offset`` is the same: what dispatch
+    writes. A sound record's PHYSICALOFFSET field says it too; one whose field was damaged is
+    still put at its place (never at the offset the field names, past the log's end or inside
+    another record), so a read of its entry finds the disagreement, skips and reports it. ``key_record`` and ``key_hash`` list
     the index keys `IndexService.buildIndex` puts, in its order (record by record: UNIQ_KEY,
     then each word of KEYS), as the record's index in the batch and
     `IndexFile.indexKeyHashMethod` of ``topic#key``. Keys are listed for ROLLBACK records too;
@@ -650,7 +652,6 @@ class _Decoder:
         starts = self.walk.starts
         queue_id = head["queue_id"].astype(np.int64)
         queue_offset = head["queue_offset"].astype(np.int64)
-        phy_offset = head["phy_offset"].astype(np.int64)
         ends_in_nul = np.zeros(self.n, dtype=bool)
         cut = self.n
         tail = self.walk.tail
@@ -686,7 +687,6 @@ class _Decoder:
                 store_ts[row] = req.store_timestamp
                 queue_id[row] = req.queue_id
                 queue_offset[row] = req.queue_offset
-                phy_offset[row] = req.phy_offset
                 self.tags_code[row] = req.tags_code
                 self.topic_index[row] = self._topic_id(req.topic)
                 ends_in_nul[row] = req.ends_in_nul
@@ -709,7 +709,7 @@ class _Decoder:
             topics=self.topics,
             topic_index=self.topic_index[:cut],
             position=starts[:cut] + file_from_offset,
-            phy_offset=phy_offset[:cut],
+            phy_offset=starts[:cut] + file_from_offset,
             size=total[:cut],
             queue_id=queue_id[:cut],
             queue_offset=queue_offset[:cut],

@@ -230,3 +230,36 @@ def test_a_record_keyed_across_two_index_files_is_keyed_once_after_a_cut_behind_
             (cut, end)
         ]
         assert_intact_served(store, messages, results, {r.phy_offset for r in results if r.phy_offset < cut})
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-exit", "crash"])
+@pytest.mark.parametrize("byte", [2, 7], ids=["high-byte", "low-byte"])
+def test_a_damaged_physicaloffset_field_costs_no_other_record(
+    small_config: MessageStoreConfig, crash: bool, byte: int
+) -> None:
+    """A record's PHYSICALOFFSET field flipped in the files recovery scans: its queue entry is
+    rebuilt at the record's place (not where the field points: past the log's end, which once cut
+    the queue's later entries and hid them from the rebuild, or inside another record), a read
+    skips it and reports it by its offset, and every other record is served."""
+    messages, results = write(small_config, crash=crash)
+    root = Path(small_config.store_path_root_dir)
+    scanned_from = int(sorted((root / "commitlog").iterdir())[-3].name)
+    by_queue: dict[tuple[str, int], list[int]] = {}
+    for i, msg in enumerate(messages):
+        if m.is_dispatchable(msg.sys_flag):
+            by_queue.setdefault((msg.topic, msg.queue_id), []).append(i)
+    # a record in the scanned files with later records in its queue
+    victim = next(i for rows in by_queue.values() for i in rows[:-1] if results[i].phy_offset >= scanned_from)
+    phy = results[victim].phy_offset
+    path = root / "commitlog" / f"{phy - phy % small_config.mapped_file_size_commit_log:020d}"
+    at = phy % small_config.mapped_file_size_commit_log + 28 + byte  # PHYSICALOFFSET
+    overwrite(path, at, bytes([path.read_bytes()[at] ^ 0x01]))
+    with MessageStore.open(config=small_config) as store:
+        surviving = {r.phy_offset for r in results} - {phy}
+        assert_intact_served(store, messages, results, surviving)
+        skipped = [d for d in store.reporter.findings if d.kind == "queue-entry-invalid"]
+        assert [f"(commit-log offset {phy}," in d.reason for d in skipped] == [True], store.reporter.findings
+        msg = messages[victim]
+        last = max(r.queue_offset for i, r in enumerate(results) if i in by_queue[(msg.topic, msg.queue_id)])
+        nxt = store.put_message(m.Message(topic=msg.topic, queue_id=msg.queue_id, body=b"after"))
+        assert nxt.queue_offset == last + 1

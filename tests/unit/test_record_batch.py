@@ -102,12 +102,12 @@ def assert_same_as_per_record(
     keys = []
     for i, (position, req) in enumerate(found):
         assert batch.position[i] == position + (1 << 20)
+        assert batch.phy_offset[i] == batch.position[i], "dispatch writes a record's place"
         assert batch.topics[batch.topic_index[i]] == req.topic
         got = tuple(
             int(getattr(batch, f)[i])
             for f in (
                 "queue_id",
-                "phy_offset",
                 "size",
                 "queue_offset",
                 "sys_flag",
@@ -116,7 +116,7 @@ def assert_same_as_per_record(
             )
         )
         assert got == (
-            req.queue_id, req.phy_offset, req.size, req.queue_offset, req.sys_flag, req.store_timestamp, req.tags_code
+            req.queue_id, req.size, req.queue_offset, req.sys_flag, req.store_timestamp, req.tags_code
         ), i  # fmt: skip
         assert bool(batch.ends_in_nul[i]) == req.ends_in_nul
         keys += [(i, m.index_key_hash(k)) for k in index_keys(req)]
