@@ -121,6 +121,20 @@ def test_every_run_py_subcommand_refuses_bad_input_with_one_line(tmp_path: Path)
         assert "missing.conf" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
         result = run_py(command, "--conf", str(a_file), "--store", str(a_file / "store"))
         assert "a-file" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
+    try:
+        for command in RUN_PY:
+            # an empty --store is not the current directory: start and demo made it a store
+            daemon = ["--daemon"] if command == "start" else []
+            result = run_py(command, *daemon, "--store", "", cwd=tmp_path)
+            assert "--store is empty" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    finally:
+        run_py("stop", "--store", str(tmp_path))  # what a start in tmp_path would have left
+    for count in ("0", "-5"):  # was an IndexError's traceback after starting and stopping a store
+        result = run_py("demo", "--messages", count, "--store", str(tmp_path / "demo"))
+        line = one_error_line(result.returncode, result.stderr, "run.py: error: ")
+        assert f"--messages must be at least 1, got {count}" in line
+    assert not (tmp_path / "demo").exists()
     for command in ("stop", "status"):
         # run from another directory: the line names the store and the conf file it looked at
         result = run_py(command, "--store", "rel-store", cwd=tmp_path)
