@@ -212,18 +212,29 @@ def start_foreground(config: MessageStoreConfig) -> int:
     release: Callable[[], None] = (lambda: held.hand_back(show=True)) if held else (lambda: None)
     try:
         supervisor = Supervisor(config)
-        print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
+        say(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}")
         if note := config.root_dir_note:
-            print(f"run.py: {note}", flush=True)
+            say(f"run.py: {note}")
         code = supervisor.run(on_running=release)
     finally:
         if held is not None:
             held.hand_back(show=False)
-    print(
+    say(
         f"stopped store {config.store_path_root_dir} "
         f"{'cleanly' if code == 0 else 'not cleanly (see ' + str(log_dir(config.store_path_root_dir) / 'supervisor.log') + ')'}"
     )
     return code
+
+
+def say(line: str) -> None:
+    """A foreground supervisor's line on stdout. A reader that has gone (`start | head -0`, or
+    demo's, whose stdout this supervisor shares) must not stop the store from starting or
+    stopping cleanly: the rest goes to /dev/null."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:

@@ -17,6 +17,7 @@ import pytest
 
 from rmq_mp.admin import build_parser, main
 from shm import layout
+from shm.names import ShmNames
 from tests.integration.test_ops import fill
 from tests.service import ROOT, RunningService, running_service, wait_until
 
@@ -182,6 +183,23 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
     assert result.returncode == 0, result.stderr
     assert result.stderr == b""
     assert filled.process.wait(60) == 0
+
+
+def test_demo_into_a_closed_pipe_still_runs_the_store(tmp_path: Path) -> None:
+    """`run.py demo | head -0`: the supervisor demo starts shares its stdout; its first line
+    failed, so it exited 0 without starting and the demo said only 'the store did not start'."""
+    from rmq_mp.config_manager import loads
+    from tests.service import write_conf
+
+    conf = write_conf(tmp_path / "demo.conf", tmp_path / "demo")
+    result = closed_pipe(
+        [sys.executable, str(ROOT / "run.py"), "demo", "--messages", "20", "--conf", str(conf)]
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b""
+    offsets = loads((tmp_path / "demo" / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert sum(offsets["DemoOrders@demo-group"].values()) == 20
+    assert ShmNames.for_store(str(tmp_path / "demo")).leftovers() == []
 
 
 def msg_id_of(name: str, queue_offset: int) -> str:
