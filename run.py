@@ -27,7 +27,7 @@ from pathlib import Path
 
 from rmq_mp.config import MessageStoreConfig
 from rmq_mp.consumer import Consumer
-from rmq_mp.errors import ShmAttachError, StoreError, StoreNotRunningError
+from rmq_mp.errors import InvalidArgumentError, ShmAttachError, StoreError, StoreNotRunningError
 from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.paths import StorePaths
 from rmq_mp.producer import Producer
@@ -212,18 +212,29 @@ def start_foreground(config: MessageStoreConfig) -> int:
     release: Callable[[], None] = (lambda: held.hand_back(show=True)) if held else (lambda: None)
     try:
         supervisor = Supervisor(config)
-        print(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}", flush=True)
+        say(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}")
         if note := config.root_dir_note:
-            print(f"run.py: {note}", flush=True)
+            say(f"run.py: {note}")
         code = supervisor.run(on_running=release)
     finally:
         if held is not None:
             held.hand_back(show=False)
-    print(
+    say(
         f"stopped store {config.store_path_root_dir} "
         f"{'cleanly' if code == 0 else 'not cleanly (see ' + str(log_dir(config.store_path_root_dir) / 'supervisor.log') + ')'}"
     )
     return code
+
+
+def say(line: str) -> None:
+    """A foreground supervisor's line on stdout. A reader that has gone (`start | head -0`, or
+    demo's, whose stdout this supervisor shares) must not stop the store from starting or
+    stopping cleanly: the rest goes to /dev/null."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:
@@ -365,7 +376,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="run.py", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--conf", type=Path, default=DEFAULT_CONF, help="broker.conf to load")
-    common.add_argument("--store", type=Path, help="store directory (overrides storePathRootDir)")
+    common.add_argument("--store", help="store directory (overrides storePathRootDir)")
     sub = parser.add_subparsers(dest="command", required=True)
     start_parser = sub.add_parser(
         "start", parents=[common], help="run the store (foreground unless --daemon)"
@@ -409,7 +420,11 @@ def run_command(args: argparse.Namespace) -> int:
     """The subcommand ``args`` names; `main` turns what it raises into one line and an exit code."""
     config = MessageStoreConfig.from_file(args.conf)
     if args.store is not None:
-        config = config.replace(store_path_root_dir=str(args.store.resolve()))
+        if not args.store.strip():  # Path("") is the current directory: start would make it a store
+            raise InvalidArgumentError("--store is empty: name the store directory")
+        config = config.replace(store_path_root_dir=str(Path(args.store).resolve()))
+    if args.command == "demo" and args.messages < 1:
+        raise InvalidArgumentError(f"--messages must be at least 1, got {args.messages}")
     if args.command == "start" and args.daemon:
         return start_daemon(args.conf, config)
     if args.command == "start":

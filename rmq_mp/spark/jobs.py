@@ -10,13 +10,17 @@ Common options: ``--conf FILE`` / ``--set key=value`` for the settings that shap
 A running store (directory or shm name) is read up to its readable end when the job starts
 (`running_readable_end`). Progress (tasks done / total) goes to stderr while the job runs. Exit status: 0 when the job
 found nothing wrong, 1 when `audit` or `rebuild-index` found a problem, 2 for a usage or store
-error (one line, as `rmq-admin`).
+error (one line, as `rmq-admin`; a bad store, ``--topic`` or ``--target`` before Spark starts).
+The report is printed when the job ends; a closed pipe (``| head -1``) ends it quietly.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
+import os
 import sys
 import threading
 import time
@@ -51,6 +55,8 @@ def store_config(store: str, conf: str | None, settings: list[str]) -> MessageSt
     from rmq_mp.running_store import resolve_names
     from shm.store_shm import read_descriptor
 
+    if not store.strip():
+        raise StoreError("--store is empty: name a store directory or a running store's shm name")
     properties: dict[str, str] = {}
     root = store
     try:
@@ -371,24 +377,58 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def check_arguments(args: argparse.Namespace) -> None:
+    """What the arguments can get wrong, refused before Spark starts (seconds, and lines of its
+    own on stderr): ``--topic`` by the rules `rmq-admin` applies (an empty or invalid name would
+    export or count nothing and exit 0), and ``--target``, which must be an empty directory or
+    none yet (`main` makes it once the store is found)."""
+    from rmq_mp import validators
+
+    for topic in getattr(args, "topic", None) or []:
+        validators.check_topic(topic, "--topic")
+    target: Path | None = getattr(args, "target", None)
+    if target is not None and target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise StoreError(f"--target {target} is not an empty directory")
+
+
+def _problem(exc: Exception) -> str:
+    if isinstance(exc, OSError) and not isinstance(exc, StoreError) and exc.filename is not None:
+        return f"{exc.filename}: {exc.strerror or exc}"
+    return str(exc)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        check_arguments(args)
         config = store_config(args.store, args.conf, args.set)
+        if getattr(args, "target", None) is not None:
+            args.target.mkdir(parents=True, exist_ok=True)
     except (StoreError, OSError) as exc:
-        print(f"rmq-spark: error: {args.store}: {exc}", file=sys.stderr)
+        print(f"rmq-spark: error: {args.store}: {_problem(exc)}", file=sys.stderr)
         return 2
     from rmq_mp.spark.session import local_session
 
     spark = local_session(f"rmq-spark {args.command}", master=args.master)
     progress = None if args.quiet else sys.stderr
+    report = io.StringIO()
     try:
-        return _run(spark, args, config, progress)
-    except StoreError as exc:
-        print(f"rmq-spark: error: {args.store}: {exc}", file=sys.stderr)
+        with contextlib.redirect_stdout(report):
+            code = _run(spark, args, config, progress)
+    except (StoreError, OSError) as exc:
+        print(f"rmq-spark: error: {args.store}: {_problem(exc)}", file=sys.stderr)
         return 2
     finally:
         spark.stop()
+    try:
+        sys.stdout.write(report.getvalue())
+        sys.stdout.flush()  # a closed pipe fails here, not in the interpreter's final flush
+    except BrokenPipeError:
+        # The reader (`| head -1`) went away: no traceback, the job's exit status all the same,
+        # and no second failure in the interpreter's final flush of stdout.
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+    return code
 
 
 def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progress: TextIO | None) -> int:

@@ -17,6 +17,7 @@ import pytest
 
 from rmq_mp.admin import build_parser, main
 from shm import layout
+from shm.names import ShmNames
 from tests.integration.test_ops import fill
 from tests.service import ROOT, RunningService, running_service, wait_until
 
@@ -121,6 +122,20 @@ def test_every_run_py_subcommand_refuses_bad_input_with_one_line(tmp_path: Path)
         assert "missing.conf" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
         result = run_py(command, "--conf", str(a_file), "--store", str(a_file / "store"))
         assert "a-file" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
+    try:
+        for command in RUN_PY:
+            # an empty --store is not the current directory: start and demo made it a store
+            daemon = ["--daemon"] if command == "start" else []
+            result = run_py(command, *daemon, "--store", "", cwd=tmp_path)
+            assert "--store is empty" in one_error_line(result.returncode, result.stderr, "run.py: error: ")
+        assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file"]
+    finally:
+        run_py("stop", "--store", str(tmp_path))  # what a start in tmp_path would have left
+    for count in ("0", "-5"):  # was an IndexError's traceback after starting and stopping a store
+        result = run_py("demo", "--messages", count, "--store", str(tmp_path / "demo"))
+        line = one_error_line(result.returncode, result.stderr, "run.py: error: ")
+        assert f"--messages must be at least 1, got {count}" in line
+    assert not (tmp_path / "demo").exists()
     for command in ("stop", "status"):
         # run from another directory: the line names the store and the conf file it looked at
         result = run_py(command, "--store", "rel-store", cwd=tmp_path)
@@ -168,6 +183,23 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
     assert result.returncode == 0, result.stderr
     assert result.stderr == b""
     assert filled.process.wait(60) == 0
+
+
+def test_demo_into_a_closed_pipe_still_runs_the_store(tmp_path: Path) -> None:
+    """`run.py demo | head -0`: the supervisor demo starts shares its stdout; its first line
+    failed, so it exited 0 without starting and the demo said only 'the store did not start'."""
+    from rmq_mp.config_manager import loads
+    from tests.service import write_conf
+
+    conf = write_conf(tmp_path / "demo.conf", tmp_path / "demo")
+    result = closed_pipe(
+        [sys.executable, str(ROOT / "run.py"), "demo", "--messages", "20", "--conf", str(conf)]
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stderr == b""
+    offsets = loads((tmp_path / "demo" / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    assert sum(offsets["DemoOrders@demo-group"].values()) == 20
+    assert ShmNames.for_store(str(tmp_path / "demo")).leftovers() == []
 
 
 def msg_id_of(name: str, queue_offset: int) -> str:

@@ -53,3 +53,17 @@ def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
     assert (tmp_path / "store" / "logs" / "supervisor.log").exists()
     assert names.leftovers() == []
     assert leftover_processes(names) == []
+
+
+def test_readme_and_docs_point_at_nothing_outside_the_repository() -> None:
+    """Issue 19: the README named `../shared/...` files a clone does not have. Every relative
+    link or backticked path of the README and docs/ resolves inside the repository."""
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]:
+        text = doc.read_text(encoding="utf-8")
+        links = re.findall(r"\]\(([^)#\s]+)", text)
+        assert not [link for link in links if "://" in link], doc  # nothing off the clone either
+        for link in links:
+            target = (doc.parent / link).resolve()
+            assert target.is_relative_to(ROOT), (doc.name, link)
+            assert target.exists(), (doc.name, link)
+        assert not re.findall(r"`\.\./[^`]*`", text), doc.name

@@ -92,21 +92,38 @@ def test_filters_return_exactly_the_rows_of_a_full_read_filtered_in_pandas(
     assert sorted(got.body.map(bytes)) == sorted(want.body.map(bytes))
 
 
-def test_each_query_on_one_dataframe_sees_exactly_its_own_filters(spark, clean_store: Path, full) -> None:
+@pytest.mark.parametrize("pushdown", ["false", "true"])
+def test_each_query_on_one_dataframe_sees_exactly_its_own_filters(
+    spark, clean_store: Path, full, pushdown: str
+) -> None:
     """Issue 19: PySpark 4.3 keeps the plan a filtered query pushed down on the DataFrame's
-    source and reuses it for a later query that pushes nothing (no filter, or only an OR)."""
-    df = _read(spark, clean_store)
-    queries = [
-        (None, lambda d: d.queue_id >= 0),
-        ("queue_id = 1 and tags = 'TagA'", lambda d: (d.queue_id == 1) & (d.tags == "TagA")),
-        ("queue_offset < 3 and topic = 'Payments'", lambda d: (d.queue_offset < 3) & (d.topic == "Payments")),
-        ("queue_id = 0 or tags = 'TagB'", lambda d: (d.queue_id == 0) | (d.tags == "TagB")),
-        (None, lambda d: d.queue_id >= 0),
-    ]
-    for where, expect in queries:
-        got = (df.where(where) if where else df).toPandas()
-        assert _keys_of(got) == _keys_of(full[expect(full)]), where
-    assert df.count() == len(full)
+    source and reuses it for a later query that pushes nothing (no filter, or only an OR).
+    Also with Python filter pushdown on, as a user's own session may have it: a source that
+    accepted pushed filters again would fail here (local_session leaves the setting off)."""
+    setting = "spark.sql.python.filterPushdown.enabled"
+    before = spark.conf.get(setting)
+    spark.conf.set(setting, pushdown)
+    try:
+        df = _read(spark, clean_store)
+        every = (None, lambda d: d.queue_id >= 0)
+        queries = [  # an unfiltered query right after each filtered one, as the issue's count()s
+            every,
+            ("queue_id = 1 and tags = 'TagA'", lambda d: (d.queue_id == 1) & (d.tags == "TagA")),
+            every,
+            (
+                "queue_offset < 3 and topic = 'Payments'",
+                lambda d: (d.queue_offset < 3) & (d.topic == "Payments"),
+            ),
+            every,
+            ("queue_id = 0 or tags = 'TagB'", lambda d: (d.queue_id == 0) | (d.tags == "TagB")),
+            every,
+        ]
+        for where, expect in queries:
+            got = (df.where(where) if where else df).toPandas()
+            assert _keys_of(got) == _keys_of(full[expect(full)]), where
+        assert df.count() == len(full)
+    finally:
+        spark.conf.set(setting, before)
 
 
 def test_store_time_filters_are_exact(spark, clean_store: Path, full) -> None:

@@ -184,3 +184,99 @@ def test_a_store_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> N
     assert result.stderr.strip().splitlines() == [
         f"rmq-spark: error: {tmp_path / 'stor'}: no such store directory, and no running store has that shm name"
     ]
+
+
+def _job_args(target: Path) -> dict[str, list[str]]:
+    """Valid arguments beside --store for each rmq-spark subcommand (the fixture's settings)."""
+    sets = [arg for setting in SETTINGS for arg in ("--set", setting)]
+    return {
+        "audit": [*sets],
+        "rebuild-index": [*sets, "--target", str(target / "rebuilt")],
+        "export": [*sets, "--target", str(target / "exported"), "--topic", "Payments"],
+        "stats": [*sets, "--topic", "Payments", "--top", "3"],
+    }
+
+
+def _subcommands() -> set[str]:
+    import argparse
+
+    from rmq_mp.spark.jobs import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    return set(sub.choices)
+
+
+def test_every_subcommand_refuses_bad_input_with_one_line_before_spark_starts(
+    clean_store: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 19: a missing store, a wrong path, an empty or invalid name, a --target that cannot
+    be one: one line, exit 2, and no Spark session (its JVM prints lines of its own). An empty
+    or invalid --topic exported or counted nothing and exited 0; a --target that is a file or
+    cannot be made was a traceback after Spark had started."""
+    from rmq_mp.spark.jobs import main
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "a-file").write_text("")
+    (tmp_path / "not-empty").mkdir()
+    (tmp_path / "not-empty" / "x").write_text("")
+    jobs = _job_args(tmp_path)
+    assert set(jobs) == _subcommands()
+    seen = set()
+    for command, args in jobs.items():
+        cases = [
+            (["--store", str(tmp_path / "missing")], "no such store directory"),
+            (["--store", "./stor"], "./stor: no such store directory"),
+            (["--store", str(tmp_path)], "not a store directory"),
+            (["--store", ""], "--store is empty"),
+        ]
+        store = ["--store", str(clean_store)]
+        if "--topic" in args:
+            cases += [
+                (["--topic", ""], "topic '' cannot name"),
+                (["--topic", "a/b"], "topic 'a/b' cannot name"),
+            ]
+        if "--target" in args:
+            cases += [
+                ([*store, "--target", str(tmp_path / "a-file")], "a-file is not an empty directory"),
+                ([*store, "--target", str(tmp_path / "not-empty")], "not-empty is not an empty directory"),
+                ([*store, "--target", str(tmp_path / "a-file" / "t")], "a-file/t: Not a directory"),
+            ]
+        for extra, named in cases:
+            argv = [command, *args, *(extra if "--store" in extra else [*store, *extra])]
+            assert main(argv) == 2, argv
+            captured = capsys.readouterr()
+            assert captured.out == "", argv
+            lines = captured.err.splitlines()
+            assert len(lines) == 1, (argv, captured.err)
+            assert lines[0].startswith("rmq-spark: error: "), argv
+            assert named in lines[0], (argv, lines[0])
+            seen.add(command)
+    assert seen == _subcommands()
+    assert not (tmp_path / "rebuilt").exists()
+    assert not (tmp_path / "exported").exists()
+
+
+def test_every_subcommand_ends_quietly_on_a_closed_pipe_with_its_exit_status(
+    clean_store: Path, tmp_path: Path
+) -> None:
+    """Issue 19: `rmq-spark ... | head -0` was 'Exception ignored ... BrokenPipeError' and exit
+    120. The job's report is lost, its exit status is not (here every job finds nothing wrong)."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as a user's
+    for command, args in _job_args(tmp_path).items():
+        read_end, write_end = os.pipe()
+        os.close(read_end)
+        try:
+            result = subprocess.run(
+                [sys.executable, "-m", "rmq_mp.spark.jobs", command, "--store", str(clean_store), *args,
+                 "--master", "local[1]", "--quiet"],
+                stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT, timeout=300, env={**env, "PYTHONPATH": str(ROOT)},
+            )  # fmt: skip
+        finally:
+            os.close(write_end)
+        stderr = result.stderr.decode(errors="replace")
+        assert result.returncode == 0, (command, stderr)
+        assert "Traceback" not in stderr, (command, stderr)
+        assert "BrokenPipeError" not in stderr, (command, stderr)
+        assert "rmq-spark" not in stderr, (command, stderr)
