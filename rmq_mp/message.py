@@ -36,8 +36,24 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+
+def retry_topic(group: str) -> str:
+    """MixAll.getRetryTopic: where a clustering group's failed messages wait for their retry."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """MixAll.getDLQTopic: where a group's messages go after their last retry failed."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
 
 # MessageSysFlag (rocketmq-format.md §2.3).
 COMPRESSED_FLAG = 0x1

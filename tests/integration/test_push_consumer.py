@@ -1,0 +1,270 @@
+"""PushConsumer against a real store: listeners on a thread pool, offsets committed by
+themselves, failed messages retried through the group's retry topic, dead letters, the consume
+timeout, orderly queues, and argument and state checks."""
+
+from __future__ import annotations
+
+import threading
+from collections import Counter, defaultdict
+from pathlib import Path
+
+import pytest
+
+from rmq_mp import message as m
+from rmq_mp.consumer import Consumer
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmq_mp.message import MessageExt
+from rmq_mp.producer import Producer
+from rmq_mp.push_consumer import (
+    ConsumeConcurrentlyContext,
+    ConsumeOrderlyContext,
+    ConsumerStateError,
+    PushConsumer,
+)
+from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
+from tests.service import RunningService, running_service, wait_until
+
+SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
+LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
+FAST_DELAYS = {"messageDelayLevel": "1s 1s 1s 1s 1s 1s"}
+"""Every retry one second later (levels past the last are clamped to it)."""
+WAIT_S = 120
+
+
+def send(service: RunningService, topic: str, count: int, *, queues: int = 4) -> list[str]:
+    """``count`` messages with bodies ``b"<i>"`` over ``queues`` queues; their UNIQ_KEYs."""
+    with Producer.attach(service.names.base) as producer:
+        keys = []
+        for i in range(count):
+            result = producer.send(topic, str(i).encode(), tags="T", queue_id=i % queues)
+            assert result.ok, result
+            keys.append(result.msg_id)
+        return keys
+
+
+class Seen:
+    """What a listener was handed, from any consume thread."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.msgs: list[MessageExt] = []
+
+    def add(self, msgs: list[MessageExt]) -> None:
+        with self.lock:
+            self.msgs.extend(msgs)
+
+    def count(self) -> int:
+        with self.lock:
+            return len(self.msgs)
+
+    def bodies(self) -> Counter[bytes]:
+        with self.lock:
+            return Counter(msg.body for msg in self.msgs)
+
+
+def read_all(service: RunningService, topic: str) -> list[MessageExt]:
+    """Every message of ``topic`` through a plain consumer (queue by queue from 0)."""
+    with Consumer.attach(service.names.base, "reader") as reader:
+        found = []
+        for queue_id, _slot in reader.queues.queues_of(topic):
+            offset = 0
+            while (r := reader.pull(topic, queue_id, offset, 32)).status is GetMessageStatus.FOUND:
+                found.extend(r.messages)
+                offset = r.next_begin_offset
+        return found
+
+
+def test_every_message_is_consumed_once_and_the_offsets_are_committed(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        send(service, "Orders", 200)
+        seen = Seen()
+
+        def listener(
+            msgs: list[MessageExt], context: ConsumeConcurrentlyContext
+        ) -> ConsumeConcurrentlyStatus:
+            assert context.message_queue == (msgs[0].topic, msgs[0].queue_id)
+            seen.add(msgs)
+            return SUCCESS
+
+        consumer = PushConsumer(service.names.base, "g1", consume_message_batch_max_size=4)
+        consumer.subscribe("Orders", "*")
+        consumer.register_message_listener(listener)
+        with consumer:
+            consumer.start()
+            wait_until(lambda: seen.count() >= 200, WAIT_S, "200 messages consumed")
+        assert seen.bodies() == Counter(str(i).encode() for i in range(200))
+        assert consumer.stats["consumed"] == 200
+        assert {
+            (mq.topic, mq.queue_id): o
+            for mq, o in consumer.committed_offsets().items()
+            if mq.topic == "Orders"
+        } == {("Orders", q): 50 for q in range(4)}
+        with Consumer.attach(service.names.base, "g1") as plain:
+            assert [plain.committed_offset("Orders", q) for q in range(4)] == [50] * 4
+
+        # A second start of the group consumes only what came after its commit.
+        send(service, "Orders", 8)
+        again = Seen()
+        second = PushConsumer(service.names.base, "g1")
+        second.subscribe("Orders", "*")
+        second.register_message_listener(lambda msgs, _c: again.add(msgs) or SUCCESS)
+        with second:
+            second.start()
+            wait_until(lambda: again.count() >= 8, WAIT_S, "8 new messages")
+        assert sorted(msg.queue_offset for msg in again.msgs) == [50, 50, 50, 50, 51, 51, 51, 51]
+
+
+def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path: Path) -> None:
+    with running_service(tmp_path, **FAST_DELAYS) as service:
+        send(service, "Orders", 6, queues=2)
+        seen = Seen()
+        attempts: dict[bytes, list[int]] = defaultdict(list)
+
+        def listener(msgs: list[MessageExt], _c: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
+            msg = msgs[0]
+            assert msg.topic == "Orders"  # a retry is handed over under its first topic
+            seen.add(msgs)
+            with seen.lock:
+                attempts[msg.body].append(msg.reconsume_times)
+            number = int(msg.body)
+            if number == 0:
+                raise RuntimeError("always fails")  # counts as RECONSUME_LATER
+            if number == 1 and msg.reconsume_times < 1:
+                return LATER
+            return SUCCESS
+
+        consumer = PushConsumer(service.names.base, "g2", max_reconsume_times=2)
+        consumer.subscribe("Orders", "*")
+        consumer.register_message_listener(listener)
+        with consumer:
+            consumer.start()
+            wait_until(lambda: consumer.stats["dead_lettered"] >= 1, WAIT_S, "message 0 dead-lettered")
+            wait_until(lambda: seen.count() >= 6 + 2 + 1, WAIT_S, "every attempt")
+        assert attempts[b"0"] == [0, 1, 2]
+        assert attempts[b"1"] == [0, 1]
+        assert all(attempts[str(i).encode()] == [0] for i in range(2, 6))
+        assert consumer.stats["sent_back"] == 3
+        assert consumer.stats["dead_lettered"] == 1
+
+        retries = read_all(service, m.retry_topic("g2"))
+        assert sorted((msg.body, msg.reconsume_times) for msg in retries) == [(b"0", 1), (b"0", 2), (b"1", 1)]
+        for msg in retries:
+            assert msg.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
+            assert m.PROPERTY_ORIGIN_MESSAGE_ID in msg.properties
+            assert m.PROPERTY_DELAY_TIME_LEVEL not in msg.properties  # delivered by the scheduler
+        (dead,) = read_all(service, m.dlq_topic("g2"))
+        assert (dead.body, dead.reconsume_times) == (b"0", 3)
+        assert dead.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
+        assert (
+            dead.properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
+            == retries[0].properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
+        )
+
+
+def test_a_message_held_past_the_consume_timeout_is_sent_back_and_its_queue_moves_on(tmp_path: Path) -> None:
+    with running_service(tmp_path, **FAST_DELAYS) as service:
+        send(service, "Orders", 3, queues=1)
+        release = threading.Event()
+        seen = Seen()
+
+        def listener(msgs: list[MessageExt], _c: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
+            seen.add(msgs)
+            if msgs[0].body == b"0" and msgs[0].reconsume_times == 0:
+                release.wait(WAIT_S)  # held past the timeout; its late answer must not count
+            return SUCCESS
+
+        consumer = PushConsumer(
+            service.names.base, "g3", consume_timeout_min=0.01, persist_consumer_offset_interval_ms=50
+        )
+        consumer.subscribe("Orders", "*")
+        consumer.register_message_listener(listener)
+        with consumer:
+            consumer.start()
+            wait_until(lambda: consumer.stats["timed_out"] == 1, WAIT_S, "the held message timed out")
+            wait_until(
+                lambda: consumer.committed_offsets().get(("Orders", 0)) == 3,
+                WAIT_S,
+                "the queue's offset past it",
+            )
+            wait_until(
+                lambda: (b"0", 1) in {(x.body, x.reconsume_times) for x in seen.msgs}, WAIT_S, "the retry"
+            )
+            release.set()
+        assert consumer.stats["consumed"] == 3  # 1, 2 and the retry of 0; the late answer is dropped
+
+
+def test_an_orderly_listener_sees_each_queue_in_order_and_a_suspended_batch_again(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        send(service, "Orders", 120, queues=3)
+        order: dict[int, list[int]] = defaultdict(list)
+        busy: set[int] = set()
+        lock = threading.Lock()
+        suspended = threading.Event()
+
+        def listener(msgs: list[MessageExt], context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+            queue_id = context.message_queue.queue_id
+            with lock:
+                assert queue_id not in busy, "two threads in one queue"
+                busy.add(queue_id)
+            try:
+                if msgs[0].queue_offset == 9 and msgs[0].queue_id == 1 and not suspended.is_set():
+                    suspended.set()
+                    context.suspend_current_queue_time_ms = 20
+                    return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
+                with lock:
+                    order[queue_id].extend(msg.queue_offset for msg in msgs)
+                return ConsumeOrderlyStatus.SUCCESS
+            finally:
+                with lock:
+                    busy.discard(queue_id)
+
+        consumer = PushConsumer(
+            service.names.base, "g4", consume_message_batch_max_size=3, consume_thread_num=4
+        )
+        consumer.subscribe("Orders", "*")
+        consumer.register_message_listener(listener, orderly=True)
+        with consumer:
+            consumer.start()
+            wait_until(lambda: sum(len(o) for o in list(order.values())) >= 120, WAIT_S, "120 in order")
+        assert order == {q: list(range(40)) for q in range(3)}
+        assert suspended.is_set()
+        assert consumer.stats["reconsume_later"] == 3
+
+
+def test_a_broadcasting_consumer_does_not_retry(tmp_path: Path) -> None:
+    with running_service(tmp_path) as service:
+        send(service, "Orders", 4, queues=1)
+        seen = Seen()
+        consumer = PushConsumer(service.names.base, "g5", broadcasting=True)
+        consumer.subscribe("Orders", "*")
+        consumer.register_message_listener(lambda msgs, _c: seen.add(msgs) or LATER)
+        with consumer:
+            consumer.start()
+            wait_until(lambda: consumer.stats["reconsume_later"] >= 4, WAIT_S, "4 failures")
+        assert consumer.stats["sent_back"] == 0
+        assert seen.count() == 4
+        assert read_all(service, m.retry_topic("g5")) == []
+
+
+def test_arguments_and_states_are_checked(tmp_path: Path) -> None:
+    with pytest.raises(InvalidArgumentError):
+        PushConsumer("x", "")
+    with pytest.raises(InvalidArgumentError):
+        PushConsumer("x", "g", consume_thread_num=0)
+    with pytest.raises(InvalidArgumentTypeError):
+        PushConsumer("x", "g", max_reconsume_times="16")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError):
+        PushConsumer("x", "g", consume_timeout_min=float("nan"))
+    consumer = PushConsumer("x", "g")
+    with pytest.raises(InvalidArgumentError):
+        consumer.subscribe("", "*")
+    with pytest.raises(InvalidArgumentTypeError):
+        consumer.register_message_listener("not callable")  # type: ignore[arg-type]
+    with pytest.raises(ConsumerStateError, match="register_message_listener"):
+        consumer.start()
+    consumer.register_message_listener(lambda msgs, c: SUCCESS)
+    with pytest.raises(ConsumerStateError, match="subscribe"):
+        consumer.start()
+    consumer.shutdown()  # never started: nothing to stop
+    with pytest.raises(ConsumerStateError):
+        consumer.subscribe("Orders")
