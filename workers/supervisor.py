@@ -37,6 +37,7 @@ from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.put import native
+from rmq_mp.send_back import RETRY_QUEUE_NUMS, single_queue_topic
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo
@@ -350,14 +351,19 @@ class Supervisor:
 
     def _persist_topics(self, queue_counts: dict[str, int]) -> None:
         """Grow topics.json to the queues in use, from the file as it is now (`rmq-admin
-        updateTopic --name` changes it live); flags lock held."""
+        updateTopic --name` changes it live); flags lock held. A new topic gets
+        defaultTopicQueueNums queues, a group's retry or dead-letter topic one (as the broker
+        creates them)."""
         assert self.topics is not None
         self.topics.load()
         before = self.topics.counter
         for topic, count in queue_counts.items():
             existing = self.topics.get(topic)
             if existing is None:
-                nums = max(count, self.config.default_topic_queue_nums)
+                created = (
+                    RETRY_QUEUE_NUMS if single_queue_topic(topic) else self.config.default_topic_queue_nums
+                )
+                nums = max(count, created)
                 self.topics.put(TopicConfig(topic, nums, nums))
             elif count > existing.read_queue_nums:
                 self.topics.put(

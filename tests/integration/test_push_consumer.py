@@ -22,6 +22,7 @@ from rmq_mp.push_consumer import (
     PushConsumer,
 )
 from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
+from rmq_mp.topics import TopicConfigManager
 from tests.service import RunningService, running_service, wait_until
 
 SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
@@ -159,6 +160,12 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
             dead.properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
             == retries[0].properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
         )
+    topics = TopicConfigManager(service.root / "config" / "topics.json")
+    topics.load()
+    for name in (m.retry_topic("g2"), m.dlq_topic("g2")):  # created with one queue, as the broker does
+        found = topics.get(name)
+        assert found is not None
+        assert (found.read_queue_nums, found.write_queue_nums) == (1, 1)
 
 
 def test_a_message_held_past_the_consume_timeout_is_sent_back_and_its_queue_moves_on(tmp_path: Path) -> None:
