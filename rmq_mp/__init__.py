@@ -28,6 +28,8 @@ from rmq_mp.message import Message, MessageExt
 from rmq_mp.message_store import MessageStore, QueueStatus
 from rmq_mp.status import (
     AppendMessageStatus,
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyStatus,
     GetMessageResult,
     GetMessageStatus,
     PutMessageResult,
@@ -41,6 +43,8 @@ _SERVICE_CLIENTS = {
     "MessageBatch": "rmq_mp.message_batch",
     "Consumer": "rmq_mp.consumer",
     "GetResult": "rmq_mp.consumer",
+    "PushConsumer": "rmq_mp.push_consumer",
+    "ConsumerStateError": "rmq_mp.push_consumer",
 }
 
 
@@ -60,7 +64,10 @@ __all__ = [
     "BrokerRole",
     "ConfigError",
     "ConfigFileError",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeOrderlyStatus",
     "Consumer",
+    "ConsumerStateError",
     "ConsumerOffsetLossError",
     "CorruptFileError",
     "CorruptRecordError",
@@ -78,6 +85,7 @@ __all__ = [
     "MessageStore",
     "MessageStoreConfig",
     "OffsetTableFullError",
+    "PushConsumer",
     "Producer",
     "PutMessageResult",
     "PutMessageStatus",
