@@ -41,6 +41,7 @@ _SERVICE_CLIENTS = {
     "MessageBatch": "rmq_mp.message_batch",
     "Consumer": "rmq_mp.consumer",
     "GetResult": "rmq_mp.consumer",
+    "MessageModel": "rmq_mp.rebalance",
 }
 
 
@@ -74,6 +75,7 @@ __all__ = [
     "Message",
     "MessageBatch",
     "MessageExt",
+    "MessageModel",
     "MessageNotFoundError",
     "MessageStore",
     "MessageStoreConfig",
