@@ -239,3 +239,30 @@ def test_broadcasting_members_each_read_everything_and_resume_by_client_id(tmp_p
         members.start("b1", "--broadcasting")
         members.finish()
         assert sorted(int(e["b"]) for e in members.reads("b1")) == list(range(500, 800)), "resumed"
+
+
+def admin(service: RunningService, *args: str) -> list[dict[str, Any]]:
+    out = subprocess.run(
+        [sys.executable, "-m", "rmq_mp.admin", *args, "-n", service.names.base, "--json"],
+        cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def test_operator_view_shows_each_member_and_the_queues_it_holds(tmp_path: Path) -> None:
+    """rmq-admin consumerConnection -g (members, model, queues held) and consumerProgress -g
+    (the client holding each queue), as mqadmin's."""
+    with group(tmp_path) as (service, members), shared(service) as shm:
+        produce(service, QUEUES)
+        a, b = members.start("a", poll_s=30), members.start("b", poll_s=30)
+        wait_until(lambda: split(shm, {a.pid, b.pid}) == [8, 8], 60, "a and b to hold 8 queues each")
+        rows = admin(service, "consumerConnection", "-g", GROUP)
+        assert [(r["clientId"], r["pid"], r["messageModel"], r["queueCount"]) for r in rows] == [
+            ("a", a.pid, "CLUSTERING", 8),
+            ("b", b.pid, "CLUSTERING", 8),
+        ]
+        assert [q["queueId"] for q in rows[0]["queueList"]] == list(range(8)), "a sorts first: queues 0-7"
+        progress = admin(service, "consumerProgress", "-g", GROUP)
+        assert {r["queueId"]: r["clientId"] for r in progress} == {
+            q: "a" if q < 8 else "b" for q in range(16)
+        }
