@@ -128,6 +128,9 @@ class Consumer:
             raise InvalidArgumentError(f"rebalance_interval_ms {rebalance_interval_ms} must be 1..2^31-1")
         self._lock = threading.RLock()
         self._rr = 0
+        self._lost: set[tuple[str, int]] = set()
+        """Queues this member held and lost to a rebalance, until it holds them again: their
+        commits are ignored (RocketMQ's dropped ProcessQueue)."""
         self.group = group
         self.reporter = Reporter()
         """Records this consumer skipped rather than serve (rmq_mp/read_damage.py)."""
@@ -496,8 +499,8 @@ class Consumer:
             return {t: sorted(self.rebalance.owned.get(t, {})) for t in self.subscriptions}
 
     def owns(self, topic: str, queue_id: int) -> bool:
-        """Whether this member still holds the queue (a push consumer drops what it fetched from
-        a queue it lost: its commit would be ignored, and the new owner reads it again)."""
+        """Whether this member holds the queue now (a push consumer drops what it fetched from a
+        queue it lost: its commit would be ignored, and the new owner reads it again)."""
         if self.message_model is MessageModel.BROADCASTING:
             return topic in self.subscriptions
         return queue_id in self.rebalance.owned.get(topic, {})
@@ -507,6 +510,7 @@ class Consumer:
 
     def _on_claim(self, topic: str, queue_id: int, committed: int, known: bool) -> None:
         """A queue newly held: read it from the group's committed offset (lock held)."""
+        self._lost.discard((topic, queue_id))
         sub = self.subscriptions[topic]
         sub.next_offsets[queue_id] = committed if known else sub.starts.get(queue_id, 0)
 
@@ -527,6 +531,7 @@ class Consumer:
             if self.rebalance.due():
                 released = self.rebalance.run(list(self.subscriptions), self._on_claim)
                 for topic, queue_id in released:  # dropped: its commits are ignored from now on
+                    self._lost.add((topic, queue_id))
                     if topic in self.subscriptions:
                         self.subscriptions[topic].next_offsets.pop(queue_id, None)
             owned = self.rebalance.owned
@@ -582,9 +587,10 @@ class Consumer:
         or the ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
         `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop.
 
-        Under CLUSTERING a queue of a subscribed topic that this member no longer holds is left
-        out (as RocketMQ drops the offset of a removed ProcessQueue): its new owner's progress is
-        never set back. Under BROADCASTING the offsets are this member's own, written to its
+        Under CLUSTERING a queue this member held and lost to a rebalance is left out (as
+        RocketMQ drops the offset of a removed ProcessQueue): its new owner's progress is never
+        set back. (An offset given for a queue it never held is recorded: the assign-style use
+        of `pull`.) Under BROADCASTING the offsets are this member's own, written to its
         `LocalFileOffsetStore` file, not the group's. Returns every offset this consumer
         committed so far.
 
@@ -601,12 +607,7 @@ class Consumer:
                     self.committed[(topic, queue_id)] = offset
                 self.local_offsets.persist()
                 return dict(self.committed)
-            owned = self.rebalance.owned
-            given = {
-                (t, q): o
-                for (t, q), o in given.items()
-                if t not in self.subscriptions or q in owned.get(t, {})
-            }
+            given = {key: offset for key, offset in given.items() if key not in self._lost}
             self._check_running()  # never into the table of a store that stopped: it is not persisted
             groups = self.store.shm.groups
             keys = [(self._offset_key(topic), queue_id) for topic, queue_id in given]

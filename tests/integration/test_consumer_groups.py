@@ -207,7 +207,7 @@ def test_members_joining_and_leaving_never_read_one_queue_at_once(tmp_path: Path
         wait_joined(shm, members.start("c0"), members.start("c1"))
         names = ["c0", "c1"]
         for step in range(2, 8):
-            wait_until(lambda: sum(len(members.reads(n)) for n in names) >= 400 * step, 120, "progress")
+            wait_until(lambda t=400 * step: sum(len(members.reads(n)) for n in names) >= t, 120, "progress")
             live = {m.pid for m in shm.members.members(pid_alive, GROUP)}
             assert set(owners(shm).values()) <= live
             if step % 2:
@@ -220,7 +220,8 @@ def test_members_joining_and_leaving_never_read_one_queue_at_once(tmp_path: Path
         wait_until(lambda: sum(len(members.reads(n)) for n in names) >= 4000, 120, "every message read")
         members.finish()
         seen = Counter((e["q"], e["o"]) for n in names for e in members.reads(n))
-        assert len(seen) == 4000 and max(seen.values()) == 1, "a queue offset read twice"
+        assert len(seen) == 4000
+        assert max(seen.values()) == 1, "a queue offset read twice"
 
 
 def test_broadcasting_members_each_read_everything_and_resume_by_client_id(tmp_path: Path) -> None:
