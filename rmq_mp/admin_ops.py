@@ -282,8 +282,8 @@ def consumer_connection(args: argparse.Namespace) -> int:
     """mqadmin consumerConnection: the live members of a group (running store only), each with
     its client id, pid, message model, last heartbeat (its last poll) and the queues it holds
     now, from the member table and the owner words (rmq_mp/rebalance.py)."""
-    _need_running(args, "consumerConnection")
     v.check_group(args.group)
+    _need_running(args, "consumerConnection")
     with _attach(args) as running:
         shm = running.shm
         members = shm.members.members(pid_alive, args.group)
@@ -293,8 +293,6 @@ def consumer_connection(args: argparse.Namespace) -> int:
             if key.endswith(suffix):
                 owner = qo.owner_of(shm.groups.get(slot, qo.OWNER))
                 held.setdefault(owner, []).append((key[: -len(suffix)], queue_id))
-    if not members:
-        raise StoreError(f"consumer group {args.group!r} has no live member (not online)")
     now = int(time.time() * 1000)
     rows = []
     for m in sorted(members, key=lambda m: m.client_id):
@@ -325,7 +323,7 @@ def consumer_connection(args: argparse.Namespace) -> int:
             "queueCount": "Queues",
             "queues": "Held",
         },
-        footer=f"{len(rows)} live member(s) of {args.group}",
+        footer=f"{len(rows)} live member(s) of {args.group}" + ("" if rows else " (not online)"),
     )
     return 0
 

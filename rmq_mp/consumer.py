@@ -473,8 +473,11 @@ class Consumer:
                 self.local_offsets.load()
                 sub.next_offsets.update(starts)
                 sub.next_offsets.update(self.local_offsets.offsets_of(topic))
-            elif old is not None:  # the queues held stay held, at their next offsets
-                sub.next_offsets.update(old.next_offsets)
+            else:  # where a queue starts once held; the queues held stay at their next offsets
+                held = self.rebalance.owned.get(topic, {})
+                sub.next_offsets.update(starts)
+                if old is not None:
+                    sub.next_offsets.update({q: o for q, o in old.next_offsets.items() if q in held})
             self.subscriptions[topic] = sub
             self.rebalance.request()
 
@@ -512,7 +515,13 @@ class Consumer:
         """A queue newly held: read it from the group's committed offset (lock held)."""
         self._lost.discard((topic, queue_id))
         sub = self.subscriptions[topic]
-        sub.next_offsets[queue_id] = committed if known else sub.starts.get(queue_id, 0)
+        if known:
+            sub.next_offsets[queue_id] = committed
+        elif queue_id in sub.starts:
+            sub.next_offsets[queue_id] = sub.starts[queue_id]
+        else:  # from 0, and nothing to commit for it until a poll reads it
+            sub.next_offsets.pop(queue_id, None)
+        # (a `from_offsets` start also sits in next_offsets before the queue is held: overwritten)
 
     def _polled_queues(self) -> list[tuple[Subscription, int]]:
         """The (subscription, queue) pairs a poll reads, after a rebalance when one is due: a
@@ -601,6 +610,9 @@ class Consumer:
         with self._lock:
             if given is None:
                 given = {(t, q): o for t, s in self.subscriptions.items() for q, o in s.next_offsets.items()}
+                if self.message_model is MessageModel.CLUSTERING:  # the queues held, not the starts
+                    owned = self.rebalance.owned
+                    given = {(t, q): o for (t, q), o in given.items() if q in owned.get(t, {})}
             if self.message_model is MessageModel.BROADCASTING:
                 for (topic, queue_id), offset in given.items():
                     self.local_offsets.update(topic, queue_id, offset)

@@ -16,7 +16,9 @@ shm/queue_offsets.py ``OWNER``; claims and releases under the flags lock):
    the queue's new owner retries at once.
 3. A queue it gets is claimed only when its owner word is 0 or names a dead pid (or a member
    slot that pid no longer holds); then it reads from the committed offset, read after the
-   claim, under the same lock as the previous owner's release. A queue still held by a live
+   claim, under the same lock as the previous owner's release (a queue the group never
+   committed gets its entry with committed offset -1, which the supervisor does not persist,
+   and starts at ``from_offsets`` or 0). A queue still held by a live
    member waits for that member's release (step 2) at its next poll.
 
 So no queue is read by two members at once; messages read but not committed before the
@@ -204,13 +206,16 @@ class Rebalance:
                     self.groups.set(group_slot, qo.OWNER, 0)
             key_of = {topic: ConsumerOffsetManager.key(self.group, topic) for topic, _q in claims}
             for topic, queue_id in claims:
-                known = self.groups.find(key_of[topic], queue_id) >= 0
-                group_slot = self.groups.find_or_insert(key_of[topic], queue_id)
-                if not self._free(self.groups.get(group_slot, qo.OWNER)):
+                group_slot = self.groups.find(key_of[topic], queue_id)
+                if group_slot < 0:  # an entry for the owner word alone: -1, nothing committed
+                    group_slot = self.groups.find_or_insert(key_of[topic], queue_id)
+                    self.groups.set(group_slot, qo.COMMITTED, -1)
+                elif not self._free(self.groups.get(group_slot, qo.OWNER)):
                     continue
                 self.groups.set(group_slot, qo.OWNER, self.me)
                 self.owned[topic][queue_id] = group_slot
-                claimed.append((topic, queue_id, self.groups.get(group_slot, qo.COMMITTED), known))
+                committed = self.groups.get(group_slot, qo.COMMITTED)
+                claimed.append((topic, queue_id, committed, committed >= 0))
             if released:
                 bumped = self.members.bump()
                 version = bumped if bumped == version + 1 else version

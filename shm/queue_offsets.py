@@ -25,7 +25,9 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
 
     off  field                 writer
       0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
-     16  committed_offset      the consumer that commits (any writer of the group's queue)
+     16  committed_offset      the consumer that commits (any writer of the group's queue); -1 set
+                               by a clustering member that claimed a queue the group never
+                               committed (the entry then holds only its owner: not persisted)
      24  key_length            as ``used``
      32  owner                 clustering members of the group, under the flags lock: 0 free, else
                                `owner_word` (pid, member slot) of the one member reading the queue
