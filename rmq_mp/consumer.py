@@ -91,6 +91,9 @@ class Subscription:
 
 _CLIENT_SEQ = itertools.count()
 
+QueueListener = Callable[[str, list[int], list[int]], None]
+"""``(topic, released queue ids, claimed queue ids)``: `Consumer.set_queue_listener`."""
+
 
 def default_client_id() -> str:
     """RocketMQ's ``ip@instanceName`` with the instance name it picks by default (the pid and a
@@ -128,6 +131,9 @@ class Consumer:
             raise InvalidArgumentError(f"rebalance_interval_ms {rebalance_interval_ms} must be 1..2^31-1")
         self._lock = threading.RLock()
         self._rr = 0
+        self._claimed: list[tuple[str, int]] = []
+        self.queue_listener: QueueListener | None = None
+        """`set_queue_listener`."""
         self._lost: set[tuple[str, int]] = set()
         """Queues this member held and lost to a rebalance, until it holds them again: their
         commits are ignored (RocketMQ's dropped ProcessQueue)."""
@@ -514,6 +520,7 @@ class Consumer:
     def _on_claim(self, topic: str, queue_id: int, committed: int, known: bool) -> None:
         """A queue newly held: read it from the group's committed offset (lock held)."""
         self._lost.discard((topic, queue_id))
+        self._claimed.append((topic, queue_id))
         sub = self.subscriptions[topic]
         if known:
             sub.next_offsets[queue_id] = committed
@@ -523,9 +530,27 @@ class Consumer:
             sub.next_offsets.pop(queue_id, None)
         # (a `from_offsets` start also sits in next_offsets before the queue is held: overwritten)
 
+    def set_queue_listener(self, listener: QueueListener | None) -> None:
+        """RocketMQ's MessageQueueListener (`messageQueueChanged`): ``listener(topic, released,
+        claimed)`` runs in the polling thread, inside `poll`, after a rebalance changed this
+        member's queues of ``topic`` (queue ids, sorted), before anything is read from the
+        claimed ones. A released queue's commits are ignored from then on (its new holder reads
+        what was not committed): a push consumer drops the messages it still has from it."""
+        self.queue_listener = listener
+
     def _polled_queues(self) -> list[tuple[Subscription, int]]:
         """The (subscription, queue) pairs a poll reads, after a rebalance when one is due: a
         member joins the group at its first poll."""
+        changes: dict[str, tuple[list[int], list[int]]] = {}
+        try:
+            return self._rebalanced(changes)
+        finally:
+            if changes and self.queue_listener is not None:
+                for topic, (released, claimed) in sorted(changes.items()):
+                    self.queue_listener(topic, sorted(released), sorted(claimed))
+
+    def _rebalanced(self, changes: dict[str, tuple[list[int], list[int]]]) -> list[tuple[Subscription, int]]:
+        """`_polled_queues` under the lock; fills ``changes`` (topic -> (released, claimed))."""
         with self._lock:
             if self.message_model is MessageModel.BROADCASTING:
                 if not self.rebalance.joined:
@@ -538,8 +563,12 @@ class Consumer:
             if not self.rebalance.joined:
                 self.rebalance.join()
             if self.rebalance.due():
+                self._claimed.clear()
                 released = self.rebalance.run(list(self.subscriptions), self._on_claim)
+                for topic, queue_id in self._claimed:
+                    changes.setdefault(topic, ([], []))[1].append(queue_id)
                 for topic, queue_id in released:  # dropped: its commits are ignored from now on
+                    changes.setdefault(topic, ([], []))[0].append(queue_id)
                     self._lost.add((topic, queue_id))
                     if topic in self.subscriptions:
                         self.subscriptions[topic].next_offsets.pop(queue_id, None)

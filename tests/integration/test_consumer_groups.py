@@ -34,9 +34,20 @@ SLACK_S = 3.0
 
 
 def produce(service: RunningService, count: int, start: int = 0) -> None:
+    """Send ``count`` messages round-robin over the 16 queues and wait until reput dispatched
+    them all (a poll that must find them does not race the dispatch)."""
     with Producer.attach(service.names.base) as producer:
         for i in range(start, start + count):
             assert producer.send(TOPIC, str(i).encode(), queue_id=i % QUEUES).ok
+    with shared(service) as shm:
+        wait_until(
+            lambda: (
+                sum(shm.queues.get(slot, qo.DISPATCHED) for _q, slot in shm.queues.queues_of(TOPIC))
+                >= start + count
+            ),
+            60,
+            "reput to dispatch",
+        )
 
 
 class Members:
@@ -267,3 +278,38 @@ def test_operator_view_shows_each_member_and_the_queues_it_holds(tmp_path: Path)
         assert {r["queueId"]: r["clientId"] for r in progress} == {
             q: "a" if q < 8 else "b" for q in range(16)
         }
+
+
+def test_a_member_learns_it_lost_a_queue_and_its_late_commit_is_ignored(tmp_path: Path) -> None:
+    """The push consumer's contract: the queue listener reports the move inside `poll`, `owns`
+    turns False, and a commit of the lost queue (a worker finishing late) does not set the new
+    holder's progress back."""
+    from rmq_mp.consumer import Consumer
+
+    with group(tmp_path) as (service, _members):
+        produce(service, 64)
+        changes: list[tuple[str, list[int], list[int]]] = []
+        with Consumer.attach(service.names.base, GROUP, client_id="a") as a:
+            a.set_queue_listener(lambda topic, released, claimed: changes.append((topic, released, claimed)))
+            a.subscribe(TOPIC)
+            first = a.poll(0, 64)
+            assert changes == [(TOPIC, [], list(range(QUEUES)))]
+            assert {m.queue_id for m in first} == set(range(QUEUES))
+            a.commit()
+            with Consumer.attach(service.names.base, GROUP, client_id="b") as b:
+                b.subscribe(TOPIC)
+                assert b.poll(0) == [], "a still holds every queue: b waits for a's release"
+                a.poll(0)  # a rebalances: releases 8..15 to b
+                assert changes[-1] == (TOPIC, list(range(8, QUEUES)), [])
+                assert not a.owns(TOPIC, 8)
+                assert a.owns(TOPIC, 0)
+                a.commit({(TOPIC, 8): 1})  # late: ignored
+                assert a.committed_offset(TOPIC, 8) == 4, "the group's offset stays a's last commit"
+                assert b.poll(0) == []
+                assert b.assignment() == {TOPIC: list(range(8, QUEUES))}
+                produce(service, 16, start=64)
+                assert sorted(m.queue_id for m in b.poll(1, 64)) == list(range(8, QUEUES))
+                b.commit()
+            assert sorted(m.queue_id for m in a.poll(1, 64)) == list(range(8)), "8..15 committed by b"
+            assert a.assignment() == {TOPIC: list(range(QUEUES))}, "b closed: a holds every queue again"
+            assert changes[-1] == (TOPIC, [], list(range(8, QUEUES)))
