@@ -22,7 +22,9 @@ Slot layout (native int64 words, then the two names):
     off field           writer
       0 pid             the member, under the flags lock (0: no member; set last on join,
                         cleared first on leave); a reaper clears a dead pid, under the lock
-      8 heartbeat_ms    the member: wall clock of its last poll (operators' view)
+      8 heartbeat_ms    the member: wall clock of its last rebalance check (at least every
+                        rebalance_interval_ms while it polls; operators' view, not liveness:
+                        the pid is)
      16 model           the member at join: MODEL_CLUSTERING or MODEL_BROADCASTING
      24 group_length    the member at join (before pid)
      32 client_length   the member at join (before pid)
