@@ -45,6 +45,7 @@ _SERVICE_CLIENTS = {
     "GetResult": "rmq_mp.consumer",
     "PushConsumer": "rmq_mp.push_consumer",
     "ConsumerStateError": "rmq_mp.push_consumer",
+    "MessageModel": "rmq_mp.rebalance",
 }
 
 
@@ -81,6 +82,7 @@ __all__ = [
     "Message",
     "MessageBatch",
     "MessageExt",
+    "MessageModel",
     "MessageNotFoundError",
     "MessageStore",
     "MessageStoreConfig",

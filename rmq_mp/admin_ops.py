@@ -1,5 +1,5 @@
-"""`rmq-admin` operator commands: topicList, updateTopic, consumerProgress, resetOffsetByTime,
-storeStatus (the message commands live in `rmq_mp.admin`).
+"""`rmq-admin` operator commands: topicList, updateTopic, consumerProgress, consumerConnection,
+resetOffsetByTime, storeStatus (the message commands live in `rmq_mp.admin`).
 
 Each works on a running store (``--name``: live offsets from shared memory, changes made under
 the store's flags lock so the supervisor's persist never overwrites them) or on a stopped store
@@ -29,6 +29,7 @@ from rmq_mp.running_store import RunningStore
 from rmq_mp.store_status import collect_status, disk_used_ratio, format_dispatch_faults, format_table_levels
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
+from shm import members as mb
 from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.names import ShmNames
@@ -194,16 +195,29 @@ def update_topic(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- consumer offsets
 
 
+def _owner_client(running: RunningStore, owner: int) -> str:
+    """The client id of the live member an owner word names ("" when free or its member is gone)."""
+    pid, member_slot = qo.owner_of(owner)
+    if not pid or not pid_alive(pid):
+        return ""
+    member = running.shm.members.member(member_slot)
+    return member.client_id if member is not None and member.pid == pid else ""
+
+
 def consumer_progress(args: argparse.Namespace) -> int:
-    """mqadmin consumerProgress: per group and queue, broker offset, consumer offset, diff."""
+    """mqadmin consumerProgress: per group and queue, broker offset, consumer offset, diff; on a
+    running store also the client id of the member holding the queue now (mqadmin's client
+    column), blank for a queue no live member holds."""
     committed: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue -> offset
     queues: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic -> queue -> (min, max, last ms)
+    clients: dict[tuple[str, str, int], str] = {}  # (group, topic, queue) -> owner's client id
     if _running(args):
         with _attach(args) as running:
             shm = running.shm
             for key, queue_id, slot in shm.groups.queues():
                 topic, _, group = key.partition("@")
                 committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+                clients[(group, topic, queue_id)] = _owner_client(running, shm.groups.get(slot, qo.OWNER))
             for topic, queue_id, slot in shm.queues.queues():
                 queues.setdefault(topic, {})[queue_id] = (
                     shm.queues.get(slot, qo.MIN_OFFSET),
@@ -241,6 +255,7 @@ def consumer_progress(args: argparse.Namespace) -> int:
                     "consumerOffset": consumer,
                     "diff": max(max_offset - max(consumer, min_offset), 0),
                     "lastTimestamp": last_ms,
+                    **({"clientId": clients.get((group, topic, queue_id), "")} if _running(args) else {}),
                 }
             )
     for row in rows:
@@ -256,8 +271,59 @@ def consumer_progress(args: argparse.Namespace) -> int:
             "consumerOffset": "ConsumerOffset",
             "diff": "Diff",
             "lastTime": "LastTime",
+            **({"clientId": "ClientId"} if _running(args) else {}),
         },
         footer=f"Diff Total: {sum(r['diff'] for r in rows)}",
+    )
+    return 0
+
+
+def consumer_connection(args: argparse.Namespace) -> int:
+    """mqadmin consumerConnection: the live members of a group (running store only), each with
+    its client id, pid, message model, last heartbeat (its last poll) and the queues it holds
+    now, from the member table and the owner words (rmq_mp/rebalance.py)."""
+    v.check_group(args.group)
+    _need_running(args, "consumerConnection")
+    with _attach(args) as running:
+        shm = running.shm
+        members = shm.members.members(pid_alive, args.group)
+        held: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (pid, member slot) -> queues
+        suffix = "@" + args.group
+        for key, queue_id, slot in shm.groups.queues():
+            if key.endswith(suffix):
+                owner = qo.owner_of(shm.groups.get(slot, qo.OWNER))
+                held.setdefault(owner, []).append((key[: -len(suffix)], queue_id))
+    now = int(time.time() * 1000)
+    rows = []
+    for m in sorted(members, key=lambda m: m.client_id):
+        mine = sorted(held.get((m.pid, m.slot), []))
+        rows.append(
+            {
+                "group": m.group,
+                "clientId": m.client_id,
+                "pid": m.pid,
+                "messageModel": "CLUSTERING" if m.model == mb.MODEL_CLUSTERING else "BROADCASTING",
+                "heartbeatAgeMs": max(now - m.heartbeat_ms, 0),
+                "queueCount": len(mine),
+                **(
+                    {"queueList": [{"topic": t, "queueId": q} for t, q in mine]}
+                    if args.json
+                    else {"queues": " ".join(f"{t}:{q}" for t, q in mine)}
+                ),
+            }
+        )
+    emit(
+        rows,
+        as_json=args.json,
+        columns={
+            "clientId": "ClientId",
+            "pid": "Pid",
+            "messageModel": "MessageModel",
+            "heartbeatAgeMs": "HeartbeatAgeMs",
+            "queueCount": "Queues",
+            "queues": "Held",
+        },
+        footer=f"{len(rows)} live member(s) of {args.group}" + ("" if rows else " (not online)"),
     )
     return 0
 
@@ -542,6 +608,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "topicList": topic_list,
     "updateTopic": update_topic,
     "consumerProgress": consumer_progress,
+    "consumerConnection": consumer_connection,
     "resetOffsetByTime": reset_offset_by_time,
     "storeStatus": store_status,
     "sendMessage": send_message,
@@ -558,6 +625,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--perm", "-p", type=int, choices=(2, 4, 6), help="2 write, 4 read, 6 both")
     p = sub.add_parser("consumerProgress", parents=[common], help="per group and queue: offsets and lag")
     p.add_argument("--group", "-g")
+    p = sub.add_parser(
+        "consumerConnection", parents=[common], help="(running store) a group's live members and their queues"
+    )
+    p.add_argument("--group", "-g", required=True)
     p = sub.add_parser("resetOffsetByTime", parents=[common], help="move a group's offsets to a time")
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--topic", "-t", required=True)

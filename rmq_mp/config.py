@@ -426,11 +426,13 @@ class MessageStoreConfig:
     # start, 264 B of shared memory each). A send to one more queue is refused
     # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
     max_consume_queue_num: int = _prop(65536, ge=1, le=1 << 22)
-    # rmq-mp addition: group/topic/queue committed offsets the store holds (563 B of shared
-    # memory each); a commit past it raises OffsetTableFullError naming this key.
+    # rmq-mp addition: group/topic/queue committed offsets the store holds (573 B of shared
+    # memory each, with the clustering owner word); a commit past it (or a consumer-group member
+    # claiming a queue) raises OffsetTableFullError naming this key.
     max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
-    # rmq-mp addition: `Consumer` objects attached at once, over all processes (40 B and one
-    # semaphore, a 4 KiB page of /dev/shm, each); a dead process's consumers are reclaimed.
+    # rmq-mp addition: `Consumer` objects attached at once, over all processes, and so
+    # consumer-group members (472 B and one semaphore, a 4 KiB page of /dev/shm, each); a dead
+    # process's consumers are reclaimed.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
     # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.

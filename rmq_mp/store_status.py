@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
 from typing import Any
 
 from rmq_mp.cleaning import CleanerStatistics
@@ -21,7 +22,7 @@ from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import now_ms
+from shm.pointer_table import now_ms, pid_alive
 from shm.store_shm import StoreShm
 
 STATE_NAMES = {
@@ -236,7 +237,8 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
 
 def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
     """Per group and topic: messages dispatched but not committed, over every queue of the topic
-    (a queue the group never committed counts from its min offset), as consumerProgress's Diff."""
+    (a queue the group never committed counts from its min offset), as consumerProgress's Diff,
+    and the group's live members (shm/members.py)."""
     by_topic: dict[str, dict[int, tuple[int, int]]] = {}
     for topic, queue_id, slot in shm.queues.queues():
         by_topic.setdefault(topic, {})[queue_id] = (
@@ -247,9 +249,12 @@ def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
     for key, queue_id, slot in shm.groups.queues():
         topic, _, group = key.partition("@")
         committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+    members = Counter(m.group for m in shm.members.members(pid_alive))
     rows = []
     for (group, topic), offsets in sorted(committed.items()):
         queues = by_topic.get(topic, {})
         lag = sum(max(high - max(offsets.get(q, -1), low), 0) for q, (low, high) in queues.items())
-        rows.append({"group": group, "topic": topic, "queues": len(queues), "lag": lag})
+        rows.append(
+            {"group": group, "topic": topic, "queues": len(queues), "lag": lag, "members": members[group]}
+        )
     return rows

@@ -61,6 +61,10 @@ class ShmNames:
         return self._name("gof")
 
     @property
+    def members(self) -> str:
+        return self._name("mbr")
+
+    @property
     def metrics(self) -> str:
         return self._name("metrics")
 

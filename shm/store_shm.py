@@ -19,6 +19,7 @@ from rmq_mp.errors import ShmAttachError
 from shm import layout
 from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
+from shm.members import MemberTable
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
@@ -76,9 +77,11 @@ class StoreShm:
         waiters: WaiterTable,
         pool: TransientPool,
         groups: GroupOffsetTable,
+        members: MemberTable,
     ) -> None:
         self.names = names
         self.groups = groups
+        self.members = members
         self.role = role
         self.table = table
         self.queues = queues
@@ -99,6 +102,7 @@ class StoreShm:
         ring = FlushRequestRing.create(names.flush_requests, sizes.flush_ring)
         waiters = WaiterTable.create(names.waiters, sizes.waiters)
         groups = GroupOffsetTable.create(names.group_offsets, sizes.groups)
+        members = MemberTable.create(names.members, sizes.waiters)
         buffers = [
             SharedSegment.create(names.pool_buffer(i), sizes.pool_buffer_size)
             for i in range(sizes.pool_buffers)
@@ -107,7 +111,17 @@ class StoreShm:
         assert sizes.pool_buffers <= layout.POOL_SLOTS, "config validation bounds transientStorePoolSize"
         for i in range(layout.POOL_SLOTS):
             table.set(layout.pool_file_offset(i), FREE)
-        shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers), groups)
+        shm = cls(
+            names,
+            Role.SUPERVISOR,
+            table,
+            queues,
+            ring,
+            waiters,
+            TransientPool(table, buffers),
+            groups,
+            members,
+        )
         for name, initial in shm._semaphore_specs(sizes):
             shm._sems[name] = create_semaphore(name, initial)
         return shm
@@ -128,11 +142,12 @@ class StoreShm:
             ring = FlushRequestRing.attach(names.flush_requests)
             waiters = WaiterTable.attach(names.waiters)
             groups = GroupOffsetTable.attach(names.group_offsets)
+            members = MemberTable.attach(names.members)
             buffers = [SharedSegment.attach(names.pool_buffer(i)) for i in range(table.get(layout.POOL_SIZE))]
         except ShmAttachError:
             table.close()
             raise
-        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers), groups)
+        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers), groups, members)
 
     def semaphore(self, name: str) -> posix_ipc.Semaphore:
         sem = self._sems.get(name)
@@ -202,6 +217,7 @@ class StoreShm:
             self.ring.segment,
             self.waiters.segment,
             self.groups.segment,
+            self.members.segment,
         ):
             seg.close()
         for buf in self.pool.buffers:

@@ -51,7 +51,10 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
             f"failures {m['put_failures']}"
         )
     for g in status["consumer_groups"]:
-        print(f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s)")
+        print(
+            f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s), "
+            f"{g['members']} live member(s)"
+        )
     port = status["metrics_port"]
     print(
         f"recovery {status['recovery_ms']} ms   metrics "

@@ -309,7 +309,9 @@ class Supervisor:
         self.last_persist = time.monotonic()
         table: dict[str, dict[int, int]] = {}
         for key, queue_id, slot in self.shm.groups.queues():
-            table.setdefault(key, {})[queue_id] = self.shm.groups.get(slot, qo.COMMITTED)
+            committed = self.shm.groups.get(slot, qo.COMMITTED)
+            if committed >= 0:  # -1: a queue a group member holds but never committed
+                table.setdefault(key, {})[queue_id] = committed
         ok = True
         if table != self.offsets.table:
             previous, self.offsets.table = self.offsets.table, table

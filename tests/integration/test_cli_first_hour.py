@@ -31,6 +31,7 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "topicList": [],
     "updateTopic": ["-t", "Orders"],
     "consumerProgress": ["-g", "g1"],
+    "consumerConnection": ["-g", "g1"],
     "resetOffsetByTime": ["-g", "g1", "-t", "Orders", "-s", "0"],
     "storeStatus": [],
     "sendMessage": ["-t", "Orders", "-p", "x"],
