@@ -131,6 +131,12 @@ class Consumer:
             raise InvalidArgumentError(f"rebalance_interval_ms {rebalance_interval_ms} must be 1..2^31-1")
         self._lock = threading.RLock()
         self._rr = 0
+        self.before_rebalance: Callable[[], None] | None = None
+        """Called in the polling thread, inside `poll`, before a rebalance that may release
+        queues (the members or the queues changed): a push consumer commits its progress and
+        lets its orderly batches finish there, so the next holder starts where it stopped."""
+        self.after_rebalance: Callable[[], None] | None = None
+        """Called right after that rebalance (the push consumer's orderly batches go on)."""
         self._claimed: list[tuple[str, int]] = []
         self.queue_listener: QueueListener | None = None
         """`set_queue_listener`."""
@@ -563,8 +569,15 @@ class Consumer:
             if not self.rebalance.joined:
                 self.rebalance.join()
             if self.rebalance.due():
+                hooked = self.before_rebalance is not None and self.rebalance.may_release()
+                if hooked:
+                    self.before_rebalance()
                 self._claimed.clear()
-                released = self.rebalance.run(list(self.subscriptions), self._on_claim)
+                try:
+                    released = self.rebalance.run(list(self.subscriptions), self._on_claim)
+                finally:
+                    if hooked and self.after_rebalance is not None:
+                        self.after_rebalance()
                 for topic, queue_id in self._claimed:
                     changes.setdefault(topic, ([], []))[1].append(queue_id)
                 for topic, queue_id in released:  # dropped: its commits are ignored from now on

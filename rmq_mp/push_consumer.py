@@ -21,6 +21,12 @@ RocketMQ) a message goes to the dead-letter topic so the queue moves on.
 The consumer's `Consumer` and `Producer` belong to the pull thread alone (neither is
 thread-safe); consume threads touch only their `ProcessQueue` (its own lock), the counters and
 the send-back producer (under ``_send_back_lock``).
+
+Under CLUSTERING the `Consumer` shares the group's queues among its members (rmq_mp/rebalance.py).
+Before a rebalance that may hand a queue to another member, this consumer commits every queue's
+progress and lets running orderly batches finish (up to the consume timeout), so the next holder
+repeats only what was in flight and an orderly queue is never consumed by two members at once;
+a queue it lost is dropped, and late results for it are thrown away.
 """
 
 from __future__ import annotations
@@ -46,6 +52,7 @@ from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, StoreE
 from rmq_mp.message import MessageExt
 from rmq_mp.process_queue import MessageQueue, ProcessQueue
 from rmq_mp.put.producer import Producer
+from rmq_mp.rebalance import REBALANCE_INTERVAL_MS, MessageModel
 from rmq_mp.running_store import START_TIMEOUT_S
 from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus
 
@@ -117,7 +124,9 @@ class PushConsumer:
         store: str | os.PathLike[str],
         group: str,
         *,
-        broadcasting: bool = False,
+        message_model: MessageModel = MessageModel.CLUSTERING,
+        client_id: str | None = None,
+        rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
         consume_thread_num: int = 4,
         consume_message_batch_max_size: int = 1,
         pull_batch_size: int = 32,
@@ -130,7 +139,14 @@ class PushConsumer:
     ) -> None:
         self.store = store
         self.group = v.check_group(group)
-        self.broadcasting = _flag(broadcasting, "broadcasting")
+        if not isinstance(message_model, MessageModel):
+            raise InvalidArgumentTypeError(
+                f"message_model must be a MessageModel, not {type(message_model).__name__}"
+            )
+        self.message_model = message_model
+        self.broadcasting = message_model is MessageModel.BROADCASTING
+        self.client_id = client_id
+        self.rebalance_interval_ms = rebalance_interval_ms
         self.consume_thread_num = _bounded(consume_thread_num, "consume_thread_num", 1, 1000)
         self.consume_message_batch_max_size = _bounded(
             consume_message_batch_max_size, "consume_message_batch_max_size", 1, 1024
@@ -169,6 +185,10 @@ class PushConsumer:
         self._send_back_lock = threading.Lock()
         self._stats_lock = threading.Lock()
         self._orderly_lock = threading.Lock()
+        self._orderly_idle = threading.Condition(self._orderly_lock)
+        """Notified when an orderly queue's consume thread lets go of it."""
+        self._quiescing = False
+        """Orderly: a rebalance is about to run; no new batch starts until it has."""
         self._persisted_at_s = 0.0
         self._expiry_checked_at_s = 0.0
         self.failure: BaseException | None = None
@@ -209,13 +229,18 @@ class PushConsumer:
             raise ConsumerStateError("start() before register_message_listener()")
         if not self.subscriptions:
             raise ConsumerStateError("start() before subscribe()")
-        consumer = Consumer.attach(self.store, self.group, start_timeout_s=self.start_timeout_s)
+        consumer = Consumer.attach(
+            self.store, self.group, message_model=self.message_model, client_id=self.client_id,
+            rebalance_interval_ms=self.rebalance_interval_ms, start_timeout_s=self.start_timeout_s,
+        )  # fmt: skip
         try:
             producer = Producer.attach(self.store, start_timeout_s=self.start_timeout_s)
         except BaseException:
             consumer.close()
             raise
         self._consumer, self._producer = consumer, producer
+        consumer.before_rebalance = self._before_release
+        consumer.after_rebalance = self._after_rebalance
         for topic, expression in self.subscriptions.items():
             consumer.subscribe(topic, expression)
         if not self.broadcasting:
@@ -300,30 +325,66 @@ class PushConsumer:
         return sum(pq.count() for pq in self._pqs.values())
 
     def _accept(self, consumer: Consumer, msgs: list[MessageExt]) -> None:
-        """Put one poll's messages into their process queues and hand them to consume threads;
-        every subscribed queue's process queue learns the pull's next offset (a filtered-out
-        tail is progress to commit too)."""
+        """Put one poll's messages into their process queues and hand them to consume threads.
+        Every queue this member reads gets a process queue that learns the pull's next offset (a
+        filtered-out tail is progress to commit too); a queue it lost is dropped (its in-flight
+        results are thrown away: the new holder reads them again from the committed offset)."""
         by_queue: dict[MessageQueue, list[MessageExt]] = {}
         for msg in msgs:
             by_queue.setdefault(MessageQueue(msg.topic, msg.queue_id), []).append(msg)
-        for sub in consumer.subscriptions.values():
-            for queue_id, next_offset in sub.next_offsets.items():
-                mq = MessageQueue(sub.topic, queue_id)
-                pq = self._pqs.get(mq)
+        held: set[MessageQueue] = set()
+        for topic, queue_ids in consumer.assignment().items():
+            next_offsets = consumer.subscriptions[topic].next_offsets
+            for queue_id in queue_ids:
+                mq = MessageQueue(topic, queue_id)
+                held.add(mq)
+                next_offset = next_offsets.get(queue_id)
                 batch = by_queue.get(mq)
+                pq = self._pqs.get(mq)
                 if pq is None:
+                    if next_offset is None:
+                        continue  # claimed, never committed and not read yet: nothing to commit
                     start = batch[0].queue_offset if batch else next_offset
                     pq = self._pqs[mq] = ProcessQueue(mq, start, orderly=self._orderly)
                 if not batch:
-                    pq.advance(next_offset)
+                    if next_offset is not None:
+                        pq.advance(next_offset)
                     continue
-                pq.put(batch, next_offset)
+                pq.put(batch, batch[-1].queue_offset + 1 if next_offset is None else next_offset)
                 if self._orderly:
                     self._schedule_orderly(pq)
                 else:
                     size = self.consume_message_batch_max_size
                     for i in range(0, len(batch), size):
                         self._submit(self._consume_concurrently, pq, batch[i : i + size])
+        for mq in [mq for mq in self._pqs if mq not in held]:
+            self._pqs.pop(mq).dropped = True
+            self._committed.pop(mq, None)
+
+    def _before_release(self) -> None:
+        """The group changed: the coming rebalance may hand queues to another member. Orderly
+        batches finish first (no queue consumed by two members at once) and every queue's
+        progress is committed, so the next holder repeats only what is still in flight."""
+        if self._orderly:  # in the pull thread, inside the poll that rebalances
+            with self._orderly_idle:
+                self._quiescing = True
+                deadline = time.monotonic() + self.consume_timeout_ms / 1000
+                while any(pq.consuming for pq in self._pqs.values()) and time.monotonic() < deadline:
+                    self._orderly_idle.wait(deadline - time.monotonic())
+        self._persist_offsets()
+
+    def _after_rebalance(self) -> None:
+        """Right after the rebalance: the queues it released are dropped before any orderly
+        batch starts again."""
+        assert self._consumer is not None
+        for mq in [mq for mq in self._pqs if not self._consumer.owns(mq.topic, mq.queue_id)]:
+            self._pqs.pop(mq).dropped = True
+            self._committed.pop(mq, None)
+        if self._orderly:
+            with self._orderly_idle:
+                self._quiescing = False
+            for pq in list(self._pqs.values()):
+                self._schedule_orderly(pq)
 
     def _housekeeping(self) -> None:
         now = time.monotonic()
@@ -457,14 +518,20 @@ class PushConsumer:
     def _schedule_orderly(self, pq: ProcessQueue) -> None:
         """One consume thread per queue at a time, none while the queue is suspended."""
         with self._orderly_lock:
-            if pq.consuming or pq.dropped or pq.suspended_until_s > time.monotonic() or not pq.waiting():
+            if (
+                self._quiescing
+                or pq.consuming
+                or pq.dropped
+                or pq.suspended_until_s > time.monotonic()
+                or not pq.waiting()
+            ):
                 return
             pq.consuming = True
         self._submit(self._consume_orderly, pq)
 
     def _consume_orderly(self, pq: ProcessQueue) -> None:
         try:
-            while not pq.dropped and not self._stop.is_set():
+            while not pq.dropped and not self._stop.is_set() and not self._quiescing:
                 msgs = pq.take(self.consume_message_batch_max_size)
                 if not msgs:
                     break
@@ -485,8 +552,9 @@ class PushConsumer:
                     continue
                 break
         finally:
-            with self._orderly_lock:
+            with self._orderly_idle:
                 pq.consuming = False
+                self._orderly_idle.notify_all()
             self._wake.set()
         self._schedule_orderly(pq)
 

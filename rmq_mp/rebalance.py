@@ -157,6 +157,12 @@ class Rebalance:
             or time.monotonic() >= self._next_check
         )
 
+    def may_release(self) -> bool:
+        """Whether the next rebalance may take queues from this member: the members or the
+        queues changed (a death found by the interval's look only gives queues). A push consumer
+        commits and lets its orderly batches finish first."""
+        return self.members.version != self._seen_version or self.shm.queues.used != self._seen_queues
+
     def request(self) -> None:
         """Rebalance at the next poll (a topic was subscribed)."""
         self._next_check = 0.0

@@ -4,8 +4,11 @@ timeout, orderly queues, and argument and state checks."""
 
 from __future__ import annotations
 
+import itertools
 import threading
+import time
 from collections import Counter, defaultdict
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -21,6 +24,7 @@ from rmq_mp.push_consumer import (
     ConsumerStateError,
     PushConsumer,
 )
+from rmq_mp.rebalance import MessageModel
 from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
 from rmq_mp.topics import TopicConfigManager
 from tests.service import RunningService, running_service, wait_until
@@ -207,6 +211,7 @@ def test_an_orderly_listener_sees_each_queue_in_order_and_a_suspended_batch_agai
         busy: set[int] = set()
         lock = threading.Lock()
         suspended = threading.Event()
+        suspended_batch: list[int] = []
 
         def listener(msgs: list[MessageExt], context: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
             queue_id = context.message_queue.queue_id
@@ -214,7 +219,9 @@ def test_an_orderly_listener_sees_each_queue_in_order_and_a_suspended_batch_agai
                 assert queue_id not in busy, "two threads in one queue"
                 busy.add(queue_id)
             try:
-                if msgs[0].queue_offset == 9 and msgs[0].queue_id == 1 and not suspended.is_set():
+                offsets = [msg.queue_offset for msg in msgs]
+                if queue_id == 1 and 9 in offsets and not suspended.is_set():
+                    suspended_batch.extend(offsets)
                     suspended.set()
                     context.suspend_current_queue_time_ms = 20
                     return ConsumeOrderlyStatus.SUSPEND_CURRENT_QUEUE_A_MOMENT
@@ -234,15 +241,15 @@ def test_an_orderly_listener_sees_each_queue_in_order_and_a_suspended_batch_agai
             consumer.start()
             wait_until(lambda: sum(len(o) for o in list(order.values())) >= 120, WAIT_S, "120 in order")
         assert order == {q: list(range(40)) for q in range(3)}
-        assert suspended.is_set()
-        assert consumer.stats["reconsume_later"] == 3
+        assert suspended.is_set()  # and its batch was consumed again, in order (above)
+        assert consumer.stats["reconsume_later"] == len(suspended_batch)
 
 
 def test_a_broadcasting_consumer_does_not_retry(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
         send(service, "Orders", 4, queues=1)
         seen = Seen()
-        consumer = PushConsumer(service.names.base, "g5", broadcasting=True)
+        consumer = PushConsumer(service.names.base, "g5", message_model=MessageModel.BROADCASTING)
         consumer.subscribe("Orders", "*")
         consumer.register_message_listener(lambda msgs, _c: seen.add(msgs) or LATER)
         with consumer:
@@ -275,3 +282,50 @@ def test_arguments_and_states_are_checked(tmp_path: Path) -> None:
     consumer.shutdown()  # never started: nothing to stop
     with pytest.raises(ConsumerStateError):
         consumer.subscribe("Orders")
+
+
+def test_an_orderly_queue_moves_to_a_joining_member_where_the_first_stopped(tmp_path: Path) -> None:
+    """Two orderly members of one group: the second joins while the first is consuming. Every
+    message is consumed exactly once (the first commits and finishes its batches before it lets
+    a queue go), each queue in order, and no queue by both members at once."""
+    with running_service(tmp_path) as service:
+        send(service, "Orders", 400, queues=8)
+        lock = threading.Lock()
+        log: list[tuple[str, int, int, float, float]] = []  # member, queue, offset, start, end
+
+        def listener_for(
+            member: str,
+        ) -> Callable[[list[MessageExt], ConsumeOrderlyContext], ConsumeOrderlyStatus]:
+            def listener(msgs: list[MessageExt], _c: ConsumeOrderlyContext) -> ConsumeOrderlyStatus:
+                start = time.monotonic()
+                time.sleep(0.002)  # work that takes time, so the join lands mid-stream
+                end = time.monotonic()
+                with lock:
+                    log.extend((member, msg.queue_id, msg.queue_offset, start, end) for msg in msgs)
+                return ConsumeOrderlyStatus.SUCCESS
+
+            return listener
+
+        members = []
+        for name in ("a", "b"):
+            member = PushConsumer(service.names.base, "g6", consume_message_batch_max_size=2)
+            member.subscribe("Orders", "*")
+            member.register_message_listener(listener_for(name), orderly=True)
+            members.append(member)
+        try:
+            members[0].start()
+            wait_until(lambda: len(log) >= 60, WAIT_S, "the first member under way")
+            members[1].start()
+            wait_until(lambda: len(log) >= 400, WAIT_S, "every message")
+        finally:
+            for member in members:
+                member.shutdown()
+        consumed = Counter((queue, offset) for _m, queue, offset, _s, _e in log)
+        assert consumed == Counter({(q, o): 1 for q in range(8) for o in range(50)})
+        assert {member for member, *_ in log} == {"a", "b"}
+        for queue in range(8):
+            records = sorted((r for r in log if r[1] == queue), key=lambda r: r[2])
+            assert [r[2] for r in records] == list(range(50))
+            for before, after in itertools.pairwise(records):
+                if before[0] != after[0]:
+                    assert before[4] <= after[3], f"queue {queue} consumed by both members at once"
