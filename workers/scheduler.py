@@ -68,8 +68,10 @@ class SchedulerService(ServiceLoop):
         """Each level's queue end as the last pass saw it: `has_work` when it moved."""
         self.next_due_ms = [so.NONE_DUE] * self.levels
         self.retry_at = 0.0
-        self.reader: Consumer | None = None
-        self.producer: Producer | None = None
+        # A reader and a producer of its own, attached as client processes attach (they write
+        # shared fields in those roles); sends wait for state RUNNING (`do_work`).
+        self.reader = Consumer(RunningStore.attach(self.store.names.base, Role.CONSUMER), GROUP)
+        self.producer = Producer(RunningStore.attach(self.store.names.base, Role.PRODUCER, writable_log=True))
 
     # ------------------------------------------------------------------ waiting
 
@@ -105,22 +107,11 @@ class SchedulerService(ServiceLoop):
 
     # ------------------------------------------------------------------ work
 
-    def _attach(self) -> tuple[Consumer, Producer]:
-        """A reader and a producer of this worker's own, made at the first pass once the store
-        runs (both attach as a client process would; a worker attaches while its store starts)."""
-        if self.reader is None:
-            self.reader = Consumer(RunningStore.attach(self.store.names.base, Role.CONSUMER), GROUP)
-        if self.producer is None:
-            self.producer = Producer(
-                RunningStore.attach(self.store.names.base, Role.PRODUCER, writable_log=True)
-            )
-        return self.reader, self.producer
-
     def do_work(self) -> None:
         if not self._running():
             return
         self.retry_at = 0.0
-        reader, producer = self._attach()
+        reader, producer = self.reader, self.producer
         try:
             for queue_id in range(self.levels):
                 if not self._deliver_level(reader, producer, queue_id):
@@ -215,7 +206,7 @@ class SchedulerService(ServiceLoop):
             self.schedule.set(queue_id, so.DELIVERED, self.schedule.get(queue_id, so.DELIVERED) + delivered)
 
     def on_exit(self) -> None:
-        for client in (self.producer, self.reader):
+        for client in (getattr(self, "producer", None), getattr(self, "reader", None)):
             if client is not None:
                 try:
                     client.close()
