@@ -12,6 +12,9 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
+import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -27,7 +30,7 @@ from rmq_mp.schedule import SCHEDULE_TOPIC
 from rmq_mp.status import GetMessageStatus, PutMessageStatus
 from shm import schedule_offsets as so
 from shm.schedule_offsets import ScheduleOffsetTable
-from tests.service import RunningService, running_service, wait_until
+from tests.service import ROOT, RunningService, running_service, wait_until
 
 LEVELS = "1s 2s 3s"
 LEVEL_MS = (1000, 2000, 3000)
@@ -267,3 +270,60 @@ def test_a_delivered_message_is_not_delayed_again(tmp_path: Path, level: int) ->
             [x] = _read_all(consumer, TOPIC, 2, 1, 20)
             assert x.properties[m.PROPERTY_DELAY_TIME_LEVEL] == str(level)
             assert consumer.pull(SCHEDULE_TOPIC, 0, 1, 1).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+
+
+def test_status_metrics_and_admin_show_backlog_and_lag(tmp_path: Path) -> None:
+    """With the scheduler stopped (SIGSTOP) a due message is backlog with a growing lag in
+    `run.py status --json`, the metrics and `rmq-admin scheduleStatus` (which lists the level's
+    queue: due time, real topic and queue); once it runs again the backlog and lag go to 0."""
+    from tests.integration.test_ops import free_port, scrape
+
+    port = free_port()
+    with (
+        running_service(tmp_path, messageDelayLevel=LEVELS, metricsPort=str(port)) as service,
+        Producer.attach(service.root) as producer,
+    ):
+        scheduler = service.worker_pid("scheduler")
+        os.kill(scheduler, signal.SIGSTOP)
+        try:
+            sent = producer.send(TOPIC, b"held", properties={"DELAY": "1"}, queue_id=2)
+            assert sent.status is PutMessageStatus.PUT_OK
+
+            def level1() -> dict[str, int]:
+                out = subprocess.run(
+                    [sys.executable, "run.py", "status", "--conf", str(service.conf), "--json"],
+                    cwd=ROOT, capture_output=True, text=True, check=True,
+                )  # fmt: skip
+                levels: list[dict[str, int]] = json.loads(out.stdout)["delay_levels"]
+                return levels[0]
+
+            wait_until(lambda: level1()["backlog"] == 1, 20, "the backlog")
+            with Consumer.attach(service.root, "g") as consumer:
+                [(_phy, _size, due_ms)] = consumer.entries(SCHEDULE_TOPIC, 0, 0, 1)
+            wait_until(lambda: time.time() * 1000 > due_ms + 200, 10, "the due time to pass")
+            status = level1()
+            assert status["backlog"] == 1
+            assert status["lag_ms"] >= 200  # from the due time in its queue entry
+            metrics = scrape(port)
+            assert metrics['rmq_delay_level_backlog_messages{level="1"}'] == 1
+            assert metrics['rmq_delay_level_lag_ms{level="1"}'] >= 200
+            assert metrics['rmq_delay_level_backlog_messages{level="2"}'] == 0
+            admin = subprocess.run(
+                [sys.executable, "-m", "rmq_mp.admin", "scheduleStatus", "--name", service.names.base,
+                 "--level", "1", "--json"],
+                cwd=ROOT, capture_output=True, text=True, check=True,
+            )  # fmt: skip
+            level_row, entry = (json.loads(line) for line in admin.stdout.splitlines())
+            assert level_row["level"] == 1
+            assert level_row["backlog"] == 1
+            assert entry["realTopic"] == TOPIC
+            assert entry["realQueueId"] == "2"
+            assert entry["dueTimestamp"] == due_ms
+            assert entry["queueOffset"] == 0
+        finally:
+            os.kill(scheduler, signal.SIGCONT)
+        with Consumer.attach(service.root, "g") as consumer:
+            _read_all(consumer, TOPIC, 2, 1, 20)
+        wait_until(lambda: level1()["backlog"] == 0, 20, "the delivery")
+        assert level1()["lag_ms"] == 0
+        assert scrape(port)['rmq_delay_level_delivered_total{level="1"}'] == 1
