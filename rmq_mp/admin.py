@@ -11,6 +11,7 @@
     rmq-admin consumerConnection -g G                                (running store) live members, their queues
     rmq-admin resetOffsetByTime -g G -t T -s MS|ISO|now [--create-group]
     rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
+    rmq-admin scheduleStatus   [-l LEVEL] [-c N]                     delay levels: offset, backlog, lag; a level's queue
     rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
     rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now

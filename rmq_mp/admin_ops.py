@@ -1,5 +1,5 @@
 """`rmq-admin` operator commands: topicList, updateTopic, consumerProgress, consumerConnection,
-resetOffsetByTime, storeStatus (the message commands live in `rmq_mp.admin`).
+resetOffsetByTime, storeStatus, scheduleStatus (the message commands live in `rmq_mp.admin`).
 
 Each works on a running store (``--name``: live offsets from shared memory, changes made under
 the store's flags lock so the supervisor's persist never overwrites them) or on a stopped store
@@ -554,6 +554,139 @@ def consume_message(args: argparse.Namespace) -> int:
     return print_messages(messages, as_json=args.json, bodies=True)
 
 
+def schedule_status(args: argparse.Namespace) -> int:
+    """Delay levels (RocketMQ's brokerStatus ``scheduleMessageOffset_<level>``: delivered offset,
+    queue max): per level its delay, offset, queue end, backlog and lag; with ``--level`` the
+    level's SCHEDULE_TOPIC_XXXX queue from its offset: each entry's due time, real topic and
+    queue, msgId."""
+    from rmq_mp import schedule
+    from rmq_mp.offsets import DelayOffsetManager
+
+    rows: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    if _running(args):
+        with _attach(args) as running:
+            status = collect_status(running.config)
+        levels = status["delay_levels"]
+    else:
+        with open_store(args) as store:
+            offsets = DelayOffsetManager(store.paths.delay_offset)
+            offsets.load()
+            ends = {q.queue_id: q.max_offset for q in store.queue_status(schedule.SCHEDULE_TOPIC)}
+            delays = store.config.delay_levels_ms
+            levels = [
+                {
+                    "level": level,
+                    "delay_ms": delays[level - 1],
+                    "offset": max(offsets.offset_of(level), 0),
+                    "max_offset": ends.get(schedule.queue_id_of(level), 0),
+                    "delivered": None,
+                    "lag_ms": None,
+                }
+                for level in range(1, len(delays) + 1)
+            ]
+            for d in levels:
+                d["backlog"] = max(0, d["max_offset"] - d["offset"])
+            if args.level:
+                entries = _schedule_entries_offline(store, levels, args.level, args.count)
+    if args.level and not 1 <= args.level <= len(levels):
+        raise StoreError(f"delay level {args.level}: messageDelayLevel has levels 1..{len(levels)}")
+    if args.level and _running(args):
+        entries = _schedule_entries_running(args, levels[args.level - 1], args.count)
+    for d in levels:
+        if args.level and d["level"] != args.level:
+            continue
+        rows.append(
+            {
+                "level": d["level"],
+                "delay": f"{d['delay_ms'] / 1000:g}s",
+                "delayOffset": d["offset"],
+                "maxOffset": d["max_offset"],
+                "backlog": d["backlog"],
+                "lagMs": d["lag_ms"],
+                "delivered": d["delivered"],
+            }
+        )
+    columns = {
+        "level": "Level",
+        "delay": "Delay",
+        "delayOffset": "DelayOffset",
+        "maxOffset": "MaxOffset",
+        "backlog": "Backlog",
+        "lagMs": "LagMs",
+        "delivered": "Delivered",
+    }
+    emit(rows, as_json=args.json, columns=columns)
+    if args.level:
+        if not args.json:
+            print()
+        emit(
+            entries,
+            as_json=args.json,
+            columns={
+                "queueOffset": "QueueOffset",
+                "dueTime": "DueTime",
+                "realTopic": "RealTopic",
+                "realQueueId": "RealQID",
+                "msgId": "MsgId",
+            },
+        )
+    return 0
+
+
+def _schedule_entry(queue_offset: int, due_ms: int, msg: MessageExt) -> dict[str, Any]:
+    from rmq_mp import message as m
+
+    return {
+        "queueOffset": queue_offset,
+        "dueTimestamp": due_ms,
+        "dueTime": iso(due_ms),
+        "realTopic": msg.properties.get(m.PROPERTY_REAL_TOPIC),
+        "realQueueId": msg.properties.get(m.PROPERTY_REAL_QUEUE_ID),
+        "msgId": msg.msg_id,
+    }
+
+
+def _schedule_entries_running(
+    args: argparse.Namespace, level: dict[str, Any], count: int
+) -> list[dict[str, Any]]:
+    """The level's undelivered entries, read as a consumer reads (nothing committed)."""
+    from rmq_mp import schedule
+    from rmq_mp.consumer import Consumer
+    from rmq_mp.status import GetMessageStatus
+
+    queue_id = schedule.queue_id_of(level["level"])
+    with Consumer.attach(args.name, "rmq-admin") as consumer:
+        found = consumer.entries(schedule.SCHEDULE_TOPIC, queue_id, level["offset"], count)
+        got = consumer.pull(schedule.SCHEDULE_TOPIC, queue_id, level["offset"], max(len(found), 1))
+        messages = {x.queue_offset: x for x in got.messages} if got.status is GetMessageStatus.FOUND else {}
+    return [
+        _schedule_entry(level["offset"] + i, tags_code, messages[level["offset"] + i])
+        for i, (_phy, _size, tags_code) in enumerate(found)
+        if level["offset"] + i in messages
+    ]
+
+
+def _schedule_entries_offline(
+    store: MessageStore, levels: list[dict[str, Any]], level: int, count: int
+) -> list[dict[str, Any]]:
+    from rmq_mp import schedule
+
+    if not 1 <= level <= len(levels):
+        return []
+    queue_id = schedule.queue_id_of(level)
+    start = levels[level - 1]["offset"]
+    got = store.get_message(schedule.SCHEDULE_TOPIC, queue_id, start, count)
+    if not got.messages:
+        return []
+    cq = store.find_consume_queue(schedule.SCHEDULE_TOPIC, queue_id)
+    rows = []
+    for msg in got.messages:
+        entry = cq.get_entry(msg.queue_offset)
+        rows.append(_schedule_entry(msg.queue_offset, entry[2] if entry else -1, msg))
+    return rows
+
+
 def _body(text: str) -> bytes:
     """``--body`` as UTF-8, the bytes of an argument that was not UTF-8 as given (Python holds
     those as lone surrogates: ``surrogateescape``)."""
@@ -611,6 +744,7 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "consumerConnection": consumer_connection,
     "resetOffsetByTime": reset_offset_by_time,
     "storeStatus": store_status,
+    "scheduleStatus": schedule_status,
     "sendMessage": send_message,
     "consumeMessage": consume_message,
 }
@@ -639,6 +773,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="the group has no offsets yet: create it (without this, an unknown group is refused)",
     )
     sub.add_parser("storeStatus", parents=[common], help="flush progress, pointers, pool, disk, flags")
+    p = sub.add_parser(
+        "scheduleStatus", parents=[common], help="delay levels: offset, backlog, lag; --level: its queue"
+    )
+    p.add_argument("--level", "-l", type=positive_int, help="list this level's undelivered entries")
+    p.add_argument("--count", "-c", type=positive_int, default=32, help="entries to list (with --level)")
     p = sub.add_parser("sendMessage", parents=[common], help="send a text message to a running store")
     p.add_argument("--topic", "-t", required=True)
     body = p.add_mutually_exclusive_group(required=True)

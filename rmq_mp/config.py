@@ -383,10 +383,12 @@ class MessageStoreConfig:
     # -- role, delay, dispatch ------------------------------------------------------------------
     # SLAVE refuses puts; SYNC_MASTER answers waiting puts SLAVE_NOT_AVAILABLE (no replication).
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
-    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: only for the delivery time of
-    # SCHEDULE_TOPIC_XXXX queue entries (rmq-mp does not delay messages).
+    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: a put with DELAY=<level> is
+    # delivered that long after it was stored (the scheduler worker); the level count is the
+    # maximum level (a higher one is clamped to it).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    # No effect in rmq-mp: it does not delay messages (see conf/broker.conf).
+    # How often the supervisor persists the delay levels' progress to config/delayOffset.json
+    # (also at stop); a crash delivers what was delivered since again.
     flush_delay_offset_interval: int = _prop(10000, ge=0, java_long=True)
 
     # -- broker identity (BrokerConfig / NettyServerConfig keys the store reads) ----------------

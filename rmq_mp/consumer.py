@@ -324,6 +324,17 @@ class Consumer:
             mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
         return cq
 
+    def entries(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` ConsumeQueue entries (phy offset, size, tags code) of one queue
+        from ``offset``, within what reput dispatched and one queue file: for a reader that
+        decides by the tags code before it reads records (the scheduler: a delivery time)."""
+        self._check_running()
+        slot, min_offset, max_offset = self._offsets(topic, queue_id)
+        if slot < 0 or not min_offset <= offset < max_offset:
+            return []
+        cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+        return list(cq.entries(offset, min(max_count, max_offset - offset)))
+
     def pull(
         self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *, timeout_s: float = 0.0,
         tags: frozenset[str] | None = None,
@@ -569,9 +580,10 @@ class Consumer:
             if not self.rebalance.joined:
                 self.rebalance.join()
             if self.rebalance.due():
-                hooked = self.before_rebalance is not None and self.rebalance.may_release()
-                if hooked:
-                    self.before_rebalance()
+                before = self.before_rebalance
+                hooked = before is not None and self.rebalance.may_release()
+                if before is not None and hooked:
+                    before()
                 self._claimed.clear()
                 try:
                     released = self.rebalance.run(list(self.subscriptions), self._on_claim)

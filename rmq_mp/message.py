@@ -255,6 +255,10 @@ class Message:
     store_host: Host | None = None
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
+    properties_string: str | None = None
+    """What is stored as the properties when it differs from `properties` (RocketMQ's separate
+    `propertiesString`): a delayed message's delivery keeps DELAY in the stored string and not in
+    the map (`rmq_mp.schedule.message_timeup`). None: `properties` encoded."""
 
     @property
     def tags(self) -> str | None:
