@@ -124,6 +124,7 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
         send(service, "Orders", 6, queues=2)
         seen = Seen()
         attempts: dict[bytes, list[int]] = defaultdict(list)
+        attempted_ms: dict[bytes, list[int]] = defaultdict(list)
 
         def listener(msgs: list[MessageExt], _c: ConsumeConcurrentlyContext) -> ConsumeConcurrentlyStatus:
             msg = msgs[0]
@@ -131,6 +132,7 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
             seen.add(msgs)
             with seen.lock:
                 attempts[msg.body].append(msg.reconsume_times)
+                attempted_ms[msg.body].append(int(time.time() * 1000))
             number = int(msg.body)
             if number == 0:
                 raise RuntimeError("always fails")  # counts as RECONSUME_LATER
@@ -147,6 +149,9 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
             wait_until(lambda: seen.count() >= 6 + 2 + 1, WAIT_S, "every attempt")
         assert attempts[b"0"] == [0, 1, 2]
         assert attempts[b"1"] == [0, 1]
+        for body in (b"0", b"1"):  # each retry waited out its delay level (1 s here), never less
+            times = attempted_ms[body]
+            assert all(later - earlier >= 1000 for earlier, later in itertools.pairwise(times)), times
         assert all(attempts[str(i).encode()] == [0] for i in range(2, 6))
         assert consumer.stats["sent_back"] == 3
         assert consumer.stats["dead_lettered"] == 1
@@ -156,7 +161,7 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
         for msg in retries:
             assert msg.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
             assert m.PROPERTY_ORIGIN_MESSAGE_ID in msg.properties
-            assert m.PROPERTY_DELAY_TIME_LEVEL not in msg.properties  # delivered by the scheduler
+            assert msg.properties[m.PROPERTY_REAL_TOPIC] == m.retry_topic("g2")  # through the schedule topic
         (dead,) = read_all(service, m.dlq_topic("g2"))
         assert (dead.body, dead.reconsume_times) == (b"0", 3)
         assert dead.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
