@@ -345,7 +345,8 @@ def parse_timestamp(text: str) -> int:
 def reset_offset_by_time(args: argparse.Namespace) -> int:
     """mqadmin resetOffsetByTime: each queue of the topic to the first message stored at or after
     the time. A live consumer of the group that commits afterwards overwrites the reset (RocketMQ
-    pushes a reset to connected clients; rmq-mp consumers pick it up when they next subscribe)."""
+    pushes a reset to connected clients; rmq-mp consumers pick it up when they next subscribe,
+    or when a group member next claims the queue)."""
     v.check_group(args.group)
     v.check_topic(args.topic, "--topic", with_offsets=True)
     timestamp_ms = parse_timestamp(args.timestamp)

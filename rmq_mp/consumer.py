@@ -496,11 +496,15 @@ class Consumer:
                 self.local_offsets.load()
                 sub.next_offsets.update(starts)
                 sub.next_offsets.update(self.local_offsets.offsets_of(topic))
-            else:  # where a queue starts once held; the queues held stay at their next offsets
-                held = self.rebalance.owned.get(topic, {})
+            else:  # where a queue starts once held; a queue held restarts from the group's offset
+                groups = self.store.shm.groups
                 sub.next_offsets.update(starts)
-                if old is not None:
-                    sub.next_offsets.update({q: o for q, o in old.next_offsets.items() if q in held})
+                for queue_id, group_slot in self.rebalance.owned.get(topic, {}).items():
+                    committed = groups.get(group_slot, qo.COMMITTED)
+                    if committed >= 0:  # (an rmq-admin resetOffsetByTime is picked up here)
+                        sub.next_offsets[queue_id] = committed
+                    elif old is not None and queue_id in old.next_offsets:
+                        sub.next_offsets[queue_id] = old.next_offsets[queue_id]
             self.subscriptions[topic] = sub
             self.rebalance.request()
 
