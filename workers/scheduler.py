@@ -150,6 +150,7 @@ class SchedulerService(ServiceLoop):
                     offset = minimum
                     self._publish(queue_id, offset, 0)
                     continue
+                ok = False  # dispatched but not readable yet: looked at again after RETRY_S
                 break
             now = now_ms()
             due = 0
@@ -176,10 +177,17 @@ class SchedulerService(ServiceLoop):
         level = schedule.delay_level_of(queue_id)
         got = reader.pull(schedule.SCHEDULE_TOPIC, queue_id, offset, count)
         if got.status is not GetMessageStatus.FOUND:
-            if got.status is GetMessageStatus.NO_MATCHED_MESSAGE:  # unreadable records, skipped and reported
+            # Unreadable records (skipped and reported by the reader: RocketMQ skips a message
+            # it cannot look up) or a queue cleaned below the offset: go on past them. Anything
+            # else makes no progress: retried after RETRY_S, never a loop.
+            if got.next_begin_offset > offset:
+                log.error(
+                    "delay level %d: entries %d..%d unreadable (%s); skipped",
+                    level, offset, got.next_begin_offset - 1, got.status.name,
+                )  # fmt: skip
                 self._publish(queue_id, got.next_begin_offset, 0)
                 return got.next_begin_offset, True
-            return offset, True
+            return offset, False
         messages = []
         for ext in got.messages:
             try:
