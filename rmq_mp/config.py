@@ -434,13 +434,15 @@ class MessageStoreConfig:
     max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
     # rmq-mp addition: `Consumer` objects attached at once, over all processes, and so
     # consumer-group members (472 B and one semaphore, a 4 KiB page of /dev/shm, each); a dead
-    # process's consumers are reclaimed.
+    # process's consumers are reclaimed. The scheduler worker takes one from the first delayed
+    # message on.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
     # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
     max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
-    # send as usual, unmeasured, with a warning.
+    # send as usual, unmeasured, with a warning. The scheduler worker is one from the first
+    # delayed message on.
     max_producer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: ConsumeQueue files a process keeps mapped at once; the least recently used
     # idle one is unmapped (and its descriptor closed) when another is opened, and mapped again on

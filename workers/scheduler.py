@@ -68,10 +68,8 @@ class SchedulerService(ServiceLoop):
         """Each level's queue end as the last pass saw it: `has_work` when it moved."""
         self.next_due_ms = [so.NONE_DUE] * self.levels
         self.retry_at = 0.0
-        # A reader and a producer of its own, attached as client processes attach (they write
-        # shared fields in those roles); sends wait for state RUNNING (`do_work`).
-        self.reader = Consumer(RunningStore.attach(self.store.names.base, Role.CONSUMER), GROUP)
-        self.producer = Producer(RunningStore.attach(self.store.names.base, Role.PRODUCER, writable_log=True))
+        self.reader: Consumer | None = None
+        self.producer: Producer | None = None
 
     # ------------------------------------------------------------------ waiting
 
@@ -111,16 +109,27 @@ class SchedulerService(ServiceLoop):
         if not self._running():
             return
         self.retry_at = 0.0
-        reader, producer = self.reader, self.producer
         try:
             for queue_id in range(self.levels):
-                if not self._deliver_level(reader, producer, queue_id):
+                if not self._deliver_level(queue_id):
                     self.retry_at = time.monotonic() + RETRY_S
                     return
         except StoreNotRunningError:  # the store began to stop during the pass: nothing lost
             self.retry_at = time.monotonic() + RETRY_S
 
-    def _deliver_level(self, reader: Consumer, producer: Producer, queue_id: int) -> bool:
+    def _clients(self) -> tuple[Consumer, Producer]:
+        """A reader and a producer of this worker's own, attached as client processes attach
+        (they write shared fields in those roles), at the first delayed message: a store that
+        never delays one spends no consumer or producer slot (maxConsumerNum, maxProducerNum)."""
+        if self.reader is None:
+            self.reader = Consumer(RunningStore.attach(self.store.names.base, Role.CONSUMER), GROUP)
+        if self.producer is None:
+            self.producer = Producer(
+                RunningStore.attach(self.store.names.base, Role.PRODUCER, writable_log=True)
+            )
+        return self.reader, self.producer
+
+    def _deliver_level(self, queue_id: int) -> bool:
         """Deliver what is due in one level's queue; False when a put must be retried."""
         level = schedule.delay_level_of(queue_id)
         dispatched = self._dispatched(queue_id)
@@ -128,6 +137,8 @@ class SchedulerService(ServiceLoop):
         offset = self.schedule.get(queue_id, so.OFFSET)
         delay_ms = self.levels_ms[queue_id]
         ok = True
+        if offset < dispatched:
+            reader, producer = self._clients()
         while offset < dispatched:
             entries = reader.entries(schedule.SCHEDULE_TOPIC, queue_id, offset, BATCH)
             if not entries:  # below the queue's minimum (cleaned): RocketMQ moves up to it
@@ -139,6 +150,7 @@ class SchedulerService(ServiceLoop):
                     offset = minimum
                     self._publish(queue_id, offset, 0)
                     continue
+                ok = False  # dispatched but not readable yet: looked at again after RETRY_S
                 break
             now = now_ms()
             due = 0
@@ -165,10 +177,17 @@ class SchedulerService(ServiceLoop):
         level = schedule.delay_level_of(queue_id)
         got = reader.pull(schedule.SCHEDULE_TOPIC, queue_id, offset, count)
         if got.status is not GetMessageStatus.FOUND:
-            if got.status is GetMessageStatus.NO_MATCHED_MESSAGE:  # unreadable records, skipped and reported
+            # Unreadable records (skipped and reported by the reader: RocketMQ skips a message
+            # it cannot look up) or a queue cleaned below the offset: go on past them. Anything
+            # else makes no progress: retried after RETRY_S, never a loop.
+            if got.next_begin_offset > offset:
+                log.error(
+                    "delay level %d: entries %d..%d unreadable (%s); skipped",
+                    level, offset, got.next_begin_offset - 1, got.status.name,
+                )  # fmt: skip
                 self._publish(queue_id, got.next_begin_offset, 0)
                 return got.next_begin_offset, True
-            return offset, True
+            return offset, False
         messages = []
         for ext in got.messages:
             try:
@@ -206,7 +225,7 @@ class SchedulerService(ServiceLoop):
             self.schedule.set(queue_id, so.DELIVERED, self.schedule.get(queue_id, so.DELIVERED) + delivered)
 
     def on_exit(self) -> None:
-        for client in (getattr(self, "producer", None), getattr(self, "reader", None)):
+        for client in (self.producer, self.reader):
             if client is not None:
                 try:
                     client.close()

@@ -34,6 +34,7 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "consumerConnection": ["-g", "g1"],
     "resetOffsetByTime": ["-g", "g1", "-t", "Orders", "-s", "0"],
     "storeStatus": [],
+    "scheduleStatus": ["-l", "1"],
     "sendMessage": ["-t", "Orders", "-p", "x"],
     "consumeMessage": ["-t", "Orders", "-g", "g1", "-c", "1", "--timeout", "0"],
     "deleteExpiredCommitLog": ["--wait", "5"],

@@ -304,6 +304,11 @@ def test_status_metrics_and_admin_show_backlog_and_lag(tmp_path: Path) -> None:
             status = level1()
             assert status["backlog"] == 1
             assert status["lag_ms"] >= 200  # from the due time in its queue entry
+            text = subprocess.run(
+                [sys.executable, "run.py", "status", "--conf", str(service.conf)],
+                cwd=ROOT, capture_output=True, text=True, check=True,
+            ).stdout  # fmt: skip
+            assert "delay    level 1 (1 s): backlog 1  lag " in text
             metrics = scrape(port)
             assert metrics['rmq_delay_level_backlog_messages{level="1"}'] == 1
             assert metrics['rmq_delay_level_lag_ms{level="1"}'] >= 200

@@ -343,7 +343,15 @@ def test_status_watch_renders_live_view(tmp_path: Path) -> None:
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         out = result.stdout
-        for heading in ("throughput", "commit log (bytes)", "workers", "consumer groups", "pool", "disk"):
+        for heading in (
+            "throughput",
+            "commit log (bytes)",
+            "workers",
+            "consumer groups",
+            "delay levels",
+            "pool",
+            "disk",
+        ):
             assert heading in out, heading
         for role in ("allocator", "flusher", "reput", "cleaner", "scheduler"):
             assert re.search(rf"{role}\s+│\s+\d+\s+│\s+ready", out), role
