@@ -5,6 +5,8 @@ timeout, orderly queues, and argument and state checks."""
 from __future__ import annotations
 
 import itertools
+import subprocess
+import sys
 import threading
 import time
 from collections import Counter, defaultdict
@@ -27,7 +29,7 @@ from rmq_mp.push_consumer import (
 from rmq_mp.rebalance import MessageModel
 from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
 from rmq_mp.topics import TopicConfigManager
-from tests.service import RunningService, running_service, wait_until
+from tests.service import ROOT, RunningService, running_service, wait_until
 
 SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS
 LATER = ConsumeConcurrentlyStatus.RECONSUME_LATER
@@ -334,3 +336,50 @@ def test_an_orderly_queue_moves_to_a_joining_member_where_the_first_stopped(tmp_
             for before, after in itertools.pairwise(records):
                 if before[0] != after[0]:
                     assert before[4] <= after[3], f"queue {queue} consumed by both members at once"
+
+
+def test_push_members_in_processes_lose_nothing_across_kill_9_of_one(tmp_path: Path) -> None:
+    """Two push-consumer processes of one group; one is killed with SIGKILL mid-stream. Every
+    message is consumed at least once; repeated are only messages the dead member consumed after
+    its last commit (200 ms apart) and those running when a queue moved at the join."""
+    with running_service(tmp_path) as service:
+        send(service, "Orders", 3000, queues=8)
+        outs = [tmp_path / f"member{i}.txt" for i in range(2)]
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.push_member", service.names.base, "g7", "Orders", str(out)],
+                cwd=ROOT,
+            )
+            for out in outs
+        ]
+
+        def bodies(out: Path) -> list[str]:
+            return out.read_text().splitlines() if out.exists() else []
+
+        try:
+            wait_until(
+                lambda: len(bodies(outs[0])) >= 300 and len(bodies(outs[1])) >= 300,
+                WAIT_S,
+                "both members at work",
+            )
+            procs[0].kill()
+            procs[0].wait(30)
+            wait_until(
+                lambda: {*bodies(outs[0]), *bodies(outs[1])} >= {str(i) for i in range(3000)},
+                WAIT_S,
+                "every message",
+            )
+            procs[1].terminate()
+            assert procs[1].wait(60) == 0
+        finally:
+            for proc in procs:
+                if proc.poll() is None:
+                    proc.kill()
+                proc.wait(30)
+        seen = Counter(body for out in outs for body in bodies(out))
+        assert set(seen) == {str(i) for i in range(3000)}
+        repeated = sum(n - 1 for n in seen.values())
+        # Repeated: what the dead member consumed after its last commit, and what a member's 4
+        # consume threads were running when it handed a queue over at the join.
+        assert repeated <= len(bodies(outs[0])) + 2 * 4
+        assert all(n <= 2 for n in seen.values())
