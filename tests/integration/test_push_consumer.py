@@ -169,7 +169,7 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
         assert dead.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
         assert (
             dead.properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
-            == retries[0].properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
+            == next(r for r in retries if r.body == b"0").properties[m.PROPERTY_ORIGIN_MESSAGE_ID]
         )
     topics = TopicConfigManager(service.root / "config" / "topics.json")
     topics.load()
