@@ -28,6 +28,8 @@ from rmq_mp.message import Message, MessageExt
 from rmq_mp.message_store import MessageStore, QueueStatus
 from rmq_mp.status import (
     AppendMessageStatus,
+    ConsumeConcurrentlyStatus,
+    ConsumeOrderlyStatus,
     GetMessageResult,
     GetMessageStatus,
     PutMessageResult,
@@ -41,6 +43,9 @@ _SERVICE_CLIENTS = {
     "MessageBatch": "rmq_mp.message_batch",
     "Consumer": "rmq_mp.consumer",
     "GetResult": "rmq_mp.consumer",
+    "PushConsumer": "rmq_mp.push_consumer",
+    "ConsumerStateError": "rmq_mp.push_consumer",
+    "MessageModel": "rmq_mp.rebalance",
 }
 
 
@@ -60,8 +65,11 @@ __all__ = [
     "BrokerRole",
     "ConfigError",
     "ConfigFileError",
+    "ConsumeConcurrentlyStatus",
+    "ConsumeOrderlyStatus",
     "Consumer",
     "ConsumerOffsetLossError",
+    "ConsumerStateError",
     "CorruptFileError",
     "CorruptRecordError",
     "FlushDiskType",
@@ -74,11 +82,13 @@ __all__ = [
     "Message",
     "MessageBatch",
     "MessageExt",
+    "MessageModel",
     "MessageNotFoundError",
     "MessageStore",
     "MessageStoreConfig",
     "OffsetTableFullError",
     "Producer",
+    "PushConsumer",
     "PutMessageResult",
     "PutMessageStatus",
     "QueueStatus",

@@ -7,9 +7,11 @@
     rmq-admin topicStatus      [-t T]                                per queue min/max offset, last update
     rmq-admin topicList                                              topics, queues, read/write queue counts
     rmq-admin updateTopic      -t T [-r N] [-w N] [-p PERM]          queue counts in config/topics.json
-    rmq-admin consumerProgress [-g G]                                per group and queue: offsets and lag
+    rmq-admin consumerProgress [-g G]                                per group and queue: offsets, lag, holder
+    rmq-admin consumerConnection -g G                                (running store) live members, their queues
     rmq-admin resetOffsetByTime -g G -t T -s MS|ISO|now [--create-group]
     rmq-admin storeStatus                                            flush progress, pointers, pool, disk, flags
+    rmq-admin scheduleStatus   [-l LEVEL] [-c N]                     delay levels: offset, backlog, lag; a level's queue
     rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
     rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now

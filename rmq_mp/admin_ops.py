@@ -1,5 +1,5 @@
-"""`rmq-admin` operator commands: topicList, updateTopic, consumerProgress, resetOffsetByTime,
-storeStatus (the message commands live in `rmq_mp.admin`).
+"""`rmq-admin` operator commands: topicList, updateTopic, consumerProgress, consumerConnection,
+resetOffsetByTime, storeStatus, scheduleStatus (the message commands live in `rmq_mp.admin`).
 
 Each works on a running store (``--name``: live offsets from shared memory, changes made under
 the store's flags lock so the supervisor's persist never overwrites them) or on a stopped store
@@ -29,6 +29,7 @@ from rmq_mp.running_store import RunningStore
 from rmq_mp.store_status import collect_status, disk_used_ratio, format_dispatch_faults, format_table_levels
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
+from shm import members as mb
 from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.names import ShmNames
@@ -194,16 +195,29 @@ def update_topic(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------------- consumer offsets
 
 
+def _owner_client(running: RunningStore, owner: int) -> str:
+    """The client id of the live member an owner word names ("" when free or its member is gone)."""
+    pid, member_slot = qo.owner_of(owner)
+    if not pid or not pid_alive(pid):
+        return ""
+    member = running.shm.members.member(member_slot)
+    return member.client_id if member is not None and member.pid == pid else ""
+
+
 def consumer_progress(args: argparse.Namespace) -> int:
-    """mqadmin consumerProgress: per group and queue, broker offset, consumer offset, diff."""
+    """mqadmin consumerProgress: per group and queue, broker offset, consumer offset, diff; on a
+    running store also the client id of the member holding the queue now (mqadmin's client
+    column), blank for a queue no live member holds."""
     committed: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue -> offset
     queues: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic -> queue -> (min, max, last ms)
+    clients: dict[tuple[str, str, int], str] = {}  # (group, topic, queue) -> owner's client id
     if _running(args):
         with _attach(args) as running:
             shm = running.shm
             for key, queue_id, slot in shm.groups.queues():
                 topic, _, group = key.partition("@")
                 committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+                clients[(group, topic, queue_id)] = _owner_client(running, shm.groups.get(slot, qo.OWNER))
             for topic, queue_id, slot in shm.queues.queues():
                 queues.setdefault(topic, {})[queue_id] = (
                     shm.queues.get(slot, qo.MIN_OFFSET),
@@ -241,6 +255,7 @@ def consumer_progress(args: argparse.Namespace) -> int:
                     "consumerOffset": consumer,
                     "diff": max(max_offset - max(consumer, min_offset), 0),
                     "lastTimestamp": last_ms,
+                    **({"clientId": clients.get((group, topic, queue_id), "")} if _running(args) else {}),
                 }
             )
     for row in rows:
@@ -256,8 +271,59 @@ def consumer_progress(args: argparse.Namespace) -> int:
             "consumerOffset": "ConsumerOffset",
             "diff": "Diff",
             "lastTime": "LastTime",
+            **({"clientId": "ClientId"} if _running(args) else {}),
         },
         footer=f"Diff Total: {sum(r['diff'] for r in rows)}",
+    )
+    return 0
+
+
+def consumer_connection(args: argparse.Namespace) -> int:
+    """mqadmin consumerConnection: the live members of a group (running store only), each with
+    its client id, pid, message model, last heartbeat (its last poll) and the queues it holds
+    now, from the member table and the owner words (rmq_mp/rebalance.py)."""
+    v.check_group(args.group)
+    _need_running(args, "consumerConnection")
+    with _attach(args) as running:
+        shm = running.shm
+        members = shm.members.members(pid_alive, args.group)
+        held: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (pid, member slot) -> queues
+        suffix = "@" + args.group
+        for key, queue_id, slot in shm.groups.queues():
+            if key.endswith(suffix):
+                owner = qo.owner_of(shm.groups.get(slot, qo.OWNER))
+                held.setdefault(owner, []).append((key[: -len(suffix)], queue_id))
+    now = int(time.time() * 1000)
+    rows = []
+    for m in sorted(members, key=lambda m: m.client_id):
+        mine = sorted(held.get((m.pid, m.slot), []))
+        rows.append(
+            {
+                "group": m.group,
+                "clientId": m.client_id,
+                "pid": m.pid,
+                "messageModel": "CLUSTERING" if m.model == mb.MODEL_CLUSTERING else "BROADCASTING",
+                "heartbeatAgeMs": max(now - m.heartbeat_ms, 0),
+                "queueCount": len(mine),
+                **(
+                    {"queueList": [{"topic": t, "queueId": q} for t, q in mine]}
+                    if args.json
+                    else {"queues": " ".join(f"{t}:{q}" for t, q in mine)}
+                ),
+            }
+        )
+    emit(
+        rows,
+        as_json=args.json,
+        columns={
+            "clientId": "ClientId",
+            "pid": "Pid",
+            "messageModel": "MessageModel",
+            "heartbeatAgeMs": "HeartbeatAgeMs",
+            "queueCount": "Queues",
+            "queues": "Held",
+        },
+        footer=f"{len(rows)} live member(s) of {args.group}" + ("" if rows else " (not online)"),
     )
     return 0
 
@@ -279,7 +345,8 @@ def parse_timestamp(text: str) -> int:
 def reset_offset_by_time(args: argparse.Namespace) -> int:
     """mqadmin resetOffsetByTime: each queue of the topic to the first message stored at or after
     the time. A live consumer of the group that commits afterwards overwrites the reset (RocketMQ
-    pushes a reset to connected clients; rmq-mp consumers pick it up when they next subscribe)."""
+    pushes a reset to connected clients; rmq-mp consumers pick it up when they next subscribe,
+    or when a group member next claims the queue)."""
     v.check_group(args.group)
     v.check_topic(args.topic, "--topic", with_offsets=True)
     timestamp_ms = parse_timestamp(args.timestamp)
@@ -488,6 +555,139 @@ def consume_message(args: argparse.Namespace) -> int:
     return print_messages(messages, as_json=args.json, bodies=True)
 
 
+def schedule_status(args: argparse.Namespace) -> int:
+    """Delay levels (RocketMQ's brokerStatus ``scheduleMessageOffset_<level>``: delivered offset,
+    queue max): per level its delay, offset, queue end, backlog and lag; with ``--level`` the
+    level's SCHEDULE_TOPIC_XXXX queue from its offset: each entry's due time, real topic and
+    queue, msgId."""
+    from rmq_mp import schedule
+    from rmq_mp.offsets import DelayOffsetManager
+
+    rows: list[dict[str, Any]] = []
+    entries: list[dict[str, Any]] = []
+    if _running(args):
+        with _attach(args) as running:
+            status = collect_status(running.config)
+        levels = status["delay_levels"]
+    else:
+        with open_store(args) as store:
+            offsets = DelayOffsetManager(store.paths.delay_offset)
+            offsets.load()
+            ends = {q.queue_id: q.max_offset for q in store.queue_status(schedule.SCHEDULE_TOPIC)}
+            delays = store.config.delay_levels_ms
+            levels = [
+                {
+                    "level": level,
+                    "delay_ms": delays[level - 1],
+                    "offset": max(offsets.offset_of(level), 0),
+                    "max_offset": ends.get(schedule.queue_id_of(level), 0),
+                    "delivered": None,
+                    "lag_ms": None,
+                }
+                for level in range(1, len(delays) + 1)
+            ]
+            for d in levels:
+                d["backlog"] = max(0, d["max_offset"] - d["offset"])
+            if args.level:
+                entries = _schedule_entries_offline(store, levels, args.level, args.count)
+    if args.level and not 1 <= args.level <= len(levels):
+        raise StoreError(f"delay level {args.level}: messageDelayLevel has levels 1..{len(levels)}")
+    if args.level and _running(args):
+        entries = _schedule_entries_running(args, levels[args.level - 1], args.count)
+    for d in levels:
+        if args.level and d["level"] != args.level:
+            continue
+        rows.append(
+            {
+                "level": d["level"],
+                "delay": f"{d['delay_ms'] / 1000:g}s",
+                "delayOffset": d["offset"],
+                "maxOffset": d["max_offset"],
+                "backlog": d["backlog"],
+                "lagMs": d["lag_ms"],
+                "delivered": d["delivered"],
+            }
+        )
+    columns = {
+        "level": "Level",
+        "delay": "Delay",
+        "delayOffset": "DelayOffset",
+        "maxOffset": "MaxOffset",
+        "backlog": "Backlog",
+        "lagMs": "LagMs",
+        "delivered": "Delivered",
+    }
+    emit(rows, as_json=args.json, columns=columns)
+    if args.level:
+        if not args.json:
+            print()
+        emit(
+            entries,
+            as_json=args.json,
+            columns={
+                "queueOffset": "QueueOffset",
+                "dueTime": "DueTime",
+                "realTopic": "RealTopic",
+                "realQueueId": "RealQID",
+                "msgId": "MsgId",
+            },
+        )
+    return 0
+
+
+def _schedule_entry(queue_offset: int, due_ms: int, msg: MessageExt) -> dict[str, Any]:
+    from rmq_mp import message as m
+
+    return {
+        "queueOffset": queue_offset,
+        "dueTimestamp": due_ms,
+        "dueTime": iso(due_ms),
+        "realTopic": msg.properties.get(m.PROPERTY_REAL_TOPIC),
+        "realQueueId": msg.properties.get(m.PROPERTY_REAL_QUEUE_ID),
+        "msgId": msg.msg_id,
+    }
+
+
+def _schedule_entries_running(
+    args: argparse.Namespace, level: dict[str, Any], count: int
+) -> list[dict[str, Any]]:
+    """The level's undelivered entries, read as a consumer reads (nothing committed)."""
+    from rmq_mp import schedule
+    from rmq_mp.consumer import Consumer
+    from rmq_mp.status import GetMessageStatus
+
+    queue_id = schedule.queue_id_of(level["level"])
+    with Consumer.attach(args.name, "rmq-admin") as consumer:
+        found = consumer.entries(schedule.SCHEDULE_TOPIC, queue_id, level["offset"], count)
+        got = consumer.pull(schedule.SCHEDULE_TOPIC, queue_id, level["offset"], max(len(found), 1))
+        messages = {x.queue_offset: x for x in got.messages} if got.status is GetMessageStatus.FOUND else {}
+    return [
+        _schedule_entry(level["offset"] + i, tags_code, messages[level["offset"] + i])
+        for i, (_phy, _size, tags_code) in enumerate(found)
+        if level["offset"] + i in messages
+    ]
+
+
+def _schedule_entries_offline(
+    store: MessageStore, levels: list[dict[str, Any]], level: int, count: int
+) -> list[dict[str, Any]]:
+    from rmq_mp import schedule
+
+    if not 1 <= level <= len(levels):
+        return []
+    queue_id = schedule.queue_id_of(level)
+    start = levels[level - 1]["offset"]
+    got = store.get_message(schedule.SCHEDULE_TOPIC, queue_id, start, count)
+    if not got.messages:
+        return []
+    cq = store.find_consume_queue(schedule.SCHEDULE_TOPIC, queue_id)
+    rows = []
+    for msg in got.messages:
+        entry = cq.get_entry(msg.queue_offset)
+        rows.append(_schedule_entry(msg.queue_offset, entry[2] if entry else -1, msg))
+    return rows
+
+
 def _body(text: str) -> bytes:
     """``--body`` as UTF-8, the bytes of an argument that was not UTF-8 as given (Python holds
     those as lone surrogates: ``surrogateescape``)."""
@@ -542,8 +742,10 @@ COMMANDS: dict[str, Callable[[argparse.Namespace], int]] = {
     "topicList": topic_list,
     "updateTopic": update_topic,
     "consumerProgress": consumer_progress,
+    "consumerConnection": consumer_connection,
     "resetOffsetByTime": reset_offset_by_time,
     "storeStatus": store_status,
+    "scheduleStatus": schedule_status,
     "sendMessage": send_message,
     "consumeMessage": consume_message,
 }
@@ -558,6 +760,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--perm", "-p", type=int, choices=(2, 4, 6), help="2 write, 4 read, 6 both")
     p = sub.add_parser("consumerProgress", parents=[common], help="per group and queue: offsets and lag")
     p.add_argument("--group", "-g")
+    p = sub.add_parser(
+        "consumerConnection", parents=[common], help="(running store) a group's live members and their queues"
+    )
+    p.add_argument("--group", "-g", required=True)
     p = sub.add_parser("resetOffsetByTime", parents=[common], help="move a group's offsets to a time")
     p.add_argument("--group", "-g", required=True)
     p.add_argument("--topic", "-t", required=True)
@@ -568,6 +774,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
         help="the group has no offsets yet: create it (without this, an unknown group is refused)",
     )
     sub.add_parser("storeStatus", parents=[common], help="flush progress, pointers, pool, disk, flags")
+    p = sub.add_parser(
+        "scheduleStatus", parents=[common], help="delay levels: offset, backlog, lag; --level: its queue"
+    )
+    p.add_argument("--level", "-l", type=positive_int, help="list this level's undelivered entries")
+    p.add_argument("--count", "-c", type=positive_int, default=32, help="entries to list (with --level)")
     p = sub.add_parser("sendMessage", parents=[common], help="send a text message to a running store")
     p.add_argument("--topic", "-t", required=True)
     body = p.add_mutually_exclusive_group(required=True)

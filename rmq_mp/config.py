@@ -383,10 +383,12 @@ class MessageStoreConfig:
     # -- role, delay, dispatch ------------------------------------------------------------------
     # SLAVE refuses puts; SYNC_MASTER answers waiting puts SLAVE_NOT_AVAILABLE (no replication).
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
-    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: only for the delivery time of
-    # SCHEDULE_TOPIC_XXXX queue entries (rmq-mp does not delay messages).
+    # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: a put with DELAY=<level> is
+    # delivered that long after it was stored (the scheduler worker); the level count is the
+    # maximum level (a higher one is clamped to it).
     message_delay_level: str = "1s 5s 10s 30s 1m 2m 3m 4m 5m 6m 7m 8m 9m 10m 20m 30m 1h 2h"
-    # No effect in rmq-mp: it does not delay messages (see conf/broker.conf).
+    # How often the supervisor persists the delay levels' progress to config/delayOffset.json
+    # (also at stop); a crash delivers what was delivered since again.
     flush_delay_offset_interval: int = _prop(10000, ge=0, java_long=True)
 
     # -- broker identity (BrokerConfig / NettyServerConfig keys the store reads) ----------------
@@ -426,17 +428,21 @@ class MessageStoreConfig:
     # start, 264 B of shared memory each). A send to one more queue is refused
     # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
     max_consume_queue_num: int = _prop(65536, ge=1, le=1 << 22)
-    # rmq-mp addition: group/topic/queue committed offsets the store holds (563 B of shared
-    # memory each); a commit past it raises OffsetTableFullError naming this key.
+    # rmq-mp addition: group/topic/queue committed offsets the store holds (573 B of shared
+    # memory each, with the clustering owner word); a commit past it (or a consumer-group member
+    # claiming a queue) raises OffsetTableFullError naming this key.
     max_consumer_offset_num: int = _prop(65536, ge=1, le=1 << 22)
-    # rmq-mp addition: `Consumer` objects attached at once, over all processes (40 B and one
-    # semaphore, a 4 KiB page of /dev/shm, each); a dead process's consumers are reclaimed.
+    # rmq-mp addition: `Consumer` objects attached at once, over all processes, and so
+    # consumer-group members (472 B and one semaphore, a 4 KiB page of /dev/shm, each); a dead
+    # process's consumers are reclaimed. The scheduler worker takes one from the first delayed
+    # message on.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
     # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
     max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
-    # send as usual, unmeasured, with a warning.
+    # send as usual, unmeasured, with a warning. The scheduler worker is one from the first
+    # delayed message on.
     max_producer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: ConsumeQueue files a process keeps mapped at once; the least recently used
     # idle one is unmapped (and its descriptor closed) when another is opened, and mapped again on

@@ -8,14 +8,22 @@ parks in the waiter table and reput wakes it on the first dispatch past its offs
 loop. `subscribe` + `poll` iterate topics with tag expressions (``"TagA || TagB"``, ``"*"``), and
 `commit` records the group's offsets in shared memory; the supervisor persists them to
 `config/consumerOffset.json`.
+
+A consumer group's members (every `Consumer` attached with one group, in any process) share the
+queues of what they subscribe (MessageModel.CLUSTERING, the default: rmq_mp/rebalance.py says
+what a rebalance guarantees and how soon), or each read everything with progress of its own
+(MessageModel.BROADCASTING: rmq_mp/local_offsets.py). `pull` names its queue and stays outside
+the group's rebalancing (RocketMQ's pull/assign consumer).
 """
 
 from __future__ import annotations
 
+import itertools
 import logging
 import os
+import threading
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -28,11 +36,13 @@ from rmq_mp.errors import (
     StoreError,
     StoreNotRunningError,
 )
+from rmq_mp.local_offsets import LocalFileOffsetStore, check_client_id
 from rmq_mp.mapping_pool import process_pool
 from rmq_mp.message import MessageExt
 from rmq_mp.message_store import offset_status, read_queue
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.read_damage import ReadSkips, shm_counter
+from rmq_mp.rebalance import REBALANCE_INTERVAL_MS, MessageModel, Rebalance
 from rmq_mp.reporter import Reporter
 from rmq_mp.running_store import REATTACH_WAIT_S, START_TIMEOUT_S, SUPERVISOR_STALE_MS, Instance, RunningStore
 from rmq_mp.status import GetMessageResult, GetMessageStatus
@@ -75,6 +85,21 @@ class Subscription:
     topic: str
     tags: frozenset[str] | None
     next_offsets: dict[int, int] = field(default_factory=dict)
+    starts: dict[int, int] = field(default_factory=dict)
+    """``from_offsets``: where a queue the group never committed starts (else 0)."""
+
+
+_CLIENT_SEQ = itertools.count()
+
+QueueListener = Callable[[str, list[int], list[int]], None]
+"""``(topic, released queue ids, claimed queue ids)``: `Consumer.set_queue_listener`."""
+
+
+def default_client_id() -> str:
+    """RocketMQ's ``ip@instanceName`` with the instance name it picks by default (the pid and a
+    distinguishing number): unique per Consumer object. A store is reached over shared memory,
+    so the address is the loopback one."""
+    return f"127.0.0.1@{os.getpid()}#{next(_CLIENT_SEQ)}"
 
 
 class Consumer:
@@ -85,10 +110,39 @@ class Consumer:
     Arguments are checked as RocketMQ's client checks them (`rmq_mp.validators`): the group by
     `Validators.checkGroup`, queue ids as Java ints, offsets as Java longs; a wrong one raises
     `InvalidArgumentError` (`InvalidArgumentTypeError` for a wrong type) before anything is read
-    or written."""
+    or written.
 
-    def __init__(self, store: RunningStore, group: str) -> None:
+    `commit` may be called from other threads while one thread polls (a push consumer's workers
+    do): the two share a lock around the group's ownership state."""
+
+    def __init__(
+        self, store: RunningStore, group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
+        client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
+    ) -> None:  # fmt: skip
         v.check_group(group)
+        if not isinstance(message_model, MessageModel):
+            raise InvalidArgumentTypeError(
+                f"message_model must be a MessageModel, not {type(message_model).__name__}"
+            )
+        self.message_model = message_model
+        self.client_id = default_client_id() if client_id is None else check_client_id(client_id)
+        self.rebalance_interval_ms = v.integer(rebalance_interval_ms, "rebalance_interval_ms")
+        if not 1 <= self.rebalance_interval_ms <= v.JAVA_INT_MAX:
+            raise InvalidArgumentError(f"rebalance_interval_ms {rebalance_interval_ms} must be 1..2^31-1")
+        self._lock = threading.RLock()
+        self._rr = 0
+        self.before_rebalance: Callable[[], None] | None = None
+        """Called in the polling thread, inside `poll`, before a rebalance that may release
+        queues (the members or the queues changed): a push consumer commits its progress and
+        lets its orderly batches finish there, so the next holder starts where it stopped."""
+        self.after_rebalance: Callable[[], None] | None = None
+        """Called right after that rebalance (the push consumer's orderly batches go on)."""
+        self._claimed: list[tuple[str, int]] = []
+        self.queue_listener: QueueListener | None = None
+        """`set_queue_listener`."""
+        self._lost: set[tuple[str, int]] = set()
+        """Queues this member held and lost to a rebalance, until it holds them again: their
+        commits are ignored (RocketMQ's dropped ProcessQueue)."""
         self.group = group
         self.reporter = Reporter()
         """Records this consumer skipped rather than serve (rmq_mp/read_damage.py)."""
@@ -114,16 +168,44 @@ class Consumer:
         self.skips = ReadSkips(self.reporter, publish=shm_counter(store.shm))
         self._waiter_slot = self._claim_waiter_slot()
         self._waiter_sem = store.shm.waiter(self._waiter_slot)
+        self.rebalance = Rebalance(
+            store.shm, self.group, self.client_id, self.message_model, self._waiter_slot,
+            self.rebalance_interval_ms, store.paths.topics,
+        )  # fmt: skip
+        """This start's membership and queue ownership (a restarted store has fresh ones: the
+        consumer joins again at its next poll, and claims its queues from the committed offsets)."""
+        self.local_offsets = LocalFileOffsetStore(store.paths.root, self.client_id, self.group)
+        """Broadcasting progress (unused under clustering)."""
 
     @classmethod
     def attach(
-        cls, name: str | os.PathLike[str], group: str, *, start_timeout_s: float = START_TIMEOUT_S
-    ) -> Consumer:
+        cls, name: str | os.PathLike[str], group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
+        client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> Consumer:  # fmt: skip
         """Attach to the running store ``name`` (shm name or store directory) as ``group``, a
         name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing).
-        A store still starting is waited for up to ``start_timeout_s``."""
+        A store still starting is waited for up to ``start_timeout_s``.
+
+        ``message_model``: CLUSTERING (each queue of a subscribed topic read by one live member
+        of the group at a time) or BROADCASTING (every member reads everything; progress per
+        ``client_id``). ``client_id`` names this member (default ``127.0.0.1@<pid>#<n>``,
+        unique per Consumer object); the group's members are allocated queues in the order of
+        their sorted ids, and a broadcasting member restarted with the same id resumes.
+        ``rebalance_interval_ms``: how often a member looks for dead members (module
+        rmq_mp.rebalance)."""
         v.check_group(group)
-        return cls(RunningStore.attach(name, Role.CONSUMER, start_timeout_s=start_timeout_s), group)
+        if client_id is not None:
+            check_client_id(client_id)
+        store = RunningStore.attach(name, Role.CONSUMER, start_timeout_s=start_timeout_s)
+        try:
+            return cls(
+                store, group, message_model=message_model, client_id=client_id,
+                rebalance_interval_ms=rebalance_interval_ms,
+            )  # fmt: skip
+        except InvalidArgumentError:
+            store.close()
+            raise
 
     def _check_running(self) -> None:
         """At every call that reads or commits: the store this consumer is attached to still
@@ -185,14 +267,21 @@ class Consumer:
         )
 
     def close(self) -> None:
-        """Give the consumer-table slot back and unmap; a second close does nothing (a `with`
-        block that closed it already)."""
+        """Leave the group (its queues go to the other members at once: what was not committed
+        is read again by them), give the consumer-table slot back and unmap; a second close
+        does nothing (a `with` block that closed it already)."""
         self._release()
 
     def _release(self) -> None:
-        """Give this start's consumer-table slot back, unmap its queues and shared memory."""
+        """Leave the group, give this start's consumer-table slot back, unmap its queues and
+        shared memory."""
         if self._waiter_slot < 0:
             return
+        with self._lock:
+            try:
+                self.rebalance.leave()
+            except ShmAttachError as exc:  # a dead holder kept the flags lock: pids tell the rest
+                log.warning("consumer %s of %s left without releasing: %s", self.client_id, self.group, exc)
         self.waiters.set(self._waiter_slot, wt.WAITING, 0)
         self.waiters.set(self._waiter_slot, wt.HOLD, wt.NO_HOLD)
         self.waiters.set(self._waiter_slot, wt.PID, 0)
@@ -234,6 +323,17 @@ class Consumer:
         for mf in cq.mfq.files:
             mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
         return cq
+
+    def entries(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` ConsumeQueue entries (phy offset, size, tags code) of one queue
+        from ``offset``, within what reput dispatched and one queue file: for a reader that
+        decides by the tags code before it reads records (the scheduler: a delivery time)."""
+        self._check_running()
+        slot, min_offset, max_offset = self._offsets(topic, queue_id)
+        if slot < 0 or not min_offset <= offset < max_offset:
+            return []
+        cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+        return list(cq.entries(offset, min(max_count, max_offset - offset)))
 
     def pull(
         self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *, timeout_s: float = 0.0,
@@ -340,8 +440,9 @@ class Consumer:
             self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds, default=wt.NO_HOLD))
 
     def _park(
-        self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False
-    ) -> None:
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False,
+        wake_if: Callable[[], bool] | None = None,
+    ) -> None:  # fmt: skip
         """Register in our waiter slot, re-check (no lost wakeup) for PARK_SPIN_S, then sleep until
         woken or timeout. With longPollingEnable=false: sleep SHORT_POLLING_S (or the timeout)
         without registering, as RocketMQ's short polling. At most `PARK_MAX_S`: the caller
@@ -366,7 +467,8 @@ class Consumer:
             ):
                 w.set(self._waiter_slot, wt.WAITING, 0)
                 return
-        acquire(self._waiter_sem, timeout_s)
+        if wake_if is None or not wake_if():  # checked after registering: no lost rebalance post
+            acquire(self._waiter_sem, timeout_s)
         w.set(self._waiter_slot, wt.WAITING, 0)
 
     # ------------------------------------------------------------------ subscriptions
@@ -374,36 +476,140 @@ class Consumer:
     def subscribe(
         self, topic: str, expression: str = "*", *, from_offsets: dict[int, int] | None = None
     ) -> None:
-        """Consume ``topic``'s queues from the group's committed offsets (or 0), tag-filtered.
-        `InvalidArgumentError` for a topic the group cannot keep offsets for, or bad offsets."""
+        """Consume ``topic``, tag-filtered. Under CLUSTERING the first subscribe joins the group
+        (shm/members.py) and `poll` reads only the queues this member is allocated, each from
+        the group's committed offset (``from_offsets`` for a queue the group never committed,
+        else 0); under BROADCASTING every queue, from this member's own progress
+        (`LocalFileOffsetStore`), else ``from_offsets``, else 0. `InvalidArgumentError` for a
+        topic the group cannot keep offsets for, or bad offsets."""
         v.check_topic(topic, with_offsets=True)
         if not isinstance(expression, str):
             raise InvalidArgumentTypeError(
                 f"expression must be a str ('*' or 'TagA || TagB'), not {type(expression).__name__}"
             )
         starts = _queue_offsets(from_offsets or {}, "from_offsets")
-        sub = Subscription(topic, parse_tag_expression(expression))
         self._check_running()
-        groups = self.store.shm.groups
-        for queue_id, slot in groups.queues_of(self._offset_key(topic)):
-            sub.next_offsets[queue_id] = groups.get(slot, qo.COMMITTED)
-        sub.next_offsets.update(starts)
-        self.subscriptions[topic] = sub
+        with self._lock:
+            sub = Subscription(topic, parse_tag_expression(expression), starts=starts)
+            old = self.subscriptions.get(topic)
+            if self.message_model is MessageModel.BROADCASTING:
+                self.local_offsets.load()
+                sub.next_offsets.update(starts)
+                sub.next_offsets.update(self.local_offsets.offsets_of(topic))
+            else:  # where a queue starts once held; a queue held restarts from the group's offset
+                groups = self.store.shm.groups
+                sub.next_offsets.update(starts)
+                for queue_id, group_slot in self.rebalance.owned.get(topic, {}).items():
+                    committed = groups.get(group_slot, qo.COMMITTED)
+                    if committed >= 0:  # (an rmq-admin resetOffsetByTime is picked up here)
+                        sub.next_offsets[queue_id] = committed
+                    elif old is not None and queue_id in old.next_offsets:
+                        sub.next_offsets[queue_id] = old.next_offsets[queue_id]
+            self.subscriptions[topic] = sub
+            self.rebalance.request()
 
     def committed_offset(self, topic: str, queue_id: int) -> int:
-        """The group's committed offset for a queue, -1 when it has none (as RocketMQ)."""
+        """The group's committed offset for a queue (a broadcasting member's own), -1 when it
+        has none (as RocketMQ)."""
         v.check_topic(topic, with_offsets=True)
         queue_id = v.check_queue_id(queue_id)
+        if self.message_model is MessageModel.BROADCASTING:
+            return self.local_offsets.offsets_of(topic).get(queue_id, -1)
         self._check_running()
         groups = self.store.shm.groups
         slot = groups.find(self._offset_key(topic), queue_id)
         return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
 
+    def assignment(self) -> dict[str, list[int]]:
+        """The queues this member reads, by subscribed topic: under CLUSTERING those it holds
+        now (it changes only inside `poll`, and at `close`), under BROADCASTING every queue."""
+        with self._lock:
+            if self.message_model is MessageModel.BROADCASTING:
+                return {t: self._topic_queues(t) for t in self.subscriptions}
+            return {t: sorted(self.rebalance.owned.get(t, {})) for t in self.subscriptions}
+
+    def owns(self, topic: str, queue_id: int) -> bool:
+        """Whether this member holds the queue now (a push consumer drops what it fetched from a
+        queue it lost: its commit would be ignored, and the new owner reads it again)."""
+        if self.message_model is MessageModel.BROADCASTING:
+            return topic in self.subscriptions
+        return queue_id in self.rebalance.owned.get(topic, {})
+
     def _topic_queues(self, topic: str) -> list[int]:
         return [queue_id for queue_id, _slot in self.queues.queues_of(topic)]
 
+    def _on_claim(self, topic: str, queue_id: int, committed: int, known: bool) -> None:
+        """A queue newly held: read it from the group's committed offset (lock held)."""
+        self._lost.discard((topic, queue_id))
+        self._claimed.append((topic, queue_id))
+        sub = self.subscriptions[topic]
+        if known:
+            sub.next_offsets[queue_id] = committed
+        elif queue_id in sub.starts:
+            sub.next_offsets[queue_id] = sub.starts[queue_id]
+        else:  # from 0, and nothing to commit for it until a poll reads it
+            sub.next_offsets.pop(queue_id, None)
+        # (a `from_offsets` start also sits in next_offsets before the queue is held: overwritten)
+
+    def set_queue_listener(self, listener: QueueListener | None) -> None:
+        """RocketMQ's MessageQueueListener (`messageQueueChanged`): ``listener(topic, released,
+        claimed)`` runs in the polling thread, inside `poll`, after a rebalance changed this
+        member's queues of ``topic`` (queue ids, sorted), before anything is read from the
+        claimed ones. A released queue's commits are ignored from then on (its new holder reads
+        what was not committed): a push consumer drops the messages it still has from it."""
+        self.queue_listener = listener
+
+    def _polled_queues(self) -> list[tuple[Subscription, int]]:
+        """The (subscription, queue) pairs a poll reads, after a rebalance when one is due: a
+        member joins the group at its first poll."""
+        changes: dict[str, tuple[list[int], list[int]]] = {}
+        try:
+            return self._rebalanced(changes)
+        finally:
+            if changes and self.queue_listener is not None:
+                for topic, (released, claimed) in sorted(changes.items()):
+                    self.queue_listener(topic, sorted(released), sorted(claimed))
+
+    def _rebalanced(self, changes: dict[str, tuple[list[int], list[int]]]) -> list[tuple[Subscription, int]]:
+        """`_polled_queues` under the lock; fills ``changes`` (topic -> (released, claimed))."""
+        with self._lock:
+            if self.message_model is MessageModel.BROADCASTING:
+                if not self.rebalance.joined:
+                    self.rebalance.join()
+                if self.rebalance.due():
+                    self.rebalance.run([], self._on_claim)
+                return [
+                    (sub, q) for sub in self.subscriptions.values() for q in self._topic_queues(sub.topic)
+                ]
+            if not self.rebalance.joined:
+                self.rebalance.join()
+            if self.rebalance.due():
+                before = self.before_rebalance
+                hooked = before is not None and self.rebalance.may_release()
+                if before is not None and hooked:
+                    before()
+                self._claimed.clear()
+                try:
+                    released = self.rebalance.run(list(self.subscriptions), self._on_claim)
+                finally:
+                    if hooked and self.after_rebalance is not None:
+                        self.after_rebalance()
+                for topic, queue_id in self._claimed:
+                    changes.setdefault(topic, ([], []))[1].append(queue_id)
+                for topic, queue_id in released:  # dropped: its commits are ignored from now on
+                    changes.setdefault(topic, ([], []))[0].append(queue_id)
+                    self._lost.add((topic, queue_id))
+                    if topic in self.subscriptions:
+                        self.subscriptions[topic].next_offsets.pop(queue_id, None)
+            owned = self.rebalance.owned
+            return [(sub, q) for sub in self.subscriptions.values() for q in sorted(owned.get(sub.topic, {}))]
+
     def poll(self, timeout_s: float = 1.0, max_msgs: int = 32) -> list[MessageExt]:
-        """The next messages of any subscribed queue; waits up to ``timeout_s`` when there are none."""
+        """The next messages of the queues this member reads (`assignment`); waits up to
+        ``timeout_s`` when there are none. A long poll also ends its wait when the group
+        changes (a member joins, leaves or dies, a queue is released), moves its queues and
+        reads on. Queues are visited round-robin from one poll to the next, so a backlog in one
+        does not starve the others."""
         if not self.subscriptions:
             raise StoreError("poll() before subscribe()")
         timeout_s = _seconds(timeout_s, "timeout_s")
@@ -416,21 +622,27 @@ class Consumer:
         while True:
             self._check_running()
             batch: list[MessageExt] = []
-            for sub in self.subscriptions.values():
-                for queue_id in self._topic_queues(sub.topic):
-                    offset = sub.next_offsets.get(queue_id, 0)
-                    result = self._read(sub.topic, queue_id, offset, max_msgs - len(batch), sub.tags)
-                    if result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
-                                         GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
-                                         GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.MESSAGE_WAS_REMOVING):  # fmt: skip
-                        sub.next_offsets[queue_id] = result.next_begin_offset
-                    batch.extend(result.messages)
-                    if len(batch) >= max_msgs:
-                        return batch
+            pairs = self._polled_queues()
+            start = self._rr % len(pairs) if pairs else 0
+            for sub, queue_id in pairs[start:] + pairs[:start]:
+                offset = sub.next_offsets.get(queue_id, 0)
+                result = self._read(sub.topic, queue_id, offset, max_msgs - len(batch), sub.tags)
+                if result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+                                     GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                                     GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.MESSAGE_WAS_REMOVING):  # fmt: skip
+                    sub.next_offsets[queue_id] = result.next_begin_offset
+                batch.extend(result.messages)
+                if len(batch) >= max_msgs:
+                    self._rr += 1
+                    return batch
+            self._rr += 1
             remaining = deadline - time.monotonic()
             if batch or remaining <= 0:
                 return batch
-            self._park("", 0, 0, remaining, any_queue=True)
+            self._park(
+                "", 0, 0, min(remaining, max(self.rebalance.seconds_to_check(), 0.001)), any_queue=True,
+                wake_if=self.rebalance.due,
+            )  # fmt: skip
 
     def __iter__(self) -> Iterator[MessageExt]:
         """Messages of the subscriptions until a poll of one second finds none."""
@@ -438,30 +650,45 @@ class Consumer:
             yield from batch
 
     def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
-        """Record the group's consumed offsets: the next offsets of every subscribed queue, or the
-        ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
+        """Record the group's consumed offsets: the next offsets of every queue this member reads,
+        or the ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
         `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop.
+
+        Under CLUSTERING a queue this member held and lost to a rebalance is left out (as
+        RocketMQ drops the offset of a removed ProcessQueue): its new owner's progress is never
+        set back. (An offset given for a queue it never held is recorded: the assign-style use
+        of `pull`.) Under BROADCASTING the offsets are this member's own, written to its
+        `LocalFileOffsetStore` file, not the group's. Returns every offset this consumer
+        committed so far.
 
         Every entry is checked before any is recorded (all or nothing): a topic the store cannot
         hold or one with '@' (consumerOffset.json's ``topic@group`` separator), a queue id outside
         0..2^31-1, an offset that is negative or beyond a Java long raise `InvalidArgumentError`."""
-        if offsets is None:
-            offsets = {
-                (s.topic, q): o for s in self.subscriptions.values() for q, o in s.next_offsets.items()
-            }
-        else:
-            offsets = _commit_offsets(offsets)
-        self._check_running()  # never into the table of a store that stopped: it is not persisted
-        groups = self.store.shm.groups
-        keys = [(self._offset_key(topic), queue_id) for topic, queue_id in offsets]
-        slots = [groups.find(key, queue_id) for key, queue_id in keys]
-        if min(slots, default=0) < 0:  # new entries: all or nothing (a full table refuses the commit)
-            with self.store.shm.flags_lock("register group offsets"):
-                slots = groups.find_or_insert_all(keys)
-        for (queue, offset), slot in zip(offsets.items(), slots, strict=True):
-            groups.set(slot, qo.COMMITTED, offset)
-            self.committed[queue] = offset
-        return dict(self.committed)
+        given = None if offsets is None else _commit_offsets(offsets)
+        with self._lock:
+            if given is None:
+                given = {(t, q): o for t, s in self.subscriptions.items() for q, o in s.next_offsets.items()}
+                if self.message_model is MessageModel.CLUSTERING:  # the queues held, not the starts
+                    owned = self.rebalance.owned
+                    given = {(t, q): o for (t, q), o in given.items() if q in owned.get(t, {})}
+            if self.message_model is MessageModel.BROADCASTING:
+                for (topic, queue_id), offset in given.items():
+                    self.local_offsets.update(topic, queue_id, offset)
+                    self.committed[(topic, queue_id)] = offset
+                self.local_offsets.persist()
+                return dict(self.committed)
+            given = {key: offset for key, offset in given.items() if key not in self._lost}
+            self._check_running()  # never into the table of a store that stopped: it is not persisted
+            groups = self.store.shm.groups
+            keys = [(self._offset_key(topic), queue_id) for topic, queue_id in given]
+            slots = [groups.find(key, queue_id) for key, queue_id in keys]
+            if min(slots, default=0) < 0:  # new entries: all or nothing (a full table refuses the commit)
+                with self.store.shm.flags_lock("register group offsets"):
+                    slots = groups.find_or_insert_all(keys)
+            for (queue, offset), slot in zip(given.items(), slots, strict=True):
+                groups.set(slot, qo.COMMITTED, offset)
+                self.committed[queue] = offset
+            return dict(self.committed)
 
     def _offset_key(self, topic: str) -> str:
         return ConsumerOffsetManager.key(self.group, topic)

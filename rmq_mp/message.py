@@ -36,8 +36,24 @@ PROPERTY_REAL_QUEUE_ID = "REAL_QID"
 PROPERTY_TRANSACTION_PREPARED = "TRAN_MSG"
 PROPERTY_PRODUCER_GROUP = "PGROUP"
 PROPERTY_CLUSTER = "CLUSTER"
+PROPERTY_RETRY_TOPIC = "RETRY_TOPIC"
+PROPERTY_ORIGIN_MESSAGE_ID = "ORIGIN_MESSAGE_ID"
+
+RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
+DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+
+
+def retry_topic(group: str) -> str:
+    """MixAll.getRetryTopic: where a clustering group's failed messages wait for their retry."""
+    return RETRY_GROUP_TOPIC_PREFIX + group
+
+
+def dlq_topic(group: str) -> str:
+    """MixAll.getDLQTopic: where a group's messages go after their last retry failed."""
+    return DLQ_GROUP_TOPIC_PREFIX + group
+
 
 # MessageSysFlag (rocketmq-format.md §2.3).
 COMPRESSED_FLAG = 0x1
@@ -239,6 +255,10 @@ class Message:
     store_host: Host | None = None
     reconsume_times: int = 0
     prepared_transaction_offset: int = 0
+    properties_string: str | None = None
+    """What is stored as the properties when it differs from `properties` (RocketMQ's separate
+    `propertiesString`): a delayed message's delivery keeps DELAY in the stored string and not in
+    the map (`rmq_mp.schedule.message_timeup`). None: `properties` encoded."""
 
     @property
     def tags(self) -> str | None:

@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 
 from rmq_mp import message as m
-from rmq_mp import read_damage, record
+from rmq_mp import read_damage, record, schedule
 from rmq_mp import validators as v
 from rmq_mp.checkpoint import StoreCheckpoint
 from rmq_mp.commit_log import CommitLog
@@ -48,6 +48,7 @@ from rmq_mp.mapping_pool import process_pool
 from rmq_mp.offsets import ConsumerOffsetManager
 from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
+from rmq_mp.record import RecordRejected
 from rmq_mp.recovery import RecoveryReport, recover
 from rmq_mp.reporter import Reporter
 from rmq_mp.status import (
@@ -342,7 +343,15 @@ class MessageStore:
                 return PutMessageResult(problem[0], reason=problem[1])
             if not message.born_timestamp:
                 message.born_timestamp = int(time.time() * 1000)
+            text = message.properties_string
+            message = schedule.delayed_message(
+                message,
+                m.properties_to_string(message.properties) if text is None else text,
+                len(self.delay_level_ms),
+            )
             encoded = record.encode_record(message, store_host)
+        except RecordRejected as exc:  # a DELAY that is not a level
+            return PutMessageResult(exc.status, reason=exc.reason)
         except (TypeError, ValueError, OverflowError, struct.error, AttributeError):
             reason = v.message_problem(message)  # raises for a wrong type
             if not reason:

@@ -32,6 +32,12 @@ _SALVAGE_QUEUE = re.compile(
 )
 
 
+_SALVAGE_LEVEL = re.compile(
+    r'[{,][ \t\r\n]*"?([1-9][0-9]{0,9})"?[ \t\r\n]*:[ \t\r\n]*"?([0-9]{1,19})"?[ \t\r\n]*(?=[,}\n])'
+)
+"""One ``level:offset`` pair of delayOffset.json's offsetTable (bare or quoted key)."""
+
+
 def _int(value: Any, what: str) -> int:
     """A Java int/long from the file: a JSON integer, or a quoted one (gson quotes map keys)."""
     if isinstance(value, bool):
@@ -166,8 +172,9 @@ class ConsumerOffsetManager(ConfigManager):
 
 class DelayOffsetManager(ConfigManager):
     """``config/delayOffset.json``: ``table[delay_level] = offset`` in SCHEDULE_TOPIC_XXXX queue
-    ``delay_level - 1``. Read so that a RocketMQ store's file is understood and kept; rmq-mp
-    has no schedule service that advances it."""
+    ``delay_level - 1``, the next offset the scheduler delivers (workers/scheduler.py). The
+    supervisor loads it at start into shared memory (`shm.schedule_offsets`) and persists what
+    the scheduler reached every ``flushDelayOffsetInterval`` and at stop."""
 
     def __init__(self, path: Path) -> None:
         super().__init__(path)
@@ -184,6 +191,18 @@ class DelayOffsetManager(ConfigManager):
 
     def reset(self) -> None:
         self.table = {}
+
+    def salvage(self, texts: list[str]) -> str:
+        """Every ``level:offset`` pair still readable in ``texts``; where they disagree the lower
+        offset wins (a message delivered twice rather than never)."""
+        table: dict[int, int] = {}
+        for text in texts:
+            for match in _SALVAGE_LEVEL.finditer(text):
+                level, offset = int(match.group(1)), int(match.group(2))
+                if 0 <= offset <= JAVA_LONG_MAX:
+                    table[level] = min(table.get(level, offset), offset)
+        self.table = table
+        return f"{len(table)} delay level offset(s)" if table else ""
 
     def offset_of(self, delay_level: int) -> int:
         """The level's offset; -1 when the file has none (as RocketMQ's queryOffset)."""

@@ -68,6 +68,10 @@ class StorePaths:
         return self.config / "consumerOffset.json"
 
     @property
+    def delay_offset(self) -> Path:
+        return self.config / "delayOffset.json"
+
+    @property
     def topics(self) -> Path:
         return self.config / "topics.json"
 

@@ -47,6 +47,21 @@ class GetMessageStatus(enum.Enum):
     NO_MESSAGE_IN_QUEUE = "NO_MESSAGE_IN_QUEUE"
 
 
+class ConsumeConcurrentlyStatus(enum.Enum):
+    """What a concurrent listener answers for its messages (MessageListenerConcurrently)."""
+
+    CONSUME_SUCCESS = "CONSUME_SUCCESS"
+    RECONSUME_LATER = "RECONSUME_LATER"
+
+
+class ConsumeOrderlyStatus(enum.Enum):
+    """What an orderly listener answers (MessageListenerOrderly): SUSPEND_CURRENT_QUEUE_A_MOMENT
+    consumes the same messages again after a pause, keeping the queue's order."""
+
+    SUCCESS = "SUCCESS"
+    SUSPEND_CURRENT_QUEUE_A_MOMENT = "SUSPEND_CURRENT_QUEUE_A_MOMENT"
+
+
 @dataclass(frozen=True, slots=True)
 class PutMessageResult:
     """Outcome of one put (or one batch). Offsets are -1 when nothing was appended."""

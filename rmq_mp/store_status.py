@@ -9,19 +9,24 @@ from __future__ import annotations
 
 import errno
 import os
+from collections import Counter
 from typing import Any
 
 from rmq_mp.cleaning import CleanerStatistics
 from rmq_mp.config import MessageStoreConfig
+from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.disk import disk_used_ratio
 from rmq_mp.errors import ShmAttachError
+from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.schedule import SCHEDULE_TOPIC, LevelProgress, queue_id_of
 from rmq_mp.status import RunningFlags
 from shm import layout
 from shm import queue_offsets as qo
+from shm import schedule_offsets as so
 from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import now_ms
+from shm.pointer_table import now_ms, pid_alive
 from shm.store_shm import StoreShm
 
 STATE_NAMES = {
@@ -64,7 +69,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
             }
         flags = snap["running_flags"]
         cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
-        ops = _ops_sections(shm, snap)
+        ops = _ops_sections(shm, snap, config)
         return {
             **ops,
             "tables": table_levels(shm, ops["producer_metrics"]),
@@ -201,7 +206,7 @@ def format_table_levels(levels: dict[str, dict[str, int]]) -> str:
     return "  ".join(f"{key} {v['used']:,}/{v['capacity']:,}" for key, v in levels.items())
 
 
-def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
+def _ops_sections(shm: StoreShm, snap: dict[str, int], config: MessageStoreConfig) -> dict[str, Any]:
     """Producer histograms, consumer lag per group, recovery time, metrics port."""
     metrics: dict[str, Any] = {}
     try:
@@ -231,12 +236,14 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
         "metrics_port": snap["metrics_port"],
         "producer_metrics": metrics,
         "consumer_groups": consumer_lags(shm),
+        "delay_levels": delay_levels(shm, config),
     }
 
 
 def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
     """Per group and topic: messages dispatched but not committed, over every queue of the topic
-    (a queue the group never committed counts from its min offset), as consumerProgress's Diff."""
+    (a queue the group never committed counts from its min offset), as consumerProgress's Diff,
+    and the group's live members (shm/members.py)."""
     by_topic: dict[str, dict[int, tuple[int, int]]] = {}
     for topic, queue_id, slot in shm.queues.queues():
         by_topic.setdefault(topic, {})[queue_id] = (
@@ -247,9 +254,83 @@ def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
     for key, queue_id, slot in shm.groups.queues():
         topic, _, group = key.partition("@")
         committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+    members = Counter(m.group for m in shm.members.members(pid_alive))
     rows = []
     for (group, topic), offsets in sorted(committed.items()):
         queues = by_topic.get(topic, {})
         lag = sum(max(high - max(offsets.get(q, -1), low), 0) for q, (low, high) in queues.items())
-        rows.append({"group": group, "topic": topic, "queues": len(queues), "lag": lag})
+        rows.append(
+            {"group": group, "topic": topic, "queues": len(queues), "lag": lag, "members": members[group]}
+        )
     return rows
+
+
+def schedule_progress(shm: StoreShm, config: MessageStoreConfig) -> list[LevelProgress]:
+    """Each delay level's progress through its SCHEDULE_TOPIC_XXXX queue (the schedule table
+    and the queue table), level 1 first. The due time of a level's oldest undelivered entry is
+    read from its queue file (one 20-byte pread), so a scheduler that hangs shows its lag."""
+    table = shm.schedule
+    levels = []
+    for level in range(1, table.levels + 1):
+        queue_id = queue_id_of(level)
+        slot = shm.queues.find(SCHEDULE_TOPIC, queue_id)
+        offset = table.get(level - 1, so.OFFSET)
+        max_offset = shm.queues.get(slot, qo.DISPATCHED) if slot >= 0 else 0
+        levels.append(
+            LevelProgress(
+                level=level,
+                delay_ms=table.get(level - 1, so.DELAY_MS),
+                offset=offset,
+                max_offset=max_offset,
+                next_due_ms=_due_ms(config, queue_id, offset) if offset < max_offset else so.NONE_DUE,
+                delivered=table.get(level - 1, so.DELIVERED),
+            )
+        )
+    return levels
+
+
+def _due_ms(config: MessageStoreConfig, queue_id: int, offset: int) -> int:
+    """The tags code (a delivery time) of SCHEDULE_TOPIC_XXXX queue entry ``offset``, -1 when
+    its file is gone (cleaned meanwhile)."""
+    size = config.mapped_file_size_consume_queue
+    position = offset * CQ_STORE_UNIT_SIZE
+    path = (
+        config.consume_queue_dir
+        / SCHEDULE_TOPIC
+        / str(queue_id)
+        / offset_to_file_name(position - position % size)
+    )
+    try:
+        with path.open("rb") as f:
+            raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, position % size)
+    except OSError:
+        return so.NONE_DUE
+    return int.from_bytes(raw[12:20], "big", signed=True) if len(raw) == CQ_STORE_UNIT_SIZE else so.NONE_DUE
+
+
+def delay_levels(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, int]]:
+    """`schedule_progress` as status shows it: backlog (entries not yet delivered) and lag (ms
+    the oldest undelivered entry is past its due time, 0 when none is due) per level."""
+    now = now_ms()
+    return [
+        {
+            "level": p.level,
+            "delay_ms": p.delay_ms,
+            "offset": p.offset,
+            "max_offset": p.max_offset,
+            "backlog": p.backlog,
+            "lag_ms": p.lag_ms(now),
+            "delivered": p.delivered,
+        }
+        for p in schedule_progress(shm, config)
+    ]
+
+
+def format_delay_levels(levels: list[dict[str, int]]) -> list[str]:
+    """Lines for the levels that hold or held anything (an idle store's 18 levels say nothing)."""
+    return [
+        f"level {d['level']} ({d['delay_ms'] / 1000:g} s): backlog {d['backlog']}  lag {d['lag_ms']} ms  "
+        f"offset {d['offset']}/{d['max_offset']}  delivered {d['delivered']}"
+        for d in levels
+        if d["max_offset"] or d["offset"]
+    ]

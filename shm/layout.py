@@ -11,7 +11,7 @@ Slot map (index x 8 = byte offset):
     32..36   put journal (undo record for a put interrupted by its producer's death)
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
-    96..     per worker: WORKER_FIELDS for each role in shm.names.ROLES
+    96..191  per worker: WORKER_FIELDS for each role in shm.names.ROLES (six roles)
     272..399 operator fields (recovery time, metrics port, records readers skipped)
 """
 
@@ -31,6 +31,7 @@ class Role(enum.Enum):
     FLUSHER = "flusher"
     REPUT = "reput"
     CLEANER = "cleaner"
+    SCHEDULER = "scheduler"
     CONSUMER = "consumer"
 
 

@@ -17,7 +17,7 @@ from rmq_mp.errors import ConfigError
 
 _VALID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-ROLES = ("allocator", "committer", "flusher", "reput", "cleaner")
+ROLES = ("allocator", "committer", "flusher", "reput", "cleaner", "scheduler")
 """Worker roles, in start order (each depends only on those before it)."""
 
 
@@ -61,8 +61,16 @@ class ShmNames:
         return self._name("gof")
 
     @property
+    def members(self) -> str:
+        return self._name("mbr")
+
+    @property
     def metrics(self) -> str:
         return self._name("metrics")
+
+    @property
+    def schedule_offsets(self) -> str:
+        return self._name("sched")
 
     @property
     def flush_requests(self) -> str:

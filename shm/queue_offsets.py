@@ -25,9 +25,15 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
 
     off  field                 writer
       0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
-     16  committed_offset      the consumer that commits (any writer of the group's queue)
+     16  committed_offset      the consumer that commits (any writer of the group's queue); -1 set
+                               by a clustering member that claimed a queue the group never
+                               committed (the entry then holds only its owner: not persisted)
      24  key_length            as ``used``
-     32  topic@group           UTF-8, <= 127 + 1 + 255 bytes (test_shared_tables checks the longest fits)
+     32  owner                 clustering members of the group, under the flags lock: 0 free, else
+                               `owner_word` (pid, member slot) of the one member reading the queue
+                               (rmq_mp/rebalance.py); a claimer takes it only when free or when its
+                               owner's pid is dead; the supervisor's fresh table starts it at 0
+     40  topic@group           UTF-8, <= 127 + 1 + 255 bytes (test_shared_tables checks the longest fits)
 Before the slots, the header (capacity; entries used, by the inserter under the table's lock)
 and the directory of used slots in insertion order (the same writer, before it counts the
 entry): scans read the directory, so untouched slots never take /dev/shm pages.
@@ -51,6 +57,19 @@ NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
 DISPATCH_ERROR = 56
 COMMITTED = 16
 """In the group-offset table, the field holding the group's committed (next) offset."""
+OWNER = 32
+"""In the group-offset table, the clustering owner of the queue (0: none): `owner_word`."""
+
+
+def owner_word(pid: int, member_slot: int) -> int:
+    """The OWNER value of a member: its pid and member-table slot (one process may hold several
+    members, one per Consumer object), never 0."""
+    return (pid << 32) | (member_slot + 1)
+
+
+def owner_of(word: int) -> tuple[int, int]:
+    """(pid, member slot) of an OWNER value; (0, -1) when free."""
+    return word >> 32, (word & 0xFFFFFFFF) - 1
 
 
 class KeyedOffsetTable(SlotTable):
@@ -214,12 +233,13 @@ class QueueOffsetTable(KeyedOffsetTable):
 
 
 class GroupOffsetTable(KeyedOffsetTable):
-    SLOT_SIZE = 416
+    SLOT_SIZE = 424
     FIELDS: ClassVar[dict[str, int]] = {
         "used": USED,
         "queue_id": QUEUE_ID,
         "committed_offset": COMMITTED,
         "key_length": 24,
+        "owner": OWNER,
     }
     SETTING = "maxConsumerOffsetNum"
     WHAT = "consumer-offset (topic@group/queue)"

@@ -19,9 +19,11 @@ from rmq_mp.errors import ShmAttachError
 from shm import layout
 from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
+from shm.members import MemberTable
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
+from shm.schedule_offsets import ScheduleOffsetTable
 from shm.segment import SharedSegment
 from shm.semaphores import Wakeup, acquire, attach_semaphore, create_semaphore, unlink_semaphore
 from shm.transient_pool import FREE, TransientPool
@@ -49,6 +51,8 @@ class ShmSizes:
     """maxConsumeQueueNum"""
     groups: int
     """maxConsumerOffsetNum"""
+    delay_levels: int
+    """messageDelayLevel entries"""
 
     @classmethod
     def of(cls, config: MessageStoreConfig) -> ShmSizes:
@@ -60,6 +64,7 @@ class ShmSizes:
             config.max_consumer_num,
             config.max_consume_queue_num,
             config.max_consumer_offset_num,
+            len(config.delay_levels_ms),
         )
 
 
@@ -76,9 +81,13 @@ class StoreShm:
         waiters: WaiterTable,
         pool: TransientPool,
         groups: GroupOffsetTable,
+        members: MemberTable,
+        schedule: ScheduleOffsetTable,
     ) -> None:
         self.names = names
         self.groups = groups
+        self.members = members
+        self.schedule = schedule
         self.role = role
         self.table = table
         self.queues = queues
@@ -99,6 +108,8 @@ class StoreShm:
         ring = FlushRequestRing.create(names.flush_requests, sizes.flush_ring)
         waiters = WaiterTable.create(names.waiters, sizes.waiters)
         groups = GroupOffsetTable.create(names.group_offsets, sizes.groups)
+        members = MemberTable.create(names.members, sizes.waiters)
+        schedule = ScheduleOffsetTable.create(names.schedule_offsets, sizes.delay_levels)
         buffers = [
             SharedSegment.create(names.pool_buffer(i), sizes.pool_buffer_size)
             for i in range(sizes.pool_buffers)
@@ -107,7 +118,18 @@ class StoreShm:
         assert sizes.pool_buffers <= layout.POOL_SLOTS, "config validation bounds transientStorePoolSize"
         for i in range(layout.POOL_SLOTS):
             table.set(layout.pool_file_offset(i), FREE)
-        shm = cls(names, Role.SUPERVISOR, table, queues, ring, waiters, TransientPool(table, buffers), groups)
+        shm = cls(
+            names,
+            Role.SUPERVISOR,
+            table,
+            queues,
+            ring,
+            waiters,
+            TransientPool(table, buffers),
+            groups,
+            members,
+            schedule,
+        )
         for name, initial in shm._semaphore_specs(sizes):
             shm._sems[name] = create_semaphore(name, initial)
         return shm
@@ -128,11 +150,24 @@ class StoreShm:
             ring = FlushRequestRing.attach(names.flush_requests)
             waiters = WaiterTable.attach(names.waiters)
             groups = GroupOffsetTable.attach(names.group_offsets)
+            members = MemberTable.attach(names.members)
+            schedule = ScheduleOffsetTable.attach(names.schedule_offsets)
             buffers = [SharedSegment.attach(names.pool_buffer(i)) for i in range(table.get(layout.POOL_SIZE))]
         except ShmAttachError:
             table.close()
             raise
-        return cls(names, role, table, queues, ring, waiters, TransientPool(table, buffers), groups)
+        return cls(
+            names,
+            role,
+            table,
+            queues,
+            ring,
+            waiters,
+            TransientPool(table, buffers),
+            groups,
+            members,
+            schedule,
+        )
 
     def semaphore(self, name: str) -> posix_ipc.Semaphore:
         sem = self._sems.get(name)
@@ -202,6 +237,8 @@ class StoreShm:
             self.ring.segment,
             self.waiters.segment,
             self.groups.segment,
+            self.members.segment,
+            self.schedule.segment,
         ):
             seg.close()
         for buf in self.pool.buffers:

@@ -174,6 +174,28 @@ def _store_metrics(status: dict[str, Any]) -> Iterator[Metric]:
     for g in status["consumer_groups"]:
         lag.add_metric([g["group"], g["topic"]], g["lag"])
     yield lag
+    backlog = GaugeMetricFamily(
+        "rmq_delay_level_backlog_messages",
+        "Delayed messages of a level stored but not yet delivered (SCHEDULE_TOPIC_XXXX queue level-1)",
+        labels=["level"],
+    )
+    late = GaugeMetricFamily(
+        "rmq_delay_level_lag_ms",
+        "How long past its due time the oldest undelivered message of a level is (0: none due)",
+        labels=["level"],
+    )
+    delivered = CounterMetricFamily(
+        "rmq_delay_level_delivered",
+        "Delayed messages delivered to their real topic since start",
+        labels=["level"],
+    )
+    for d in status["delay_levels"]:
+        backlog.add_metric([str(d["level"])], d["backlog"])
+        late.add_metric([str(d["level"])], d["lag_ms"])
+        delivered.add_metric([str(d["level"])], d["delivered"])
+    yield backlog
+    yield late
+    yield delivered
 
 
 class OpsMonitor:

@@ -51,7 +51,7 @@ from rmq_mp.dispatch import INDEX_KEY, Dispatcher, DispatchFault
 from rmq_mp.errors import ConfigError
 from rmq_mp.index_service import IndexService
 from rmq_mp.mapping_pool import process_pool
-from rmq_mp.message import is_dispatchable
+from rmq_mp.message import SCHEDULE_TOPIC, is_dispatchable
 from rmq_mp.reporter import Reporter
 from shm import layout
 from shm import queue_offsets as qo
@@ -146,6 +146,10 @@ class ReputService(ServiceLoop):
         self.readable_in_bursts = self.store.sync_flush or self.store.pool_enabled
         """Records become readable at each flush (SYNC_FLUSH) or commit (the pool), not at each
         put: fixed for the process's life, asked before every sleep."""
+        self.schedule_slots: set[int] = set()
+        """Queue-table slots of SCHEDULE_TOPIC_XXXX queues: a dispatch to one wakes the scheduler."""
+        self.schedule_slots_seen = -1
+        """The queue table's fill when `schedule_slots` was last looked up."""
         self.record_bytes = 1 << 30
         """Mean record size (with any BLANK) of the last pass: how many records a pass's bytes
         hold. Until a pass says, any pass counts as small."""
@@ -215,6 +219,7 @@ class ReputService(ServiceLoop):
                 t.set(layout.INDEX_MSG_TIMESTAMP, self.index.files[-1].end_timestamp)
         if touched:
             self._wake_waiters(touched)
+            self._wake_scheduler(touched)
         return dispatched
 
     # ------------------------------------------------------------------ faults
@@ -420,6 +425,16 @@ class ReputService(ServiceLoop):
                 break
             offset = resume
         return offset, dispatched
+
+    def _wake_scheduler(self, touched: set[int]) -> None:
+        """A delayed message was dispatched: the scheduler may be asleep until a later due time
+        (one semaphore post only when it sleeps, `Wakeup`)."""
+        queues = self.store.shm.queues
+        if queues.used != self.schedule_slots_seen:  # a queue was added: maybe a level's
+            self.schedule_slots_seen = queues.used
+            self.schedule_slots = {slot for _q, slot in queues.queues_of(SCHEDULE_TOPIC)}
+        if not self.schedule_slots.isdisjoint(touched):
+            self.store.shm.wake("scheduler")
 
     def _wake_waiters(self, touched: set[int]) -> None:
         """`arriving`: wake each long-polling consumer whose queue got past its offset."""

@@ -5,7 +5,12 @@ from __future__ import annotations
 import json
 
 from rmq_mp.config import MessageStoreConfig
-from rmq_mp.store_status import collect_status, format_dispatch_faults, format_table_levels
+from rmq_mp.store_status import (
+    collect_status,
+    format_delay_levels,
+    format_dispatch_faults,
+    format_table_levels,
+)
 
 __all__ = ["collect_status", "print_status"]
 
@@ -51,7 +56,12 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
             f"failures {m['put_failures']}"
         )
     for g in status["consumer_groups"]:
-        print(f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s)")
+        print(
+            f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s), "
+            f"{g['members']} live member(s)"
+        )
+    for line in format_delay_levels(status["delay_levels"]):
+        print(f"delay    {line}")
     port = status["metrics_port"]
     print(
         f"recovery {status['recovery_ms']} ms   metrics "

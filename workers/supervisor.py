@@ -4,14 +4,17 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
         buffers hold into the files, then remove it; recover (`MessageStore.open`, which
         writes `abort`); create the pointer table, queue-offset table, flush-request ring,
         waiter table, mlocked pool buffers and every semaphore; publish the descriptor;
-        start allocator, committer (pool only), flusher, reput, cleaner in that order, each
-        with a ready handshake; state RUNNING.
+        start allocator, committer (pool only), flusher, reput, cleaner, scheduler in that
+        order, each with a ready handshake; state RUNNING. Delay-level progress comes from
+        config/delayOffset.json into the schedule table (`shm.schedule_offsets`).
 watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
-        persist consumer offsets and topics every flushConsumerOffsetInterval (an OSError is
-        logged once, counted in CONFIG_PERSIST_FAILURES and retried; the last good file stays).
+        persist consumer offsets and topics every flushConsumerOffsetInterval, delay-level
+        offsets every flushDelayOffsetInterval (an OSError is logged once, counted in
+        CONFIG_PERSIST_FAILURES and retried; the last good file stays).
 stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused and parked
         consumers are woken (both attach to the store's next start by themselves); stop
-        workers one by one in dependency order (committer, flusher, reput, then the rest),
+        workers one by one in dependency order (the scheduler, whose puts the others must
+        still flush and dispatch; committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
         remove `abort` only if dispatch caught up; persist the config files; unlink every
         segment and semaphore and release the lock, even if a step before failed.
@@ -35,11 +38,14 @@ from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
 from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
-from rmq_mp.offsets import ConsumerOffsetManager
+from rmq_mp.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.put import native
+from rmq_mp.schedule import SCHEDULE_TOPIC, SCHEDULE_TOPIC_QUEUE_NUM, queue_id_of
+from rmq_mp.send_back import RETRY_QUEUE_NUMS, single_queue_topic
 from rmq_mp.topics import TopicConfig, TopicConfigManager
 from shm import layout
 from shm import queue_offsets as qo
+from shm import schedule_offsets as so
 from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
@@ -53,7 +59,7 @@ log = logging.getLogger("rmq_mp.supervisor")
 
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
-STOP_ORDER = ("committer", "flusher", "reput", "cleaner", "allocator")
+STOP_ORDER = ("scheduler", "committer", "flusher", "reput", "cleaner", "allocator")
 RESTART_BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0)
 """Delay before the n-th consecutive restart of a worker; never more than a second."""
 
@@ -122,6 +128,8 @@ class Supervisor:
         self.ops: OpsMonitor | None = None
         self.offsets: ConsumerOffsetManager | None = None
         self.topics: TopicConfigManager | None = None
+        self.delay_offsets: DelayOffsetManager | None = None
+        self.last_delay_persist = 0.0
         self.persist_errors: set[tuple[str, int | None, str | None]] = set()
         """Config persist failures already logged: (file, errno, path) while they last."""
         self.final_persist_ok = True
@@ -238,7 +246,8 @@ class Supervisor:
             )
             self.topics.set_aside()
             self.topics.persist()
-        self.last_persist = time.monotonic()
+        self._load_delay_offsets(store)
+        self.last_persist = self.last_delay_persist = time.monotonic()
         failed = 0
         for buffer in shm.pool.buffers:
             reason = buffer.mlock()
@@ -250,6 +259,38 @@ class Supervisor:
             self.names,
             {"root": str(self.root), "properties": cfg.to_properties(), "supervisor_pid": os.getpid()},
         )
+
+    def _load_delay_offsets(self, store: MessageStore) -> None:
+        """config/delayOffset.json into the schedule table, each level's offset kept within its
+        queue (RocketMQ's schedule service moves an offset below the queue's minimum up to it).
+        A missing, damaged or stale file does not stop the store: what is salvaged (or 0) is
+        used, which delivers messages again rather than never, and the loss is reported."""
+        assert self.shm is not None
+        self.delay_offsets = manager = DelayOffsetManager(store.paths.delay_offset)
+        if not manager.load():
+            store.reporter.report(
+                "delay-offsets-lost", str(manager.path), 0, 0,
+                f"{manager.last_load.describe()}: delayed messages since the last persist are delivered again",
+            )  # fmt: skip
+            manager.set_aside()
+        table = self.shm.schedule
+        levels_ms = self.config.delay_levels_ms
+        for level in range(1, table.levels + 1):
+            queue_id = queue_id_of(level)
+            offset = max(0, manager.table.get(level, 0))
+            queue_max = store.topic_queue_table.get((SCHEDULE_TOPIC, queue_id), 0)
+            queue_min = 0
+            if queue_max:
+                queue_min = store.find_consume_queue(SCHEDULE_TOPIC, queue_id).min_offset_in_queue()
+            if not queue_min <= offset <= queue_max:
+                log.warning(
+                    "delay level %d: offset %d from %s is outside its queue [%d, %d]; using %d",
+                    level, offset, manager.path.name, queue_min, queue_max, min(max(offset, queue_min), queue_max),
+                )  # fmt: skip
+                offset = min(max(offset, queue_min), queue_max)
+            table.set(level - 1, so.OFFSET, offset)
+            table.set(level - 1, so.NEXT_DUE_MS, so.NONE_DUE)
+            table.set(level - 1, so.DELAY_MS, levels_ms[level - 1])
 
     def _check_capacity(self, key: str, needed: int, what: str, capacity: int) -> None:
         """A store that already holds more than a table's configured capacity cannot start."""
@@ -295,6 +336,8 @@ class Supervisor:
                 self.ops.tick()
             if (time.monotonic() - self.last_persist) * 1000 >= self.config.flush_consumer_offset_interval:
                 self.persist_config()
+            if (time.monotonic() - self.last_delay_persist) * 1000 >= self.config.flush_delay_offset_interval:
+                self.persist_delay_offsets()
             time.sleep(0.05)
 
     def persist_config(self) -> bool:
@@ -308,7 +351,9 @@ class Supervisor:
         self.last_persist = time.monotonic()
         table: dict[str, dict[int, int]] = {}
         for key, queue_id, slot in self.shm.groups.queues():
-            table.setdefault(key, {})[queue_id] = self.shm.groups.get(slot, qo.COMMITTED)
+            committed = self.shm.groups.get(slot, qo.COMMITTED)
+            if committed >= 0:  # -1: a queue a group member holds but never committed
+                table.setdefault(key, {})[queue_id] = committed
         ok = True
         if table != self.offsets.table:
             previous, self.offsets.table = self.offsets.table, table
@@ -326,6 +371,27 @@ class Supervisor:
         except ShmAttachError as exc:
             log.warning("%s; postponed", exc)
         return ok
+
+    def persist_delay_offsets(self) -> bool:
+        """The schedule table's offsets to delayOffset.json, when changed (ScheduleMessageService's
+        persist every flushDelayOffsetInterval; after delivery, so a crash delivers again rather
+        than loses). A level is written once it has an offset above 0 or the file had it."""
+        assert self.shm is not None
+        assert self.delay_offsets is not None
+        self.last_delay_persist = time.monotonic()
+        manager, schedule = self.delay_offsets, self.shm.schedule
+        table = {
+            level: offset
+            for level in range(1, schedule.levels + 1)
+            if (offset := schedule.get(level - 1, so.OFFSET)) > 0 or level in manager.table
+        }
+        if table == manager.table and manager.path.exists():
+            return True
+        previous, manager.table = manager.table, table
+        if not self._persisted(manager.persist, manager.path):
+            manager.table = previous
+            return False
+        return True
 
     def _persisted(self, persist: Callable[[], None], path: Path) -> bool:
         """Run one config persist; an OSError is logged (once per distinct error), counted, False."""
@@ -350,14 +416,23 @@ class Supervisor:
 
     def _persist_topics(self, queue_counts: dict[str, int]) -> None:
         """Grow topics.json to the queues in use, from the file as it is now (`rmq-admin
-        updateTopic --name` changes it live); flags lock held."""
+        updateTopic --name` changes it live); flags lock held. A new topic gets
+        defaultTopicQueueNums queues, a group's retry or dead-letter topic one (as the broker
+        creates them)."""
         assert self.topics is not None
         self.topics.load()
         before = self.topics.counter
         for topic, count in queue_counts.items():
             existing = self.topics.get(topic)
             if existing is None:
-                nums = max(count, self.config.default_topic_queue_nums)
+                # SCHEDULE_TOPIC_XXXX: the system topic RocketMQ's TopicConfigManager makes.
+                if topic == SCHEDULE_TOPIC:
+                    created = SCHEDULE_TOPIC_QUEUE_NUM
+                elif single_queue_topic(topic):
+                    created = RETRY_QUEUE_NUMS
+                else:
+                    created = self.config.default_topic_queue_nums
+                nums = max(count, created)
                 self.topics.put(TopicConfig(topic, nums, nums))
             elif count > existing.read_queue_nums:
                 self.topics.put(
@@ -444,6 +519,8 @@ class Supervisor:
         self._remove_unused_files(t.get(layout.WROTE_POSITION))
         if self.offsets is not None and self.topics is not None:  # both loaded: persist them
             self.final_persist_ok = self.persist_config()
+        if self.delay_offsets is not None:  # after the scheduler stopped: its last deliveries
+            self.final_persist_ok &= self.persist_delay_offsets()
             if not self.final_persist_ok:
                 log.error(
                     "config/*.json could not be persisted at stop: offsets committed since the "

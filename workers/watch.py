@@ -84,6 +84,19 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
         groups.add_column(column, justify="right" if column in ("queues", "lag (messages)") else "left")
     for g in status["consumer_groups"]:
         groups.add_row(g["group"], g["topic"], str(g["queues"]), f"{g['lag']:,}")
+    delays = Table(title="delay levels", expand=True)
+    for column in ("level", "delay", "backlog", "lag", "delivered"):
+        delays.add_column(column, justify="right")
+    for d in status["delay_levels"]:
+        if d["max_offset"] or d["offset"]:  # levels that hold or held messages
+            delays.add_row(
+                str(d["level"]),
+                f"{d['delay_ms'] / 1000:g} s",
+                f"{d['backlog']:,}",
+                f"{d['lag_ms']:,} ms",
+                f"{d['delivered']:,}",
+                style="yellow" if d["lag_ms"] > 1000 else "",
+            )
     pool, disk = status["pool"], status["disk_used_ratio"]
     gauges = Table.grid(padding=(0, 2))
     gauges.add_row(
@@ -94,7 +107,7 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
     gauges.add_row("disk", ProgressBar(total=100, completed=max(disk, 0) * 100, width=30), f"{disk:.0%} used")
     flags = " ".join(status["running_flags"]) or "none"
     gauges.add_row("flags", Text(flags, style="red" if status["running_flags"] else ""), "")
-    return Group(Panel(header), rates, offsets, workers, groups, gauges)
+    return Group(Panel(header), rates, offsets, workers, groups, delays, gauges)
 
 
 def watch(

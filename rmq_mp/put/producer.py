@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 
 from rmq_mp import message as m
-from rmq_mp import record
+from rmq_mp import record, schedule
 from rmq_mp import validators as v
 from rmq_mp.commit_log import CommitLog
 from rmq_mp.config import BrokerRole
@@ -210,6 +210,7 @@ class Producer:
             (self.encoder.store_ip + struct.pack(">i", self.encoder.store_port)).hex().upper()
         )
         self._max_message_size = self.config.max_message_size
+        self._max_delay_level = len(self.config.delay_levels_ms)
         self._max_lag = self.config.max_dispatch_lag_bytes
         self._slave = self.config.broker_role is BrokerRole.SLAVE
         self._accepting_state = -1 if self._slave else layout.RUNNING
@@ -454,6 +455,11 @@ class Producer:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
             if named and not self._known_queue(topic, queue_id):  # after every type check
                 self._check_queue_id(topic, queue_id)
+            real_queue_id = queue_id
+            if properties and (delay := properties.get(m.PROPERTY_DELAY_TIME_LEVEL)) is not None:
+                delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self._max_delay_level)
+                if delayed is not None:
+                    topic, queue_id, text = delayed
             self.lock.last_hold_ns = -1
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
@@ -466,6 +472,8 @@ class Producer:
             result = SendResult(_ILLEGAL, int_or_minus_one(queue_id), -1, -1, uniq, reason)
         else:
             result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
+            if queue_id != real_queue_id:  # delayed: the sender's queue, as RocketMQ's broker answers
+                result.queue_id = real_queue_id
         self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
         return result
 
@@ -676,6 +684,10 @@ class Producer:
             text = properties_text(properties, tags, keys, uniq)
             if properties:
                 uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
+                if (delay := properties.get(m.PROPERTY_DELAY_TIME_LEVEL)) is not None:
+                    delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self._max_delay_level)
+                    if delayed is not None:
+                        topic, queue_id, text = delayed
             data = self._encode(topic, body, queue_id, flag, born_ms, text)
         except RecordRejected as exc:
             v.topic_problem(topic)  # a wrong type raises first (the others were checked above)
@@ -703,7 +715,9 @@ class Producer:
         """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
         try:
             uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
-            text = m.properties_to_string(message.properties)
+            text = message.properties_string
+            if text is None:
+                text = m.properties_to_string(message.properties)
             problem = record.validate_message(
                 message, max_message_size=self._max_message_size, properties_text=text
             )
@@ -711,9 +725,12 @@ class Producer:
                 queue_problem = self._queue_id_problem(message.topic, message.queue_id)
                 problem = (_ILLEGAL, queue_problem) if queue_problem else None
             if problem is None:
-                data = self.encoder.encode_message(message, text)
+                message = schedule.delayed_message(message, text, self._max_delay_level)
+                data = self.encoder.encode_message(message, message.properties_string)
         except InvalidArgumentError:
             raise
+        except RecordRejected as exc:
+            problem = (exc.status, exc.reason)
         except (*ENCODE_FAILURES, AttributeError) as exc:
             problem = (_ILLEGAL, refused_send(exc, v.message_problem(message)))
             uniq = ""
@@ -791,6 +808,9 @@ class Producer:
         uniq_prefix = f"{self.uniq.prefix_hex}{self.uniq.time_hex(born_ms)}"
         given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
         uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
+        if batch.properties and (problem := schedule.batch_delay_problem(batch.properties)):
+            # MessageBatch refuses a delay when made; one set on it since is refused here.
+            return EncodedRun.refused(batch.topic, queue_id, count, _ILLEGAL, problem, uniq_keys=uniq_keys)
         try:
             if batch.queue_id is not None and not self._known_queue(batch.topic, queue_id):
                 self._check_queue_id(batch.topic, queue_id)

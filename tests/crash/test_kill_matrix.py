@@ -38,7 +38,17 @@ MODES = {
     "async": {},
     "async-pool": {"transientStorePoolEnable": "true", "transientStorePoolSize": "3"},
 }
-VICTIMS = ["producer", "allocator", "committer", "flusher", "reput", "cleaner", "supervisor", "everything"]
+VICTIMS = [
+    "producer",
+    "allocator",
+    "committer",
+    "flusher",
+    "reput",
+    "cleaner",
+    "scheduler",
+    "supervisor",
+    "everything",
+]
 PRODUCERS = 3
 COUNT = 4000
 

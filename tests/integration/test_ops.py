@@ -299,7 +299,9 @@ def test_each_process_logs_to_its_own_file_and_is_quiet_when_idle(tmp_path: Path
     with running_service(tmp_path) as service:
         logs = service.root / "logs"
         names = sorted(p.name for p in logs.glob("*.log"))
-        assert names == ["allocator.log", "cleaner.log", "flusher.log", "reput.log", "supervisor.log"]
+        assert names == [
+            "allocator.log", "cleaner.log", "flusher.log", "reput.log", "scheduler.log", "supervisor.log"
+        ]  # fmt: skip
         supervisor_log = (logs / "supervisor.log").read_text()
         assert "recovery done" in supervisor_log
         assert f"running as {service.names.base}" in supervisor_log
@@ -341,9 +343,17 @@ def test_status_watch_renders_live_view(tmp_path: Path) -> None:
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         out = result.stdout
-        for heading in ("throughput", "commit log (bytes)", "workers", "consumer groups", "pool", "disk"):
+        for heading in (
+            "throughput",
+            "commit log (bytes)",
+            "workers",
+            "consumer groups",
+            "delay levels",
+            "pool",
+            "disk",
+        ):
             assert heading in out, heading
-        for role in ("allocator", "flusher", "reput", "cleaner"):
+        for role in ("allocator", "flusher", "reput", "cleaner", "scheduler"):
             assert re.search(rf"{role}\s+│\s+\d+\s+│\s+ready", out), role
         assert re.search(r"g1\s+│\s+Orders\s+│\s+8\s+│\s+10", out), out
     stopped = subprocess.run(

@@ -114,7 +114,7 @@ def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) ->
         info = json.loads(status.stdout)
         assert info["state"] == "RUNNING"
         assert info["broker"] == "DefaultCluster/broker-a ASYNC_MASTER"  # cluster/name role
-        assert set(info["workers"]) == {"allocator", "flusher", "reput", "cleaner"}
+        assert set(info["workers"]) == {"allocator", "flusher", "reput", "cleaner", "scheduler"}
         assert all(w["state"] == "ready" for w in info["workers"].values())
         for role, w in info["workers"].items():
             proc = psutil.Process(w["pid"])

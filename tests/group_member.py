@@ -1,0 +1,78 @@
+"""A consumer-group member process for tests and the bench:
+``python -m tests.group_member <store> <group> <client_id> <out> <stop_file> [options]``.
+
+Subscribes to ``--topic`` and polls until ``stop_file`` exists and a poll finds nothing, or
+SIGTERM (a clean leave: the consumer closes after committing), committing after every batch. Writes JSON lines to ``out``, flushed before each commit (so a
+kill -9 leaves every read it committed on disk): ``{"e": "read", "q": queue, "o": offset,
+"b": body}`` per message, ``{"e": "commit"}`` after each commit, ``{"e": "assign", "queues":
+[...], "t": monotonic_s}`` whenever its assignment changes, ``{"e": "done", "n": count}`` last.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import time
+
+from rmq_mp.consumer import Consumer
+from rmq_mp.rebalance import MessageModel
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    for name in ("store", "group", "client_id", "out", "stop_file"):
+        parser.add_argument(name)
+    parser.add_argument("--topic", default="GroupT")
+    parser.add_argument("--broadcasting", action="store_true")
+    parser.add_argument("--poll-s", type=float, default=0.2)
+    parser.add_argument("--interval-ms", type=int, default=1000)
+    parser.add_argument("--max", type=int, default=32)
+    parser.add_argument("--quiet", action="store_true", help="count only (the bench)")
+    args = parser.parse_args()
+    model = MessageModel.BROADCASTING if args.broadcasting else MessageModel.CLUSTERING
+    count = 0
+    leaving: list[int] = []
+    signal.signal(signal.SIGTERM, lambda signum, _frame: leaving.append(signum))
+    with (
+        Consumer.attach(
+            args.store, args.group, message_model=model, client_id=args.client_id,
+            rebalance_interval_ms=args.interval_ms,
+        ) as consumer,
+        open(args.out, "a", encoding="utf-8") as out,
+    ):  # fmt: skip
+        consumer.subscribe(args.topic)
+        assigned: list[int] = []
+        while True:
+            batch = consumer.poll(args.poll_s, args.max)
+            now = consumer.assignment().get(args.topic, [])
+            if now != assigned:
+                assigned = now
+                out.write(json.dumps({"e": "assign", "queues": now, "t": time.monotonic()}) + "\n")
+                out.flush()
+            if leaving:  # SIGTERM: a clean leave, after the last batch was committed
+                break
+            if not batch:
+                if os.path.exists(args.stop_file):
+                    break
+                continue
+            count += len(batch)
+            if not args.quiet:
+                out.write(
+                    "".join(
+                        json.dumps({"e": "read", "q": m.queue_id, "o": m.queue_offset, "b": m.body.decode()})
+                        + "\n"
+                        for m in batch
+                    )
+                )
+                out.flush()
+            consumer.commit()
+            if not args.quiet:
+                out.write('{"e": "commit"}\n')
+        out.write(json.dumps({"e": "done", "n": count}) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
