@@ -302,9 +302,13 @@ def test_each_process_logs_to_its_own_file_and_is_quiet_when_idle(tmp_path: Path
         assert names == [
             "allocator.log", "cleaner.log", "flusher.log", "reput.log", "scheduler.log", "supervisor.log"
         ]  # fmt: skip
-        supervisor_log = (logs / "supervisor.log").read_text()
-        assert "recovery done" in supervisor_log
-        assert f"running as {service.names.base}" in supervisor_log
+        # The supervisor logs "running as" right after it sets RUNNING, which the fixture waits for.
+        wait_until(
+            lambda: f"running as {service.names.base}" in (logs / "supervisor.log").read_text(),
+            60,
+            "the supervisor's running line",
+        )
+        assert "recovery done" in (logs / "supervisor.log").read_text()
         sizes = {p.name: p.stat().st_size for p in logs.glob("*.log")}
         passes = service.read(layout.worker_field("flusher", "work_count"))
         reput = service.read(layout.worker_field("reput", "work_count"))
