@@ -57,6 +57,7 @@ from rmq_mp.spark.store_files import (
     resolve_store,
     valid_entries,
 )
+from rmq_mp.validators import topic_problem
 
 EARLIEST = -2
 LATEST = -1
@@ -109,8 +110,7 @@ class ReadOptions:
         stores = tuple(resolve_store(s, opts.get("conf")) for s in spec.split(",") if s.strip())
         if len({s.root for s in stores}) != len(stores):
             raise ConfigError(f"rmq source: option 'store' names the same store twice: {spec!r}")
-        names = opts.get("topics") or opts.get("topic")
-        topics = frozenset(t.strip() for t in names.split(",") if t.strip()) if names else None
+        topics = _topics_option(opts)
         return cls(
             stores=stores,
             topics=topics,
@@ -125,6 +125,22 @@ class ReadOptions:
             include_properties=_bool_option(opts, "includeproperties", True),
             fail_on_data_loss=_bool_option(opts, "failondataloss", True),
         )
+
+
+def _topics_option(opts: dict[str, str]) -> frozenset[str] | None:
+    """``topics`` (or ``topic``): comma-separated names, each one the store can hold (the rules
+    every put and `rmq-admin` apply); None when the option is absent (every topic). An empty
+    option or a bad name is a ConfigError: it would silently read everything or nothing."""
+    key = "topics" if "topics" in opts else "topic" if "topic" in opts else None
+    if key is None:
+        return None
+    names = [t.strip() for t in opts[key].split(",")]
+    if not any(names):
+        raise ConfigError(f"rmq source: option {key} is empty: leave it out to read every topic")
+    for name in names:
+        if problem := topic_problem(name):
+            raise ConfigError(f"rmq source: option {key}: {problem}")
+    return frozenset(names)
 
 
 def _int_option(opts: dict[str, str], name: str, default: int | None, *, minimum: int) -> int | None:

@@ -194,3 +194,18 @@ def test_bad_options_fail_with_a_clear_message(spark, clean_store: Path, tmp_pat
     rows = spark.createDataFrame([("T", b"x")], "topic string, body binary")
     with pytest.raises(PySparkException, match="unknown option 'topik'; did you mean 'topic'"):
         rows.write.format("rmq").option("store", str(tmp_path)).option("topik", "T").mode("append").save()
+
+
+def test_a_topics_option_that_is_empty_or_not_a_topic_is_refused(clean_store: Path) -> None:
+    """Issue 19: ``topics=""`` read every topic and ``topics="a/b"`` silently read nothing. The
+    option is parsed without a session, so no Spark job is needed to check it."""
+    from rmq_mp.errors import ConfigError
+    from rmq_mp.spark.source import ReadOptions
+
+    for value, message in (("", "is empty"), (" , ", "is empty"), ("a/b", "cannot name a consume-queue"),
+                           ("Orders,", "cannot name a consume-queue"), ("x" * 128, "longer than 127")):  # fmt: skip
+        with pytest.raises(ConfigError, match=message):
+            ReadOptions.parse({"store": str(clean_store), "topics": value}, streaming=False)
+    parsed = ReadOptions.parse({"store": str(clean_store), "topic": " Orders , Payments "}, streaming=False)
+    assert parsed.topics == frozenset({"Orders", "Payments"})
+    assert ReadOptions.parse({"store": str(clean_store)}, streaming=False).topics is None
