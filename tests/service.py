@@ -133,6 +133,18 @@ def start_service_within(
     return service
 
 
+def wait_processes_gone(pids: list[int], timeout_s: float = 15) -> None:
+    """Wait until none of ``pids`` runs (a zombie counts as gone): the workers of a supervisor
+    killed with SIGKILL exit by themselves once they see it is gone."""
+    wait_until(
+        lambda: (
+            not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+        ),
+        timeout_s,
+        "workers to exit",
+    )
+
+
 def store_cpu_fraction(service: RunningService, seconds: float) -> float:
     """CPU time the supervisor and all its workers use over ``seconds``, as a fraction of a core."""
     root = psutil.Process(service.process.pid)

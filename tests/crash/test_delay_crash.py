@@ -27,7 +27,7 @@ from rmq_mp.message import MessageExt
 from rmq_mp.schedule import SCHEDULE_TOPIC
 from rmq_mp.status import GetMessageStatus
 from shm import layout
-from tests.service import ROOT, acknowledged, start_service, wait_until
+from tests.service import ROOT, acknowledged, start_service, wait_processes_gone, wait_until
 
 SETTINGS = {"messageDelayLevel": "1s 2s", "flushDelayOffsetInterval": "300"}
 LEVEL_MS = (1000, 2000)
@@ -79,16 +79,7 @@ def test_kill_while_delayed_messages_flow(tmp_path: Path, victim: str, seed: int
             os.kill(service.process.pid, signal.SIGKILL)
             service.process.wait(30)
             loader.wait(300)  # its sends after the kill are refused (not acknowledged)
-            wait_until(
-                lambda: (
-                    not any(
-                        psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                        for p in store_pids
-                    )
-                ),
-                15,
-                "workers to exit",
-            )
+            wait_processes_gone(store_pids)
             service = start_service(tmp_path, **SETTINGS)
         acked = {a["seq"] for a in acknowledged(out) if a["status"] == "PUT_OK"}
         assert len(acked) >= at

@@ -30,6 +30,7 @@ from tests.service import (
     running_service,
     start_producers,
     start_service,
+    wait_processes_gone,
     wait_until,
 )
 
@@ -95,16 +96,7 @@ def test_kill(tmp_path: Path, mode: str, victim: str, seed: int) -> None:
         loader.wait(300)
     if victim in ("supervisor", "everything"):
         service.process.wait(30)
-        wait_until(
-            lambda: (
-                not any(
-                    psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE
-                    for p in store_pids
-                )
-            ),
-            15,
-            "workers to exit",
-        )
+        wait_processes_gone(store_pids)
         service = start_service(tmp_path, **MODES[mode])  # the restart a user would do
     acked = {
         (i, a["seq"]): a for i, out in enumerate(outs) for a in acknowledged(out) if a["status"] == "PUT_OK"
