@@ -521,11 +521,11 @@ class Supervisor:
             self.final_persist_ok = self.persist_config()
         if self.delay_offsets is not None:  # after the scheduler stopped: its last deliveries
             self.final_persist_ok &= self.persist_delay_offsets()
-            if not self.final_persist_ok:
-                log.error(
-                    "config/*.json could not be persisted at stop: offsets committed since the "
-                    "last good persist are lost (see the error above)"
-                )
+        if not self.final_persist_ok:
+            log.error(
+                "config/*.json could not be persisted at stop: offsets committed since the "
+                "last good persist are lost (see the error above)"
+            )
         t.set(layout.STATE, layout.STOPPED)
         return clean
 
