@@ -25,7 +25,7 @@ What RocketMQ stores, byte for byte, and so this module:
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass, replace
 
 from rmq_mp import message as m
@@ -118,13 +118,6 @@ def batch_delay_problem(properties: Mapping[str, str] | None) -> str:
     except RecordRejected as exc:
         return exc.reason
     return "a batch cannot carry a delay level (RocketMQ refuses delayed batches)" if level > 0 else ""
-
-
-def compute_deliver_timestamp(delay_level_ms: Sequence[int], level: int, store_timestamp: int) -> int:
-    """`computeDeliverTimestamp`: store time + the level's delay (+ 1 s for a level not configured)."""
-    if 1 <= level <= len(delay_level_ms):
-        return store_timestamp + delay_level_ms[level - 1]
-    return store_timestamp + 1000
 
 
 def correct_deliver_timestamp(now_ms: int, deliver_ms: int, level_delay_ms: int) -> int:
