@@ -260,6 +260,12 @@ class Message:
     `propertiesString`): a delayed message's delivery keeps DELAY in the stored string and not in
     the map (`rmq_mp.schedule.message_timeup`). None: `properties` encoded."""
 
+    def stored_properties(self) -> str:
+        """The properties string the store writes for this message: `properties_string`, or
+        `properties` encoded."""
+        text = self.properties_string
+        return properties_to_string(self.properties) if text is None else text
+
     @property
     def tags(self) -> str | None:
         return self.properties.get(PROPERTY_TAGS)

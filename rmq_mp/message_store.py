@@ -337,18 +337,16 @@ class MessageStore:
         if type(message.flag) is not int or type(message.queue_id) is not int:
             v.message_problem(message)  # a bool (an int to the encoder) or another type raises
         try:
-            problem = record.validate_message(message, max_message_size=self.config.max_message_size)
+            text = message.stored_properties()
+            problem = record.validate_message(
+                message, max_message_size=self.config.max_message_size, properties_text=text
+            )
             if problem is not None:
                 v.message_problem(message)  # a wrong type raises first, as for a send
                 return PutMessageResult(problem[0], reason=problem[1])
             if not message.born_timestamp:
                 message.born_timestamp = int(time.time() * 1000)
-            text = message.properties_string
-            message = schedule.delayed_message(
-                message,
-                m.properties_to_string(message.properties) if text is None else text,
-                len(self.delay_level_ms),
-            )
+            message = schedule.delayed_message(message, text, len(self.delay_level_ms))
             encoded = record.encode_record(message, store_host)
         except RecordRejected as exc:  # a DELAY that is not a level
             return PutMessageResult(exc.status, reason=exc.reason)

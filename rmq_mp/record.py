@@ -189,9 +189,7 @@ def validate_message(
         return PutMessageStatus.MESSAGE_ILLEGAL, problem
     if problem := validators.queue_id_problem(message.queue_id):
         return PutMessageStatus.MESSAGE_ILLEGAL, problem
-    if properties_text is None:
-        properties_text = message.properties_string
-    props = m.properties_to_string(message.properties) if properties_text is None else properties_text
+    props = message.stored_properties() if properties_text is None else properties_text
     if m.stray_separators(props, len(message.properties)) and (
         problem := validators.separator_problem(None, None, message.properties)
     ):
@@ -332,9 +330,7 @@ class RecordEncoder:
     def encode_message(self, message: m.Message, properties_text: str | None = None) -> bytearray:
         """`encode` of a `Message` as given (its born host, time, flags and properties)."""
         if properties_text is None:
-            properties_text = message.properties_string
-        if properties_text is None:
-            properties_text = m.properties_to_string(message.properties)
+            properties_text = message.stored_properties()
         born_ip, born_port = m.parse_host(message.born_host)
         return self.encode(
             self.topic_field(message.topic),

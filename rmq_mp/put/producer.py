@@ -715,9 +715,7 @@ class Producer:
         """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
         try:
             uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
-            text = message.properties_string
-            if text is None:
-                text = m.properties_to_string(message.properties)
+            text = message.stored_properties()
             problem = record.validate_message(
                 message, max_message_size=self._max_message_size, properties_text=text
             )
