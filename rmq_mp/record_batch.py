@@ -89,10 +89,11 @@ _MASK32 = 0xFFFFFFFF
 class RecordBatch:
     """Valid records in log order, as columns (int64 unless said), plus their index keys.
 
-    ``position`` is where a record lies in the log, and ``phy_offset`` is the same: what dispatch
+    ``phy_offset`` is where a record lies in the log (``position`` says the same): what dispatch
     writes. A sound record's PHYSICALOFFSET field says it too; one whose field was damaged is
     still put at its place (never at the offset the field names, past the log's end or inside
-    another record), so a read of its entry finds the disagreement, skips and reports it. ``key_record`` and ``key_hash`` list
+    another record), so a read of its entry finds the disagreement, skips and reports it.
+    ``key_record`` and ``key_hash`` list
     the index keys `IndexService.buildIndex` puts, in its order (record by record: UNIQ_KEY,
     then each word of KEYS), as the record's index in the batch and
     `IndexFile.indexKeyHashMethod` of ``topic#key``. Keys are listed for ROLLBACK records too;
@@ -100,7 +101,6 @@ class RecordBatch:
 
     topics: list[str]
     topic_index: np.ndarray
-    position: np.ndarray
     phy_offset: np.ndarray
     size: np.ndarray
     queue_id: np.ndarray
@@ -113,8 +113,14 @@ class RecordBatch:
     key_record: np.ndarray
     key_hash: np.ndarray
 
+    @property
+    def position(self) -> np.ndarray:
+        """Where each record lies in the log: `phy_offset`, by that name where recovery walks
+        the log rather than dispatching it."""
+        return self.phy_offset
+
     def __len__(self) -> int:
-        return len(self.position)
+        return len(self.phy_offset)
 
     def end_offset(self) -> int:
         """Just past the last record (its position + size); -1 for an empty batch."""
@@ -126,7 +132,6 @@ class RecordBatch:
         return RecordBatch(
             topics=self.topics,
             topic_index=self.topic_index[start:stop],
-            position=self.position[start:stop],
             phy_offset=self.phy_offset[start:stop],
             size=self.size[start:stop],
             queue_id=self.queue_id[start:stop],
@@ -142,7 +147,7 @@ class RecordBatch:
     @classmethod
     def empty(cls) -> RecordBatch:
         z = np.zeros(0, dtype=np.int64)
-        return cls([], z, z, z, z, z, z, z, z, z, np.zeros(0, dtype=bool), z, z)
+        return cls([], z, z, z, z, z, z, z, z, np.zeros(0, dtype=bool), z, z)
 
 
 @dataclass(frozen=True, slots=True)
@@ -708,7 +713,6 @@ class _Decoder:
         batch = RecordBatch(
             topics=self.topics,
             topic_index=self.topic_index[:cut],
-            position=starts[:cut] + file_from_offset,
             phy_offset=starts[:cut] + file_from_offset,
             size=total[:cut],
             queue_id=queue_id[:cut],
