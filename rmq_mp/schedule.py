@@ -33,8 +33,6 @@ from rmq_mp.record import RecordRejected
 from rmq_mp.status import PutMessageStatus
 
 SCHEDULE_TOPIC = m.SCHEDULE_TOPIC
-SCHEDULE_TOPIC_QUEUE_NUM = 18
-"""Queues RocketMQ's TopicConfigManager gives SCHEDULE_TOPIC_XXXX (a system topic)."""
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 
 

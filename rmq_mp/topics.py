@@ -24,7 +24,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rmq_mp import send_back
 from rmq_mp.config_manager import ConfigManager, dumps, loads
+from rmq_mp.message import SCHEDULE_TOPIC
 
 PERM_WRITE = 1 << 1
 PERM_READ = 1 << 2
@@ -38,6 +40,21 @@ _SALVAGE_BEAN = re.compile(r'"((?:[^"\\\x00-\x1f]|\\.)*)"[ \t\r\n]*:[ \t\r\n]*(\
 
 def _now_ms() -> int:
     return time.time_ns() // 1_000_000
+
+
+SCHEDULE_TOPIC_QUEUE_NUM = 18
+"""Queues RocketMQ's TopicConfigManager gives SCHEDULE_TOPIC_XXXX (a system topic)."""
+
+
+def created_queue_nums(topic: str, default_topic_queue_nums: int) -> int:
+    """The queues a topic gets when a put creates it (autoCreateTopicEnable): the system
+    SCHEDULE_TOPIC_XXXX its 18, a group's retry or dead-letter topic one (as the broker's
+    consumerSendMsgBack creates them), any other defaultTopicQueueNums."""
+    if topic == SCHEDULE_TOPIC:
+        return SCHEDULE_TOPIC_QUEUE_NUM
+    if send_back.single_queue_topic(topic):
+        return send_back.RETRY_QUEUE_NUMS
+    return default_topic_queue_nums
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,8 @@ from rmq_mp.mapped_file import offset_to_file_name
 from rmq_mp.message_store import MessageStore
 from rmq_mp.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.put import native
-from rmq_mp.schedule import SCHEDULE_TOPIC, SCHEDULE_TOPIC_QUEUE_NUM, queue_id_of
-from rmq_mp.send_back import RETRY_QUEUE_NUMS, single_queue_topic
-from rmq_mp.topics import TopicConfig, TopicConfigManager
+from rmq_mp.schedule import SCHEDULE_TOPIC, queue_id_of
+from rmq_mp.topics import TopicConfig, TopicConfigManager, created_queue_nums
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
@@ -425,14 +424,7 @@ class Supervisor:
         for topic, count in queue_counts.items():
             existing = self.topics.get(topic)
             if existing is None:
-                # SCHEDULE_TOPIC_XXXX: the system topic RocketMQ's TopicConfigManager makes.
-                if topic == SCHEDULE_TOPIC:
-                    created = SCHEDULE_TOPIC_QUEUE_NUM
-                elif single_queue_topic(topic):
-                    created = RETRY_QUEUE_NUMS
-                else:
-                    created = self.config.default_topic_queue_nums
-                nums = max(count, created)
+                nums = max(count, created_queue_nums(topic, self.config.default_topic_queue_nums))
                 self.topics.put(TopicConfig(topic, nums, nums))
             elif count > existing.read_queue_nums:
                 self.topics.put(
