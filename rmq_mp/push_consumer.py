@@ -332,12 +332,10 @@ class PushConsumer:
         by_queue: dict[MessageQueue, list[MessageExt]] = {}
         for msg in msgs:
             by_queue.setdefault(MessageQueue(msg.topic, msg.queue_id), []).append(msg)
-        held: set[MessageQueue] = set()
         for topic, queue_ids in consumer.assignment().items():
             next_offsets = consumer.subscriptions[topic].next_offsets
             for queue_id in queue_ids:
                 mq = MessageQueue(topic, queue_id)
-                held.add(mq)
                 next_offset = next_offsets.get(queue_id)
                 batch = by_queue.get(mq)
                 pq = self._pqs.get(mq)
@@ -357,7 +355,12 @@ class PushConsumer:
                     size = self.consume_message_batch_max_size
                     for i in range(0, len(batch), size):
                         self._submit(self._consume_concurrently, pq, batch[i : i + size])
-        for mq in [mq for mq in self._pqs if mq not in held]:
+        self._drop_lost(consumer)
+
+    def _drop_lost(self, consumer: Consumer) -> None:
+        """Drop the process queues of queues this member no longer holds: results still coming
+        for them are thrown away (the new holder reads them again from the committed offset)."""
+        for mq in [mq for mq in self._pqs if not consumer.owns(mq.topic, mq.queue_id)]:
             self._pqs.pop(mq).dropped = True
             self._committed.pop(mq, None)
 
@@ -377,9 +380,7 @@ class PushConsumer:
         """Right after the rebalance: the queues it released are dropped before any orderly
         batch starts again."""
         assert self._consumer is not None
-        for mq in [mq for mq in self._pqs if not self._consumer.owns(mq.topic, mq.queue_id)]:
-            self._pqs.pop(mq).dropped = True
-            self._committed.pop(mq, None)
+        self._drop_lost(self._consumer)
         if self._orderly:
             with self._orderly_idle:
                 self._quiescing = False
