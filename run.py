@@ -25,20 +25,20 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import InvalidArgumentError, ShmAttachError, StoreError, StoreNotRunningError
 from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.paths import StorePaths
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
+from rmq_mp.tools.status_report import collect_status, print_status
+from rmq_mp.tools.watch import watch
 from shm import layout
 from shm.layout import Role
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, pid_alive
 from shm.store_shm import StoreShm
-from workers.status import collect_status, print_status
 from workers.supervisor import Supervisor, salvage_crashed_run
-from workers.watch import watch
 
 EXIT_REFUSED = 2
 EXIT_INTERNAL = 3

@@ -47,12 +47,12 @@ import psutil
 
 from bench import baselines, charts, scale
 from bench.baselines import percentiles
+from bench.service import RunningService, running_service, start_service, wait_until
 from bench.store import CTX, e2e_consumer, realistic_worker, run_producers
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from shm.store_shm import StoreShm
-from tests.service import RunningService, running_service, start_service, wait_until
 
 RESULTS = Path(__file__).resolve().parent / "results"
 MODES: dict[str, dict[str, str]] = {

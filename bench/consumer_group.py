@@ -22,9 +22,9 @@ from multiprocessing.sharedctypes import Synchronized
 from multiprocessing.synchronize import Barrier, Lock
 from pathlib import Path
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
-from tests.service import running_service
+from bench.service import running_service
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.put.producer import Producer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPIC, QUEUES, BATCH = "BenchGroup", 16, 256

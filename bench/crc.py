@@ -4,7 +4,7 @@
 
 Both must agree (RocketMQ stores ``crc32(body) & 0x7FFFFFFF``) before anything is timed, and
 crcmod must be running its C extension (``_crcfunext``), not its pure-Python fallback. The table
-gives ns per call (best of 5 repeats) and the crcmod/zlib ratio per body size; rmq_mp.record uses
+gives ns per call (best of 5 repeats) and the crcmod/zlib ratio per body size; rmq_mp.format.record uses
 the faster one. Writes bench/results/crc.json. Takes about 3 s.
 """
 

@@ -23,11 +23,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.schedule import SCHEDULE_TOPIC
-from rmq_mp.status import GetMessageStatus
+from bench.service import running_service
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.store.schedule import SCHEDULE_TOPIC
 from shm import layout
-from tests.service import running_service
 
 RESULTS = Path(__file__).resolve().parent / "results"
 LEVEL_MS = 1000
@@ -35,7 +35,7 @@ LEVEL_MS = 1000
 
 def _delayed(store: str, seconds: float, rate: int, out: Any) -> None:
     """Send level-1 messages at ``rate``/s; report each sleep's overshoot (the baseline)."""
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     overshoot_ms = []
     with Producer.attach(store) as producer:
@@ -49,8 +49,8 @@ def _delayed(store: str, seconds: float, rate: int, out: Any) -> None:
 
 
 def _load(store: str, seconds: float, rate: int) -> None:
-    from rmq_mp.message_batch import MessageBatch
-    from rmq_mp.producer import Producer
+    from rmq_mp.format.message_batch import MessageBatch
+    from rmq_mp.put.producer import Producer
 
     body = bytes(128)
     with Producer.attach(store) as producer:

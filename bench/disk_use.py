@@ -20,9 +20,9 @@ import time
 from pathlib import Path
 
 from bench.__main__ import parse_setting
-from rmq_mp.producer import Producer
+from bench.service import running_service, wait_until
+from rmq_mp.put.producer import Producer
 from shm import layout
-from tests.service import running_service, wait_until
 
 GIB = 1 << 30
 MIB = 1 << 20

@@ -24,14 +24,14 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
-from rmq_mp import message as m
-from rmq_mp import record
-from rmq_mp.checkpoint import StoreCheckpoint
-from rmq_mp.commit_log import CommitLog
-from rmq_mp.consume_queue import ConsumeQueueTable
-from rmq_mp.dispatch import Dispatcher
-from rmq_mp.index_service import IndexService
-from rmq_mp.reporter import Reporter
+from rmq_mp.format import message as m
+from rmq_mp.format import record
+from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.commit_log import CommitLog
+from rmq_mp.store.consume_queue import ConsumeQueueTable
+from rmq_mp.store.dispatch import Dispatcher
+from rmq_mp.store.index_service import IndexService
+from rmq_mp.store.reporter import Reporter
 
 COMMIT_LOG_FILE_BYTES = 64 << 20
 CQ_FILE_BYTES = 6_000_000

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 from bench.__main__ import MODES, STORE_SETTINGS, parse_setting
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer
+from bench.service import running_service
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.put.producer import Producer
 from shm import layout
-from tests.service import running_service
 
 WINDOW_S = 0.5
 BATCHES_PER_CHECK = 500

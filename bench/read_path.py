@@ -43,9 +43,9 @@ SETTINGS = {
 
 
 def build(root: Path, messages: int) -> None:
-    from rmq_mp.config import MessageStoreConfig
-    from rmq_mp.message import Message
-    from rmq_mp.message_store import MessageStore
+    from rmq_mp.config.store_config import MessageStoreConfig
+    from rmq_mp.format.message import Message
+    from rmq_mp.store.message_store import MessageStore
 
     config = MessageStoreConfig.from_properties({**SETTINGS, "storePathRootDir": str(root)}, source="bench")
     rnd = random.Random(11)
@@ -76,11 +76,11 @@ def _best(action: Any, expected: int) -> float:
 
 def measure(tmp: Path, name: str, messages: int) -> dict[str, float]:
     """This interpreter's tree (PYTHONPATH) against the store at ``tmp/name``."""
-    from rmq_mp.config import MessageStoreConfig
-    from rmq_mp.consumer import Consumer
-    from rmq_mp.message_store import MessageStore
-    from rmq_mp.status import GetMessageStatus
-    from tests.service import running_service
+    from bench.service import running_service
+    from rmq_mp.client.consumer import Consumer
+    from rmq_mp.config.store_config import MessageStoreConfig
+    from rmq_mp.outcomes import GetMessageStatus
+    from rmq_mp.store.message_store import MessageStore
 
     found = GetMessageStatus.FOUND
     config = MessageStoreConfig.from_properties(

@@ -31,11 +31,11 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import PutMessageStatus
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.store.message_store import MessageStore
 
 QUEUE_IDS_PER_TOPIC = 16
 COMMIT_LOG_FILE_BYTES = 64 << 20

@@ -28,9 +28,9 @@ from typing import Any
 import psutil
 
 from bench.baselines import percentiles
+from bench.service import RunningService, cleanup_started, running_service, start_service_within, wait_until
 from bench.store import CTX, _collect
 from shm import layout
-from tests.service import RunningService, cleanup_started, running_service, start_service_within, wait_until
 
 QUEUES_PER_TOPIC = 8
 SETTINGS = {
@@ -49,7 +49,7 @@ def queue_list(queues: int) -> list[tuple[str, int]]:
 
 def send_round_robin(name: str, queues: int, duration_s: float, start: Any, out: Any) -> None:
     """`send` 128-byte bodies over every queue in turn; report (sent, failures, s, latencies ns)."""
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     targets = queue_list(queues)
     body = os.urandom(128)
@@ -76,8 +76,8 @@ def send_round_robin(name: str, queues: int, duration_s: float, start: Any, out:
 
 def catch_up(name: str, queues: int, out: Any) -> None:
     """Pull every queue from 0 to its end; report (messages, seconds)."""
-    from rmq_mp.consumer import Consumer
-    from rmq_mp.status import GetMessageStatus
+    from rmq_mp.client.consumer import Consumer
+    from rmq_mp.outcomes import GetMessageStatus
 
     read = 0
     began = time.perf_counter()

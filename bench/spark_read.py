@@ -26,9 +26,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message import Message
-from rmq_mp.message_store import MessageStore
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format.message import Message
+from rmq_mp.store.message_store import MessageStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TOPICS = ("Orders", "Payments")

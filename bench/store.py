@@ -37,8 +37,8 @@ def put_worker(
     sends go in blocks of that many between looks at the clock, as the raw-append baseline
     writes, and only each block's first call is timed (a sample of the latencies): with a send
     under a microsecond, timing every call cost a third of the loop. Every status is still checked."""
-    from rmq_mp.message_batch import MessageBatch
-    from rmq_mp.producer import Producer
+    from rmq_mp.format.message_batch import MessageBatch
+    from rmq_mp.put.producer import Producer
 
     body = os.urandom(body_size)
     items = MessageBatch(TOPIC, [body] * batch, queue_id=index % QUEUES)  # RocketMQ's batch shape
@@ -100,7 +100,7 @@ def put_worker(
 
 def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any) -> None:
     """Long-poll queue 0 of the e2e topic; report send-to-receive latencies in ns."""
-    from rmq_mp.consumer import Consumer
+    from rmq_mp.client.consumer import Consumer
 
     latencies_ns: list[int] = []
     with Consumer.attach(store_dir, "bench-e2e") as consumer:
@@ -178,7 +178,7 @@ def realistic_worker(name: str, messages: int, warmup: int, out: Any) -> None:
     """The shape the issue compared with RocketMQ 4.9.8's store: one producer, 128 B bodies with
     tags ``TagA`` and one key, 8 queues in turn, ``warmup`` sends then ``messages`` timed ones,
     every status checked. Reports (messages, failures, elapsed s)."""
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     body = os.urandom(128)
     failures = 0

@@ -23,8 +23,8 @@ from pathlib import Path
 
 import posix_ipc
 
-from rmq_mp.consumer import Consumer
-from tests.service import running_service, store_cpu_fraction
+from bench.service import running_service, store_cpu_fraction
+from rmq_mp.client.consumer import Consumer
 
 RESULTS = Path(__file__).resolve().parent / "results"
 
@@ -58,7 +58,7 @@ def semaphore_baseline_us(rounds: int = 2000) -> list[float]:
 
 
 def _producer(store: str, samples: int, interval_s: float) -> None:
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     with Producer.attach(store) as producer:
         for _ in range(samples):

@@ -2,61 +2,108 @@
 
 The library half: open a store directory (`MessageStore`), put and read messages, recover from
 crashes, inspect files. The service half (supervisor, shared memory, worker processes) builds on
-it. See README.md.
+it. See README.md and docs/architecture.md for the tree:
+
+    format/  bytes: messages, records          put/     a producer appends to the commit log
+    store/   the store's files and engine      client/  consumers of a running store
+    config/  broker.conf and config/*.json     tools/   rmq-admin, status, metrics
+    spark/   the `rmq` data source and jobs    outcomes.py, errors.py  what calls answer
+
+Every public name loads on first use (PEP 562): `import rmq_mp.errors`, the first thing `shm/`
+and every worker process imports, must not load the whole library (numpy, the put path).
 """
 
-from rmq_mp.config import BrokerRole, FlushDiskType, MessageStoreConfig
-from rmq_mp.errors import (
-    BodyCrcError,
-    ConfigError,
-    ConfigFileError,
-    ConsumerOffsetLossError,
-    CorruptFileError,
-    CorruptRecordError,
-    InvalidArgumentError,
-    InvalidArgumentTypeError,
-    InvalidMessageIdError,
-    MessageNotFoundError,
-    OffsetTableFullError,
-    ShmAttachError,
-    StoreError,
-    StoreLockedError,
-    StorePathError,
-    StoreReadOnlyError,
-)
-from rmq_mp.message import Message, MessageExt
-from rmq_mp.message_store import MessageStore, QueueStatus
-from rmq_mp.status import (
-    AppendMessageStatus,
-    ConsumeConcurrentlyStatus,
-    ConsumeOrderlyStatus,
-    GetMessageResult,
-    GetMessageStatus,
-    PutMessageResult,
-    PutMessageStatus,
-)
+from __future__ import annotations
 
-_SERVICE_CLIENTS = {
-    "Producer": "rmq_mp.producer",
-    "SendResult": "rmq_mp.producer",
-    "SendBatchResult": "rmq_mp.producer",
-    "MessageBatch": "rmq_mp.message_batch",
-    "Consumer": "rmq_mp.consumer",
-    "GetResult": "rmq_mp.consumer",
-    "PushConsumer": "rmq_mp.push_consumer",
-    "ConsumerStateError": "rmq_mp.push_consumer",
-    "MessageModel": "rmq_mp.rebalance",
+import importlib
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from rmq_mp.client.consumer import Consumer, GetResult
+    from rmq_mp.client.push_consumer import ConsumerStateError, PushConsumer
+    from rmq_mp.client.rebalance import MessageModel
+    from rmq_mp.config.store_config import BrokerRole, FlushDiskType, MessageStoreConfig
+    from rmq_mp.errors import (
+        BodyCrcError,
+        ConfigError,
+        ConfigFileError,
+        ConsumerOffsetLossError,
+        CorruptFileError,
+        CorruptRecordError,
+        InvalidArgumentError,
+        InvalidArgumentTypeError,
+        InvalidMessageIdError,
+        MessageNotFoundError,
+        OffsetTableFullError,
+        ShmAttachError,
+        StoreError,
+        StoreLockedError,
+        StorePathError,
+        StoreReadOnlyError,
+    )
+    from rmq_mp.format.message import Message, MessageExt
+    from rmq_mp.format.message_batch import MessageBatch
+    from rmq_mp.outcomes import (
+        AppendMessageStatus,
+        ConsumeConcurrentlyStatus,
+        ConsumeOrderlyStatus,
+        GetMessageResult,
+        GetMessageStatus,
+        PutMessageResult,
+        PutMessageStatus,
+    )
+    from rmq_mp.put.producer import Producer
+    from rmq_mp.put.results import SendBatchResult, SendResult
+    from rmq_mp.store.message_store import MessageStore, QueueStatus
+
+_HOMES = {
+    "rmq_mp.client.consumer": ("Consumer", "GetResult"),
+    "rmq_mp.client.push_consumer": ("ConsumerStateError", "PushConsumer"),
+    "rmq_mp.client.rebalance": ("MessageModel",),
+    "rmq_mp.config.store_config": ("BrokerRole", "FlushDiskType", "MessageStoreConfig"),
+    "rmq_mp.errors": (
+        "BodyCrcError",
+        "ConfigError",
+        "ConfigFileError",
+        "ConsumerOffsetLossError",
+        "CorruptFileError",
+        "CorruptRecordError",
+        "InvalidArgumentError",
+        "InvalidArgumentTypeError",
+        "InvalidMessageIdError",
+        "MessageNotFoundError",
+        "OffsetTableFullError",
+        "ShmAttachError",
+        "StoreError",
+        "StoreLockedError",
+        "StorePathError",
+        "StoreReadOnlyError",
+    ),
+    "rmq_mp.format.message": ("Message", "MessageExt"),
+    "rmq_mp.format.message_batch": ("MessageBatch",),
+    "rmq_mp.outcomes": (
+        "AppendMessageStatus",
+        "ConsumeConcurrentlyStatus",
+        "ConsumeOrderlyStatus",
+        "GetMessageResult",
+        "GetMessageStatus",
+        "PutMessageResult",
+        "PutMessageStatus",
+    ),
+    "rmq_mp.put.producer": ("Producer",),
+    "rmq_mp.put.results": ("SendBatchResult", "SendResult"),
+    "rmq_mp.store.message_store": ("MessageStore", "QueueStatus"),
 }
+_HOME_OF = {name: module for module, names in _HOMES.items() for name in names}
 
 
 def __getattr__(name: str) -> object:
-    """The service clients load on first use: they import `shm`, which imports this package."""
-    module = _SERVICE_CLIENTS.get(name)
+    module = _HOME_OF.get(name)
     if module is None:
         raise AttributeError(f"module 'rmq_mp' has no attribute {name!r}")
-    import importlib
-
-    return getattr(importlib.import_module(module), name)
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value
+    return value
 
 
 __all__ = [

@@ -1,6 +1,6 @@
 """Typed, picklable exceptions: misuse and faults, never outcomes.
 
-Outcomes of puts and gets are RocketMQ status enums (`rmq_mp.status`). Exceptions are for
+Outcomes of puts and gets are RocketMQ status enums (`rmq_mp.outcomes`). Exceptions are for
 what a caller did wrong or what is broken on disk. Every class keeps its constructor
 arguments in ``args`` so instances cross process boundaries through pickle unchanged.
 """
@@ -32,7 +32,7 @@ class CorruptFileError(StoreError):
 class CorruptRecordError(StoreError):
     """Bytes at a CommitLog position are not a valid record (bad magic, size or CRC), or not the
     record a ConsumeQueue entry promised, when the caller asked for that exact record. Scans and
-    queue reads report, count and skip such a record instead of raising (rmq_mp/read_damage.py)."""
+    queue reads report, count and skip such a record instead of raising (rmq_mp/store/read_damage.py)."""
 
 
 class BodyCrcError(CorruptRecordError):

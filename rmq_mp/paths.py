@@ -77,7 +77,7 @@ class StorePaths:
 
     @property
     def config_checksums(self) -> Path:
-        """`rmq_mp.config_manager.ConfigChecksums`: outside config/, so a lost config/ shows."""
+        """`rmq_mp.config.config_manager.ConfigChecksums`: outside config/, so a lost config/ shows."""
         return self.root / "configChecksum.json"
 
     @property

@@ -24,11 +24,12 @@ from __future__ import annotations
 
 import operator
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any, cast
 
-from rmq_mp import message as m
-from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmq_mp.config.store_config import closest_name
+from rmq_mp.errors import ConfigError, InvalidArgumentError, InvalidArgumentTypeError
+from rmq_mp.format import message as m
 
 TOPIC_MAX_BYTES = 127
 """`DefaultMessageStore.checkMessage`: ``topic.length() > Byte.MAX_VALUE`` is MESSAGE_ILLEGAL
@@ -303,3 +304,15 @@ def message_problem(message: Any) -> str:
         if not problem and not -JAVA_LONG_MAX - 1 <= value <= JAVA_LONG_MAX:
             problem = f"{what} {value} does not fit a Java long"
     return problem
+
+
+def check_option_names(what: str, options: Mapping[str, str], valid: Iterable[str]) -> None:
+    """`ConfigError` for an option the source or sink does not know, naming the closest valid
+    one (as broker.conf typos are): Spark would pass a misspelled option on silently."""
+    valid = tuple(valid)
+    known = {name.lower() for name in valid}
+    for key in options:
+        if key.lower() not in known:
+            close = closest_name(key, valid)
+            hint = f"; did you mean {close!r}?" if close else f" (options: {', '.join(valid)})"
+            raise ConfigError(f"{what}: unknown option {key!r}{hint}")

@@ -192,7 +192,7 @@ READ_SKIPPED_RECORDS = _f(
     Role.CONSUMER,
     lock=Lock.FLAGS,
     doc="records readers skipped rather than serve (body CRC, a queue entry not matching its record), "
-    "each once per reading process (rmq_mp/read_damage.py)",
+    "each once per reading process (rmq_mp/store/read_damage.py)",
 )
 
 # Reput's quarantined queues and paused index (workers/reput.py): what status and metrics show.

@@ -31,7 +31,7 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
      24  key_length            as ``used``
      32  owner                 clustering members of the group, under the flags lock: 0 free, else
                                `owner_word` (pid, member slot) of the one member reading the queue
-                               (rmq_mp/rebalance.py); a claimer takes it only when free or when its
+                               (rmq_mp/client/rebalance.py); a claimer takes it only when free or when its
                                owner's pid is dead; the supervisor's fresh table starts it at 0
      40  topic@group           UTF-8, <= 127 + 1 + 255 bytes (test_shared_tables checks the longest fits)
 Before the slots, the header (capacity; entries used, by the inserter under the table's lock)

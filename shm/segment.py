@@ -8,13 +8,31 @@ layout modules in `shm/` compute.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import mmap
 import os
 
 import posix_ipc
 
 from rmq_mp.errors import ShmAttachError
-from rmq_mp.mapped_file import lock_in_memory
+
+_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+_libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]  # without them the address is cut to a C int
+_libc.mlock.restype = ctypes.c_int
+
+
+def lock_in_memory(mm: mmap.mmap) -> str:
+    """mlock a whole mapping (its pages stay in RAM until it is unmapped): the pool's buffers
+    here, a commit-log file with warmMapedFileEnable. '' or why it failed (RLIMIT_MEMLOCK,
+    usually)."""
+    buf = (ctypes.c_char * len(mm)).from_buffer(mm)
+    try:
+        if _libc.mlock(ctypes.addressof(buf), len(mm)) != 0:
+            return os.strerror(ctypes.get_errno())
+    finally:
+        del buf
+    return ""
 
 
 class SharedSegment:

@@ -11,7 +11,7 @@ import json
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import posix_ipc
 
@@ -29,17 +29,14 @@ from shm.semaphores import Wakeup, acquire, attach_semaphore, create_semaphore, 
 from shm.transient_pool import FREE, TransientPool
 from shm.waiters import WaiterTable
 
-if TYPE_CHECKING:
-    from rmq_mp.config import MessageStoreConfig
-
 FLAGS_LOCK_TIMEOUT_S = 5.0
 """The flags lock guards a few loads and stores; a wait this long means a holder died in it."""
 
 
 @dataclass(frozen=True, slots=True)
 class ShmSizes:
-    """Capacities fixed at start, from broker.conf (each table's header records its own, so
-    attachers open the same objects)."""
+    """Capacities fixed at start, from broker.conf (the supervisor reads them; each table's header
+    records its own, so attachers open the same objects)."""
 
     pool_buffers: int
     pool_buffer_size: int
@@ -53,19 +50,6 @@ class ShmSizes:
     """maxConsumerOffsetNum"""
     delay_levels: int
     """messageDelayLevel entries"""
-
-    @classmethod
-    def of(cls, config: MessageStoreConfig) -> ShmSizes:
-        pool = config.transient_store_pool_size if config.transient_store_pool_enable else 0
-        return cls(
-            pool,
-            config.mapped_file_size_commit_log,
-            config.max_sync_flush_request_num,
-            config.max_consumer_num,
-            config.max_consume_queue_num,
-            config.max_consumer_offset_num,
-            len(config.delay_levels_ms),
-        )
 
 
 class StoreShm:

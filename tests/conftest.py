@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config import MessageStoreConfig
+from rmq_mp.config.store_config import MessageStoreConfig
 
 FIXTURE_TARBALL = Path(__file__).parent / "fixtures" / "rocketmq-4.9.8.tar.xz"
 

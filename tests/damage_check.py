@@ -10,10 +10,10 @@ from collections import Counter
 from collections.abc import Mapping
 from collections.abc import Set as AbstractSet
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import GetMessageStatus, PutMessageResult, PutMessageStatus
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import GetMessageStatus, PutMessageResult, PutMessageStatus
+from rmq_mp.store.message_store import MessageStore
 from tests.store_content import make_messages
 
 

@@ -16,8 +16,8 @@ import os
 import signal
 import time
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.rebalance import MessageModel
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.client.rebalance import MessageModel
 
 
 def main() -> int:

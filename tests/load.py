@@ -10,7 +10,7 @@ import json
 import random
 import sys
 
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
 
 TOPICS = ("LoadA", "LoadB", "LoadC")
 QUEUES = 8

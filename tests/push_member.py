@@ -12,9 +12,9 @@ import sys
 import threading
 import time
 
-from rmq_mp.message import MessageExt
-from rmq_mp.push_consumer import ConsumeConcurrentlyContext, PushConsumer
-from rmq_mp.status import ConsumeConcurrentlyStatus
+from rmq_mp.client.push_consumer import ConsumeConcurrentlyContext, PushConsumer
+from rmq_mp.format.message import MessageExt
+from rmq_mp.outcomes import ConsumeConcurrentlyStatus
 
 
 def main() -> int:

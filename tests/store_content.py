@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import random
 
-from rmq_mp import message as m
+from rmq_mp.format import message as m
 
 TOPICS = {
     "OrderTopic": 1,

@@ -24,7 +24,7 @@ import os
 import sys
 import time
 
-from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name, reserve_blocks
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name, reserve_blocks
 from shm import layout
 from workers.service import ServiceLoop, main
 

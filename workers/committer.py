@@ -13,7 +13,7 @@ from __future__ import annotations
 import sys
 import time
 
-from rmq_mp.mapped_file import OS_PAGE_SIZE
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE
 from shm import layout
 from workers.service import ServiceLoop, main
 

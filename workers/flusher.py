@@ -22,9 +22,9 @@ import logging
 import sys
 import time
 
-from rmq_mp.config import FlushDiskType
-from rmq_mp.mapped_file import OS_PAGE_SIZE
-from rmq_mp.status import RunningFlags
+from rmq_mp.config.store_config import FlushDiskType
+from rmq_mp.outcomes import RunningFlags
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE
 from shm import flush_requests as fr
 from shm import layout
 from shm.pointer_table import now_ms

@@ -45,14 +45,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from rmq_mp.checkpoint import StoreCheckpoint
-from rmq_mp.consume_queue import ConsumeQueue, ConsumeQueueTable
-from rmq_mp.dispatch import INDEX_KEY, Dispatcher, DispatchFault
 from rmq_mp.errors import ConfigError
-from rmq_mp.index_service import IndexService
-from rmq_mp.mapping_pool import process_pool
-from rmq_mp.message import SCHEDULE_TOPIC, is_dispatchable
-from rmq_mp.reporter import Reporter
+from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
+from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
+from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher, DispatchFault
+from rmq_mp.store.index_service import IndexService
+from rmq_mp.store.mapping_pool import process_pool
+from rmq_mp.store.reporter import Reporter
 from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt

@@ -1,7 +1,7 @@
 """Scheduler: delivers delayed messages when due (RocketMQ 4.9.8's ScheduleMessageService).
 
 A delayed put is stored on SCHEDULE_TOPIC_XXXX queue ``level - 1`` with its delivery time as
-the ConsumeQueue tags code (`rmq_mp.schedule`). For each level this worker reads its queue from
+the ConsumeQueue tags code (`rmq_mp.store.schedule`). For each level this worker reads its queue from
 the level's offset in the schedule table (`shm.schedule_offsets`), and for each entry whose
 delivery time has come reads the record, builds the real message (`schedule.message_timeup`)
 and puts it through the normal put path (a `Producer` of its own: the put lock, journal and
@@ -30,12 +30,12 @@ import logging
 import sys
 import time
 
-from rmq_mp import schedule
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import StoreError, StoreNotRunningError
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
-from rmq_mp.running_store import RunningStore
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.store import schedule
+from rmq_mp.store.running_store import RunningStore
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so

@@ -23,7 +23,7 @@ import time
 from typing import ClassVar
 
 from rmq_mp.logs import setup_process_logging
-from rmq_mp.running_store import RunningStore
+from rmq_mp.store.running_store import RunningStore
 from shm import layout
 from shm.layout import Role
 from shm.pointer_table import now_ms

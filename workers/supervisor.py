@@ -34,14 +34,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
-from rmq_mp.config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
+from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
+from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
+from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
-from rmq_mp.mapped_file import offset_to_file_name
-from rmq_mp.message_store import MessageStore
-from rmq_mp.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.put import native
-from rmq_mp.schedule import SCHEDULE_TOPIC, queue_id_of
-from rmq_mp.topics import TopicConfig, TopicConfigManager, created_queue_nums
+from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.schedule import SCHEDULE_TOPIC, queue_id_of
+from rmq_mp.tools.monitoring import OpsMonitor
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
@@ -52,7 +53,6 @@ from shm.pointer_table import PointerTable, now_ms, pid_alive
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
-from workers.ops import OpsMonitor
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -192,7 +192,7 @@ class Supervisor:
         cfg, store = self.config, self.store
         assert store is not None
         assert store.recovery is not None
-        self.shm = shm = StoreShm.create(self.names, ShmSizes.of(cfg))
+        self.shm = shm = StoreShm.create(self.names, shm_sizes(cfg))
         t = shm.table
         t.set(layout.STATE, layout.STARTING)
         t.set(layout.GENERATION, now_ms())
@@ -581,3 +581,16 @@ class Supervisor:
             clean = self.shutdown()
         log.info("store %s stopped %s", self.root, "cleanly" if clean else "with abort kept")
         return 0 if clean and self.final_persist_ok else 1
+
+
+def shm_sizes(config: MessageStoreConfig) -> ShmSizes:
+    """The shared tables' capacities that broker.conf sets (each table records its own)."""
+    return ShmSizes(
+        pool_buffers=config.transient_store_pool_size if config.transient_store_pool_enable else 0,
+        pool_buffer_size=config.mapped_file_size_commit_log,
+        flush_ring=config.max_sync_flush_request_num,
+        waiters=config.max_consumer_num,
+        queues=config.max_consume_queue_num,
+        groups=config.max_consumer_offset_num,
+        delay_levels=len(config.delay_levels_ms),
+    )

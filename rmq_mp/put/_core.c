@@ -1,11 +1,11 @@
 /* rmq_mp.put._core: the put path's compiled core (C against the CPython API).
  *
- * The pure-Python put path (rmq_mp/producer.py, rmq_mp/record.py, shm/semaphores.py) is the
+ * The pure-Python put path (rmq_mp/producer.py, rmq_mp/format/record.py, shm/semaphores.py) is the
  * reference; this file does the same work for the common `send` in one call, and gives the put
  * lock its atomic form. Nothing here knows a shared-memory offset: every word index, ring
  * layout and constant comes from Python (shm.layout, shm.flush_requests) when a `Sender` is
  * built, and `layout()` reports the record layout compiled in here so the loader can refuse a
- * core that disagrees with rmq_mp.record (rmq_mp/put/native.py).
+ * core that disagrees with rmq_mp.format.record (rmq_mp/put/native.py).
  *
  * - crc32: IEEE CRC-32 (zlib's), slice-by-8.
  * - encode_own: one v1 CommitLog record, byte for byte `RecordEncoder.encode_own`.

@@ -1,6 +1,6 @@
 """The reference put path's message preparation helpers: argument types, refusals, batch checks
-and joining single-record runs (the encoding itself is `rmq_mp.record.RecordEncoder` and
-`rmq_mp.message_batch`; the compiled core has its own, tested to give the same bytes).
+and joining single-record runs (the encoding itself is `rmq_mp.format.record.RecordEncoder` and
+`rmq_mp.format.message_batch`; the compiled core has its own, tested to give the same bytes).
 """
 
 from __future__ import annotations
@@ -9,10 +9,10 @@ import dataclasses
 import struct
 from collections.abc import Mapping, Sequence
 
-from rmq_mp import message as m
 from rmq_mp import validators as v
 from rmq_mp.errors import InvalidArgumentTypeError
-from rmq_mp.message_batch import EncodedRun, MessageBatch, join_records
+from rmq_mp.format import message as m
+from rmq_mp.format.message_batch import EncodedRun, MessageBatch, join_records
 
 
 def waits_for_store(properties: Mapping[str, str] | None) -> bool:

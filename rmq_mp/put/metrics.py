@@ -3,7 +3,7 @@ and failures, added to this process's slot of the store's metrics segment (`shm.
 
 Kept outside `producer.py` so the put path stays the put path (one call at the end of a send).
 A process claims one slot per store the first time it sends and keeps it; the supervisor serves
-the sums (`workers.ops`). A store without the segment, or with every slot held by a live
+the sums (`rmq_mp.tools.monitoring`). A store without the segment, or with every slot held by a live
 process, records nothing and says so once in the producer's log. Recording is a few word
 stores: it runs on every send, so it must cost well under a microsecond.
 """
@@ -17,12 +17,12 @@ from bisect import bisect_left
 from typing import Any
 
 from rmq_mp.errors import ShmAttachError
-from rmq_mp.running_store import RunningStore
+from rmq_mp.store.running_store import RunningStore
 from shm import layout, metrics
 from shm.metrics import MetricsTable
 from shm.pointer_table import pid_alive
 
-log = logging.getLogger("rmq_mp.producer")
+log = logging.getLogger("rmq_mp.put.producer")
 
 _BOUNDS = metrics.BOUNDS_US
 _FIRST_BOUND_US = _BOUNDS[0]

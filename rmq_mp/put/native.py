@@ -1,10 +1,10 @@
 """Which put path this process runs: the compiled core (rmq_mp/put/_core.c) or the pure-Python
-reference (rmq_mp/put/producer.py, rmq_mp/record.py, shm/semaphores.py).
+reference (rmq_mp/put/producer.py, rmq_mp/format/record.py, shm/semaphores.py).
 
 The core is built by the install command (setup.py, an optional extension). It is used unless
 ``RMQ_PURE_PYTHON=1`` is set (the tests run the put path both ways), it is missing (a machine
 without a C compiler: one warning, then the reference), or the record layout compiled into it
-disagrees with `rmq_mp.record` (one warning, then the reference: the bytes have one definition).
+disagrees with `rmq_mp.format.record` (one warning, then the reference: the bytes have one definition).
 
 The put lock follows the store, not the process: the supervisor records at creation which lock
 its producers take (`shm.layout.PUT_LOCK_KIND`): the atomic lock when its own process has the
@@ -19,8 +19,8 @@ import logging
 import os
 from types import ModuleType
 
-from rmq_mp import message as m
-from rmq_mp import record
+from rmq_mp.format import message as m
+from rmq_mp.format import record
 from shm import layout
 
 log = logging.getLogger("rmq_mp")
@@ -29,7 +29,7 @@ PURE_ENV = "RMQ_PURE_PYTHON"
 
 
 def _layout_problem(core: ModuleType) -> str:
-    """'' when the core's compiled-in record layout is rmq_mp.record's, else the difference."""
+    """'' when the core's compiled-in record layout is rmq_mp.format.record's, else the difference."""
     want = {
         "MESSAGE_MAGIC_CODE": record.MESSAGE_MAGIC_CODE,
         "POS_QUEUE_OFFSET": record.POS_QUEUE_OFFSET,
@@ -43,7 +43,7 @@ def _layout_problem(core: ModuleType) -> str:
     }
     have = core.layout()
     wrong = {k: (have.get(k), v) for k, v in want.items() if have.get(k) != v}
-    return f"its record layout differs from rmq_mp.record: {wrong}" if wrong else ""
+    return f"its record layout differs from rmq_mp.format.record: {wrong}" if wrong else ""
 
 
 def _load() -> tuple[ModuleType | None, str]:

@@ -42,15 +42,13 @@ from typing import Any
 
 import numpy as np
 
-from rmq_mp import message as m
-from rmq_mp import record, schedule
 from rmq_mp import validators as v
-from rmq_mp.commit_log import CommitLog
-from rmq_mp.config import BrokerRole
-from rmq_mp.disk import not_writeable_reason
+from rmq_mp.config.store_config import BrokerRole
+from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError, ShmAttachError
-from rmq_mp.mapped_file import OS_PAGE_SIZE, MappedFile
-from rmq_mp.message_batch import (
+from rmq_mp.format import message as m
+from rmq_mp.format import record
+from rmq_mp.format.message_batch import (
     UNIQ_KEY_PREFIX,
     EncodedRun,
     MessageBatch,
@@ -60,6 +58,8 @@ from rmq_mp.message_batch import (
     join_records,
     properties_text,
 )
+from rmq_mp.format.record import RecordRejected
+from rmq_mp.outcomes import PutMessageStatus, RunningFlags
 from rmq_mp.put import native
 from rmq_mp.put.encoding import (
     ENCODE_FAILURES,
@@ -75,16 +75,17 @@ from rmq_mp.put.encoding import (
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL, FlushRequests
 from rmq_mp.put.metrics import PutRecorder
 from rmq_mp.put.results import SendBatchResult, SendResult
-from rmq_mp.record import RecordRejected
-from rmq_mp.running_store import (
+from rmq_mp.store import schedule
+from rmq_mp.store.commit_log import CommitLog
+from rmq_mp.store.disk import not_writeable_reason
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile
+from rmq_mp.store.running_store import (
     REATTACH_WAIT_S,
     START_TIMEOUT_S,
     SUPERVISOR_STALE_MS,
     Instance,
     RunningStore,
 )
-from rmq_mp.status import PutMessageStatus, RunningFlags
-from rmq_mp.topics import TopicConfigManager
 from shm import flush_requests as fr
 from shm import layout
 from shm import queue_offsets as qo
@@ -93,7 +94,7 @@ from shm.pointer_table import pid_alive
 from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock
 from shm.semaphores import PutLock
 
-log = logging.getLogger("rmq_mp.producer")
+log = logging.getLogger("rmq_mp.put.producer")
 
 LOCK_TIMEOUT_S = 3.0
 """How long a put waits for the lock before reporting OS_PAGECACHE_BUSY (never a hang)."""

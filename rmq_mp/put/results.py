@@ -13,8 +13,8 @@ from typing import overload
 
 import numpy as np
 
-from rmq_mp.message_batch import EncodedRun, Placement
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.format.message_batch import EncodedRun, Placement
+from rmq_mp.outcomes import PutMessageStatus
 
 _PUT_OK = PutMessageStatus.PUT_OK
 

@@ -4,7 +4,7 @@ Why column-wise: Spark's Python data sources are 4-5x faster when `read()` yield
 `pyarrow.RecordBatch` instead of tuples (../shared/pyspark-notes.md §4), and a per-record Python
 decode (`record.decode_message`) would cap a read at about 100k rows/s per core. Here every field
 of every record in a batch is located with numpy index arithmetic, following the layout in
-`rmq_mp/record.py` (v1 and v2 magic, IPv4 and IPv6 hosts chosen per record by SYSFLAG), and
+`rmq_mp/format/record.py` (v1 and v2 magic, IPv4 and IPv6 hosts chosen per record by SYSFLAG), and
 the variable-length fields (body, topic, properties, hosts, msgId) become Arrow arrays built
 straight from gathered bytes and offsets. Properties are split with the rules of RocketMQ's
 `string2messageProperties` (a chunk needs a non-empty name and value), keys with `split_keys`.
@@ -20,9 +20,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from rmq_mp import message as m
-from rmq_mp import record
 from rmq_mp.errors import CorruptRecordError
+from rmq_mp.format import message as m
+from rmq_mp.format import record
 
 SCHEMA_DDL = (
     "topic string, queue_id int, queue_offset long, commit_log_offset long, msg_id string, "

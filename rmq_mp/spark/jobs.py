@@ -31,11 +31,9 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
-from rmq_mp import record
-from rmq_mp.config import MessageStoreConfig, parse_properties
+from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import StoreError
-from rmq_mp.index_service import IndexService, index_keys
-from rmq_mp.reporter import Reporter
+from rmq_mp.format import record
 from rmq_mp.spark.segments import (
     QueueStats,
     Segment,
@@ -46,13 +44,15 @@ from rmq_mp.spark.segments import (
     rebuild_segment,
     stats_segment,
 )
+from rmq_mp.store.index_service import IndexService, index_keys
+from rmq_mp.store.reporter import Reporter
 
 T = TypeVar("T")
 
 
 def store_config(store: str, conf: str | None, settings: list[str]) -> MessageStoreConfig:
     """The store's settings: a running store's from shared memory, else ``--conf``/``--set``."""
-    from rmq_mp.running_store import resolve_names
+    from rmq_mp.store.running_store import resolve_names
     from shm.store_shm import read_descriptor
 
     if not store.strip():
@@ -84,7 +84,7 @@ def running_readable_end(store: str) -> int | None:
     """A running store's readable end (`RunningStore.readable_end`: what its readers may see),
     read once when a job starts; None for a store that is not running. The jobs stop there: the
     rest of the file being written and the files allocated ahead hold no records yet."""
-    from rmq_mp.running_store import RunningStore
+    from rmq_mp.store.running_store import RunningStore
     from shm.layout import Role
 
     try:
@@ -478,7 +478,7 @@ def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progr
         print(json.dumps(report))
     else:
         print(f"{'topic':<32} {'queue':>5} {'count':>9} {'bytes':>12} {'first store':<24} last store")
-        from rmq_mp.admin import iso
+        from rmq_mp.tools.admin_common import iso
 
         for q in report["queues"]:
             print(

@@ -23,11 +23,11 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from rmq_mp import message as m
-from rmq_mp import record
-from rmq_mp.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
-from rmq_mp.mapped_file import offset_to_file_name
+from rmq_mp.format import message as m
+from rmq_mp.format import record
 from rmq_mp.spark.columns import decode_batch
+from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
+from rmq_mp.store.mapped_file import offset_to_file_name
 
 _SIZE_MAGIC = struct.Struct(">ii")
 EXPORT_BATCH_RECORDS = 65536

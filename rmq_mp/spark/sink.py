@@ -19,6 +19,7 @@ from pyspark.sql.datasource import DataSourceStreamWriter, DataSourceWriter, Wri
 from pyspark.sql.types import StructType
 
 from rmq_mp.errors import ConfigError, StoreError
+from rmq_mp.validators import check_option_names
 
 SEND_BATCH = 256
 SINK_OPTIONS = ("store", "path", "topic", "checkpointLocation")
@@ -36,8 +37,6 @@ class SinkOptions:
 
     @classmethod
     def parse(cls, options: Mapping[str, str], schema: StructType) -> SinkOptions:
-        from rmq_mp.spark.source import check_option_names
-
         check_option_names("rmq sink", options, SINK_OPTIONS)
         opts = {k.lower(): v for k, v in options.items()}
         store = opts.get("store") or opts.get("path")
@@ -77,7 +76,7 @@ def _message(row: Row, default_topic: str | None) -> dict[str, Any]:
 
 
 def send_rows(opts: SinkOptions, rows: Iterator[Row]) -> int:
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     sent = 0
     with Producer.attach(opts.store) as producer:

@@ -6,7 +6,7 @@ on RocketMQ's read path (`getMessage`: ConsumeQueue entry → CommitLog record).
 itself (no pushdown: see `RmqBatchReader`). `read()` yields Arrow batches (columns.py).
 A row is served only if its record passes a pull's checks (body CRC, a whole record, the one its
 entry promises: `columns.servable_rows`); another is skipped and reported as a pull skips it
-(rmq_mp/read_damage.py: logged by the Spark worker, counted in a running store's
+(rmq_mp/store/read_damage.py: logged by the Spark worker, counted in a running store's
 ``read_skipped_records``), and the read goes on.
 
 Offsets in a stream checkpoint: ``{"<store root>": {"<topic>": {"<queueId>": next_offset}}}``
@@ -41,11 +41,7 @@ from pyspark.sql.streaming.datasource import (
 )
 from pyspark.sql.types import StructType
 
-from rmq_mp.config import closest_name
 from rmq_mp.errors import ConfigError, CorruptRecordError, DataLossError
-from rmq_mp.mapped_file import offset_to_file_name
-from rmq_mp.read_damage import ReadSkips, gathered_problem, running_store_counter
-from rmq_mp.reporter import Reporter
 from rmq_mp.spark.columns import SCHEMA_DDL, decode_batch, servable_rows
 from rmq_mp.spark.store_files import (
     QueueRange,
@@ -57,7 +53,10 @@ from rmq_mp.spark.store_files import (
     resolve_store,
     valid_entries,
 )
-from rmq_mp.validators import topic_problem
+from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.read_damage import ReadSkips, gathered_problem, running_store_counter
+from rmq_mp.store.reporter import Reporter
+from rmq_mp.validators import check_option_names, topic_problem
 
 EARLIEST = -2
 LATEST = -1
@@ -72,18 +71,6 @@ _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
 SOURCE_OPTIONS = ("store", "path", "conf", "topic", "topics", "startingOffsets", "endingOffsets",
                   "startingTimestamp", "maxRecordsPerPartition", "maxRecordsPerTrigger",
                   "includeProperties", "failOnDataLoss")  # fmt: skip
-
-
-def check_option_names(what: str, options: Mapping[str, str], valid: Iterable[str]) -> None:
-    """`ConfigError` for an option the source or sink does not know, naming the closest valid
-    one (as broker.conf typos are): Spark would pass a misspelled option on silently."""
-    valid = tuple(valid)
-    known = {name.lower() for name in valid}
-    for key in options:
-        if key.lower() not in known:
-            close = closest_name(key, valid)
-            hint = f"; did you mean {close!r}?" if close else f" (options: {', '.join(valid)})"
-            raise ConfigError(f"{what}: unknown option {key!r}{hint}")
 
 
 @dataclass(frozen=True)

@@ -15,12 +15,12 @@ from pathlib import Path
 
 import numpy as np
 
-from rmq_mp.config import MessageStoreConfig, parse_properties
-from rmq_mp.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import DataLossError, ShmAttachError, StoreError
-from rmq_mp.mapped_file import offset_to_file_name
-from rmq_mp.message_store import MessageStore
-from rmq_mp.running_store import resolve_names
+from rmq_mp.store.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.running_store import resolve_names
 from shm import queue_offsets as qo
 from shm.queue_offsets import QueueOffsetTable
 from shm.store_shm import read_descriptor
@@ -238,7 +238,7 @@ class SegmentReader:
 
 def store_timestamp_ms(reader: SegmentReader, phy: int, size: int) -> int:
     """STORETIMESTAMP of one record (for time-based pruning by binary search)."""
-    from rmq_mp import record
+    from rmq_mp.format import record
 
     buf, _ = reader.gather(np.array([phy], dtype=np.int64), np.array([size], dtype=np.int64))
     sys_flag = int.from_bytes(bytes(buf[record.POS_SYS_FLAG : record.POS_SYS_FLAG + 4]), "big", signed=True)

@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.audit import digest_report
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, split_keys
-from rmq_mp.message_store import MessageStore
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, split_keys
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.tools.audit import digest_report
 
 
 def _expected(path: Path) -> list[str]:

@@ -21,11 +21,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rmq_mp.config_manager import loads
-from rmq_mp.consumer import Consumer
-from rmq_mp.message import MessageExt
-from rmq_mp.schedule import SCHEDULE_TOPIC
-from rmq_mp.status import GetMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
+from rmq_mp.format.message import MessageExt
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.store.schedule import SCHEDULE_TOPIC
 from shm import layout
 from tests.service import ROOT, acknowledged, start_service, wait_processes_gone, wait_until
 
@@ -35,7 +35,7 @@ COUNT = 600
 TOPIC = "Delayed"
 LOADER = """
 import json, sys, time
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
 store, count, out = sys.argv[1], int(sys.argv[2]), sys.argv[3]
 with Producer.attach(store) as p, open(out, "w", encoding="utf-8") as f:
     for seq in range(count):

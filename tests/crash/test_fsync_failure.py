@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.service import ROOT, running_service, wait_until
 

@@ -19,8 +19,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.message_store import MessageStore
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import message_for

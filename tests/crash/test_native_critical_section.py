@@ -21,10 +21,10 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.put import native
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from tests.service import ROOT, RunningService, running_service, wait_until
 
@@ -43,7 +43,7 @@ def _stopped_victim(service: RunningService, point: int) -> subprocess.Popen[byt
     """A producer process stopped by the core at ``point`` of its send (after ACKED good sends)."""
     code = (
         "import sys\n"
-        "from rmq_mp.producer import Producer\n"
+        "from rmq_mp.put.producer import Producer\n"
         "from rmq_mp.put import _core\n"
         f"p = Producer.attach({service.names.base!r})\n"
         f"for i in range({ACKED}):\n"

@@ -18,13 +18,13 @@ from pathlib import Path
 import psutil
 import pytest
 
-from rmq_mp.checkpoint import StoreCheckpoint
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE
-from rmq_mp.consumer import Consumer
-from rmq_mp.index_file import IndexFile
-from rmq_mp.message_store import MessageStore
-from rmq_mp.recovery import _choose_abnormal_start
-from rmq_mp.reporter import Reporter
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.store.index_file import IndexFile
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.recovery import _choose_abnormal_start
+from rmq_mp.store.reporter import Reporter
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.service import (

@@ -24,10 +24,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import StoreError
-from rmq_mp.message_store import MessageStore
+from rmq_mp.format import message as m
+from rmq_mp.store.message_store import MessageStore
 from tests.damage_check import assert_intact_served, write_store
 
 COUNT = 600

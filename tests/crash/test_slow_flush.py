@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
 from tests.crash.test_fsync_failure import faulty_dir, fuse_unavailable
 from tests.service import running_service, wait_until
 

@@ -22,12 +22,13 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmq_mp import message as m
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, StoreNotRunningError
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer, SendResult
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.format import message as m
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.put.results import SendResult
 from shm import layout
 from tests.service import RunningService, running_service, wait_until
 

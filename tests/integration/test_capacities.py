@@ -16,11 +16,11 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import OffsetTableFullError, ShmAttachError
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.service import ROOT, RunningService, running_service, wait_until, write_conf
 
@@ -192,7 +192,7 @@ def test_a_pool_larger_than_the_pointer_tables_slots_is_refused_at_start(tmp_pat
 
 
 SEND_ONE = (
-    "import json, sys; from rmq_mp.producer import Producer\n"
+    "import json, sys; from rmq_mp.put.producer import Producer\n"
     "with Producer.attach(sys.argv[1]) as p:\n"
     "    r = p.send('Sync', b'x', queue_id=0)\n"
     "print(json.dumps([r.status.name, r.reason]))\n"

@@ -19,11 +19,11 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.cleaning import CleanerStatistics
-from rmq_mp.consumer import Consumer
-from rmq_mp.disk import disk_used_ratio
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus, RunningFlags
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus, RunningFlags
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.cleaning import CleanerStatistics
+from rmq_mp.store.disk import disk_used_ratio
 from shm import layout
 from shm.pointer_table import now_ms
 from tests.service import ROOT, RunningService, running_service, wait_until
@@ -260,7 +260,14 @@ def test_manual_deletion_from_rmq_admin(tmp_path: Path) -> None:
         age_files(service, 0, 2)
         cleaner_passes(service, 2)
         assert service.read(layout.MIN_OFFSET) == 0
-        admin = [sys.executable, "-m", "rmq_mp.admin", "deleteExpiredCommitLog", "--name", service.names.base]
+        admin = [
+            sys.executable,
+            "-m",
+            "rmq_mp.tools.admin",
+            "deleteExpiredCommitLog",
+            "--name",
+            service.names.base,
+        ]
         human = subprocess.run(admin, capture_output=True, text=True, cwd=ROOT, check=True).stdout
         assert "deleted 2 file(s)" in human, human
         assert "stopped: oldest file 00000000000002097152" in human
@@ -294,7 +301,7 @@ def test_consume_queues_and_index_follow_the_new_minimum(tmp_path: Path) -> None
         with Consumer.attach(service.root, "g") as consumer:
             first_kept = consumer.pull("Clean", 0, 0, 1).messages[0]
             subprocess.run(
-                [sys.executable, "-m", "rmq_mp.admin", "deleteExpiredCommitLog", "--name", service.names.base],
+                [sys.executable, "-m", "rmq_mp.tools.admin", "deleteExpiredCommitLog", "--name", service.names.base],
                 check=True, cwd=ROOT, capture_output=True,
             )  # fmt: skip
             assert service.read(layout.MIN_OFFSET) == 4 * MIB
@@ -315,8 +322,8 @@ def test_consume_queues_and_index_follow_the_new_minimum(tmp_path: Path) -> None
         index_after = sorted(p.name for p in index_dir.iterdir())
         assert index_after[-1] == index_before[-1]
         assert len(index_after) < len(index_before)
-    from rmq_mp.config import MessageStoreConfig
-    from rmq_mp.message_store import MessageStore
+    from rmq_mp.config.store_config import MessageStoreConfig
+    from rmq_mp.store.message_store import MessageStore
 
     config = MessageStoreConfig.from_file(service.conf)
     with MessageStore.open(service.root, config, read_only=True) as store:
@@ -336,7 +343,7 @@ def test_a_held_file_waits_for_its_reader_then_goes(tmp_path: Path) -> None:
             before = consumer.pull("Clean", 0, 0, 8).messages
             with consumer.hold_from(0):
                 subprocess.run(
-                    [sys.executable, "-m", "rmq_mp.admin", "deleteExpiredCommitLog", "--name", service.names.base],
+                    [sys.executable, "-m", "rmq_mp.tools.admin", "deleteExpiredCommitLog", "--name", service.names.base],
                     check=True, cwd=ROOT, capture_output=True,
                 )  # fmt: skip
                 s = stats(service)
@@ -370,7 +377,7 @@ def test_a_held_file_is_deleted_after_the_forcible_interval_and_the_reader_keeps
             with consumer.hold_from(0):
                 before = consumer.pull("Clean", 0, 0, 8).messages
                 subprocess.run(
-                    [sys.executable, "-m", "rmq_mp.admin", "deleteExpiredCommitLog", "--name", service.names.base],
+                    [sys.executable, "-m", "rmq_mp.tools.admin", "deleteExpiredCommitLog", "--name", service.names.base],
                     check=True, cwd=ROOT, capture_output=True,
                 )  # fmt: skip
                 wait_until(lambda: not first_file.exists(), 20, "forcible deletion")

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.admin import build_parser, main
+from rmq_mp.tools.admin import build_parser, main
 from shm import layout
 from shm.names import ShmNames
 from tests.integration.test_ops import fill
@@ -173,7 +173,7 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
     for command, args in ADMIN_ARGS.items():
         if command == "queryMsgById":
             args = ["-i", msg_id_of(name, 0)]
-        result = closed_pipe([sys.executable, "-m", "rmq_mp.admin", command, "-n", name, *args])
+        result = closed_pipe([sys.executable, "-m", "rmq_mp.tools.admin", command, "-n", name, *args])
         assert result.returncode == 0, (command, result.stderr)
         assert result.stderr == b"", (command, result.stderr)
     for args in (["status"], ["status", "--json"]):
@@ -190,7 +190,7 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
 def test_demo_into_a_closed_pipe_still_runs_the_store(tmp_path: Path) -> None:
     """`run.py demo | head -0`: the supervisor demo starts shares its stdout; its first line
     failed, so it exited 0 without starting and the demo said only 'the store did not start'."""
-    from rmq_mp.config_manager import loads
+    from rmq_mp.config.config_manager import loads
     from tests.service import write_conf
 
     conf = write_conf(tmp_path / "demo.conf", tmp_path / "demo")
@@ -211,7 +211,7 @@ def msg_id_of(name: str, queue_offset: int) -> str:
 
 def admin_json(*args: str) -> list[dict]:
     result = subprocess.run(
-        [sys.executable, "-m", "rmq_mp.admin", *args, "--json"], cwd=ROOT, capture_output=True, text=True,
+        [sys.executable, "-m", "rmq_mp.tools.admin", *args, "--json"], cwd=ROOT, capture_output=True, text=True,
         timeout=120,
     )  # fmt: skip
     assert result.returncode == 0, result.stderr
@@ -239,7 +239,7 @@ def test_mqadmin_short_options(filled: RunningService, capsys: pytest.CaptureFix
         sum(max(r["consumerOffset"], 0) for r in map(json.loads, capsys.readouterr().out.splitlines())) == 10
     )
     help_text = subprocess.run(
-        [sys.executable, "-m", "rmq_mp.admin", "queryMsgByOffset", "--help"], cwd=ROOT, capture_output=True,
+        [sys.executable, "-m", "rmq_mp.tools.admin", "queryMsgByOffset", "--help"], cwd=ROOT, capture_output=True,
         text=True, timeout=60,
     ).stdout  # fmt: skip
     for flag in ("-n", "-t", "-i", "-o", "-b"):
@@ -320,9 +320,9 @@ def test_attach_to_a_relative_path_that_is_not_a_store_is_a_typed_error(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """``./stor`` (a slash, nothing there) was posix_ipc's ``ValueError: Invalid parameter(s)``."""
-    from rmq_mp.consumer import Consumer
+    from rmq_mp.client.consumer import Consumer
     from rmq_mp.errors import InvalidArgumentError, StoreNotRunningError
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
 
     monkeypatch.chdir(tmp_path)
     for name in ("./stor", "stor/", "a/b", "../stor"):

@@ -1,7 +1,7 @@
 """Consumer groups with real processes (tests/group_member.py): clustering shares a topic's
 queues among live members, exactly once while members join and leave cleanly, at least once
 across kill -9, with no queue read by two members at once; broadcasting gives each member
-everything and resumes it by client id. The time bounds are rmq_mp/rebalance.py's."""
+everything and resumes it by client id. The time bounds are rmq_mp/client/rebalance.py's."""
 
 from __future__ import annotations
 
@@ -17,8 +17,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.offsets import ConsumerOffsetManager
-from rmq_mp.producer import Producer
+from rmq_mp.config.offsets import ConsumerOffsetManager
+from rmq_mp.put.producer import Producer
 from shm import members as mb
 from shm import queue_offsets as qo
 from shm.layout import Role
@@ -255,7 +255,7 @@ def test_broadcasting_members_each_read_everything_and_resume_by_client_id(tmp_p
 
 def admin(service: RunningService, *args: str) -> list[dict[str, Any]]:
     out = subprocess.run(
-        [sys.executable, "-m", "rmq_mp.admin", *args, "-n", service.names.base, "--json"],
+        [sys.executable, "-m", "rmq_mp.tools.admin", *args, "-n", service.names.base, "--json"],
         cwd=ROOT, capture_output=True, text=True, timeout=120, check=True,
     ).stdout  # fmt: skip
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -284,7 +284,7 @@ def test_a_member_learns_it_lost_a_queue_and_its_late_commit_is_ignored(tmp_path
     """The push consumer's contract: the queue listener reports the move inside `poll`, `owns`
     turns False, and a commit of the lost queue (a worker finishing late) does not set the new
     holder's progress back."""
-    from rmq_mp.consumer import Consumer
+    from rmq_mp.client.consumer import Consumer
 
     with group(tmp_path) as (service, _members):
         produce(service, 64)

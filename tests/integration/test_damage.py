@@ -12,11 +12,11 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import CorruptFileError
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import PutMessageResult, PutMessageStatus
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import PutMessageResult, PutMessageStatus
+from rmq_mp.store.message_store import MessageStore
 from tests.store_content import make_messages
 
 
@@ -240,8 +240,8 @@ def test_index_put_torn_between_slot_and_header_is_repaired(small_config: Messag
     lost (found by the kill matrix, reput SIGKILL, seed 1413)."""
     import struct
 
-    from rmq_mp.index_file import IndexFile
-    from rmq_mp.reporter import Reporter
+    from rmq_mp.store.index_file import IndexFile
+    from rmq_mp.store.reporter import Reporter
 
     path = Path(small_config.store_path_root_dir) / "index" / "20260101000000000"
     path.parent.mkdir(parents=True)

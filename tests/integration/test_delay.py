@@ -19,15 +19,15 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config_manager import loads
-from rmq_mp.consumer import Consumer
-from rmq_mp.message import MessageExt
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
+from rmq_mp.format import message as m
+from rmq_mp.format.message import MessageExt
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.put import native
-from rmq_mp.schedule import SCHEDULE_TOPIC
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.schedule import SCHEDULE_TOPIC
 from shm import schedule_offsets as so
 from shm.schedule_offsets import ScheduleOffsetTable
 from tests.service import ROOT, RunningService, running_service, wait_until
@@ -314,7 +314,7 @@ def test_status_metrics_and_admin_show_backlog_and_lag(tmp_path: Path) -> None:
             assert metrics['rmq_delay_level_lag_ms{level="1"}'] >= 200
             assert metrics['rmq_delay_level_backlog_messages{level="2"}'] == 0
             admin = subprocess.run(
-                [sys.executable, "-m", "rmq_mp.admin", "scheduleStatus", "--name", service.names.base,
+                [sys.executable, "-m", "rmq_mp.tools.admin", "scheduleStatus", "--name", service.names.base,
                  "--level", "1", "--json"],
                 cwd=ROOT, capture_output=True, text=True, check=True,
             )  # fmt: skip

@@ -17,10 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import PutMessageResult
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import PutMessageResult
+from rmq_mp.store.message_store import MessageStore
 from tests.damage_check import assert_intact_served, write_store
 
 COUNT = 700

@@ -18,13 +18,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rmq_mp.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.consumer import Consumer
-from rmq_mp.index_file import IndexFile, index_file_size
-from rmq_mp.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES
-from rmq_mp.producer import Producer
-from rmq_mp.reporter import Reporter
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.store.index_file import IndexFile, index_file_size
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES
+from rmq_mp.store.reporter import Reporter
 from shm import layout
 from tests.service import RunningService, running_service, wait_until
 

@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.checkpoint import StoreCheckpoint
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import StorePathError
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from tests.integration.test_ops import admin, free_port, scrape
 from tests.service import ROOT, RunningService, running_service, wait_until

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config_manager import loads
+from rmq_mp.config.config_manager import loads
 from shm import layout
 from shm.names import ShmNames
 from tests.service import ROOT, leftover_processes, running_service, write_conf
@@ -95,8 +95,8 @@ def test_demo_commits_so_a_second_demo_consumes_only_its_own(tmp_path: Path) -> 
 
 def test_a_queue_id_outside_the_topic_is_refused_and_never_grows_it(tmp_path: Path) -> None:
     from rmq_mp import Message, MessageBatch, Producer
-    from rmq_mp.admin import main as rmq_admin
-    from rmq_mp.status import PutMessageStatus
+    from rmq_mp.outcomes import PutMessageStatus
+    from rmq_mp.tools.admin import main as rmq_admin
     from tests.service import wait_until
 
     illegal = PutMessageStatus.MESSAGE_ILLEGAL
@@ -151,7 +151,7 @@ def test_a_queue_id_outside_the_topic_is_refused_and_never_grows_it(tmp_path: Pa
 def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None:
     from rmq_mp import Consumer, Producer
     from rmq_mp.errors import StoreNotRunningError
-    from rmq_mp.status import PutMessageStatus
+    from rmq_mp.outcomes import PutMessageStatus
     from tests.service import start_service, wait_until
 
     first = start_service(tmp_path, flushConsumerOffsetInterval="100")
@@ -233,9 +233,9 @@ def test_a_parked_consumer_wakes_when_its_store_stops(tmp_path: Path) -> None:
 
 def test_attach_waits_for_a_store_that_is_still_starting(tmp_path: Path) -> None:
     from rmq_mp import Consumer, Producer
-    from rmq_mp.config import MessageStoreConfig
+    from rmq_mp.config.store_config import MessageStoreConfig
     from rmq_mp.errors import StoreNotRunningError
-    from rmq_mp.running_store import Instance
+    from rmq_mp.store.running_store import Instance
     from tests.service import STARTED, RunningService, wait_until
 
     conf = write_conf(tmp_path / "s.conf", tmp_path / "s")

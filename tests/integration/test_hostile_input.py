@@ -25,16 +25,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmq_mp import message as m
-from rmq_mp.admin import main as admin_main
-from rmq_mp.config import PROPERTY_NAMES, MessageStoreConfig
-from rmq_mp.config_manager import loads
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
+from rmq_mp.config.store_config import PROPERTY_NAMES, MessageStoreConfig
 from rmq_mp.errors import ConfigError, InvalidArgumentError, InvalidArgumentTypeError
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.format import message as m
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.tools.admin import main as admin_main
 from shm import layout
 from shm.names import ShmNames
 from tests.service import (

@@ -21,10 +21,11 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer, SendResult
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.format.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_OFFSET
 from rmq_mp.put import native
-from rmq_mp.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_OFFSET
+from rmq_mp.put.producer import Producer
+from rmq_mp.put.results import SendResult
 from shm import layout
 from tests.service import RunningService, running_service
 

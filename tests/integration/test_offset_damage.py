@@ -21,12 +21,12 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.config_manager import CHECKSUMS_NAME, dumps, loads
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import CHECKSUMS_NAME, dumps, loads
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ConsumerOffsetLossError
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
 from shm.names import ShmNames
 from tests.service import ROOT, running_service, write_conf
 
@@ -245,7 +245,7 @@ def test_an_offline_reset_does_not_make_a_loss_final(
     golden: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """rmq-admin resetOffsetByTime --store would persist the salvage over the evidence."""
-    from rmq_mp.admin import main
+    from rmq_mp.tools.admin import main
 
     root = store_copy(golden, tmp_path)
     _flip_key(root / "config")

@@ -12,13 +12,13 @@ import contextlib
 import os
 from pathlib import Path
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE
-from rmq_mp.consumer import Consumer
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.store.message_store import MessageStore
 from shm import queue_offsets as qo
 from tests.service import running_service, wait_until
 

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.admin import main
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.put.producer import Producer
+from rmq_mp.tools.admin import main
 from shm import layout
 from tests.service import (
     ROOT,

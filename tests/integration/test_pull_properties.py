@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.consumer import SHORT_POLLING_S, Consumer
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus
+from rmq_mp.client.consumer import SHORT_POLLING_S, Consumer
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.put.producer import Producer
 from tests.service import running_service, wait_until
 
 

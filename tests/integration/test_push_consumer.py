@@ -15,20 +15,20 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.consumer import Consumer
-from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError
-from rmq_mp.message import MessageExt
-from rmq_mp.producer import Producer
-from rmq_mp.push_consumer import (
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.client.push_consumer import (
     ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
     ConsumerStateError,
     PushConsumer,
 )
-from rmq_mp.rebalance import MessageModel
-from rmq_mp.status import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
-from rmq_mp.topics import TopicConfigManager
+from rmq_mp.client.rebalance import MessageModel
+from rmq_mp.config.topics import TopicConfigManager
+from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError
+from rmq_mp.format import message as m
+from rmq_mp.format.message import MessageExt
+from rmq_mp.outcomes import ConsumeConcurrentlyStatus, ConsumeOrderlyStatus, GetMessageStatus
+from rmq_mp.put.producer import Producer
 from tests.service import ROOT, RunningService, running_service, wait_until
 
 SUCCESS = ConsumeConcurrentlyStatus.CONSUME_SUCCESS

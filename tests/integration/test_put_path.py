@@ -12,13 +12,14 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import record
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import InvalidBatchError
-from rmq_mp.message import Message
-from rmq_mp.message_batch import MessageBatch
-from rmq_mp.producer import Producer, SendBatchResult
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.format import record
+from rmq_mp.format.message import Message
+from rmq_mp.format.message_batch import MessageBatch
+from rmq_mp.outcomes import PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.put.results import SendBatchResult
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.service import running_service, wait_until

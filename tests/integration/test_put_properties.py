@@ -8,10 +8,10 @@ from pathlib import Path
 
 import psutil
 
-from rmq_mp import message as m
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.service import running_service, wait_until
 

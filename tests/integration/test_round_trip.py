@@ -8,10 +8,10 @@ from __future__ import annotations
 import struct
 from pathlib import Path
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.store.message_store import MessageStore
 from tests.store_content import make_messages
 
 V1_MAGIC = 0xDAA320A7

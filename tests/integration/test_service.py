@@ -15,11 +15,11 @@ from typing import Any
 import psutil
 import pytest
 
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import StoreNotRunningError
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from tests.integration.test_round_trip import independent_records
 from tests.load import QUEUES, TOPICS, message_for
@@ -167,8 +167,8 @@ def test_two_stores_side_by_side(tmp_path: Path) -> None:
 def test_another_uid_cannot_attach(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
         code = (  # import first: the other user cannot read this interpreter's files under /root
-            "import os, json, rmq_mp.running_store\n"
-            "from rmq_mp.producer import Producer\n"
+            "import os, json, rmq_mp.store.running_store\n"
+            "from rmq_mp.put.producer import Producer\n"
             "from rmq_mp.errors import ShmAttachError\n"
             "os.setgid(65534); os.setuid(65534)\n"
             f"try:\n    Producer.attach({service.names.base!r})\nexcept ShmAttachError as e:\n"
@@ -189,7 +189,7 @@ def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
             [
                 sys.executable,
                 "-c",
-                "import time; from rmq_mp.producer import Producer\n"
+                "import time; from rmq_mp.put.producer import Producer\n"
                 f"p = Producer.attach({service.names.base!r}); time.sleep(0.3)\n"
                 "p.send('T', b'late', queue_id=0)",
             ],
@@ -500,9 +500,9 @@ def test_put_lock_held_by_a_killed_producer_is_recovered(tmp_path: Path, reentra
         assert producer.send("L", b"before", queue_id=0).ok
         code = (
             "import os, signal\n"
-            "from rmq_mp.producer import Producer\n"
+            "from rmq_mp.put.producer import Producer\n"
             f"p = Producer.attach({service.names.base!r})\n"
-            "from rmq_mp.mapped_file import MappedFile\n"
+            "from rmq_mp.store.mapped_file import MappedFile\n"
             "real_fill = MappedFile.fill\n"
             "def dying_fill(mf, pos, data):\n"  # the put's journalled copy into the log, cut in half
             "    real_fill(mf, pos, bytes(data)[: len(data) // 2])\n"
@@ -624,7 +624,7 @@ def test_daemon_start_then_stop(tmp_path: Path) -> None:
 
 
 def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Path) -> None:
-    from rmq_mp.config_manager import loads
+    from rmq_mp.config.config_manager import loads
 
     with running_service(tmp_path, flushConsumerOffsetInterval="200") as service:
         with Producer.attach(service.root) as producer:

@@ -20,14 +20,14 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.config_manager import loads
-from rmq_mp.consumer import Consumer
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
+from rmq_mp.config.offsets import ConsumerOffsetManager
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ConfigError, StoreError
-from rmq_mp.message_store import MessageStore
-from rmq_mp.offsets import ConsumerOffsetManager
-from rmq_mp.producer import Producer
+from rmq_mp.format import message as m
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from shm.names import ShmNames
 from tests.crash.test_fsync_failure import faulty_dir, fuse_unavailable  # noqa: F401 (a fixture)

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.mapped_file import offset_to_file_name
-from rmq_mp.producer import Producer
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.mapped_file import offset_to_file_name
 from shm import layout
 from tests.service import running_service, wait_until
 
@@ -52,7 +52,7 @@ def test_files_made_ahead_are_warmed_and_locked_until_writes_pass_them(tmp_path:
             "files behind the write position released, the new ones locked",
         )
     with running_service(tmp_path) as service:  # the warmed files hold exactly what was put
-        from rmq_mp.consumer import Consumer
+        from rmq_mp.client.consumer import Consumer
 
         with Consumer.attach(service.root, "g") as consumer:
             got: list[bytes] = []

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from rmq_mp.message import is_dispatchable, split_keys
+from rmq_mp.format.message import is_dispatchable, split_keys
 
 from .conftest import SKIP_REASON
 
@@ -170,7 +170,7 @@ def test_offsets_options_select_per_queue_ranges(spark, clean_store: Path, full)
 def test_several_stores_read_as_one_dataset_with_the_broker_column(
     spark, clean_store: Path, rocketmq_fixtures: Path, crashed_store_copy: Path, fixture_config
 ) -> None:
-    from rmq_mp.message_store import MessageStore
+    from rmq_mp.store.message_store import MessageStore
 
     with MessageStore.open(crashed_store_copy, fixture_config):  # RocketMQ-style recovery first
         pass

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message import TRANSACTION_ROLLBACK_TYPE, is_dispatchable, split_keys, transaction_type
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, is_dispatchable, split_keys, transaction_type
 
 from .conftest import SKIP_REASON
 
@@ -143,7 +143,7 @@ def test_stats_counts_bytes_time_range_and_top_keys_per_queue(
 def test_audit_and_rebuild_index_of_a_healthy_running_store_find_nothing_wrong(spark, tmp_path: Path) -> None:
     """Issue 19: they stop at the running store's readable end; the zeros after it in the file
     being written and the files allocated ahead are not damage."""
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
     from rmq_mp.spark.jobs import rebuild_index, rebuild_ok, running_readable_end, store_config
     from rmq_mp.spark.store_files import queue_ranges, resolve_store
     from tests.service import running_service, wait_until

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+from rmq_mp.format.message import PROPERTY_KEYS, PROPERTY_TAGS, PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
 from tests.service import RunningService, running_service, wait_until
 
 from .conftest import SKIP_REASON

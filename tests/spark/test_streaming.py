@@ -8,10 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message import Message
-from rmq_mp.message_store import MessageStore
-from rmq_mp.producer import Producer
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format.message import Message
+from rmq_mp.put.producer import Producer
+from rmq_mp.store.message_store import MessageStore
 from tests.service import RunningService, running_service, wait_until
 
 from .conftest import SKIP_REASON

@@ -19,10 +19,10 @@ from typing import Any
 
 import pytest
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus
-from rmq_mp.store_status import collect_status
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.tools.store_status import collect_status
 from shm import layout
 from tests.service import running_service, wait_until
 

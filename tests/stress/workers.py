@@ -7,9 +7,9 @@ import random
 import time
 from typing import Any
 
-from rmq_mp.consumer import Consumer
-from rmq_mp.producer import Producer
-from rmq_mp.status import GetMessageStatus
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.put.producer import Producer
 from tests.load import QUEUES, TOPICS, message_for
 
 

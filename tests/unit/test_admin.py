@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.admin import main
+from rmq_mp.tools.admin import main
 from tests.service import ROOT
 
 FIXTURE_SETTINGS = [
@@ -29,7 +29,11 @@ def admin(*args: str, io_encoding: str | None = None) -> subprocess.CompletedPro
     """The console script in a child process; its output decoded as UTF-8, newlines untouched."""
     env = {**os.environ, "PYTHONIOENCODING": io_encoding} if io_encoding else None
     result = subprocess.run(
-        [sys.executable, "-m", "rmq_mp.admin", *args], cwd=ROOT, capture_output=True, env=env, timeout=120
+        [sys.executable, "-m", "rmq_mp.tools.admin", *args],
+        cwd=ROOT,
+        capture_output=True,
+        env=env,
+        timeout=120,
     )
     return subprocess.CompletedProcess(
         result.args, result.returncode, result.stdout.decode("utf-8"), result.stderr.decode("utf-8")
@@ -268,7 +272,7 @@ def test_usage_errors_exit_2(capsys: pytest.CaptureFixture[str]) -> None:
 
 
 def test_against_a_running_store_by_shm_name(tmp_path: Path) -> None:
-    from rmq_mp.producer import Producer
+    from rmq_mp.put.producer import Producer
     from shm import layout
     from tests.service import running_service, wait_until
 

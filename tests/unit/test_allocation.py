@@ -1,4 +1,4 @@
-"""AllocateMessageQueueAveragely as RocketMQ computes it (rmq_mp/rebalance.py)."""
+"""AllocateMessageQueueAveragely as RocketMQ computes it (rmq_mp/client/rebalance.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmq_mp.rebalance import allocate_averagely
+from rmq_mp.client.rebalance import allocate_averagely
 
 
 def java_allocate(cid: str, mqs: list[int], cids: list[str]) -> list[int]:

@@ -1,4 +1,4 @@
-"""rmq_mp.config: Java properties syntax, RocketMQ 4.9.8 defaults, validation, adjustments."""
+"""rmq_mp.config.store_config: Java properties syntax, RocketMQ 4.9.8 defaults, validation, adjustments."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmq_mp.config import (
+from rmq_mp.config.store_config import (
     IGNORED_PROPERTIES,
     PROPERTY_NAMES,
     BrokerRole,
@@ -25,7 +25,7 @@ from rmq_mp.config import (
 from rmq_mp.errors import ConfigError
 
 SHIPPED_CONF = Path(__file__).resolve().parents[2] / "conf" / "broker.conf"
-LOGGER = "rmq_mp.config"
+LOGGER = "rmq_mp.config.store_config"
 
 
 def load(text: str) -> MessageStoreConfig:

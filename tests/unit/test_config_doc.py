@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from rmq_mp.config import PROPERTY_NAMES
-from rmq_mp.config_doc import DOC, SHIPPED_CONF, conf_comments, render
+from rmq_mp.config.doc import DOC, SHIPPED_CONF, conf_comments, render
+from rmq_mp.config.store_config import PROPERTY_NAMES
 
 
 def test_configuration_md_matches_the_definitions() -> None:
     assert DOC.read_text(encoding="utf-8") == render(), (
-        "docs/configuration.md drifted from rmq_mp/config.py or conf/broker.conf: "
-        "run `python -m rmq_mp.config_doc --write`"
+        "docs/configuration.md drifted from rmq_mp/config/store_config.py or conf/broker.conf: "
+        "run `python -m rmq_mp.config.doc --write`"
     )
 
 
@@ -24,7 +24,7 @@ def test_every_property_has_a_row_and_a_comment() -> None:
 
 def test_a_changed_comment_changes_the_document(tmp_path, monkeypatch) -> None:
     """The generator reads the live conf: a new comment shows up (so the drift test can fail)."""
-    import rmq_mp.config_doc as config_doc
+    import rmq_mp.config.doc as config_doc
 
     conf = tmp_path / "broker.conf"
     conf.write_text(

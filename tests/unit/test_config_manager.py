@@ -18,14 +18,21 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmq_mp.config_manager import CHECKSUMS_NAME, ConfigManager, FastJsonError, dumps, loads, sha256_hex
-from rmq_mp.offsets import ConsumerOffsetManager
-from rmq_mp.topics import TopicConfig, TopicConfigManager
+from rmq_mp.config.config_manager import (
+    CHECKSUMS_NAME,
+    ConfigManager,
+    FastJsonError,
+    dumps,
+    loads,
+    sha256_hex,
+)
+from rmq_mp.config.offsets import ConsumerOffsetManager
+from rmq_mp.config.topics import TopicConfig, TopicConfigManager
 
-LOGGER = "rmq_mp.config_manager"
+LOGGER = "rmq_mp.config.config_manager"
 
 # `cat consumerOffset.json` of a RocketMQ 4.x broker, as pasted in a source walk-through
-# (see rmq_mp/config_manager.py): tabs, bare queue ids, a newline before each inner `}`.
+# (see rmq_mp/config/config_manager.py): tabs, bare queue ids, a newline before each inner `}`.
 ROCKETMQ_CONSUMER_OFFSET = (
     "{\n"
     '\t"offsetTable":{\n'

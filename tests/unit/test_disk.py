@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.disk import DiskLevel, DiskThresholds
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.store.disk import DiskLevel, DiskThresholds
 
 
 def test_space_trigger_is_disk_max_used_space_ratio_alone() -> None:

@@ -19,16 +19,16 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from rmq_mp import message as m
-from rmq_mp import record
-from rmq_mp.checkpoint import StoreCheckpoint
-from rmq_mp.commit_log import CommitLog
-from rmq_mp.consume_queue import PRE_BLANK_SIZE, ConsumeQueueTable
-from rmq_mp.dispatch import INDEX_KEY, Dispatcher
 from rmq_mp.errors import ConfigError
-from rmq_mp.index_file import IndexFile
-from rmq_mp.index_service import IndexService
-from rmq_mp.reporter import Reporter
+from rmq_mp.format import message as m
+from rmq_mp.format import record
+from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.commit_log import CommitLog
+from rmq_mp.store.consume_queue import PRE_BLANK_SIZE, ConsumeQueueTable
+from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher
+from rmq_mp.store.index_file import IndexFile
+from rmq_mp.store.index_service import IndexService
+from rmq_mp.store.reporter import Reporter
 from tests.conftest import FIXTURE_SETTINGS
 from tests.store_content import make_messages
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from rmq_mp.mapped_file import OS_PAGE_SIZE
-from rmq_mp.mapped_file_queue import MappedFileQueue
-from rmq_mp.reporter import Reporter
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE
+from rmq_mp.store.mapped_file_queue import MappedFileQueue
+from rmq_mp.store.reporter import Reporter
 
 
 def test_flush_waits_for_least_pages_unless_the_file_is_full(tmp_path: Path) -> None:

@@ -11,9 +11,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rmq_mp.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.mapping_pool import MappingPool, PooledMappedFile
-from rmq_mp.reporter import Reporter
+from rmq_mp.store.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.store.mapping_pool import MappingPool, PooledMappedFile
+from rmq_mp.store.reporter import Reporter
 
 ENTRIES_PER_FILE = 4
 FILE_SIZE = ENTRIES_PER_FILE * CQ_STORE_UNIT_SIZE

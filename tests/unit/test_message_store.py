@@ -7,9 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import (
     ConfigError,
     InvalidMessageIdError,
@@ -17,9 +15,11 @@ from rmq_mp.errors import (
     StoreLockedError,
     StoreReadOnlyError,
 )
-from rmq_mp.message_store import MessageStore
-from rmq_mp.reporter import Reporter
-from rmq_mp.status import GetMessageStatus, PutMessageStatus
+from rmq_mp.format import message as m
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.reporter import Reporter
 
 
 def put(store: MessageStore, topic: str = "T", body: bytes = b"x", queue_id: int = 0, **props: str):

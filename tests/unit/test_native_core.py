@@ -19,8 +19,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rmq_mp.format.record import RecordEncoder
 from rmq_mp.put import native
-from rmq_mp.record import RecordEncoder
 from shm import layout
 
 core = native.lock_core

@@ -11,11 +11,11 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rmq_mp.config_manager import loads
-from rmq_mp.offsets import TOPIC_GROUP_SEPARATOR, ConsumerOffsetManager, DelayOffsetManager
+from rmq_mp.config.config_manager import loads
+from rmq_mp.config.offsets import TOPIC_GROUP_SEPARATOR, ConsumerOffsetManager, DelayOffsetManager
 
 # A 4.9 broker's file after a transaction check and a quickstart consumer (the layout quoted in
-# RocketMQ-fork source comments and blog pastes: see rmq_mp/config_manager.py).
+# RocketMQ-fork source comments and blog pastes: see rmq_mp/config/config_manager.py).
 ROCKETMQ_CONSUMER_OFFSET = (
     "{\n"
     '\t"offsetTable":{\n'

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.message import Message
-from rmq_mp.message_store import MessageStore
+from rmq_mp.format.message import Message
 from rmq_mp.progress import enabled, progress
+from rmq_mp.store.message_store import MessageStore
 from tests.service import ROOT
 from tests.unit.test_admin import FIXTURE_SETTINGS
 
@@ -60,7 +60,7 @@ def test_print_msg_draws_a_bar_on_a_terminal(rocketmq_fixtures: Path) -> None:
     command = [
         sys.executable,
         "-m",
-        "rmq_mp.admin",
+        "rmq_mp.tools.admin",
         "printMsg",
         "--store",
         str(rocketmq_fixtures / "clean-store"),
@@ -87,7 +87,7 @@ def test_print_msg_draws_a_bar_on_a_terminal(rocketmq_fixtures: Path) -> None:
 def test_audit_digests_show_progress_when_asked(
     small_config, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]
 ) -> None:
-    from rmq_mp.audit import digest_report
+    from rmq_mp.tools.audit import digest_report
 
     with MessageStore.open(config=small_config) as store:
         for i in range(50):

@@ -12,10 +12,10 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmq_mp import message as m
-from rmq_mp import record
 from rmq_mp.errors import CorruptRecordError, InvalidMessageIdError
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.format import message as m
+from rmq_mp.format import record
+from rmq_mp.outcomes import PutMessageStatus
 
 
 def test_java_string_hash_code() -> None:

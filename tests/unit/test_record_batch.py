@@ -16,9 +16,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rmq_mp import message as m
-from rmq_mp import record, record_batch
-from rmq_mp.index_service import index_keys
+from rmq_mp.format import message as m
+from rmq_mp.format import record, record_batch
+from rmq_mp.store.index_service import index_keys
 
 STORE_TS = 1_795_345_092_000
 

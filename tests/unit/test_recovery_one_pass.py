@@ -19,10 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
-from rmq_mp.recovery import recover
-from rmq_mp.status import PutMessageResult
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.outcomes import PutMessageResult
+from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.recovery import recover
 from tests.conftest import FIXTURE_SETTINGS
 from tests.store_content import make_messages
 

@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from rmq_mp.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.index_file import INDEX_HEADER_SIZE, IndexFile
-from rmq_mp.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES, MappedFile, reservation_end
-from rmq_mp.reporter import Reporter
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.store.index_file import INDEX_HEADER_SIZE, IndexFile
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES, MappedFile, reservation_end
+from rmq_mp.store.reporter import Reporter
 
 MIB = 1 << 20
 

@@ -1,16 +1,16 @@
-"""The delay rewrite and messageTimeup (rmq_mp/schedule.py), and the in-process store's put."""
+"""The delay rewrite and messageTimeup (rmq_mp/store/schedule.py), and the in-process store's put."""
 
 from __future__ import annotations
 
 import pytest
 
-from rmq_mp import message as m
-from rmq_mp import schedule
-from rmq_mp.config import MessageStoreConfig
-from rmq_mp.message_store import MessageStore
-from rmq_mp.offsets import DelayOffsetManager
-from rmq_mp.record import RecordRejected
-from rmq_mp.status import PutMessageStatus
+from rmq_mp.config.offsets import DelayOffsetManager
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.format import message as m
+from rmq_mp.format.record import RecordRejected
+from rmq_mp.outcomes import PutMessageStatus
+from rmq_mp.store import schedule
+from rmq_mp.store.message_store import MessageStore
 
 
 def test_the_rewrite_is_4_9_8s() -> None:

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from rmq_mp.config import MAX_TRANSIENT_STORE_POOL_SIZE, MessageStoreConfig
+from rmq_mp.config.store_config import MAX_TRANSIENT_STORE_POOL_SIZE, MessageStoreConfig
 from rmq_mp.errors import ConfigError, OffsetTableFullError
 from shm import layout
 from shm import queue_offsets as qo

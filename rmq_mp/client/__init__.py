@@ -1,0 +1,1 @@
+"""What a process attached to a running store uses to read: consumers, rebalance, offsets."""

@@ -1,0 +1,746 @@
+"""Consumer: any local process reads a running store by queue and offset, with long polling.
+
+Mirrors PullMessageProcessor + `getMessage` (rocketmq-format.md §12) and the broker's
+PullRequestHoldService: `pull` reads ConsumeQueue entries and CommitLog records straight from the
+shared files, bounded by what reput has dispatched (the queue-offset table), so it never sees a
+record beyond the visibility limit (the flushed offset under SYNC_FLUSH). With ``timeout_s`` it
+parks in the waiter table and reput wakes it on the first dispatch past its offset: no polling
+loop. `subscribe` + `poll` iterate topics with tag expressions (``"TagA || TagB"``, ``"*"``), and
+`commit` records the group's offsets in shared memory; the supervisor persists them to
+`config/consumerOffset.json`.
+
+A consumer group's members (every `Consumer` attached with one group, in any process) share the
+queues of what they subscribe (MessageModel.CLUSTERING, the default: rmq_mp/client/rebalance.py says
+what a rebalance guarantees and how soon), or each read everything with progress of its own
+(MessageModel.BROADCASTING: rmq_mp/client/local_offsets.py). `pull` names its queue and stays outside
+the group's rebalancing (RocketMQ's pull/assign consumer).
+"""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+
+from rmq_mp import validators as v
+from rmq_mp.client.local_offsets import LocalFileOffsetStore, check_client_id
+from rmq_mp.client.rebalance import REBALANCE_INTERVAL_MS, MessageModel, Rebalance
+from rmq_mp.config.offsets import ConsumerOffsetManager
+from rmq_mp.errors import (
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    ShmAttachError,
+    StoreError,
+    StoreNotRunningError,
+)
+from rmq_mp.format.message import MessageExt
+from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.store.mapping_pool import process_pool
+from rmq_mp.store.message_store import offset_status, read_queue
+from rmq_mp.store.read_damage import ReadSkips, shm_counter
+from rmq_mp.store.reporter import Reporter
+from rmq_mp.store.running_store import (
+    REATTACH_WAIT_S,
+    START_TIMEOUT_S,
+    SUPERVISOR_STALE_MS,
+    Instance,
+    RunningStore,
+)
+from shm import layout
+from shm import queue_offsets as qo
+from shm import waiters as wt
+from shm.layout import Role
+from shm.pointer_table import now_ms, pid_alive
+from shm.semaphores import acquire, spin_until, try_acquire
+
+log = logging.getLogger("rmq_mp.client.consumer")
+
+PARK_SPIN_S = 0.0002
+"""A long poll watches its queue this long before sleeping: a wake by reput costs 50-70 us."""
+READ_ATTEMPTS = 3
+SHORT_POLLING_S = 1.0
+MAX_TIMEOUT_S = v.JAVA_LONG_MAX // 1000
+"""The longest wait a pull or poll accepts: RocketMQ's timeouts are Java longs of milliseconds."""
+PARK_MAX_S = 60.0
+"""The longest one semaphore wait of a park (posix_ipc gives up at once on a deadline past what
+a timespec holds): a longer timeout parks again, as after any wakeup that brought nothing."""
+"""With longPollingEnable=false, how long a pull that found nothing sleeps before it looks again
+(RocketMQ's BrokerConfig shortPollingTimeMills): new messages do not wake it."""
+"""Reads retried when the cleaner deletes a file under them (each retry sees a higher minimum)."""
+
+GetResult = GetMessageResult
+"""What `pull` returns: status, messages, next_begin_offset, min_offset, max_offset."""
+
+
+def parse_tag_expression(expression: str) -> frozenset[str] | None:
+    """RocketMQ's subscription expression: ``*`` (or empty) for all, else ``A || B``."""
+    expression = expression.strip()
+    if expression in ("", "*"):
+        return None
+    return frozenset(t.strip() for t in expression.split("||") if t.strip())
+
+
+@dataclass
+class Subscription:
+    topic: str
+    tags: frozenset[str] | None
+    next_offsets: dict[int, int] = field(default_factory=dict)
+    starts: dict[int, int] = field(default_factory=dict)
+    """``from_offsets``: where a queue the group never committed starts (else 0)."""
+
+
+_CLIENT_SEQ = itertools.count()
+
+QueueListener = Callable[[str, list[int], list[int]], None]
+"""``(topic, released queue ids, claimed queue ids)``: `Consumer.set_queue_listener`."""
+
+
+def default_client_id() -> str:
+    """RocketMQ's ``ip@instanceName`` with the instance name it picks by default (the pid and a
+    distinguishing number): unique per Consumer object. A store is reached over shared memory,
+    so the address is the loopback one."""
+    return f"127.0.0.1@{os.getpid()}#{next(_CLIENT_SEQ)}"
+
+
+class Consumer:
+    """Attach with `Consumer.attach(name, group)`. An instance is not thread-safe: use one per
+    thread (each takes one of `maxConsumerNum` slots until `close`), as many as you like in a
+    process; the threads share the process's queue-file mappings (mapping_pool.py).
+
+    Arguments are checked as RocketMQ's client checks them (`rmq_mp.validators`): the group by
+    `Validators.checkGroup`, queue ids as Java ints, offsets as Java longs; a wrong one raises
+    `InvalidArgumentError` (`InvalidArgumentTypeError` for a wrong type) before anything is read
+    or written.
+
+    `commit` may be called from other threads while one thread polls (a push consumer's workers
+    do): the two share a lock around the group's ownership state."""
+
+    def __init__(
+        self, store: RunningStore, group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
+        client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
+    ) -> None:  # fmt: skip
+        v.check_group(group)
+        if not isinstance(message_model, MessageModel):
+            raise InvalidArgumentTypeError(
+                f"message_model must be a MessageModel, not {type(message_model).__name__}"
+            )
+        self.message_model = message_model
+        self.client_id = default_client_id() if client_id is None else check_client_id(client_id)
+        self.rebalance_interval_ms = v.integer(rebalance_interval_ms, "rebalance_interval_ms")
+        if not 1 <= self.rebalance_interval_ms <= v.JAVA_INT_MAX:
+            raise InvalidArgumentError(f"rebalance_interval_ms {rebalance_interval_ms} must be 1..2^31-1")
+        self._lock = threading.RLock()
+        self._rr = 0
+        self.before_rebalance: Callable[[], None] | None = None
+        """Called in the polling thread, inside `poll`, before a rebalance that may release
+        queues (the members or the queues changed): a push consumer commits its progress and
+        lets its orderly batches finish there, so the next holder starts where it stopped."""
+        self.after_rebalance: Callable[[], None] | None = None
+        """Called right after that rebalance (the push consumer's orderly batches go on)."""
+        self._claimed: list[tuple[str, int]] = []
+        self.queue_listener: QueueListener | None = None
+        """`set_queue_listener`."""
+        self._lost: set[tuple[str, int]] = set()
+        """Queues this member held and lost to a rebalance, until it holds them again: their
+        commits are ignored (RocketMQ's dropped ProcessQueue)."""
+        self.group = group
+        self.reporter = Reporter()
+        """Records this consumer skipped rather than serve (rmq_mp/store/read_damage.py)."""
+        self.subscriptions: dict[str, Subscription] = {}
+        self._checked_topics: set[str] = set()
+        """Topics `pull` has checked already: a pull of one of them pays a set lookup."""
+        self.committed: dict[tuple[str, int], int] = {}
+        self._holds: list[int] = []
+        self._waiter_slot = -1
+        self._bind(store)
+
+    def _bind(self, store: RunningStore) -> None:
+        """Everything that belongs to one start of the store (its shared memory and a slot in its
+        consumer table); subscriptions, their next offsets and `committed` belong to the consumer
+        and outlive a restart."""
+        self.store = store
+        self.queues = store.shm.queues
+        self.waiters = store.shm.waiters
+        self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._pool = process_pool(store.config.max_open_consume_queue_files)
+        """Shared by every consumer of the process: the queue files all of them read stay
+        within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
+        self.skips = ReadSkips(self.reporter, publish=shm_counter(store.shm))
+        self._waiter_slot = self._claim_waiter_slot()
+        self._waiter_sem = store.shm.waiter(self._waiter_slot)
+        self.rebalance = Rebalance(
+            store.shm, self.group, self.client_id, self.message_model, self._waiter_slot,
+            self.rebalance_interval_ms, store.paths.topics,
+        )  # fmt: skip
+        """This start's membership and queue ownership (a restarted store has fresh ones: the
+        consumer joins again at its next poll, and claims its queues from the committed offsets)."""
+        self.local_offsets = LocalFileOffsetStore(store.paths.root, self.client_id, self.group)
+        """Broadcasting progress (unused under clustering)."""
+
+    @classmethod
+    def attach(
+        cls, name: str | os.PathLike[str], group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
+        client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
+        start_timeout_s: float = START_TIMEOUT_S,
+    ) -> Consumer:  # fmt: skip
+        """Attach to the running store ``name`` (shm name or store directory) as ``group``, a
+        name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing).
+        A store still starting is waited for up to ``start_timeout_s``.
+
+        ``message_model``: CLUSTERING (each queue of a subscribed topic read by one live member
+        of the group at a time) or BROADCASTING (every member reads everything; progress per
+        ``client_id``). ``client_id`` names this member (default ``127.0.0.1@<pid>#<n>``,
+        unique per Consumer object); the group's members are allocated queues in the order of
+        their sorted ids, and a broadcasting member restarted with the same id resumes.
+        ``rebalance_interval_ms``: how often a member looks for dead members (module
+        rmq_mp.client.rebalance)."""
+        v.check_group(group)
+        if client_id is not None:
+            check_client_id(client_id)
+        store = RunningStore.attach(name, Role.CONSUMER, start_timeout_s=start_timeout_s)
+        try:
+            return cls(
+                store, group, message_model=message_model, client_id=client_id,
+                rebalance_interval_ms=rebalance_interval_ms,
+            )  # fmt: skip
+        except InvalidArgumentError:
+            store.close()
+            raise
+
+    def _check_running(self) -> None:
+        """At every call that reads or commits: the store this consumer is attached to still
+        runs (one word read, and a clock read), or a newer start of it is attached to in its
+        place (`_reattach`)."""
+        table = self.store.table
+        if table.get(layout.STATE) != layout.RUNNING or (
+            now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
+            and not pid_alive(table.get(layout.SUPERVISOR_PID))
+        ):
+            self._reattach()
+
+    def _reattach(self) -> None:
+        """The store stopped or its supervisor died: attach to a newer start of it under the
+        same shm name, keeping subscriptions and their next offsets (`StoreNotRunningError`
+        when there is none yet: a later call looks again)."""
+        names = self.store.names
+        current = self.store.instance
+        why = (
+            "its supervisor is dead"
+            if current.state == layout.RUNNING
+            else f"it is not running ({current.state_name})"
+        )
+        instance = Instance.of(names)
+        if instance is None or instance.generation == current.generation:
+            raise StoreNotRunningError(
+                f"store {names.base}: {why}; this consumer attaches again by itself at a call once "
+                f"the store runs again"
+            )
+        store = RunningStore.attach(names.base, Role.CONSUMER, start_timeout_s=REATTACH_WAIT_S)
+        self._release()
+        try:
+            self._bind(store)
+        except ShmAttachError as exc:
+            raise StoreNotRunningError(
+                f"store {names.base} started again, but this consumer could not attach: {exc}"
+            ) from exc
+        log.info(
+            "consumer of %s reattached to store %s (start %d)", self.group, names.base, instance.generation
+        )
+
+    def _claim_waiter_slot(self) -> int:
+        """A consumer-table slot of our own: free, or left by a dead consumer (under the flags
+        lock). Raises ShmAttachError naming maxConsumerNum when every slot has a live consumer."""
+        try:
+            with self.store.shm.flags_lock("register the consumer"):
+                for slot in self.waiters.claimable_slots(pid_alive):
+                    self.waiters.set(slot, wt.WAITING, 0)
+                    self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
+                    self.waiters.set(slot, wt.PID, os.getpid())
+                    return slot
+        except BaseException:
+            self.store.close()
+            raise
+        self.store.close()
+        raise ShmAttachError(
+            f"{self.waiters.capacity} consumers are attached to this store already "
+            f"(maxConsumerNum = {self.waiters.capacity}): close some, or raise maxConsumerNum"
+        )
+
+    def close(self) -> None:
+        """Leave the group (its queues go to the other members at once: what was not committed
+        is read again by them), give the consumer-table slot back and unmap; a second close
+        does nothing (a `with` block that closed it already)."""
+        self._release()
+
+    def _release(self) -> None:
+        """Leave the group, give this start's consumer-table slot back, unmap its queues and
+        shared memory."""
+        if self._waiter_slot < 0:
+            return
+        with self._lock:
+            try:
+                self.rebalance.leave()
+            except ShmAttachError as exc:  # a dead holder kept the flags lock: pids tell the rest
+                log.warning("consumer %s of %s left without releasing: %s", self.client_id, self.group, exc)
+        self.waiters.set(self._waiter_slot, wt.WAITING, 0)
+        self.waiters.set(self._waiter_slot, wt.HOLD, wt.NO_HOLD)
+        self.waiters.set(self._waiter_slot, wt.PID, 0)
+        self._waiter_slot = -1
+        for cq in self._cqs.values():
+            cq.close()
+        self.store.close()
+
+    def __enter__(self) -> Consumer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ reads
+
+    def _offsets(self, topic: str, queue_id: int) -> tuple[int, int, int]:
+        """(queue-table slot, min offset, dispatched max offset); slot -1 for an unknown queue."""
+        slot = self.queues.find(topic, queue_id)
+        if slot < 0:
+            return -1, 0, 0
+        return slot, self.queues.get(slot, qo.MIN_OFFSET), self.queues.get(slot, qo.DISPATCHED)
+
+    def _queue_view(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> ConsumeQueue:
+        """A read-only ConsumeQueue whose files and positions cover ``[min, max)``."""
+        key = (topic, queue_id)
+        cq = self._cqs.get(key)
+        if cq is None:
+            cq = self._cqs[key] = ConsumeQueue(
+                topic, queue_id, self.store.paths.consume_queue,
+                self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self.reporter,
+                pool=self._pool,
+            )  # fmt: skip
+        end = max_offset * CQ_STORE_UNIT_SIZE
+        cq.min_logic_offset = min_offset * CQ_STORE_UNIT_SIZE
+        cq.mfq.drop_files_before(cq.min_logic_offset)
+        if end > cq.min_logic_offset:
+            cq.mfq.ensure_range(cq.min_logic_offset, end - 1)
+        for mf in cq.mfq.files:
+            mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
+        return cq
+
+    def entries(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[tuple[int, int, int]]:
+        """Up to ``max_count`` ConsumeQueue entries (phy offset, size, tags code) of one queue
+        from ``offset``, within what reput dispatched and one queue file: for a reader that
+        decides by the tags code before it reads records (the scheduler: a delivery time)."""
+        self._check_running()
+        slot, min_offset, max_offset = self._offsets(topic, queue_id)
+        if slot < 0 or not min_offset <= offset < max_offset:
+            return []
+        cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+        return list(cq.entries(offset, min(max_count, max_offset - offset)))
+
+    def pull(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int = 32, *, timeout_s: float = 0.0,
+        tags: frozenset[str] | None = None,
+    ) -> GetResult:  # fmt: skip
+        """Messages of one queue from ``offset``. With ``timeout_s`` > 0 and nothing new, wait
+        (long polling) until reput dispatches past ``offset`` or the timeout passes.
+
+        As the store's getMessage: an offset below the queue's minimum (negative included) is
+        OFFSET_TOO_SMALL, above its maximum OFFSET_OVERFLOW_BADLY, a queue nothing was written to
+        NO_MESSAGE_IN_QUEUE. A record that must not be served (its body CRC fails, or its entry
+        does not point at its record) is skipped and reported to `reporter` and the store's
+        ``read_skipped_records``, and the next offset is past it (NO_MATCHED_MESSAGE when the
+        pull found nothing else: `read_queue`). `InvalidArgumentError`, as RocketMQ's pull consumer and broker
+        refuse them: a topic the store cannot hold, a queue id outside 0..2^31-1, an offset
+        beyond a Java long, ``max_msgs`` < 1 ("maxNums <= 0"), a ``timeout_s`` that is negative,
+        NaN or infinite; wrong types too."""
+        if (
+            type(topic) is not str
+            or topic not in self._checked_topics
+            or type(queue_id) is not int
+            or type(offset) is not int
+            or type(max_msgs) is not int
+            or not 0 <= queue_id <= v.JAVA_INT_MAX
+            or max_msgs < 1
+            or not _LONG_MIN <= offset <= v.JAVA_LONG_MAX
+            or (tags is not None and type(tags) is not frozenset)
+        ):
+            topic, queue_id, offset, max_msgs, tags = self._pull_arguments(
+                topic, queue_id, offset, max_msgs, tags
+            )
+        if (
+            type(timeout_s) is not float and type(timeout_s) is not int
+        ) or not 0 <= timeout_s <= MAX_TIMEOUT_S:
+            timeout_s = _seconds(timeout_s, "timeout_s")
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_running()
+            result = self._read(topic, queue_id, offset, max_msgs, tags)
+            waiting_for_new = result.status in (
+                GetMessageStatus.OFFSET_OVERFLOW_ONE, GetMessageStatus.NO_MESSAGE_IN_QUEUE,
+            ) or (result.status is GetMessageStatus.NO_MATCHED_MESSAGE and result.next_begin_offset >= result.max_offset)  # fmt: skip
+            remaining = deadline - time.monotonic()
+            if not waiting_for_new or remaining <= 0:
+                return result
+            watch_offset = (
+                max(offset, result.next_begin_offset)
+                if result.status is GetMessageStatus.NO_MATCHED_MESSAGE
+                else offset
+            )
+            self._park(topic, queue_id, watch_offset, remaining)
+            if result.status is GetMessageStatus.NO_MATCHED_MESSAGE:
+                offset = result.next_begin_offset
+
+    def _pull_arguments(
+        self, topic: object, queue_id: object, offset: object, max_msgs: object, tags: object
+    ) -> tuple[str, int, int, int, frozenset[str] | None]:
+        """`pull`'s arguments checked one by one (the slow path: only when the quick test of
+        `pull` failed), normalised (numpy integers to int, a set of tags to a frozenset)."""
+        checked = v.check_get(topic, queue_id, offset, max_msgs, tags)
+        self._checked_topics.add(checked[0])
+        return checked
+
+    def _read(
+        self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
+    ) -> GetResult:
+        for attempt in range(READ_ATTEMPTS):
+            slot, min_offset, max_offset = self._offsets(topic, queue_id)
+            if slot < 0:
+                return GetMessageResult(GetMessageStatus.NO_MESSAGE_IN_QUEUE, 0, 0, 0)
+            decided = offset_status(offset, min_offset, max_offset)
+            if decided is not None:  # nothing to read (a caught-up long poll): no file touched
+                return decided
+            try:
+                cq = self._queue_view(topic, queue_id, min_offset, max_offset)
+                first = cq.get_entry(offset) if min_offset <= offset < max_offset else None
+                with self.hold_from(first[0] if first else -1):
+                    self.store.sync_log(keep_from=min(self._holds, default=-1))
+                    return read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
+                                      max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
+                                      skips=self.skips, tags=tags)  # fmt: skip
+            except FileNotFoundError:
+                # The cleaner deleted a queue or log file between our reading the minimum offsets
+                # and mapping it: read the new minimum and try again.
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    @contextmanager
+    def hold_from(self, phy_offset: int) -> Iterator[None]:
+        """Keep the commit-log files from ``phy_offset`` on disk while this block reads them
+        (RocketMQ's `MappedFile.hold()`, across processes). The cleaner deletes a held file only
+        after `destroyMapedFileIntervalForcibly`, and even then this process's mapping of it stays
+        valid until released: nobody ever reads freed memory. ``-1`` holds nothing."""
+        if phy_offset < 0:
+            yield
+            return
+        self._holds.append(phy_offset)
+        self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds))
+        try:
+            yield
+        finally:
+            self._holds.remove(phy_offset)
+            self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds, default=wt.NO_HOLD))
+
+    def _park(
+        self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False,
+        wake_if: Callable[[], bool] | None = None,
+    ) -> None:  # fmt: skip
+        """Register in our waiter slot, re-check (no lost wakeup) for PARK_SPIN_S, then sleep until
+        woken or timeout. With longPollingEnable=false: sleep SHORT_POLLING_S (or the timeout)
+        without registering, as RocketMQ's short polling. At most `PARK_MAX_S`: the caller
+        parks again while its deadline is ahead."""
+        timeout_s = min(timeout_s, PARK_MAX_S)
+        if not self.store.config.long_polling_enable:
+            time.sleep(min(timeout_s, SHORT_POLLING_S))
+            return
+        slot = -1 if any_queue else self.queues.find(topic, queue_id)
+        w = self.waiters
+        while try_acquire(self._waiter_sem):  # drop stale posts
+            pass
+        w.set(self._waiter_slot, wt.QUEUE_SLOT, slot)
+        w.set(self._waiter_slot, wt.OFFSET, offset)
+        w.set(self._waiter_slot, wt.WAITING, 1)
+        if not any_queue:
+            slot_now = self.queues.find(topic, queue_id)
+            if slot_now != slot:  # the queue appeared meanwhile: wait for any dispatch instead
+                w.set(self._waiter_slot, wt.QUEUE_SLOT, -1)
+            elif slot_now >= 0 and spin_until(
+                lambda: self.queues.get(slot_now, qo.DISPATCHED) > offset, min(PARK_SPIN_S, timeout_s)
+            ):
+                w.set(self._waiter_slot, wt.WAITING, 0)
+                return
+        if wake_if is None or not wake_if():  # checked after registering: no lost rebalance post
+            acquire(self._waiter_sem, timeout_s)
+        w.set(self._waiter_slot, wt.WAITING, 0)
+
+    # ------------------------------------------------------------------ subscriptions
+
+    def subscribe(
+        self, topic: str, expression: str = "*", *, from_offsets: dict[int, int] | None = None
+    ) -> None:
+        """Consume ``topic``, tag-filtered. Under CLUSTERING the first subscribe joins the group
+        (shm/members.py) and `poll` reads only the queues this member is allocated, each from
+        the group's committed offset (``from_offsets`` for a queue the group never committed,
+        else 0); under BROADCASTING every queue, from this member's own progress
+        (`LocalFileOffsetStore`), else ``from_offsets``, else 0. `InvalidArgumentError` for a
+        topic the group cannot keep offsets for, or bad offsets."""
+        v.check_topic(topic, with_offsets=True)
+        if not isinstance(expression, str):
+            raise InvalidArgumentTypeError(
+                f"expression must be a str ('*' or 'TagA || TagB'), not {type(expression).__name__}"
+            )
+        starts = _queue_offsets(from_offsets or {}, "from_offsets")
+        self._check_running()
+        with self._lock:
+            sub = Subscription(topic, parse_tag_expression(expression), starts=starts)
+            old = self.subscriptions.get(topic)
+            if self.message_model is MessageModel.BROADCASTING:
+                self.local_offsets.load()
+                sub.next_offsets.update(starts)
+                sub.next_offsets.update(self.local_offsets.offsets_of(topic))
+            else:  # where a queue starts once held; a queue held restarts from the group's offset
+                groups = self.store.shm.groups
+                sub.next_offsets.update(starts)
+                for queue_id, group_slot in self.rebalance.owned.get(topic, {}).items():
+                    committed = groups.get(group_slot, qo.COMMITTED)
+                    if committed >= 0:  # (an rmq-admin resetOffsetByTime is picked up here)
+                        sub.next_offsets[queue_id] = committed
+                    elif old is not None and queue_id in old.next_offsets:
+                        sub.next_offsets[queue_id] = old.next_offsets[queue_id]
+            self.subscriptions[topic] = sub
+            self.rebalance.request()
+
+    def committed_offset(self, topic: str, queue_id: int) -> int:
+        """The group's committed offset for a queue (a broadcasting member's own), -1 when it
+        has none (as RocketMQ)."""
+        v.check_topic(topic, with_offsets=True)
+        queue_id = v.check_queue_id(queue_id)
+        if self.message_model is MessageModel.BROADCASTING:
+            return self.local_offsets.offsets_of(topic).get(queue_id, -1)
+        self._check_running()
+        groups = self.store.shm.groups
+        slot = groups.find(self._offset_key(topic), queue_id)
+        return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+
+    def assignment(self) -> dict[str, list[int]]:
+        """The queues this member reads, by subscribed topic: under CLUSTERING those it holds
+        now (it changes only inside `poll`, and at `close`), under BROADCASTING every queue."""
+        with self._lock:
+            if self.message_model is MessageModel.BROADCASTING:
+                return {t: self._topic_queues(t) for t in self.subscriptions}
+            return {t: sorted(self.rebalance.owned.get(t, {})) for t in self.subscriptions}
+
+    def owns(self, topic: str, queue_id: int) -> bool:
+        """Whether this member holds the queue now (a push consumer drops what it fetched from a
+        queue it lost: its commit would be ignored, and the new owner reads it again)."""
+        if self.message_model is MessageModel.BROADCASTING:
+            return topic in self.subscriptions
+        return queue_id in self.rebalance.owned.get(topic, {})
+
+    def _topic_queues(self, topic: str) -> list[int]:
+        return [queue_id for queue_id, _slot in self.queues.queues_of(topic)]
+
+    def _on_claim(self, topic: str, queue_id: int, committed: int, known: bool) -> None:
+        """A queue newly held: read it from the group's committed offset (lock held)."""
+        self._lost.discard((topic, queue_id))
+        self._claimed.append((topic, queue_id))
+        sub = self.subscriptions[topic]
+        if known:
+            sub.next_offsets[queue_id] = committed
+        elif queue_id in sub.starts:
+            sub.next_offsets[queue_id] = sub.starts[queue_id]
+        else:  # from 0, and nothing to commit for it until a poll reads it
+            sub.next_offsets.pop(queue_id, None)
+        # (a `from_offsets` start also sits in next_offsets before the queue is held: overwritten)
+
+    def set_queue_listener(self, listener: QueueListener | None) -> None:
+        """RocketMQ's MessageQueueListener (`messageQueueChanged`): ``listener(topic, released,
+        claimed)`` runs in the polling thread, inside `poll`, after a rebalance changed this
+        member's queues of ``topic`` (queue ids, sorted), before anything is read from the
+        claimed ones. A released queue's commits are ignored from then on (its new holder reads
+        what was not committed): a push consumer drops the messages it still has from it."""
+        self.queue_listener = listener
+
+    def _polled_queues(self) -> list[tuple[Subscription, int]]:
+        """The (subscription, queue) pairs a poll reads, after a rebalance when one is due: a
+        member joins the group at its first poll."""
+        changes: dict[str, tuple[list[int], list[int]]] = {}
+        try:
+            return self._rebalanced(changes)
+        finally:
+            if changes and self.queue_listener is not None:
+                for topic, (released, claimed) in sorted(changes.items()):
+                    self.queue_listener(topic, sorted(released), sorted(claimed))
+
+    def _rebalanced(self, changes: dict[str, tuple[list[int], list[int]]]) -> list[tuple[Subscription, int]]:
+        """`_polled_queues` under the lock; fills ``changes`` (topic -> (released, claimed))."""
+        with self._lock:
+            if self.message_model is MessageModel.BROADCASTING:
+                if not self.rebalance.joined:
+                    self.rebalance.join()
+                if self.rebalance.due():
+                    self.rebalance.run([], self._on_claim)
+                return [
+                    (sub, q) for sub in self.subscriptions.values() for q in self._topic_queues(sub.topic)
+                ]
+            if not self.rebalance.joined:
+                self.rebalance.join()
+            if self.rebalance.due():
+                before = self.before_rebalance
+                hooked = before is not None and self.rebalance.may_release()
+                if before is not None and hooked:
+                    before()
+                self._claimed.clear()
+                try:
+                    released = self.rebalance.run(list(self.subscriptions), self._on_claim)
+                finally:
+                    if hooked and self.after_rebalance is not None:
+                        self.after_rebalance()
+                for topic, queue_id in self._claimed:
+                    changes.setdefault(topic, ([], []))[1].append(queue_id)
+                for topic, queue_id in released:  # dropped: its commits are ignored from now on
+                    changes.setdefault(topic, ([], []))[0].append(queue_id)
+                    self._lost.add((topic, queue_id))
+                    if topic in self.subscriptions:
+                        self.subscriptions[topic].next_offsets.pop(queue_id, None)
+            owned = self.rebalance.owned
+            return [(sub, q) for sub in self.subscriptions.values() for q in sorted(owned.get(sub.topic, {}))]
+
+    def poll(self, timeout_s: float = 1.0, max_msgs: int = 32) -> list[MessageExt]:
+        """The next messages of the queues this member reads (`assignment`); waits up to
+        ``timeout_s`` when there are none. A long poll also ends its wait when the group
+        changes (a member joins, leaves or dies, a queue is released), moves its queues and
+        reads on. Queues are visited round-robin from one poll to the next, so a backlog in one
+        does not starve the others."""
+        if not self.subscriptions:
+            raise StoreError("poll() before subscribe()")
+        timeout_s = _seconds(timeout_s, "timeout_s")
+        max_msgs = v.integer(max_msgs, "max_msgs")
+        if max_msgs < 1:
+            raise InvalidArgumentError(
+                f"max_msgs {max_msgs}: maxNums <= 0 (a poll asks for at least one message)"
+            )
+        deadline = time.monotonic() + timeout_s
+        while True:
+            self._check_running()
+            batch: list[MessageExt] = []
+            pairs = self._polled_queues()
+            start = self._rr % len(pairs) if pairs else 0
+            for sub, queue_id in pairs[start:] + pairs[:start]:
+                offset = sub.next_offsets.get(queue_id, 0)
+                result = self._read(sub.topic, queue_id, offset, max_msgs - len(batch), sub.tags)
+                if result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
+                                     GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
+                                     GetMessageStatus.OFFSET_FOUND_NULL, GetMessageStatus.MESSAGE_WAS_REMOVING):  # fmt: skip
+                    sub.next_offsets[queue_id] = result.next_begin_offset
+                batch.extend(result.messages)
+                if len(batch) >= max_msgs:
+                    self._rr += 1
+                    return batch
+            self._rr += 1
+            remaining = deadline - time.monotonic()
+            if batch or remaining <= 0:
+                return batch
+            self._park(
+                "", 0, 0, min(remaining, max(self.rebalance.seconds_to_check(), 0.001)), any_queue=True,
+                wake_if=self.rebalance.due,
+            )  # fmt: skip
+
+    def __iter__(self) -> Iterator[MessageExt]:
+        """Messages of the subscriptions until a poll of one second finds none."""
+        while batch := self.poll(1.0):
+            yield from batch
+
+    def commit(self, offsets: dict[tuple[str, int], int] | None = None) -> dict[tuple[str, int], int]:
+        """Record the group's consumed offsets: the next offsets of every queue this member reads,
+        or the ``{(topic, queue_id): next_offset}`` given. The supervisor persists them to
+        `config/consumerOffset.json` every `flushConsumerOffsetInterval` ms and at stop.
+
+        Under CLUSTERING a queue this member held and lost to a rebalance is left out (as
+        RocketMQ drops the offset of a removed ProcessQueue): its new owner's progress is never
+        set back. (An offset given for a queue it never held is recorded: the assign-style use
+        of `pull`.) Under BROADCASTING the offsets are this member's own, written to its
+        `LocalFileOffsetStore` file, not the group's. Returns every offset this consumer
+        committed so far.
+
+        Every entry is checked before any is recorded (all or nothing): a topic the store cannot
+        hold or one with '@' (consumerOffset.json's ``topic@group`` separator), a queue id outside
+        0..2^31-1, an offset that is negative or beyond a Java long raise `InvalidArgumentError`."""
+        given = None if offsets is None else _commit_offsets(offsets)
+        with self._lock:
+            if given is None:
+                given = {(t, q): o for t, s in self.subscriptions.items() for q, o in s.next_offsets.items()}
+                if self.message_model is MessageModel.CLUSTERING:  # the queues held, not the starts
+                    owned = self.rebalance.owned
+                    given = {(t, q): o for (t, q), o in given.items() if q in owned.get(t, {})}
+            if self.message_model is MessageModel.BROADCASTING:
+                for (topic, queue_id), offset in given.items():
+                    self.local_offsets.update(topic, queue_id, offset)
+                    self.committed[(topic, queue_id)] = offset
+                self.local_offsets.persist()
+                return dict(self.committed)
+            given = {key: offset for key, offset in given.items() if key not in self._lost}
+            self._check_running()  # never into the table of a store that stopped: it is not persisted
+            groups = self.store.shm.groups
+            keys = [(self._offset_key(topic), queue_id) for topic, queue_id in given]
+            slots = [groups.find(key, queue_id) for key, queue_id in keys]
+            if min(slots, default=0) < 0:  # new entries: all or nothing (a full table refuses the commit)
+                with self.store.shm.flags_lock("register group offsets"):
+                    slots = groups.find_or_insert_all(keys)
+            for (queue, offset), slot in zip(given.items(), slots, strict=True):
+                groups.set(slot, qo.COMMITTED, offset)
+                self.committed[queue] = offset
+            return dict(self.committed)
+
+    def _offset_key(self, topic: str) -> str:
+        return ConsumerOffsetManager.key(self.group, topic)
+
+
+_LONG_MIN = -v.JAVA_LONG_MAX - 1
+
+
+def _seconds(value: object, what: str) -> float:
+    """A duration argument: an int or a float (not a bool), from 0 to `MAX_TIMEOUT_S`; NaN, an
+    infinity or a negative wait is `InvalidArgumentError` (as `queue.Queue.get` refuses one)."""
+    if not isinstance(value, (int, float)) or isinstance(value, bool):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a number of seconds, not {type(value).__name__} ({value!r})"
+        )
+    if not 0 <= value <= MAX_TIMEOUT_S:
+        raise InvalidArgumentError(
+            f"{what} {value!r} must be a finite number of seconds from 0 to {MAX_TIMEOUT_S} "
+            f"(Long.MAX_VALUE milliseconds)"
+        )
+    return value
+
+
+def _queue_offsets(offsets: object, what: str) -> dict[int, int]:
+    """``{queue_id: offset}`` checked: queue ids in 0..2^31-1, offsets in 0..Long.MAX_VALUE."""
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgumentTypeError(
+            f"{what} must be a dict of queue id to offset, not {type(offsets).__name__}"
+        )
+    return {
+        v.check_queue_id(queue_id, f"{what} queue id"): v.check_offset(offset, f"{what}[{queue_id!r}]")
+        for queue_id, offset in offsets.items()
+    }
+
+
+def _commit_offsets(offsets: object) -> dict[tuple[str, int], int]:
+    """`commit`'s ``{(topic, queue_id): offset}``, every entry checked before any is used."""
+    if not isinstance(offsets, Mapping):
+        raise InvalidArgumentTypeError(
+            f"commit takes a dict of (topic, queue_id) to offset, not {type(offsets).__name__}"
+        )
+    checked: dict[tuple[str, int], int] = {}
+    for key, offset in offsets.items():
+        if not isinstance(key, tuple) or len(key) != 2:
+            raise InvalidArgumentTypeError(f"commit keys are (topic, queue_id) pairs, not {key!r}")
+        topic = v.check_topic(key[0], with_offsets=True)
+        queue_id = v.check_queue_id(key[1])
+        checked[(topic, queue_id)] = v.check_offset(offset, f"offset of {topic!r} queue {queue_id}")
+    return checked

@@ -1,0 +1,1 @@
+"""Settings and metadata files: broker.conf (`MessageStoreConfig`) and config/*.json."""

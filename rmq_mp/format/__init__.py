@@ -1,0 +1,1 @@
+"""Bytes only: messages, CommitLog records and their batch decoding (docs/format.md §2)."""

@@ -1,0 +1,227 @@
+"""What every `rmq-admin` command shares: the store its arguments name (opened read-only or
+attached), messages printed as a table or JSON lines, and argument types.
+
+Kept apart from admin.py (the read commands and the parser) so that admin_ops.py (the operator
+commands) can use them without an import cycle."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+from collections.abc import Iterable
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
+from rmq_mp.errors import ConfigError, StoreError
+from rmq_mp.format import record
+from rmq_mp.format.message import MessageExt, format_host
+from rmq_mp.store.message_store import MessageStore
+
+
+def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
+    """A message as the fixture's `clean-store.messages.jsonl` spells it, field for field."""
+    return {
+        "topic": msg.topic,
+        "queueId": msg.queue_id,
+        "queueOffset": msg.queue_offset,
+        "commitLogOffset": msg.commit_log_offset,
+        "filePosition": msg.file_position,
+        "storeSize": msg.store_size,
+        "bodyCRC": msg.body_crc,
+        "bodyCRCComputed": record.body_crc(msg.body),
+        "flag": msg.flag,
+        "sysFlag": msg.sys_flag,
+        "bornTimestamp": msg.born_timestamp,
+        "bornHost": format_host(msg.born_host),
+        "storeTimestamp": msg.store_timestamp,
+        "storeHost": format_host(msg.store_host),
+        "reconsumeTimes": msg.reconsume_times,
+        "preparedTransactionOffset": msg.prepared_transaction_offset,
+        "msgId": msg.msg_id,
+        "keys": msg.keys,
+        "tags": msg.tags,
+        "properties": dict(sorted(msg.properties.items())),
+        "bodyLen": len(msg.body),
+        "body": msg.body.hex(),
+    }
+
+
+def to_json_line(data: dict[str, Any]) -> str:
+    """Compact, raw UTF-8 JSON: byte-identical to the fixture's lines."""
+    return json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+
+
+def iso(ms: int) -> str:
+    return datetime.fromtimestamp(ms / 1000, UTC).isoformat(timespec="milliseconds") if ms > 0 else "-"
+
+
+def _body_preview(body: bytes, width: int = 40) -> str:
+    """Printable UTF-8 text as a quoted string; anything else as hex (``0x…``), cut at ``width``."""
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        text = None
+    if text is not None and all(c.isprintable() or c in "\t\n\r" for c in text):
+        return repr(text if len(text) <= width else text[: width - 1] + "…")
+    hexed = body.hex()
+    return "0x" + (hexed if len(hexed) <= width else hexed[: width - 1] + "…")
+
+
+def print_messages(messages: Iterable[MessageExt], *, as_json: bool, bodies: bool = False) -> int:
+    """A table of messages (``bodies``: each followed by its body, text when it is printable
+    UTF-8, else hex), or JSON lines."""
+    count = 0
+    if not as_json:
+        print(
+            f"{'offset':>12} {'topic':<24} {'queue':>5} {'qoffset':>8} {'tags':<10} {'keys':<20} "
+            f"{'bytes':>6} {'stored':<24} msgId"
+        )
+    for msg in messages:
+        count += 1
+        if as_json:
+            print(to_json_line(message_to_json_dict(msg)))
+        else:
+            print(
+                f"{msg.commit_log_offset:>12} {msg.topic[:24]:<24} {msg.queue_id:>5} {msg.queue_offset:>8} "
+                f"{(msg.tags or '-')[:10]:<10} {(msg.keys or '-')[:20]:<20} {len(msg.body):>6} "
+                f"{iso(msg.store_timestamp):<24} {msg.msg_id}"
+            )
+            if bodies:
+                print(f"{'body:':>12} {_body_preview(msg.body, 200)}")
+    if not as_json:
+        print(f"{count} message(s)")
+    return 0
+
+
+def print_detail(msg: MessageExt, *, as_json: bool) -> None:
+    """One message in full, like mqadmin queryMsgById."""
+    data = message_to_json_dict(msg)
+    if as_json:
+        print(to_json_line(data))
+        return
+    for key in (
+        "msgId",
+        "topic",
+        "tags",
+        "keys",
+        "queueId",
+        "queueOffset",
+        "commitLogOffset",
+        "storeSize",
+        "reconsumeTimes",
+        "bornHost",
+        "storeHost",
+        "sysFlag",
+        "flag",
+        "bodyCRC",
+    ):
+        print(f"{key + ':':<27}{data[key]}")
+    print(f"{'bornTimestamp:':<27}{iso(msg.born_timestamp)}")
+    print(f"{'storeTimestamp:':<27}{iso(msg.store_timestamp)}")
+    print(f"{'properties:':<27}{json.dumps(data['properties'], ensure_ascii=False)}")
+    print(f"{'body:':<27}{_body_preview(msg.body, 200)} ({len(msg.body)} bytes)")
+
+
+def open_store(args: argparse.Namespace) -> MessageStore:
+    """The store named by --store or --name, read-only, with --conf and --set applied."""
+    properties: dict[str, str] = {}
+    if args.name:
+        from rmq_mp.store.running_store import resolve_names
+        from shm.store_shm import read_descriptor
+
+        descriptor = read_descriptor(resolve_names(args.name))
+        properties.update(descriptor["properties"])
+        root = descriptor["root"]
+    else:
+        root = str(args.store)
+    if args.conf:
+        properties.update(parse_properties(_read_conf(args.conf), source=args.conf))
+    for item in args.set:
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise StoreError(f"--set takes key=value, got {item!r}")
+        properties[key.strip()] = value.strip()
+    properties["storePathRootDir"] = root
+    source = " and ".join([*([args.conf] if args.conf else []), *(["--set"] if args.set else [])])
+    config = MessageStoreConfig.from_properties(properties, source=source or "defaults")
+    if not Path(root).is_dir():
+        raise StoreError("no such store directory")
+    told = sizes_from_files(config, given=properties.keys())
+    if told.keys() - properties.keys():
+        properties.update({k: value for k, value in told.items() if k not in properties})
+        config = MessageStoreConfig.from_properties(
+            properties, source=f"{source or 'defaults'} and file lengths"
+        )
+    if not any(p.is_dir() for p in config.commit_log_dirs) and not any(
+        (Path(root) / name).exists() for name in ("consumequeue", "index", "checkpoint")
+    ):
+        raise StoreError("not a store directory (no commitlog/, consumequeue/, index/ or checkpoint)")
+    return MessageStore.open(config=config, read_only=True)
+
+
+def _file_lengths(directory: Path, digits: int = 20) -> set[int]:
+    """The lengths of the mapped files (``digits``-digit names) directly in ``directory``, the
+    last one left out when there are others (a torn last file may be short)."""
+    try:
+        files = sorted(f for f in directory.iterdir() if len(f.name) == digits and f.name.isdigit())
+        lengths = [f.stat().st_size for f in files if f.is_file()]
+    except OSError:
+        return set()
+    return set(lengths[:-1] if len(lengths) > 1 else lengths)
+
+
+def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> dict[str, str]:
+    """The file sizes the files themselves tell, so ``--store`` alone opens a store made with
+    non-default sizes: every commit-log file has ``mappedFileSizeCommitLog`` bytes, every
+    consume-queue file ``mappedFileSizeConsumeQueue``, every index file ``40 + 4 *
+    maxHashSlotNum + 20 * maxIndexNum`` (one of the two ``given``, the length tells the other;
+    neither, RocketMQ's 1:4 ratio of slots to entries). A size is told only when all files of
+    the kind agree; otherwise the configured one stays and the store names the mismatch."""
+    told: dict[str, str] = {}
+    index = _file_lengths(config.root_dir / "index", digits=17)
+    if len(index) == 1 and (length := index.pop()) != config.index_file_size_bytes:
+        entries_bytes = length - 40
+        slots, entries = config.max_hash_slot_num, config.max_index_num
+        if "maxHashSlotNum" in given:
+            entries = (entries_bytes - 4 * slots) // 20
+        elif "maxIndexNum" in given:
+            slots = (entries_bytes - 20 * entries) // 4
+        else:
+            slots = entries_bytes // 84
+            entries = 4 * slots
+        if slots > 0 and entries > 0 and 40 + 4 * slots + 20 * entries == length:
+            told["maxHashSlotNum"], told["maxIndexNum"] = str(slots), str(entries)
+    commit_log = set().union(*(_file_lengths(d) for d in config.commit_log_dirs))
+    if len(commit_log) == 1:
+        told["mappedFileSizeCommitLog"] = str(commit_log.pop())
+    queues: set[int] = set()
+    with contextlib.suppress(OSError):
+        for topic in config.consume_queue_dir.iterdir():
+            for queue in topic.iterdir() if topic.is_dir() else ():
+                queues |= _file_lengths(queue)
+    if len(queues) == 1 and (size := queues.pop()) % 20 == 0 and size > 0:
+        told["mappedFileSizeConsumeQueue"] = str(size)
+    return told
+
+
+def _read_conf(path: str) -> str:
+    """The --conf file as text (UTF-8, a BOM skipped), as `MessageStoreConfig.from_file` reads it."""
+    try:
+        return Path(path).read_bytes().decode("utf-8-sig")
+    except OSError as exc:
+        raise ConfigError(f"{path}: cannot read config file: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise ConfigError(f"{path}: not UTF-8 text: {exc}") from exc
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid int value: {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
+    return value

@@ -1,0 +1,336 @@
+"""A running store's state in one read of its shared memory: what `run.py status`,
+`rmq-admin storeStatus` and the metrics endpoint show.
+
+Everything comes from the pointer table, the queue and group tables and the producers' metrics
+segment; nothing is written. `collect_status` attaches in the CONSUMER role and detaches.
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+from collections import Counter
+from typing import Any
+
+from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.errors import ShmAttachError
+from rmq_mp.outcomes import RunningFlags
+from rmq_mp.store.cleaning import CleanerStatistics
+from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.store.disk import disk_used_ratio
+from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.schedule import SCHEDULE_TOPIC, LevelProgress, queue_id_of
+from shm import layout
+from shm import queue_offsets as qo
+from shm import schedule_offsets as so
+from shm.layout import Role
+from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
+from shm.names import ROLES, ShmNames
+from shm.pointer_table import now_ms, pid_alive
+from shm.store_shm import StoreShm
+
+STATE_NAMES = {
+    layout.STARTING: "STARTING",
+    layout.RUNNING: "RUNNING",
+    layout.STOPPING: "STOPPING",
+    layout.STOPPED: "STOPPED",
+}
+WORKER_STATES = {
+    layout.W_STOPPED: "stopped",
+    layout.W_STARTING: "starting",
+    layout.W_READY: "ready",
+    layout.W_STOPPING: "stopping",
+}
+
+
+def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
+    names = ShmNames.for_store(config.store_path_root_dir, config.shm_name)
+    shm = StoreShm.attach(names, Role.CONSUMER)
+    try:
+        t = shm.table
+        snap = t.snapshot()
+        wrote, committed = snap["wrote_position"], snap["committed_position"]
+        if not snap["pool_size"]:
+            committed = wrote  # without the pool, appended bytes are in the file at once
+        flushed, reput = snap["flushed_position"], snap["reput_from_offset"]
+        pool_size = snap["pool_size"]
+        workers = {}
+        for role in ROLES:
+            pid = t.get(layout.worker_field(role, "pid"))
+            if not pid:
+                continue
+            workers[role] = {
+                "pid": pid,
+                "state": WORKER_STATES.get(t.get(layout.worker_field(role, "state")), "?"),
+                "restarts": t.get(layout.worker_field(role, "restarts")),
+                "heartbeat_age_ms": now_ms() - t.get(layout.worker_field(role, "heartbeat_ms")),
+                "errors": t.get(layout.worker_field(role, "errors")),
+                "work_count": t.get(layout.worker_field(role, "work_count")),
+            }
+        flags = snap["running_flags"]
+        cleaner = CleanerStatistics.read(t, reserved_hours=config.file_reserved_time)
+        ops = _ops_sections(shm, snap, config)
+        return {
+            **ops,
+            "tables": table_levels(shm, ops["producer_metrics"]),
+            "store": config.store_path_root_dir,
+            "shm_name": names.base,
+            "broker": f"{config.broker_cluster_name}/{config.broker_name} {config.broker_role.value}",
+            "state": STATE_NAMES.get(snap["state"], "?"),
+            "supervisor_pid": snap["supervisor_pid"],
+            "flush_disk_type": "SYNC_FLUSH" if snap["flush_disk_sync"] else "ASYNC_FLUSH",
+            "offsets": {
+                "min": snap["min_offset"],
+                "wrote": wrote,
+                "committed": committed,
+                "flushed": flushed,
+                "reput": reput,
+            },
+            "lags": {
+                "commit": wrote - committed if pool_size else 0,
+                "flush": max(wrote - flushed, 0),
+                "reput": max(
+                    (flushed if snap["flush_disk_sync"] else committed if pool_size else wrote) - reput, 0
+                ),
+            },
+            "pool": {
+                "buffers": pool_size,
+                "in_use": pool_size - shm.pool.available(),
+                "mlock_failed": snap["pool_mlock_failed"],
+            },
+            "disk_used_ratio": disk_used_ratio(config.store_path_root_dir),
+            "running_flags": RunningFlags.names(flags),
+            "dispatch_faults": dispatch_faults(shm, snap),
+            "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
+            "workers": workers,
+            "counters": {
+                k: snap[k]
+                for k in (
+                    "put_count",
+                    "put_bytes",
+                    "flush_count",
+                    "flush_failures",
+                    "commit_count",
+                    "dispatch_count",
+                    "lock_recoveries",
+                    "recovery_dropped_bytes",
+                    "read_skipped_records",
+                    "config_persist_failures",
+                )
+            },
+        }
+    finally:
+        shm.close()
+
+
+MAX_LISTED_QUEUES = 100
+"""Quarantined queues a status lists by name (a full disk can quarantine every queue)."""
+
+
+def fault_reason(code: int) -> str:
+    """A dispatch fault code (an errno, or shm.layout's FAULT_*) as words."""
+    if code > 0:
+        return f"{errno.errorcode.get(code, f'errno {code}')} ({os.strerror(code)})"
+    if code == layout.FAULT_CONFIG:
+        return "the configuration leaves no room (see reput.log)"
+    return "unexpected error (see reput.log)"
+
+
+def dispatch_faults(shm: StoreShm, snap: dict[str, int]) -> dict[str, Any]:
+    """Queues reput quarantined and a paused index (workers/reput.py), with why: dispatch to
+    them waits for a retry while the rest goes on, so the workers alone look healthy."""
+    failed = snap["dispatch_failed_queues"]
+    queues = []
+    if failed:
+        for topic, queue_id, slot in shm.queues.queues():
+            code = shm.queues.get(slot, qo.DISPATCH_ERROR)
+            if code:
+                queues.append(
+                    {
+                        "topic": topic,
+                        "queue_id": queue_id,
+                        "reason": fault_reason(code),
+                        "dispatched": shm.queues.get(slot, qo.DISPATCHED),
+                        "stored": shm.queues.get(slot, qo.NEXT_OFFSET),
+                    }
+                )
+                if len(queues) >= MAX_LISTED_QUEUES:
+                    break
+    index_code = snap["index_dispatch_error"]
+    return {
+        "failed_queues": failed,
+        "queues": queues,
+        "redispatch_from": snap["queue_redispatch_from"] if failed else None,
+        "index": (
+            {"reason": fault_reason(index_code), "resume_offset": snap["index_resume_offset"]}
+            if index_code
+            else None
+        ),
+    }
+
+
+def format_dispatch_faults(faults: dict[str, Any]) -> list[str]:
+    """Lines for a text status: none when dispatch reaches every queue and the index."""
+    lines = [
+        f"queue {q['topic']}/{q['queue_id']} QUARANTINED: {q['reason']}; "
+        f"dispatched {q['dispatched']} of {q['stored']} message(s)"
+        for q in faults["queues"]
+    ]
+    if faults["failed_queues"] > len(faults["queues"]):
+        lines.append(f"... {faults['failed_queues']} queue(s) quarantined in all")
+    if faults["failed_queues"]:
+        lines.append(f"reput retries them from commit-log offset {faults['redispatch_from']}")
+    index = faults["index"]
+    if index is not None:
+        lines.append(
+            f"index PAUSED: {index['reason']}; keys from commit-log offset {index['resume_offset']} wait"
+        )
+    return lines
+
+
+def table_levels(shm: StoreShm, producer_metrics: dict[str, Any]) -> dict[str, dict[str, int]]:
+    """Each fixed-capacity shared table's entries in use against its broker.conf capacity."""
+    levels = {
+        "maxConsumeQueueNum": (shm.queues.used, shm.queues.capacity),
+        "maxConsumerOffsetNum": (shm.groups.used, shm.groups.capacity),
+        "maxConsumerNum": (shm.waiters.live_slots(), shm.waiters.capacity),
+        "maxSyncFlushRequestNum": (shm.ring.waiting(), shm.ring.capacity),
+        "maxProducerNum": (producer_metrics.get("producers", 0), producer_metrics.get("producer_slots", 0)),
+        "transientStorePoolSize": (shm.pool.in_use(), len(shm.pool.buffers)),
+    }
+    return {key: {"used": used, "capacity": capacity} for key, (used, capacity) in levels.items()}
+
+
+def format_table_levels(levels: dict[str, dict[str, int]]) -> str:
+    """One line: ``queues 12/65,536  offsets 3/65,536 ...`` (the setting names each capacity)."""
+    return "  ".join(f"{key} {v['used']:,}/{v['capacity']:,}" for key, v in levels.items())
+
+
+def _ops_sections(shm: StoreShm, snap: dict[str, int], config: MessageStoreConfig) -> dict[str, Any]:
+    """Producer histograms, consumer lag per group, recovery time, metrics port."""
+    metrics: dict[str, Any] = {}
+    try:
+        table = MetricsTable.attach(shm.names.metrics)
+    except ShmAttachError:  # a store started before the segment existed
+        pass
+    else:
+        try:
+            totals = table.totals()
+        finally:
+            table.close()
+        metrics = {
+            "puts": totals.puts,
+            "put_failures": totals.put_failures,
+            "put_calls": totals.latency.count,
+            "put_latency_avg_us": totals.latency.sum_us // max(totals.latency.count, 1),
+            # Per `send`/`send_batch` call (a batch's whole time), and per message sent:
+            "put_latency_per_message_avg_us": round(totals.latency.sum_us / max(totals.puts, 1), 1),
+            "lock_hold_avg_us": totals.lock_hold.sum_us // max(totals.lock_hold.count, 1),
+            "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
+            "producers": totals.producers,
+            "producer_slots": table.slots,
+        }
+    return {
+        "generation": snap["generation"],
+        "recovery_ms": snap["recovery_ms"],
+        "metrics_port": snap["metrics_port"],
+        "producer_metrics": metrics,
+        "consumer_groups": consumer_lags(shm),
+        "delay_levels": delay_levels(shm, config),
+    }
+
+
+def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
+    """Per group and topic: messages dispatched but not committed, over every queue of the topic
+    (a queue the group never committed counts from its min offset), as consumerProgress's Diff,
+    and the group's live members (shm/members.py)."""
+    by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+    for topic, queue_id, slot in shm.queues.queues():
+        by_topic.setdefault(topic, {})[queue_id] = (
+            shm.queues.get(slot, qo.MIN_OFFSET),
+            shm.queues.get(slot, qo.DISPATCHED),
+        )
+    committed: dict[tuple[str, str], dict[int, int]] = {}
+    for key, queue_id, slot in shm.groups.queues():
+        topic, _, group = key.partition("@")
+        committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+    members = Counter(m.group for m in shm.members.members(pid_alive))
+    rows = []
+    for (group, topic), offsets in sorted(committed.items()):
+        queues = by_topic.get(topic, {})
+        lag = sum(max(high - max(offsets.get(q, -1), low), 0) for q, (low, high) in queues.items())
+        rows.append(
+            {"group": group, "topic": topic, "queues": len(queues), "lag": lag, "members": members[group]}
+        )
+    return rows
+
+
+def schedule_progress(shm: StoreShm, config: MessageStoreConfig) -> list[LevelProgress]:
+    """Each delay level's progress through its SCHEDULE_TOPIC_XXXX queue (the schedule table
+    and the queue table), level 1 first. The due time of a level's oldest undelivered entry is
+    read from its queue file (one 20-byte pread), so a scheduler that hangs shows its lag."""
+    table = shm.schedule
+    levels = []
+    for level in range(1, table.levels + 1):
+        queue_id = queue_id_of(level)
+        slot = shm.queues.find(SCHEDULE_TOPIC, queue_id)
+        offset = table.get(level - 1, so.OFFSET)
+        max_offset = shm.queues.get(slot, qo.DISPATCHED) if slot >= 0 else 0
+        levels.append(
+            LevelProgress(
+                level=level,
+                delay_ms=table.get(level - 1, so.DELAY_MS),
+                offset=offset,
+                max_offset=max_offset,
+                next_due_ms=_due_ms(config, queue_id, offset) if offset < max_offset else so.NONE_DUE,
+                delivered=table.get(level - 1, so.DELIVERED),
+            )
+        )
+    return levels
+
+
+def _due_ms(config: MessageStoreConfig, queue_id: int, offset: int) -> int:
+    """The tags code (a delivery time) of SCHEDULE_TOPIC_XXXX queue entry ``offset``, -1 when
+    its file is gone (cleaned meanwhile)."""
+    size = config.mapped_file_size_consume_queue
+    position = offset * CQ_STORE_UNIT_SIZE
+    path = (
+        config.consume_queue_dir
+        / SCHEDULE_TOPIC
+        / str(queue_id)
+        / offset_to_file_name(position - position % size)
+    )
+    try:
+        with path.open("rb") as f:
+            raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, position % size)
+    except OSError:
+        return so.NONE_DUE
+    return int.from_bytes(raw[12:20], "big", signed=True) if len(raw) == CQ_STORE_UNIT_SIZE else so.NONE_DUE
+
+
+def delay_levels(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, int]]:
+    """`schedule_progress` as status shows it: backlog (entries not yet delivered) and lag (ms
+    the oldest undelivered entry is past its due time, 0 when none is due) per level."""
+    now = now_ms()
+    return [
+        {
+            "level": p.level,
+            "delay_ms": p.delay_ms,
+            "offset": p.offset,
+            "max_offset": p.max_offset,
+            "backlog": p.backlog,
+            "lag_ms": p.lag_ms(now),
+            "delivered": p.delivered,
+        }
+        for p in schedule_progress(shm, config)
+    ]
+
+
+def format_delay_levels(levels: list[dict[str, int]]) -> list[str]:
+    """Lines for the levels that hold or held anything (an idle store's 18 levels say nothing)."""
+    return [
+        f"level {d['level']} ({d['delay_ms'] / 1000:g} s): backlog {d['backlog']}  lag {d['lag_ms']} ms  "
+        f"offset {d['offset']}/{d['max_offset']}  delivered {d['delivered']}"
+        for d in levels
+        if d["max_offset"] or d["offset"]
+    ]
