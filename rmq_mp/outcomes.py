@@ -1,6 +1,6 @@
 """RocketMQ 4.9.8 outcome enums (names as in the Java source) and the result values built on them.
 
-See rocketmq-format.md §3.1 (PutMessageStatus, AppendMessageStatus) and §12 (GetMessageStatus).
+See docs/format.md §3.1 (PutMessageStatus, AppendMessageStatus) and §12 (GetMessageStatus).
 """
 
 from __future__ import annotations
@@ -98,7 +98,7 @@ class GetMessageResult:
 
 
 class RunningFlags(enum.IntFlag):
-    """RocketMQ's RunningFlags bits (rocketmq-format.md §11), kept in the pointer table."""
+    """RocketMQ's RunningFlags bits (docs/format.md §11), kept in the pointer table."""
 
     NOT_READABLE = 1
     NOT_WRITEABLE = 1 << 1

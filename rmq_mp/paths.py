@@ -1,4 +1,4 @@
-"""The store directory layout (rocketmq-format.md §1), in one place, and the check that every
+"""The store directory layout (docs/format.md §1), in one place, and the check that every
 path in it is of the kind the store needs before anything is opened."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The pointer table: fixed, aligned 64-bit slots shared by every process of a running store.
 
-The only table of shared-memory offsets for it (style.md items 2 and 3). Each field names its one
+The only table of shared-memory offsets for it (docs/architecture.md, "Shared memory"). Each field names its one
 writing role or the lock it is written under; `PointerTable.set` refuses any other writer, so a
 wrong writer fails loudly in tests. Readers take no lock: aligned 8-byte loads and stores are
 single instructions on x86-64 and aarch64. The supervisor may initialise any field before the

@@ -1,7 +1,7 @@
 """Every shared-memory segment and semaphore name, derived from the store directory.
 
 Names derive from the store (or the `shmName` setting), so two stores on one machine never
-collide and a restarted supervisor finds what a crashed run left behind (style.md item 6).
+collide and a restarted supervisor finds what a crashed run left behind.
 POSIX names: one leading slash, no other; Linux shows segments as /dev/shm/<name> and
 semaphores as /dev/shm/sem.<name>.
 """

@@ -1,7 +1,7 @@
 """Typed access to the pointer table (layout in `shm.layout`).
 
 Every process opens the table with its `Role`; `set` refuses a field this role does not write
-(style.md item 3). Values are native-endian signed 64-bit integers at aligned offsets.
+(shm/layout.py). Values are native-endian signed 64-bit integers at aligned offsets.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SharedSegment: one named POSIX shared-memory segment, mapped.
 
-One owner per named resource (CPython's shared_memory lessons, style.md item 6): only the
+One owner per named resource (CPython's multiprocessing.shared_memory lesson): only the
 supervisor creates (mode 0600, exclusive) and unlinks; workers, producers and consumers attach
 by name and close. Callers read and write through ``buf`` with struct at offsets that only the
 layout modules in `shm/` compute.

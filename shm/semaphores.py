@@ -23,8 +23,9 @@ from shm.put_lock import busy_refusal
 
 SPIN_S = 20e-6
 """How long a contended put lock is watched before sleeping in the kernel: contended hand-offs
-that sleep do not scale (measurements.md: spinning briefly before blocking roughly doubles
-multi-producer throughput), and a hold is a few microseconds. The watch peeks at the semaphore's
+that sleep do not scale (measured on this kind of machine before the lock was built:
+spinning briefly before blocking roughly doubles multi-producer throughput; `python -m
+bench.put_lock` measures the lock today), and a hold is a few microseconds. The watch peeks at the semaphore's
 value (80 ns) and tries only when it is free (a failed try raises, 0.7 us), yielding between
 peeks so a holder that lost its CPU gets it back (8 producers on 2 cores)."""
 ORPHAN_AFTER_MS = 1000
@@ -82,7 +83,7 @@ def acquire(sem: posix_ipc.Semaphore, timeout_s: float) -> bool:
 
 def spin_until(ready: Callable[[], bool], spin_s: float) -> bool:
     """Poll ``ready`` for up to ``spin_s``, yielding the CPU between polls; True once it is.
-    A cross-process semaphore wake costs 50-70 us across cores (measurements.md), a poll of a
+    A cross-process semaphore wake costs 50-70 us across cores (`python -m bench.wakeup`), a poll of a
     shared word about a microsecond: a waiter that expects more work soon spins first."""
     if spin_s <= 0:
         return False

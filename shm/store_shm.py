@@ -1,7 +1,7 @@
 """StoreShm: every shared object of one running store, created by the supervisor or attached.
 
-Creation order and sizes are fixed at start (style.md item 11: nothing on the put path
-allocates shared memory). `unlink_all` removes everything with the store's name prefix, which is
+Creation order and sizes are fixed at start (nothing on the put path allocates shared
+memory). `unlink_all` removes everything with the store's name prefix, which is
 also how a restarted supervisor clears a crashed run's leftovers.
 """
 

@@ -1,6 +1,6 @@
 """TransientStorePool: shared-memory write buffers, one per commit-log file being written.
 
-Mirrors `TransientStorePool` (rocketmq-format.md §7.5) across processes: `transientStorePoolSize`
+Mirrors `TransientStorePool` (docs/format.md §7.5) across processes: `transientStorePoolSize`
 segments of `mappedFileSizeCommitLog` bytes, created and mlocked by the supervisor. Producers
 append into the buffer serving the current file; the committer copies committed bytes to the
 file and returns the buffer once its file is wholly committed. Which file a buffer serves is in

@@ -1,7 +1,7 @@
 """Allocator: keeps the next CommitLog files created, and disk blocks reserved, before a put
 needs them.
 
-Mirrors AllocateMappedFileService (rocketmq-format.md §7.6): RocketMQ prepares the next and the
+Mirrors AllocateMappedFileService (docs/format.md §7.6): RocketMQ prepares the next and the
 next-next file; so does this worker, sparse, so the put path never creates a file. Disk blocks
 (posix_fallocate) are reserved a bounded distance ahead, one file size past the write position
 (topped up once less than half of that is left), and published as ALLOCATED_UNTIL: the put path

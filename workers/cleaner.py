@@ -1,7 +1,7 @@
 """Cleaner: expires CommitLog files, then the ConsumeQueue and index files below them; checks disks.
 
 Mirrors CleanCommitLogService, CleanConsumeQueueService and the disk check of RocketMQ 4.9.8's
-DefaultMessageStore (rocketmq-format.md §10):
+DefaultMessageStore (docs/format.md §10):
 
 - **Disk check**, on its own thread and schedule (`diskCheckIntervalMs`, 10 s as RocketMQ's
   scheduled `isSpaceFull`, whatever `cleanResourceInterval` is; RocketMQ issue #1400: never

@@ -1,6 +1,6 @@
 """Committer: copies appended bytes from TransientStorePool buffers into the CommitLog files.
 
-Mirrors CommitRealTimeService (rocketmq-format.md §7.4, §7.5). Runs only with the pool
+Mirrors CommitRealTimeService (docs/format.md §7.4, §7.5). Runs only with the pool
 (ASYNC_FLUSH + transientStorePoolEnable). Every `commitIntervalCommitLog` ms or when woken: if at
 least `commitCommitLogLeastPages` pages are waiting, or `commitCommitLogThoroughInterval` ms
 passed since the last commit, copy ``[committed, wrote)`` file by file, advance COMMITTED (its

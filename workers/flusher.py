@@ -1,7 +1,7 @@
 """Flusher: forces CommitLog bytes to disk and completes SYNC_FLUSH requests.
 
 Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeService (ASYNC_FLUSH)
-(rocketmq-format.md §7.4). FLUSHED is its field alone, and it never advances on a failed fsync
+(docs/format.md §7.4). FLUSHED is its field alone, and it never advances on a failed fsync
 (RocketMQ 4.9.8 does: issue #2706); the failure is counted and waiting producers time out.
 
 - SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): flush

@@ -1,6 +1,6 @@
 """Reput: dispatches CommitLog records into ConsumeQueues and index files, and wakes consumers.
 
-Mirrors ReputMessageService and FlushConsumeQueueService (rocketmq-format.md §7.7, §7.8). The only
+Mirrors ReputMessageService and FlushConsumeQueueService (docs/format.md §7.7, §7.8). The only
 writer of ConsumeQueue and index files while the store runs, through the library's `Dispatcher`
 (the code recovery uses): a pass's first records one by one, a backlog in batches
 (`Dispatcher.dispatch_batch`). Reads up to what consumers may see: FLUSHED under SYNC_FLUSH,

@@ -1,6 +1,6 @@
 """Consumer: any local process reads a running store by queue and offset, with long polling.
 
-Mirrors PullMessageProcessor + `getMessage` (rocketmq-format.md §12) and the broker's
+Mirrors PullMessageProcessor + `getMessage` (docs/format.md §12) and the broker's
 PullRequestHoldService: `pull` reads ConsumeQueue entries and CommitLog records straight from the
 shared files, bounded by what reput has dispatched (the queue-offset table), so it never sees a
 record beyond the visibility limit (the flushed offset under SYNC_FLUSH). With ``timeout_s`` it

@@ -1,7 +1,7 @@
 """`config/*.json`: RocketMQ's JSON dialect, written atomically and durably, read with a `.bak`.
 
 Mirrors RocketMQ's ``ConfigManager`` (load / loadBak / persist) and the fastjson output its
-subclasses write (rocketmq-format.md §14.1). Owns the parse and the layout; the subclasses
+subclasses write (docs/format.md §14.1). Owns the parse and the layout; the subclasses
 (`offsets.py`, `topics.py`) own the content.
 
 The dialect

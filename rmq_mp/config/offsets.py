@@ -7,7 +7,7 @@ TOPIC_GROUP_SEPARATOR (topic and group names cannot contain it: RocketMQ allows 
 ``[%|a-zA-Z0-9_-]``). ``delayOffset.json``: ``{"offsetTable": {<delayLevel>: <offset>}}``, the
 progress of each delay level through SCHEDULE_TOPIC_XXXX queue ``level - 1``; RocketMQ stores ship
 one, so it is read here, and rewritten unchanged if asked. Layout, parse and crash-safe writes:
-`rmq_mp.config.config_manager` (rocketmq-format.md §14.1).
+`rmq_mp.config.config_manager` (docs/format.md §14.1).
 
 The supervisor owns both files: it loads them at start, keeps the live offsets in shared memory
 (`shm/queue_offsets.py`) and persists them every ``flushConsumerOffsetInterval`` ms and at stop.

@@ -1,7 +1,7 @@
 """MessageStoreConfig: `conf/broker.conf` → validated, frozen, effective store settings.
 
 Mirrors RocketMQ 4.9.8 `MessageStoreConfig` plus the few `BrokerConfig` keys the store reads
-(rocketmq-format.md §13, §14.2). RocketMQ applies `broker.conf` with `MixAll.properties2Object`,
+(docs/format.md §13, §14.2). RocketMQ applies `broker.conf` with `MixAll.properties2Object`,
 which silently ignores unknown keys and unparseable values (issue #2260) and hides its
 effective-value rules in getters. rmq-mp instead:
 
@@ -49,7 +49,7 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-CQ_STORE_UNIT_SIZE: Final = 20  # bytes per ConsumeQueue entry (rocketmq-format.md §4.1)
+CQ_STORE_UNIT_SIZE: Final = 20  # bytes per ConsumeQueue entry (docs/format.md §4.1)
 MULTI_PATH_SPLITTER: Final = ","  # system property rocketmq.broker.multiPathSplitter default
 _JAVA_INT = (-(2**31), 2**31 - 1)
 _JAVA_LONG = (-(2**63), 2**63 - 1)
@@ -109,7 +109,7 @@ _NEWLINE = re.compile(r"\r\n|\r|\n")
 
 
 def parse_properties(text: str, *, source: str = "<properties>") -> dict[str, str]:
-    """Parse Java properties text as `java.util.Properties.load` does (rocketmq-format.md §14.2).
+    """Parse Java properties text as `java.util.Properties.load` does (docs/format.md §14.2).
 
     `key=value`, `key: value` and `key value`; whitespace around the separator skipped; `#`/`!`
     comment lines (only at the start of a logical line); a line ending in an odd number of
@@ -564,7 +564,7 @@ class MessageStoreConfig:
         `from_properties`."""
         return {spec.key: spec.format(getattr(self, spec.name)) for spec in _SPECS.values()}
 
-    # -- derived paths (rocketmq-format.md §1) --------------------------------------------------
+    # -- derived paths (docs/format.md §1) --------------------------------------------------
 
     @property
     def root_dir(self) -> Path:
@@ -637,7 +637,7 @@ class MessageStoreConfig:
 
     @property
     def index_file_size_bytes(self) -> int:
-        """40-byte header + 4-byte hash slots + 20-byte entries (rocketmq-format.md §5.1)."""
+        """40-byte header + 4-byte hash slots + 20-byte entries (docs/format.md §5.1)."""
         return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
 
 

@@ -2,7 +2,7 @@
 
 Mirrors `Message`, `MessageExt`, `MessageDecoder` (properties string, msgId),
 `MessageClientIDSetter` (UNIQ_KEY) and `MessageExtBrokerInner.tagsString2tagsCode`
-(rocketmq-format.md §2.5-§2.7). Nothing here knows the record layout: that is `record.py`.
+(docs/format.md §2.5-§2.7). Nothing here knows the record layout: that is `record.py`.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ def dlq_topic(group: str) -> str:
     return DLQ_GROUP_TOPIC_PREFIX + group
 
 
-# MessageSysFlag (rocketmq-format.md §2.3).
+# MessageSysFlag (docs/format.md §2.3).
 COMPRESSED_FLAG = 0x1
 MULTI_TAGS_FLAG = 0x2
 TRANSACTION_NOT_TYPE = 0x0

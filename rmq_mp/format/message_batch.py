@@ -4,7 +4,7 @@ put lock places.
 RocketMQ's client turns a collection of messages into one `MessageBatch` (same topic, no delay
 level: `MessageBatch.generateFromList`), and the broker encodes it as consecutive records
 (`MessageExtBatch`) that one lock hold appends whole in one file: a batch that does not fit the
-current file leaves a BLANK record there and goes to the next (rocketmq-format.md §2.8).
+current file leaves a BLANK record there and goes to the next (docs/format.md §2.8).
 
 rmq-mp keeps that shape and encodes it column-wise: with equal body lengths every record has the
 same size, so the batch is one numpy ``(count, record_size)`` array built from a header template,

@@ -1,6 +1,6 @@
 """CommitLog record codec: RocketMQ's MESSAGE_MAGIC_CODE v1 (written) and v2 (read only).
 
-Byte layout, big-endian (rocketmq-format.md §2.1; B body, T topic and P properties byte
+Byte layout, big-endian (docs/format.md §2.1; B body, T topic and P properties byte
 lengths; hosts are 4+4 bytes for IPv4 or 16+4 for IPv6, chosen by SYSFLAG bits 0x10/0x20):
 
     off  size  field

@@ -1,6 +1,6 @@
 """Producer: any local process attaches to a running store by shm name and appends itself.
 
-Mirrors SendMessageProcessor + `CommitLog.putMessage`/`putMessages` (rocketmq-format.md §3):
+Mirrors SendMessageProcessor + `CommitLog.putMessage`/`putMessages` (docs/format.md §3):
 records are encoded outside the lock into runs (`message_batch.EncodedRun`: consecutive records
 of one topic and queue); under the put lock each run gets its queue offsets, physical offsets
 and store time patched in and is copied into the pool buffer (ASYNC_FLUSH with the pool) or

@@ -3,7 +3,7 @@
 Why per segment: segments are independent files of fixed size, so a store of N segments is N
 tasks with no shuffle; each task maps its file by path (never shipping 1 GiB through Spark).
 A walk follows the record chain from the segment's first byte (TOTALSIZE to TOTALSIZE) to the
-end-of-file BLANK record, as RocketMQ's recovery does (`checkMessageAndReturnSize`, §2.10).
+end-of-file BLANK record, as RocketMQ's recovery does (`checkMessageAndReturnSize`, docs/format.md §2.10).
 On a running store the walk stops at the store's readable end (`RunningStore.readable_end`):
 the bytes after it are the file being written (zeros until the next put) and files allocated
 ahead, which hold nothing yet and are not damage.

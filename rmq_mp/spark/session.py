@@ -1,4 +1,4 @@
-"""A local SparkSession set up the way rmq-mp's source needs it (../shared/pyspark-notes.md §2).
+"""A local SparkSession set up the way rmq-mp's source needs it (Arrow on, a small local master, quiet logs).
 
 Why each setting: Spark's Python workers must run this interpreter (`PYSPARK_PYTHON`), the JVM
 must bind loopback (`SPARK_LOCAL_IP`; the host name resolves to 127.0.0.1 here), timestamps are

@@ -3,7 +3,7 @@ to read ConsumeQueue entries and CommitLog records by path.
 
 Why by path: Spark tasks run in other processes (and, on a cluster, other machines), so they get
 a small picklable `StoreRef` and map the files themselves; 1 GiB segments never travel through
-Spark (../shared/pyspark-notes.md §5). Offsets come from the queue-offset table in shared memory
+Spark. Offsets come from the queue-offset table in shared memory
 when the store is running (only what reput has dispatched is visible, as for `Consumer`), and
 from a read-only `MessageStore` open (recovery's analysis, in memory) when it is not.
 """

@@ -1,6 +1,6 @@
 """StoreCheckpoint: the 4 KiB `checkpoint` file of durable progress timestamps.
 
-Mirrors `StoreCheckpoint` (rocketmq-format.md §6): big-endian longs physicMsgTimestamp @0,
+Mirrors `StoreCheckpoint` (docs/format.md §6): big-endian longs physicMsgTimestamp @0,
 logicsMsgTimestamp @8, indexMsgTimestamp @16; the rest of the page is kept as found (RocketMQ 5.x
 adds fields at 24 and 32). Abnormal recovery starts from the newest commit-log file whose first
 record is older than ``min_timestamp()``.

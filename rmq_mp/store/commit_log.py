@@ -1,6 +1,6 @@
 """CommitLog: the message log over a MappedFileQueue. Log logic only, no services.
 
-Mirrors the data half of RocketMQ's `CommitLog` (rocketmq-format.md §2, §3.4, §7.3): appending an
+Mirrors the data half of RocketMQ's `CommitLog` (docs/format.md §2, §3.4, §7.3): appending an
 encoded record (with the end-of-file blank and the roll to the next file), reading a record at a
 physical offset, and walking records for recovery and reput (one record at a time, or as
 `record_batch` columns). The flush, commit and reput services that RocketMQ hides inside this

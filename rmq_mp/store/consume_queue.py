@@ -1,6 +1,6 @@
 """ConsumeQueue: per topic/queue index of 20-byte entries into the CommitLog.
 
-Entry layout (rocketmq-format.md §4.1), big-endian, entry N at byte N*20 of the queue:
+Entry layout (docs/format.md §4.1), big-endian, entry N at byte N*20 of the queue:
 
     off size field
       0    8 commit-log phy offset (long)

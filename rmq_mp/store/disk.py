@@ -1,4 +1,4 @@
-"""Disk usage of a store's partitions and RocketMQ's three thresholds (rocketmq-format.md §10).
+"""Disk usage of a store's partitions and RocketMQ's three thresholds (docs/format.md §10).
 
 `diskMaxUsedSpaceRatio` (75 %) lets expired files be deleted at any hour; above
 `diskSpaceCleanForciblyRatio` (85 %) unexpired files may go too (`cleanFileForciblyEnable`);

@@ -1,6 +1,6 @@
 """IndexFile: a fixed-size hash index from message keys to commit-log offsets.
 
-Layout (rocketmq-format.md §5.1), big-endian:
+Layout (docs/format.md §5.1), big-endian:
 
     header, 40 bytes: beginTimestamp:long endTimestamp:long beginPhyOffset:long
                       endPhyOffset:long hashSlotCount:int indexCount:int (starts at 1)

@@ -1,6 +1,6 @@
 """IndexService: the index files of a store, rolled when full, queried newest first.
 
-Mirrors `IndexService` (rocketmq-format.md §5.4-§5.6). Keys indexed per record: ``topic#UNIQ_KEY``
+Mirrors `IndexService` (docs/format.md §5.4-§5.6). Keys indexed per record: ``topic#UNIQ_KEY``
 then ``topic#<key>`` for each word of KEYS; ROLLBACK records are not indexed. File names are the
 local creation time ``yyyyMMddHHmmssSSS``. Query results are only candidates (hash equality);
 `MessageStore.query_message` checks each against its record (RocketMQ issue #3613).

@@ -1,6 +1,6 @@
 """MappedFile: one fixed-size segment file, memory-mapped, with RocketMQ's three positions.
 
-Mirrors `MappedFile` (rocketmq-format.md §7.2). ``wrote_position`` is where the next append goes,
+Mirrors `MappedFile` (docs/format.md §7.2). ``wrote_position`` is where the next append goes,
 ``committed_position`` how much of it readers may see (equal to wrote when there is no transient
 pool buffer), ``flushed_position`` how much is known durable. Unlike RocketMQ 4.9.8, a failed
 fsync raises and leaves ``flushed_position`` where it was (issue #2706).

@@ -1,6 +1,6 @@
 """MappedFileQueue: the ordered segment files of one directory (a commit log or one queue).
 
-Mirrors `MappedFileQueue` (rocketmq-format.md §7.3). Loading is stricter than RocketMQ about
+Mirrors `MappedFileQueue` (docs/format.md §7.3). Loading is stricter than RocketMQ about
 what cannot be guessed (a wrong-sized middle file, a name that is not an offset, a gap) and more
 forgiving about what can: a zero-length or short *last* file, the mark of a crash during file
 creation, is extended with zeros and reported instead of failing the whole store (#6904).

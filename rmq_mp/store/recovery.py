@@ -2,7 +2,7 @@
 bring the ConsumeQueues and index back in line.
 
 Mirrors `DefaultMessageStore.load/recover`, `CommitLog.recoverNormally/recoverAbnormally` and
-`ConsumeQueue.recover/truncateDirtyLogicFiles` (rocketmq-format.md §8). One pass over the log, as
+`ConsumeQueue.recover/truncateDirtyLogicFiles` (docs/format.md §8). One pass over the log, as
 RocketMQ's abnormal recovery does: each batch of records is checked (body CRC when
 `checkCRCOnRecover`) and, from where dispatch must replay, dispatched to the ConsumeQueues and the
 index (`record_batch`, `Dispatcher.dispatch_batch`); then the log, queue and index entries at or

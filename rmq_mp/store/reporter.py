@@ -1,6 +1,6 @@
 """One place where damage found on disk is reported: logged once and counted.
 
-LevelDB's `log::Reader::Reporter` idea (style.md item 8): recovery, reput and loaders never
+LevelDB's `log::Reader::Reporter` idea: recovery, reput and loaders never
 silently skip bytes; every dropped byte range, truncated entry and repaired file goes through a
 `Reporter`, so `statistics()` and `run.py status` can show what happened and tests can assert it.
 """

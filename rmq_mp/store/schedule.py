@@ -2,7 +2,7 @@
 
 A put whose ``DELAY`` property is a level above 0 (and whose transaction type is NOT or COMMIT)
 is stored on ``SCHEDULE_TOPIC_XXXX`` queue ``level - 1`` with ``REAL_TOPIC``/``REAL_QID`` added
-(`delayed_put`, rocketmq-format.md §3.3); reput gives its ConsumeQueue entry the delivery time
+(`delayed_put`, docs/format.md §3.3); reput gives its ConsumeQueue entry the delivery time
 as tags code (`record.cq_tags_code`, §2.6), and the scheduler worker (workers/scheduler.py)
 puts it on its real topic and queue when due (`message_timeup`). Every put path calls
 `delayed_put` on the properties string it is about to store: `Producer` (send, send_batch

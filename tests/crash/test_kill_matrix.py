@@ -1,4 +1,4 @@
-"""Kill -9 matrix: nothing acknowledged is lost when any process dies (design.md §3).
+"""Kill -9 matrix: nothing acknowledged is lost when any process dies (docs/durability.md §3).
 
 Each case: a store in one flush mode takes a sustained load from producer processes; at a
 seeded random moment one kind of process gets SIGKILL (or everything at once); the store is

@@ -2,7 +2,7 @@
 or raises a typed error (`InvalidArgumentError`, `InvalidArgumentTypeError` for a wrong type),
 never a bare assert or a traceback from deep inside, and a refused send stores nothing.
 
-The expected outcome is computed here from RocketMQ's rules (rocketmq-format.md §3.2 and
+The expected outcome is computed here from RocketMQ's rules (docs/format.md §3.2 and
 `Validators.checkGroup`), independently of `rmq_mp.validators`: a topic of at most 127 UTF-8
 bytes that can name a directory, queue ids 0..2^31-1, flags Java ints, offsets Java longs, groups
 of 1-255 characters of ``[%|a-zA-Z0-9_-]``.

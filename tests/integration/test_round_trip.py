@@ -1,6 +1,6 @@
 """A store written by rmq-mp reads back identically and its files follow the spec byte for byte.
 
-The layout checks use their own struct-level reading of rocketmq-format.md (not rmq-mp's
+The layout checks use their own struct-level reading of docs/format.md (not rmq-mp's
 decoder), so a symmetric encode/decode bug cannot hide."""
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ def load(text: str) -> MessageStoreConfig:
 
 
 def test_defaults_are_rocketmq_4_9_8_values():
-    """Spot checks against rocketmq-format.md §13."""
+    """Spot checks against docs/format.md §13."""
     c = MessageStoreConfig()
     assert c.store_path_root_dir == os.path.expanduser("~/store")
     assert c.commit_log_dir == Path(os.path.expanduser("~/store")) / "commitlog"
@@ -137,7 +137,7 @@ def test_shipped_broker_conf_loads_and_lists_every_property():
 
 
 def test_rocketmq_distribution_broker_conf_loads():
-    """distribution/conf/broker.conf (rocketmq-format.md §14.2) plus common broker keys."""
+    """distribution/conf/broker.conf (docs/format.md §14.2) plus common broker keys."""
     text = (
         "brokerClusterName = DefaultCluster\n"
         "brokerName = broker-a\n"

@@ -1,4 +1,4 @@
-"""The CommitLog record codec against rocketmq-format.md §2, and its round trip (Hypothesis)."""
+"""The CommitLog record codec against docs/format.md §2, and its round trip (Hypothesis)."""
 
 from __future__ import annotations
 
