@@ -6,12 +6,16 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
 import psutil
 
 from bench.service import (  # the launcher benchmarks share; re-exported for the tests
+    BASE_SETTINGS as BASE_SETTINGS,
+)
+from bench.service import (
     ROOT as ROOT,
 )
 from bench.service import (
@@ -48,7 +52,7 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.outcomes import GetMessageStatus
 
 
-def wait_processes_gone(pids: list[int], timeout_s: float = 15) -> None:
+def wait_processes_gone(pids: Collection[int], timeout_s: float = 15) -> None:
     """Wait until none of ``pids`` runs (a zombie counts as gone): the workers of a supervisor
     killed with SIGKILL exit by themselves once they see it is gone."""
     wait_until(
@@ -101,6 +105,21 @@ def drain_every_queue(consumer: Consumer) -> int:
             offset = result.next_begin_offset
             seen += len(result.messages)
     return seen
+
+
+def poll_bodies(
+    consumer: Consumer, count: int, timeout_s: float, what: str, poll_s: float = 0.5
+) -> list[bytes]:
+    """The bodies ``consumer.poll`` hands out, polled until at least ``count`` came (a wait on the
+    store, not on time); the last poll may bring more, which the caller's assertion then sees."""
+    got: list[bytes] = []
+
+    def enough() -> bool:
+        got.extend(message.body for message in consumer.poll(poll_s))
+        return len(got) >= count
+
+    wait_until(enough, timeout_s, what)
+    return got
 
 
 def reference_put_path(producer: Any) -> None:

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from rmq_mp.client.consumer import Consumer
-from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus, RunningFlags
 from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.service import ROOT, running_service, wait_until
@@ -86,7 +86,9 @@ def test_failed_fsync_can_make_the_store_read_only(faulty_dir: tuple[Path, Path]
         assert producer.send("F", b"ok", queue_id=0).ok
         switch.touch()
         assert producer.send("F", b"fails", queue_id=0).status is PutMessageStatus.FLUSH_DISK_TIMEOUT
-        wait_until(lambda: service.read(layout.RUNNING_FLAGS) & 0b10, 5, "NOT_WRITEABLE")
+        wait_until(
+            lambda: bool(service.read(layout.RUNNING_FLAGS) & RunningFlags.NOT_WRITEABLE), 5, "NOT_WRITEABLE"
+        )
         switch.unlink()
         refused = producer.send("F", b"refused", queue_id=0)
         assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE

@@ -186,6 +186,7 @@ def test_seeded_damage(small_config: MessageStoreConfig, seed: int) -> None:
     print(
         f"seed={seed} crash={crash} damage={damage.kind}/{damage.op} {damage.path.relative_to(root)}: {damage.detail}"
     )
+    refusal: str | None
     try:
         reopened = MessageStore.open(config=config)
     except StoreError as exc:

@@ -24,7 +24,7 @@ from typing import Any
 from fuse import FUSE, FuseOSError, Operations
 
 
-class FaultFS(Operations):  # type: ignore[misc]
+class FaultFS(Operations):
     def __init__(self, root: str) -> None:
         self.root = os.path.realpath(root)
         self.switch = os.path.join(self.root, ".fail-fsync")

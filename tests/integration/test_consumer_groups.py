@@ -12,7 +12,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -209,6 +209,11 @@ def test_kill_9_of_a_member_loses_nothing_and_repeats_only_uncommitted_reads(tmp
         assert all(n <= 2 for n in reads.values())
 
 
+def read_at_least(members: Members, names: list[str], count: int) -> Callable[[], bool]:
+    """Whether the members ``names`` have read ``count`` messages between them (for `wait_until`)."""
+    return lambda: sum(len(members.reads(n)) for n in names) >= count
+
+
 def test_members_joining_and_leaving_never_read_one_queue_at_once(tmp_path: Path) -> None:
     """Churn while a backlog drains: every (queue, offset) is read exactly once, so no two members
     ever read one queue at the same time (both would read from the same next offset). The owner
@@ -218,7 +223,7 @@ def test_members_joining_and_leaving_never_read_one_queue_at_once(tmp_path: Path
         wait_joined(shm, members.start("c0"), members.start("c1"))
         names = ["c0", "c1"]
         for step in range(2, 8):
-            wait_until(lambda t=400 * step: sum(len(members.reads(n)) for n in names) >= t, 120, "progress")
+            wait_until(read_at_least(members, names, 400 * step), 120, "progress")
             live = {m.pid for m in shm.members.members(pid_alive, GROUP)}
             assert set(owners(shm).values()) <= live
             if step % 2:

@@ -252,6 +252,7 @@ def test_index_put_torn_between_slot_and_header_is_repaired(small_config: Messag
     # A torn third put: entry and slot written, header count not.
     key_hash = m.index_key_hash("T#BB")
     entry_pos = 40 + slots * 4 + index.index_count * 20
+    assert index._mm is not None  # opened writable: mapped
     index._mm[entry_pos : entry_pos + 20] = struct.pack(">iqii", key_hash, 300, 0, 1)
     index._mm[40 + key_hash % slots * 4 : 44 + key_hash % slots * 4] = struct.pack(">i", index.index_count)
     index.close()

@@ -13,7 +13,7 @@ import pytest
 from rmq_mp.config.config_manager import loads
 from shm import layout
 from shm.names import ShmNames
-from tests.service import ROOT, leftover_processes, running_service, write_conf
+from tests.service import ROOT, leftover_processes, poll_bodies, running_service, write_conf
 
 RUN = [sys.executable, str(ROOT / "run.py")]
 
@@ -152,7 +152,7 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
     from rmq_mp import Consumer, Producer
     from rmq_mp.errors import StoreNotRunningError
     from rmq_mp.outcomes import PutMessageStatus
-    from tests.service import start_service, wait_until
+    from tests.service import start_service
 
     first = start_service(tmp_path, flushConsumerOffsetInterval="100")
     name = first.names.base
@@ -161,8 +161,7 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
     try:
         assert all(producer.send("Restart", b"before %d" % i, queue_id=0).ok for i in range(3))
         consumer.subscribe("Restart")
-        got: list[bytes] = []
-        wait_until(lambda: got.extend(m.body for m in consumer.poll(1)) or len(got) >= 3, 30, "three")
+        got = poll_bodies(consumer, 3, 30, "three", poll_s=1)
         assert got == [b"before %d" % i for i in range(3)]
         consumer.commit()
         assert first.stop() == 0
@@ -181,8 +180,7 @@ def test_producer_and_consumer_carry_on_across_a_restart(tmp_path: Path) -> None
             after = producer.send("Restart", b"after", queue_id=0)  # no new attach
             assert after.ok, after
             assert after.queue_offset == 3
-            got.clear()
-            wait_until(lambda: got.extend(m.body for m in consumer.poll(1)) or len(got) >= 1, 30, "after")
+            got = poll_bodies(consumer, 1, 30, "after", poll_s=1)
             assert got == [b"after"]  # from where it was
             consumer.commit()
             producer.close()

@@ -72,7 +72,7 @@ def _journal(service: RunningService) -> tuple[int, ...]:
 
 
 @pytest.fixture
-def store(tmp_path: Path):  # type: ignore[no-untyped-def]
+def store(tmp_path: Path) -> Iterator[tuple[RunningService, Producer]]:
     """One store for every example of a test (a store's processes end with each test)."""
     with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
         assert producer.send("Warm", b"w", queue_id=0).ok  # maps the file

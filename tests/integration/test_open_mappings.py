@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import contextlib
 import os
+from collections.abc import Callable
 from pathlib import Path
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.format import message as m
-from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageResult, GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
 from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
@@ -55,7 +56,9 @@ def body(topic: str, queue_id: int, offset: int) -> bytes:
     return f"{topic}/{queue_id}/{offset}".encode()
 
 
-def read_round_robin(pull, model: dict[tuple[str, int], list[int]], root: Path) -> None:  # type: ignore[no-untyped-def]
+def read_round_robin(
+    pull: Callable[[str, int, int], GetMessageResult], model: dict[tuple[str, int], list[int]], root: Path
+) -> None:
     """One message of each queue in turn, each checked against the model (offset, body, log offset)."""
     for offset in range(ROUNDS):
         for topic, queue_id in every_queue():
@@ -88,7 +91,7 @@ def test_message_store_keeps_queue_mappings_bounded_through_puts_reads_and_recov
                 model[(topic, queue_id)].append(result.phy_offset)
             within_bound("self", root)
 
-        def pull(topic: str, queue_id: int, offset: int):  # type: ignore[no-untyped-def]
+        def pull(topic: str, queue_id: int, offset: int) -> GetMessageResult:
             return store.get_message(topic, queue_id, offset, 1)
 
         read_round_robin(pull, model, root)

@@ -16,6 +16,7 @@ import pytest
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.put.producer import Producer
+from rmq_mp.put.results import SendBatchResult
 from rmq_mp.tools.admin import main
 from shm import layout
 from tests.service import (
@@ -38,7 +39,7 @@ def json_lines(text: str) -> list[dict]:
     return [json.loads(line) for line in text.splitlines()]
 
 
-def fill(service: RunningService, count: int = 40) -> list:
+def fill(service: RunningService, count: int = 40) -> SendBatchResult:
     """``count`` messages to topic Orders (keys order-<i>), and group g1 consuming 10 of them."""
     with Producer.attach(service.names.base) as producer:
         results = producer.send_batch(

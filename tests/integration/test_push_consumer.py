@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.client.process_queue import MessageQueue
 from rmq_mp.client.push_consumer import (
     ConsumeConcurrentlyContext,
     ConsumeOrderlyContext,
@@ -59,6 +60,11 @@ class Seen:
     def add(self, msgs: list[MessageExt]) -> None:
         with self.lock:
             self.msgs.extend(msgs)
+
+    def answer(self, msgs: list[MessageExt], status: ConsumeConcurrentlyStatus) -> ConsumeConcurrentlyStatus:
+        """A listener's body: record ``msgs``, answer ``status``."""
+        self.add(msgs)
+        return status
 
     def count(self) -> int:
         with self.lock:
@@ -114,7 +120,7 @@ def test_every_message_is_consumed_once_and_the_offsets_are_committed(tmp_path: 
         again = Seen()
         second = PushConsumer(service.names.base, "g1")
         second.subscribe("Orders", "*")
-        second.register_message_listener(lambda msgs, _c: again.add(msgs) or SUCCESS)
+        second.register_message_listener(lambda msgs, _c: again.answer(msgs, SUCCESS))
         with second:
             second.start()
             wait_until(lambda: again.count() >= 8, WAIT_S, "8 new messages")
@@ -200,7 +206,7 @@ def test_a_message_held_past_the_consume_timeout_is_sent_back_and_its_queue_move
             consumer.start()
             wait_until(lambda: consumer.stats["timed_out"] == 1, WAIT_S, "the held message timed out")
             wait_until(
-                lambda: consumer.committed_offsets().get(("Orders", 0)) == 3,
+                lambda: consumer.committed_offsets().get(MessageQueue("Orders", 0)) == 3,
                 WAIT_S,
                 "the queue's offset past it",
             )
@@ -258,7 +264,7 @@ def test_a_broadcasting_consumer_does_not_retry(tmp_path: Path) -> None:
         seen = Seen()
         consumer = PushConsumer(service.names.base, "g5", message_model=MessageModel.BROADCASTING)
         consumer.subscribe("Orders", "*")
-        consumer.register_message_listener(lambda msgs, _c: seen.add(msgs) or LATER)
+        consumer.register_message_listener(lambda msgs, _c: seen.answer(msgs, LATER))
         with consumer:
             consumer.start()
             wait_until(lambda: consumer.stats["reconsume_later"] >= 4, WAIT_S, "4 failures")

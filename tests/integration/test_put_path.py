@@ -8,7 +8,9 @@ back to the message sent. A batch is stored whole in one file, as RocketMQ store
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,15 +21,17 @@ from rmq_mp.format.message import Message
 from rmq_mp.format.message_batch import MessageBatch
 from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.put.producer import Producer
-from rmq_mp.put.results import SendBatchResult
+from rmq_mp.put.results import SendBatchResult, SendResult
 from shm import layout
 from tests.integration.test_round_trip import independent_records
-from tests.service import running_service, wait_until
+from tests.service import RunningService, running_service, wait_until
 
 FILE_SIZE = 64 << 10
 
 
-def assert_stored_as_encoded(service, sent: list[tuple[dict, object]]) -> None:
+def assert_stored_as_encoded(
+    service: RunningService, sent: Sequence[tuple[Mapping[str, Any], SendResult]]
+) -> None:
     """Each (item, result) is in the log at its offset, byte for byte the reference encoding."""
     wait_until(
         lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
@@ -74,7 +78,7 @@ def test_batch_and_single_puts_are_byte_identical_to_the_reference_encoder(
 ) -> None:
     settings = {"transientStorePoolEnable": "true", "transientStorePoolSize": "2"} if pool else {}
     with running_service(tmp_path, mappedFileSizeCommitLog=str(FILE_SIZE), **settings) as service:
-        sent = []
+        sent: list[tuple[dict[str, Any], SendResult]] = []
         with Producer.attach(service.names.base) as producer:
             for round_ in range(12):  # 64 KiB files: batches meet file ends and roll
                 same_queue = [
@@ -108,7 +112,7 @@ def test_message_batches_are_byte_identical_whole_in_one_file_and_numbered(
     closes the previous one), with consecutive queue offsets and distinct UNIQ_KEYs."""
     settings = {"transientStorePoolEnable": "true", "transientStorePoolSize": "2"} if pool else {}
     with running_service(tmp_path, mappedFileSizeCommitLog=str(FILE_SIZE), **settings) as service:
-        sent: list[tuple[dict, object]] = []
+        sent: list[tuple[dict[str, Any], SendResult]] = []
         placed: list[tuple[int, int]] = []
         with Producer.attach(service.names.base) as producer:
             producer.uniq.take(0xFFFF - 50)  # the counter's 4 hex digits wrap inside a batch

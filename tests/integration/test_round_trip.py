@@ -10,7 +10,7 @@ from pathlib import Path
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.format import message as m
-from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageStatus, PutMessageResult, PutMessageStatus
 from rmq_mp.store.message_store import MessageStore
 from tests.store_content import make_messages
 
@@ -26,8 +26,10 @@ def java_hash(s: str) -> int:
     return h - 2**32 if h >= 2**31 else h
 
 
-def write_store(config: MessageStoreConfig, count: int, seed: int = 7) -> list[tuple[m.Message, object]]:
-    written = []
+def write_store(
+    config: MessageStoreConfig, count: int, seed: int = 7
+) -> list[tuple[m.Message, PutMessageResult]]:
+    written: list[tuple[m.Message, PutMessageResult]] = []
     with MessageStore.open(config=config) as store:
         for msg in make_messages(count, seed):
             result = store.put_message(msg)

@@ -26,6 +26,7 @@ from tests.load import QUEUES, TOPICS, message_for
 from tests.service import (
     ROOT,
     RunningService,
+    poll_bodies,
     reference_put_path,
     running_service,
     start_producers,
@@ -206,8 +207,7 @@ def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
             producer.send("T", b"x", tags="TagX", queue_id=1)
             producer.send("T", b"z", tags="TagZ", queue_id=1)
             producer.send("T", b"y", tags="TagY", queue_id=1)
-        got: list[bytes] = []
-        wait_until(lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) >= 2, 20, "poll")
+        got = poll_bodies(consumer, 2, 20, "poll")
         assert sorted(got) == [b"x", b"y"], "untagged and TagZ messages are filtered out"
 
 
@@ -318,8 +318,8 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
             assert 0.6 <= time.monotonic() - started < 5
             flushed = service.read(layout.FLUSHED_POSITION)
             assert stuck.commit_log_offset >= flushed
-            result = consumer.pull("S", 0, 200, timeout_s=0.5)
-            assert result.status is GetMessageStatus.OFFSET_OVERFLOW_ONE, (
+            pulled = consumer.pull("S", 0, 200, timeout_s=0.5)
+            assert pulled.status is GetMessageStatus.OFFSET_OVERFLOW_ONE, (
                 "not visible above the flushed offset"
             )
         finally:
@@ -632,10 +632,7 @@ def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Pat
                 assert producer.send("G", b"%d" % i, queue_id=i % 2).ok
         with Consumer.attach(service.root, "group-a") as consumer:
             consumer.subscribe("G")
-            got: list[bytes] = []
-            wait_until(
-                lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) == 10, 20, "all ten"
-            )
+            assert sorted(poll_bodies(consumer, 10, 20, "all ten")) == sorted(b"%d" % i for i in range(10))
             consumer.commit()
             assert consumer.committed_offset("G", 0) == 5
         path = service.root / "config" / "consumerOffset.json"
@@ -651,8 +648,7 @@ def test_group_offsets_and_topics_are_persisted_in_rocketmq_format(tmp_path: Pat
         with Producer.attach(again.root) as producer:
             assert producer.send("G", b"new", queue_id=1).ok
         consumer.subscribe("G")
-        got = []
-        wait_until(lambda: got.extend(m.body for m in consumer.poll(0.5)) or len(got) >= 1, 20, "resume")
+        got = poll_bodies(consumer, 1, 20, "resume")
         assert got == [b"new"], "a restarted consumer resumes from the persisted offsets"
 
 

@@ -35,6 +35,7 @@ from tests.service import (
     ROOT,
     RunningService,
     leftover_processes,
+    poll_bodies,
     running_service,
     start_service,
     wait_until,
@@ -222,8 +223,7 @@ def test_stop_and_status_after_the_supervisor_died(tmp_path: Path) -> None:
     with running_service(tmp_path, transientStorePoolEnable="true") as again:
         with Consumer.attach(again.root, "g") as consumer:
             consumer.subscribe("D")
-            got: list[bytes] = []
-            wait_until(lambda: got.extend(x.body for x in consumer.poll(0.5)) or bool(got), 20, "the message")
+            got = poll_bodies(consumer, 1, 20, "the message")
         assert got == [b"acknowledged before the crash"]
 
 

@@ -151,8 +151,8 @@ def test_audit_and_rebuild_index_of_a_healthy_running_store_find_nothing_wrong(s
     with running_service(tmp_path) as service:
         with Producer.attach(service.root) as producer:
             for i in range(600):
-                result = producer.send("Orders", f"order {i} ".encode() * 300, tags="TagA", keys=[f"k{i}"])
-                assert result.ok, result
+                sent = producer.send("Orders", f"order {i} ".encode() * 300, tags="TagA", keys=[f"k{i}"])
+                assert sent.ok, sent
         store = resolve_store(str(service.root))
         wait_until(lambda: sum(q.max_offset for q in queue_ranges(store)) == 600, 30, "600 dispatched")
         log_dir = service.root / "commitlog"

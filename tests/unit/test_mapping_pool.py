@@ -106,11 +106,14 @@ def test_a_mapping_in_use_is_never_closed(tmp_path: Path) -> None:
     for cq in (a, b, c):
         assert cq.put_message_position_info(phy_offset=cq.queue_id * 100, size=9, tags_code=1, queue_offset=0)
     a_file = a.mfq.files[0]
+    b_file = b.mfq.files[0]
+    assert isinstance(a_file, PooledMappedFile)
+    assert isinstance(b_file, PooledMappedFile)
     held = a_file.buf  # a reader between taking the buffer and unpacking from it
     view = np.frombuffer(b.mfq.files[0].buf, dtype=CQ_ENTRY_DTYPE, count=1)  # an exported buffer
     assert c.get_entry(0) == (200, 9, 1)
     assert a_file.mapped
-    assert b.mfq.files[0].mapped
+    assert b_file.mapped
     assert bytes(held[:8]) == (0).to_bytes(8, "big")
     assert int(view["phy"][0]) == 100
     assert mappings_under(tmp_path) == 3
@@ -129,6 +132,7 @@ def test_a_file_deleted_while_released_is_not_resurrected(tmp_path: Path) -> Non
     assert a.put_message_position_info(phy_offset=0, size=9, tags_code=1, queue_offset=0)
     assert b.put_message_position_info(phy_offset=9, size=9, tags_code=1, queue_offset=0)
     gone = a.mfq.files[0]
+    assert isinstance(gone, PooledMappedFile)
     assert not gone.mapped
     gone.path.unlink()  # the cleaner, in another process
     assert gone.flush() == CQ_STORE_UNIT_SIZE  # nothing left to make durable

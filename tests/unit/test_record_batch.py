@@ -79,7 +79,7 @@ def build_log(specs: list[Spec], *, blank_after: int = -1, tail: bytes = b"") ->
 
 def per_record(buf: bytes, pos: int, limit: int, check_crc: bool, max_records: int):
     """The reference: `check_record` one at a time."""
-    found = []
+    found: list[tuple[int, record.DispatchRequest]] = []
     while pos < limit and len(found) < max_records:
         req = record.check_record(buf, pos, limit, check_crc=check_crc)
         if not (req.success and req.size > 0):

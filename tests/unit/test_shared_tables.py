@@ -13,6 +13,7 @@ import multiprocessing as mp
 import os
 import time
 from collections.abc import Iterator
+from typing import Any
 
 import numpy as np
 import pytest
@@ -344,5 +345,6 @@ def test_pool_size_is_bounded_by_the_pointer_tables_pool_slots() -> None:
         "max_consumer_num",
         "max_sync_flush_request_num",
     ):
+        zero: dict[str, Any] = {key: 0}  # one int field, named at run time
         with pytest.raises(ConfigError, match="must be >= 1"):
-            MessageStoreConfig(**{key: 0})
+            MessageStoreConfig(**zero)
