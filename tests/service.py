@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from collections.abc import Collection
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,7 @@ from bench.service import (
 )
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.outcomes import GetMessageStatus
+from shm import layout
 
 
 def wait_processes_gone(pids: Collection[int], timeout_s: float = 15) -> None:
@@ -120,6 +122,30 @@ def poll_bodies(
 
     wait_until(enough, timeout_s, what)
     return got
+
+
+def worker_passes(service: RunningService, role: str, passes: int = 2, timeout_s: float = 20) -> None:
+    """Wait until ``role``'s loop has finished ``passes`` more passes (its ``work_count``): with
+    two, a whole pass began after this call, so whatever that worker would do about the state
+    seen now, it has done (how a test shows something did *not* happen, without a sleep)."""
+    field = layout.worker_field(role, "work_count")
+    start = service.read(field)
+    wait_until(lambda: service.read(field) >= start + passes, timeout_s, f"{passes} {role} passes")
+
+
+def wait_in(thread: threading.Thread, function: str, timeout_s: float = 20) -> None:
+    """Wait until ``thread`` is inside ``function`` (a frame of that name is on its stack): a
+    call proven to be blocked where the test means it to be, not assumed to be after a sleep."""
+
+    def inside() -> bool:
+        frame = sys._current_frames().get(thread.ident or -1)
+        while frame is not None:
+            if frame.f_code.co_name == function:
+                return True
+            frame = frame.f_back
+        return False
+
+    wait_until(inside, timeout_s, f"{thread.name} to be in {function}")
 
 
 def reference_put_path(producer: Any) -> None:

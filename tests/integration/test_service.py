@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from pathlib import Path
@@ -17,8 +18,9 @@ import pytest
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import StoreNotRunningError
-from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageResult, GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
+from rmq_mp.put.results import SendResult
 from rmq_mp.store.message_store import MessageStore
 from shm import layout
 from tests.integration.test_round_trip import independent_records
@@ -32,7 +34,9 @@ from tests.service import (
     start_producers,
     start_service,
     store_cpu_fraction,
+    wait_in,
     wait_until,
+    worker_passes,
 )
 
 
@@ -186,21 +190,31 @@ def test_another_uid_cannot_attach(tmp_path: Path) -> None:
 def test_long_poll_wakes_on_dispatch(tmp_path: Path) -> None:
     with running_service(tmp_path) as service, Consumer.attach(service.root, "g") as consumer:
         assert consumer.pull("T", 0, 0, timeout_s=0.2).status is GetMessageStatus.NO_MESSAGE_IN_QUEUE
-        sender = subprocess.Popen(
-            [
-                sys.executable,
-                "-c",
-                "import time; from rmq_mp.put.producer import Producer\n"
-                f"p = Producer.attach({service.names.base!r}); time.sleep(0.3)\n"
-                "p.send('T', b'late', queue_id=0)",
-            ],
-            cwd=ROOT,
+        pulled: list[GetMessageResult] = []
+        puller = threading.Thread(
+            target=lambda: pulled.append(consumer.pull("T", 0, 0, timeout_s=30)), daemon=True
         )
         started = time.monotonic()
-        result = consumer.pull("T", 0, 0, timeout_s=30)
+        puller.start()
+        try:
+            # The pull is parked (its waiter slot says so) before the message exists: only a wake
+            # from another process's put, through dispatch, can end it before its 30 s.
+            wait_until(lambda: consumer.waiters.waiting_slots() != [], 10, "the pull to park")
+            sender = subprocess.run(
+                [
+                    sys.executable,
+                    "-c",
+                    "from rmq_mp.put.producer import Producer\n"
+                    f"Producer.attach({service.names.base!r}).send('T', b'late', queue_id=0)",
+                ],
+                cwd=ROOT,
+                timeout=60,
+            )
+        finally:
+            puller.join(60)
         waited = time.monotonic() - started
-        assert sender.wait(30) == 0
-        assert [m.body for m in result.messages] == [b"late"]
+        assert sender.returncode == 0
+        assert [m.body for m in pulled[0].messages] == [b"late"]
         assert waited < 10, "woken by dispatch, not by the timeout"
         consumer.subscribe("T", "TagX || TagY")
         with Producer.attach(service.root) as producer:
@@ -215,8 +229,6 @@ def test_puts_wait_for_dispatch_beyond_max_dispatch_lag(tmp_path: Path) -> None:
     """Back-pressure: with reput stopped the log runs ahead until maxDispatchLagBytes; then a put
     waits for reput (and succeeds once it catches up), or is refused OS_PAGECACHE_BUSY with the
     reason when reput does not come back. Nothing acknowledged is lost either way."""
-    from threading import Timer
-
     limit = 64 << 10
     with (
         running_service(tmp_path, maxDispatchLagBytes=str(limit)) as service,
@@ -229,14 +241,18 @@ def test_puts_wait_for_dispatch_beyond_max_dispatch_lag(tmp_path: Path) -> None:
             while service.read(layout.WROTE_POSITION) - service.read(layout.REPUT_FROM_OFFSET) <= limit:
                 acked.append(producer.send("Lag", b"x" * 1024, queue_id=0))
             assert all(r.ok for r in acked)
-            resume = Timer(0.5, reput.resume)
-            resume.start()
-            started = time.monotonic()
-            waited = producer.send("Lag", b"waited for reput", queue_id=0)
-            assert waited.ok, waited
-            assert time.monotonic() - started >= 0.4, "the put waited for dispatch to catch up"
-            acked.append(waited)
-            resume.join()
+            wrote = service.read(layout.WROTE_POSITION)
+            sent: list[SendResult] = []
+            sender = threading.Thread(target=lambda: sent.append(producer.send("Lag", b"waited", queue_id=0)))
+            sender.start()
+            try:
+                wait_in(sender, "_wait_for_dispatch")  # the put is held back, not refused
+                assert service.read(layout.WROTE_POSITION) == wrote, "the held put appended nothing"
+            finally:
+                reput.resume()
+                sender.join(30)
+            assert sent[0].ok, sent[0]  # once reput caught up
+            acked.append(sent[0])
             reput.suspend()
             while service.read(layout.WROTE_POSITION) - service.read(layout.REPUT_FROM_OFFSET) <= limit:
                 acked.append(producer.send("Lag", b"y" * 1024, queue_id=0))
@@ -318,8 +334,9 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
             assert 0.6 <= time.monotonic() - started < 5
             flushed = service.read(layout.FLUSHED_POSITION)
             assert stuck.commit_log_offset >= flushed
-            pulled = consumer.pull("S", 0, 200, timeout_s=0.5)
-            assert pulled.status is GetMessageStatus.OFFSET_OVERFLOW_ONE, (
+            worker_passes(service, "reput")  # reput looked at the log after the record was written
+            assert service.read(layout.FLUSHED_POSITION) == flushed
+            assert consumer.pull("S", 0, 200).status is GetMessageStatus.OFFSET_OVERFLOW_ONE, (
                 "not visible above the flushed offset"
             )
         finally:
@@ -343,7 +360,10 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
         Producer.attach(service.root) as producer,
         Consumer.attach(service.root, "g") as consumer,
     ):
-        time.sleep(interval_s * 1.2)  # a quiet spell: the next pass may start at once
+        # Idle: reput finished a pass that found nothing to dispatch. (Its idle passes keep
+        # coming, each at most STOP_CHECK_S of pause after the last: that bounds the wait below.)
+        worker_passes(service, "reput", passes=1)
+        assert service.read(layout.REPUT_FROM_OFFSET) == service.read(layout.WROTE_POSITION)
         started = time.monotonic()
         assert producer.send("Paced", b"first", queue_id=0).ok
         assert [m.body for m in consumer.pull("Paced", 0, 0, timeout_s=5).messages] == [b"first"]
@@ -380,17 +400,20 @@ def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
         committed = lambda: service.read(layout.COMMITTED_POSITION)  # noqa: E731
         producer.send("P", b"a" * 100, queue_id=0)
         wait_until(lambda: committed() > 0, 5, "first (thorough) commit")
-        # Less than commitCommitLogLeastPages: it waits for the thorough interval (2 s).
-        first = committed()
-        small = producer.send("P", b"b" * 100, queue_id=0)
-        time.sleep(0.5)
-        assert committed() == first, "a small put is not committed before the thorough interval"
-        wait_until(lambda: committed() >= small.commit_log_offset + 1, 5, "thorough commit")
         # At least leastPages (4 x 4 KiB): committed at the next 50 ms interval, long before 2 s.
         big = producer.send("P", b"c" * 20_000, queue_id=0)
-        started = time.monotonic()
+        big_sent = time.monotonic()
         wait_until(lambda: committed() > big.commit_log_offset, 1.5, "least-pages commit")
-        assert time.monotonic() - started < 1.5
+        # Less than leastPages: it waits for the thorough interval, 2 s after that commit (which
+        # came after big_sent). Two committer passes after the put, inside that window, left it.
+        first = committed()
+        assert first == service.read(layout.WROTE_POSITION)
+        small = producer.send("P", b"b" * 100, queue_id=0)
+        worker_passes(service, "committer")
+        after_passes = committed()
+        assert time.monotonic() - big_sent < 2.0, "the passes fell inside the thorough interval"
+        assert after_passes == first, "a small put is not committed before the thorough interval"
+        wait_until(lambda: committed() >= small.commit_log_offset + 1, 5, "thorough commit")
         wait_until(lambda: service.read(layout.FLUSHED_POSITION) == committed(), 5, "flush after commit")
         # Several files: each buffer returns to the pool once its file is wholly committed.
         for _ in range(150):
@@ -455,7 +478,8 @@ def test_killed_worker_is_restarted_and_nothing_acknowledged_is_lost(tmp_path: P
 
 def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
-        time.sleep(1.0)
+        for role in ("allocator", "flusher", "reput"):  # start-up work done: each in its idle loop
+            worker_passes(service, role)
         idle = store_cpu_fraction(service, 3.0)
         assert idle < 0.02, f"idle store used {idle:.1%} of a core"
 
