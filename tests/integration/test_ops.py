@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from rmq_mp.client.consumer import Consumer
-from rmq_mp.put.producer import Producer
+from rmq_mp.put.producer import TOPICS_RECHECK_S, Producer
 from rmq_mp.put.results import SendBatchResult
 from rmq_mp.tools.admin import main
 from shm import layout
@@ -425,6 +425,10 @@ def test_send_without_a_queue_rotates_over_the_topics_write_queues(
         assert [producer.send("Rot", b"x").queue_id for _ in range(3)] == [0, 1, 2]
         code, _, _ = admin(capsys, "updateTopic", "--name", service.names.base, "--topic", "Rot", "-w", "2")
         assert code == 0
-        time.sleep(1.1)  # the producer looks at topics.json at most once a second
+        wait_until(  # the producer looks at topics.json at most every TOPICS_RECHECK_S
+            lambda: time.monotonic() - producer._topics_checked_s >= TOPICS_RECHECK_S,
+            10,
+            "the producer's next look at topics.json",
+        )
         assert [producer.send("Rot", b"y").queue_id for _ in range(4)] == [1, 0, 1, 0]
         assert [r.queue_id for r in producer.send_batch([dict(topic="Rot", body=b"z")] * 2)] == [1, 0]

@@ -61,7 +61,11 @@ def test_a_put_lock_held_too_long_answers_os_pagecache_busy(tmp_path: Path) -> N
         assert producer.send("B", b"before", queue_id=0).ok
         assert holder.lock.acquire(1.0)
         try:
-            time.sleep(0.3)
+            since_ms = service.read(layout.PUT_LOCK_SINCE_MS)  # the holder's word the put path reads
+            assert since_ms > 0
+            wait_until(  # on busy_refusal's clock
+                lambda: time.time_ns() // 1_000_000 - since_ms > 200, 10, "the lock held over 200 ms"
+            )
             started = time.monotonic()
             busy = producer.send("B", b"refused", queue_id=0)
             assert busy.status is PutMessageStatus.OS_PAGECACHE_BUSY
