@@ -31,7 +31,7 @@ from rmq_mp.config.store_config import PROPERTY_NAMES, MessageStoreConfig
 from rmq_mp.errors import ConfigError, InvalidArgumentError, InvalidArgumentTypeError
 from rmq_mp.format import message as m
 from rmq_mp.format.message_batch import MessageBatch
-from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.outcomes import GetMessageResult, GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.tools.admin import main as admin_main
@@ -314,13 +314,18 @@ def test_hostile_waits_are_refused_and_long_ones_still_wake(tmp_path: Path) -> N
         for not_a_number in (None, "1", True):
             with pytest.raises(InvalidArgumentTypeError):
                 consumer.pull("W", 0, 0, timeout_s=not_a_number)  # type: ignore[arg-type]
-        sender = threading.Timer(0.3, lambda: producer.send("W", b"late", queue_id=0))
-        sender.start()
+        pulled: list[GetMessageResult] = []
+        puller = threading.Thread(  # a wait beyond what one semaphore wait holds
+            target=lambda: pulled.append(consumer.pull("W", 0, 0, timeout_s=1e12)), daemon=True
+        )
+        puller.start()
         try:
-            result = consumer.pull("W", 0, 0, timeout_s=1e12)  # beyond what one semaphore wait holds
+            wait_until(lambda: consumer.waiters.waiting_slots() != [], 10, "the pull to park")
+            assert producer.send("W", b"late", queue_id=0).ok
         finally:
-            sender.join()
-        assert [x.body for x in result.messages] == [b"late"]
+            puller.join(30)
+        assert not puller.is_alive(), "the message did not end the wait"
+        assert [x.body for x in pulled[0].messages] == [b"late"]
         consumer.close()
         consumer.close()  # a second close (the `with` block's) is harmless
 

@@ -10,9 +10,9 @@ from pathlib import Path
 import pytest
 
 from rmq_mp.client.consumer import SHORT_POLLING_S, Consumer
-from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
 from rmq_mp.put.producer import Producer
-from tests.service import running_service, wait_until
+from tests.service import running_service, wait_in, wait_until
 
 
 @pytest.mark.parametrize("long_polling", ["true", "false"])
@@ -21,7 +21,7 @@ def test_a_pull_that_waits_is_woken_by_arrival_only_with_long_polling(
 ) -> None:
     """longPollingEnable=true: reput wakes a waiting pull when its message is dispatched.
     false (RocketMQ's short polling): the pull sleeps SHORT_POLLING_S before it looks again, so
-    a message arriving 0.1 s into the wait is returned only after that."""
+    a message arriving while it waits is returned only after that."""
     with (
         running_service(tmp_path, longPollingEnable=long_polling) as service,
         Producer.attach(service.root) as producer,
@@ -29,14 +29,19 @@ def test_a_pull_that_waits_is_woken_by_arrival_only_with_long_polling(
     ):
         assert producer.send("W", b"first", queue_id=0).ok
         wait_until(lambda: consumer.pull("W", 0, 0).status is GetMessageStatus.FOUND, 5, "first dispatched")
-        sender = threading.Timer(0.1, lambda: producer.send("W", b"second", queue_id=0))
+        pulled: list[GetMessageResult] = []
+        puller = threading.Thread(
+            target=lambda: pulled.append(consumer.pull("W", 0, 1, timeout_s=5)), daemon=True
+        )
         started = time.monotonic()
-        sender.start()
+        puller.start()
         try:
-            result = consumer.pull("W", 0, 1, timeout_s=5)
+            wait_in(puller, "_park")  # it looked, found nothing, and waits: then the message comes
+            assert producer.send("W", b"second", queue_id=0).ok
         finally:
-            sender.join()
+            puller.join(30)
         waited = time.monotonic() - started
+        (result,) = pulled
         assert result.status is GetMessageStatus.FOUND
         assert [x.body for x in result.messages] == [b"second"]
         if long_polling == "false":
