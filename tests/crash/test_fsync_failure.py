@@ -16,7 +16,7 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus, RunningFlags
 from rmq_mp.put.producer import Producer
 from shm import layout
-from tests.service import ROOT, running_service, wait_until
+from tests.service import ROOT, running_service, wait_until, worker_passes
 
 
 def fuse_unavailable() -> str:
@@ -65,9 +65,15 @@ def test_failed_fsync_is_never_acknowledged(faulty_dir: tuple[Path, Path]) -> No
         assert service.read(layout.FLUSHED_POSITION) == flushed, (
             "a failed fsync never advances the flushed offset"
         )
-        assert service.read(layout.FLUSH_FAILURES) > 0
+        failures = service.read(layout.FLUSH_FAILURES)
+        assert failures > 0
+        # The flusher tried again and failed again, then reput looked at the log: the record is
+        # still not durable, so not readable (proven by those later passes, not by a wait).
+        wait_until(lambda: service.read(layout.FLUSH_FAILURES) > failures, 10, "another failed fsync")
+        worker_passes(service, "reput")
+        assert service.read(layout.FLUSHED_POSITION) == flushed
         with Consumer.attach(service.root, "g") as consumer:
-            assert consumer.pull("F", 0, 20, timeout_s=0.3).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
+            assert consumer.pull("F", 0, 20).status is GetMessageStatus.OFFSET_OVERFLOW_ONE
             switch.unlink()
             assert producer.send("F", b"disk is back", queue_id=0).status is PutMessageStatus.PUT_OK
             wait_until(
