@@ -20,6 +20,7 @@ from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.reporter import Reporter
+from tests.service import wait_until
 
 
 def put(store: MessageStore, topic: str = "T", body: bytes = b"x", queue_id: int = 0, **props: str):
@@ -130,7 +131,8 @@ def test_offset_in_queue_by_time(small_config: MessageStoreConfig) -> None:
         times = []
         for i in range(6):
             times.append(put(store, body=str(i).encode()).store_timestamp)
-            time.sleep(0.02)
+            # Each message its own store time: the next put waits for the store's clock to tick.
+            wait_until(lambda: int(time.time() * 1000) > times[-1], 5, "the next millisecond")
         for i, ts in enumerate(times):
             assert store.get_offset_in_queue_by_time("T", 0, ts) == i
         assert store.get_offset_in_queue_by_time("T", 0, times[0] - 60_000) == 0

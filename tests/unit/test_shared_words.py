@@ -16,6 +16,7 @@ from shm import layout
 from shm.flush_requests import NEXT_OFFSET, FlushRequestRing
 from shm.layout import Role
 from shm.pointer_table import PointerTable
+from tests.service import wait_until
 
 STEP = 0x1_0000_00FF  # every step carries across bytes 0-1 and 4
 DURATION_S = 1.0
@@ -44,8 +45,7 @@ def test_fields_written_by_one_process_never_read_backwards_in_another() -> None
             args=(table.segment.name, ring.segment.name, time.monotonic() + 5 + DURATION_S),
         )
         writer.start()
-        while table.get(layout.FLUSHED_POSITION) == 0:  # wait for the writer to begin
-            time.sleep(0.001)
+        wait_until(lambda: table.get(layout.FLUSHED_POSITION) != 0, 60, "the writer to begin")
         backwards = reads = 0
         last_table = last_ring = 0
         deadline = time.monotonic() + DURATION_S
