@@ -12,6 +12,9 @@ from typing import Any
 import psutil
 
 from bench.service import (  # the launcher benchmarks share; re-exported for the tests
+    BASE_SETTINGS as BASE_SETTINGS,
+)
+from bench.service import (
     ROOT as ROOT,
 )
 from bench.service import (
