@@ -600,7 +600,7 @@ static PyObject *new_result(Sender *s, PyObject *const values[7]) {
     return obj;
 }
 
-/* Sender(settings: dict): see rmq_mp/put/native.py `sender_settings` for the keys. */
+/* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
 static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     PyObject *d;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
