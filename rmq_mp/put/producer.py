@@ -82,7 +82,7 @@ from shm import flush_requests as fr
 from shm import layout
 from shm.layout import Role
 from shm.pointer_table import pid_alive
-from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock
+from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock, HeldPutLock
 from shm.semaphores import PutLock
 
 log = logging.getLogger("rmq_mp.put.producer")
@@ -168,7 +168,7 @@ class Producer:
         )
         self.appender = Appender(store, self._words, self.router, self.encoder)
         self.flush_requests = self.appender.flush_requests
-        self.lock: PutLock | AtomicPutLock = self._put_lock(store)
+        self.lock: HeldPutLock = self._put_lock(store)
         self._msg_id_prefix = (
             (self.encoder.store_ip + struct.pack(">i", self.encoder.store_port)).hex().upper()
         )
@@ -207,7 +207,7 @@ class Producer:
         else:
             vars(self).pop("send", None)
 
-    def _put_lock(self, store: RunningStore) -> PutLock | AtomicPutLock:
+    def _put_lock(self, store: RunningStore) -> HeldPutLock:
         """The put lock the store's supervisor chose (`shm.layout.PUT_LOCK_KIND`)."""
         spin = not self.config.use_reentrant_lock_when_put_message
         busy_ms = self.config.os_page_cache_busy_time_out_mills
