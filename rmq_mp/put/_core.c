@@ -991,6 +991,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
     }
     int64_t end = wrote + size;
+    /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
     w[s->w[W_J_BEFORE]] = wrote;
     w[s->w[W_J_AFTER]] = end;
     w[s->w[W_J_SLOT]] = slot;

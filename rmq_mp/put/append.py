@@ -2,14 +2,12 @@
 file and pool buffer at the write position, and the undo of a dead holder's half-done put.
 
 Only `Producer` calls it, with the put lock held (`append`, `append_one`, `reserve`) or just
-taken over from a dead holder (`undo_interrupted_put`). Crash safety: before a chunk changes
-anything, its journal (old write position, intended end, queue slot and old queue offset) is in
-the pointer table; the write position is the commit point. A producer that dies holding the lock
-leaves the journal, and the next lock taker undoes the half-done put (queue offset restored,
-bytes past the write position zeroed), so a half-written record is never visible, not to reput
-and not after recovery. The compiled core does the same under the same lock, following the same
-journal words (rmq_mp/put/_core.c); `set_file`, `_set_reserved_until` and `_queue_slot` keep it
-told of this process's file, reservation and learned queues.
+taken over from a dead holder (`undo_interrupted_put`). Crash safety is the journal protocol of
+`shm.put_journal` (journal, bytes, queue offset, write position: the commit point), so a
+half-written record is never visible, not to reput and not after recovery. The compiled core
+follows the same protocol under the same lock (rmq_mp/put/_core.c); `set_file`,
+`_set_reserved_until` and `_queue_slot` keep it told of this process's file, reservation and
+learned queues.
 """
 
 from __future__ import annotations
@@ -29,6 +27,7 @@ from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.store.running_store import RunningStore
 from shm import layout
+from shm import put_journal as journal
 from shm import queue_offsets as qo
 
 POOL_WAIT_S = 1.0
@@ -37,12 +36,7 @@ RESERVE_OWN_BYTES = 1 << 20
 """What a put reserves for itself past its end when it finds itself beyond ALLOCATED_UNTIL (the
 allocator fell behind): a MiB, so a put racing ahead pays one posix_fallocate a MiB."""
 PUT_FIELDS = (
-    layout.WROTE_POSITION,
-    layout.JOURNAL_ACTIVE,
-    layout.JOURNAL_WROTE_BEFORE,
-    layout.JOURNAL_WROTE_AFTER,
-    layout.JOURNAL_QUEUE_SLOT,
-    layout.JOURNAL_QUEUE_OFFSET_BEFORE,
+    *journal.FIELDS,
     layout.LAST_STORE_TIMESTAMP,
     layout.PUT_COUNT,
     layout.PUT_BYTES,
@@ -50,11 +44,6 @@ PUT_FIELDS = (
 )
 """The pointer-table fields the put path writes (all under the put lock), by word index."""
 _WROTE = layout.WROTE_POSITION.index
-_J_ACTIVE = layout.JOURNAL_ACTIVE.index
-_J_BEFORE = layout.JOURNAL_WROTE_BEFORE.index
-_J_AFTER = layout.JOURNAL_WROTE_AFTER.index
-_J_SLOT = layout.JOURNAL_QUEUE_SLOT.index
-_J_QUEUE_OFFSET = layout.JOURNAL_QUEUE_OFFSET_BEFORE.index
 _LAST_STORE_TS = layout.LAST_STORE_TIMESTAMP.index
 _PUT_COUNT = layout.PUT_COUNT.index
 _PUT_BYTES = layout.PUT_BYTES.index
@@ -253,19 +242,15 @@ class Appender:
         queue_offset: int,
         count: int,
     ) -> None:
-        """Copy patched records into the log at ``wrote``, journalled: the journal first, then
-        the bytes, the queue's next offset, and the write position, which is the commit point."""
+        """Copy patched records into the log at ``wrote``, journalled (`shm.put_journal`): the
+        journal first, then the bytes, the queue's next offset, and the write position, which is
+        the commit point."""
         w = self._words
-        w[_J_BEFORE] = wrote
-        w[_J_AFTER] = end
-        w[_J_SLOT] = slot
-        w[_J_QUEUE_OFFSET] = queue_offset
-        w[_J_ACTIVE] = 1
+        journal.begin(w, wrote, end, slot, queue_offset)
         mf.fill(wrote - mf.file_from_offset, data)
         if slot >= 0:
             self._queue_words[next_word] = queue_offset + count
-        w[_WROTE] = end
-        w[_J_ACTIVE] = 0
+        journal.commit(w, end)
 
     def _queue_slot(self, topic: str, queue_id: int) -> tuple[int, int]:
         """(queue-offset-table slot, word index of its next offset), inserting it if new (put
@@ -309,14 +294,10 @@ class Appender:
 
     def _end_file(self, mf: MappedFile, wrote: int) -> None:
         """Close the current file with a BLANK record, journalled like an append."""
-        w = self._words
-        w[_J_BEFORE] = wrote
-        w[_J_AFTER] = mf.file_from_offset + mf.file_size
-        w[_J_SLOT] = -1
-        w[_J_ACTIVE] = 1
+        end = mf.file_from_offset + mf.file_size
+        journal.begin(self._words, wrote, end, -1, -1)
         CommitLog.end_file(mf)
-        w[_WROTE] = mf.file_from_offset + mf.file_size
-        w[_J_ACTIVE] = 0
+        journal.commit(self._words, end)
         self.set_file(None)
 
     def _target_file(self, wrote: int) -> MappedFile | None:
@@ -372,25 +353,20 @@ class Appender:
 
     def undo_interrupted_put(self) -> None:
         """Called with the lock taken over from a dead owner: roll its half-done put back."""
-        t = self.table
         self.set_file(None)  # the undo below may detach the cached file's pool buffer
-        if not t.get(layout.JOURNAL_ACTIVE):
-            return
-        wrote = t.get(layout.WROTE_POSITION)
-        if wrote == t.get(layout.JOURNAL_WROTE_BEFORE):
-            slot = t.get(layout.JOURNAL_QUEUE_SLOT)
-            if slot >= 0:
-                self.queues.set(slot, qo.NEXT_OFFSET, t.get(layout.JOURNAL_QUEUE_OFFSET_BEFORE))
-            end = t.get(layout.JOURNAL_WROTE_AFTER)
-            mf = self._target_file(wrote)
-            if mf is not None and end > wrote:
-                stop = min(end - mf.file_from_offset, mf.file_size)
-                start = wrote - mf.file_from_offset
+        put = journal.interrupted(self.table)
+        if put is not None:
+            if put.queue_slot >= 0:
+                self.queues.set(put.queue_slot, qo.NEXT_OFFSET, put.queue_offset)
+            mf = self._target_file(put.wrote)
+            if mf is not None and put.end > put.wrote:
+                stop = min(put.end - mf.file_from_offset, mf.file_size)
+                start = put.wrote - mf.file_from_offset
                 mf.fill(start, bytes(stop - start))  # the pool buffer, or the file without a pool
                 if mf.write_buffer is not None:  # and the file itself, in case bytes reached it
                     mf.write_buffer = None
                     mf.fill(start, bytes(stop - start))
-        t.set(layout.JOURNAL_ACTIVE, 0)
+        journal.close(self.table)
 
     def _request_flush(self, runs: Sequence[EncodedRun], store_ts: int) -> None:
         """One group-commit request for every record of this lock hold that waits for disk (it
