@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import os
 import time
+from abc import ABC, abstractmethod
 from collections.abc import Callable
 from typing import Any, Protocol
 
@@ -52,8 +53,81 @@ class LockCore(Protocol):
     def lock_cas(self, table: Any, index: int, expected: int, new: int, /) -> bool: ...
 
 
-class AtomicPutLock:
-    """One process's handle on the atomic put lock; `shm.semaphores.PutLock`'s interface."""
+class HeldPutLock(ABC):
+    """What both kinds of put lock keep of a hold: ``held`` (this process's view, asserted by
+    writers), when it began (``acquired_ms``, the put's store timestamp as RocketMQ's
+    ``beginLockTimestamp``; PUT_LOCK_SINCE_MS for everyone else), how long the last one lasted,
+    and RocketMQ's isOSPageCacheBusy refusal. `AtomicPutLock` and `shm.semaphores.PutLock` add
+    how the lock is taken, released and taken over from a dead holder."""
+
+    def __init__(
+        self, table: PointerTable, on_takeover: Callable[[], None], *, spin: bool, busy_ms: int
+    ) -> None:
+        self.table = table
+        self.on_takeover = on_takeover
+        """Called with the lock taken over from a dead holder: undo its half-done put."""
+        self.spin = spin
+        """RocketMQ's spin lock (useReentrantLockWhenPutMessage=false): a contended taker never
+        sleeps in the kernel, yielding the CPU between looks (for few producers on idle cores)."""
+        self.busy_ms = busy_ms
+        """RocketMQ's osPageCacheBusyTimeOutMills: a lock a live put has held longer is "busy",
+        and a contended `acquire` gives up at once instead of queueing behind it."""
+        self.refusal = ""
+        """Why the last `acquire` returned False."""
+        self.pid = os.getpid()
+        self.held = False
+        self.acquired_ms = 0
+        self.last_hold_ns = -1
+        """Duration of this process's last hold (metrics; -1 until a hold ends)."""
+        self._owned_ns = 0
+        self._words = table.words(layout.PUT_LOCK_OWNER_PID, layout.PUT_LOCK_SINCE_MS)
+
+    def _busy(self) -> bool:
+        """A live holder has held the lock longer than ``busy_ms`` (`busy_refusal`)."""
+        why = busy_refusal(self._words, self.busy_ms)
+        if why:
+            self.refusal = why
+        return bool(why)
+
+    def _owned(self) -> bool:
+        """The hold begins (the lock is this process's)."""
+        self.held = True
+        self._owned_ns = now_ns = time.time_ns()
+        self.acquired_ms = now_ns // 1_000_000
+        self._words[_SINCE] = self.acquired_ms
+        return True
+
+    def _taken_over(self) -> bool:
+        """The hold begins with a dead holder's lock: counted, and its put undone."""
+        self._owned()
+        self.table.add(layout.LOCK_RECOVERIES, 1)
+        self.on_takeover()
+        return True
+
+    def _hold_ends(self) -> None:
+        assert self.held, "release of a put lock this process does not hold"
+        self._words[_SINCE] = 0
+        self.held = False
+        self.last_hold_ns = time.time_ns() - self._owned_ns  # wall clock: may step, metrics only
+
+    def __enter__(self) -> HeldPutLock:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.held:
+            self.release()
+
+    @abstractmethod
+    def acquire(self, timeout_s: float) -> bool:
+        """Take the lock within ``timeout_s``; False (with `refusal`) if not."""
+
+    @abstractmethod
+    def release(self) -> None:
+        """End this process's hold."""
+
+
+class AtomicPutLock(HeldPutLock):
+    """One process's handle on the atomic put lock."""
 
     def __init__(
         self,
@@ -64,23 +138,11 @@ class AtomicPutLock:
         spin: bool = False,
         busy_ms: int = 1000,
     ) -> None:
-        self.core = core
-        self.table = table
-        self.on_takeover = on_takeover
-        self.spin = spin
-        """RocketMQ's spin lock (useReentrantLockWhenPutMessage=false): watch for a whole slice,
-        never sleep in the kernel."""
-        self.busy_ms = busy_ms
-        self.refusal = ""
-        self.pid = os.getpid()
+        super().__init__(table, on_takeover, spin=spin, busy_ms=busy_ms)
         if not 0 < self.pid <= layout.LOCK_OWNER_MASK:
             raise ValueError(f"pid {self.pid} does not fit the lock word")
-        self.held = False
-        self.acquired_ms = 0
-        self.last_hold_ns = -1
-        self._owned_ns = 0
+        self.core = core
         self._buf = table.segment.mm
-        self._words = table.words(layout.PUT_LOCK_OWNER_PID, layout.PUT_LOCK_SINCE_MS)
 
     def acquire(self, timeout_s: float) -> bool:
         """Take the lock within ``timeout_s``; False on timeout or while a live owner has held
@@ -102,37 +164,11 @@ class AtomicPutLock:
                 and not pid_alive(owner)
                 and core.lock_cas(buf, _WORD, word, pid | layout.LOCK_WAITERS_BIT)
             ):
-                self._owned()
-                self.table.add(layout.LOCK_RECOVERIES, 1)
-                self.on_takeover()
-                return True
+                return self._taken_over()
             if time.monotonic() >= deadline:
                 self.refusal = "put lock busy"
                 return False
 
-    def _busy(self) -> bool:
-        why = busy_refusal(self._words, self.busy_ms)
-        if why:
-            self.refusal = why
-        return bool(why)
-
-    def _owned(self) -> bool:
-        self.held = True
-        self._owned_ns = now_ns = time.time_ns()
-        self.acquired_ms = now_ns // 1_000_000
-        self._words[_SINCE] = self.acquired_ms
-        return True
-
     def release(self) -> None:
-        assert self.held, "release of a put lock this process does not hold"
-        self._words[_SINCE] = 0
-        self.held = False
-        self.last_hold_ns = time.time_ns() - self._owned_ns
+        self._hold_ends()
         self.core.lock_release(self._buf, _WORD)
-
-    def __enter__(self) -> AtomicPutLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.held:
-            self.release()

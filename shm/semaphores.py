@@ -19,7 +19,7 @@ import posix_ipc
 from rmq_mp.errors import ShmAttachError
 from shm import layout
 from shm.pointer_table import PointerTable, pid_alive
-from shm.put_lock import busy_refusal
+from shm.put_lock import HeldPutLock
 
 SPIN_S = 20e-6
 """How long a contended put lock is watched before sleeping in the kernel: contended hand-offs
@@ -95,12 +95,13 @@ def spin_until(ready: Callable[[], bool], spin_s: float) -> bool:
     return True
 
 
-class PutLock:
-    """The put lock of one process. ``held`` is this process's view (asserted by writers).
+class PutLock(HeldPutLock):
+    """The put lock on a semaphore (PUT_LOCK_KIND LOCK_SEMAPHORE: the reference, and the lock of a
+    store whose supervisor has no compiled core). The owner's pid is written just after the
+    semaphore is taken, so a holder that dies in between is taken over after ORPHAN_AFTER_MS.
 
     As RocketMQ's `useReentrantLockWhenPutMessage`: a mutex (``spin`` False: a contended
-    acquire watches the lock for SPIN_S, then sleeps in the kernel) or a spin lock (``spin``
-    True: it never sleeps, yielding the CPU between looks; for few producers on idle cores)."""
+    acquire watches the lock for SPIN_S, then sleeps in the kernel) or a spin lock."""
 
     def __init__(
         self,
@@ -112,25 +113,9 @@ class PutLock:
         spin: bool = False,
         busy_ms: int = 1000,
     ) -> None:
-        self.spin = spin
-        self.busy_ms = busy_ms
-        """RocketMQ's osPageCacheBusyTimeOutMills: a lock a live put has held longer is "busy",
-        and a contended `acquire` gives up at once instead of queueing behind it."""
-        self.refusal = ""
-        """Why the last `acquire` returned False."""
+        super().__init__(table, on_takeover, spin=spin, busy_ms=busy_ms)
         self.sem = sem
         self.takeover = takeover
-        self.table = table
-        self.on_takeover = on_takeover
-        self.pid = os.getpid()
-        self.held = False
-        self._words = table.words(layout.PUT_LOCK_OWNER_PID, layout.PUT_LOCK_SINCE_MS)
-        self._owned_ns = 0
-        self.acquired_ms = 0
-        """Wall-clock time the current hold began: the put's store timestamp, as RocketMQ's
-        ``beginLockTimestamp``."""
-        self.last_hold_ns = -1
-        """Duration of this process's last hold (metrics; -1 until a hold ends)."""
 
     def acquire(self, timeout_s: float) -> bool:
         """Take the lock within ``timeout_s``; False on timeout (a live owner kept it)."""
@@ -180,20 +165,9 @@ class PutLock:
                 self.refusal = "put lock busy"
                 return False
 
-    def _busy(self) -> bool:
-        """A live holder has held the lock longer than ``busy_ms`` (`busy_refusal`)."""
-        why = busy_refusal(self._words, self.busy_ms)
-        if why:
-            self.refusal = why
-        return bool(why)
-
     def _owned(self) -> bool:
-        self.held = True
-        self._owned_ns = now_ns = time.time_ns()
-        self.acquired_ms = now_ns // 1_000_000
         self._words[_OWNER] = self.pid
-        self._words[_SINCE] = self.acquired_ms
-        return True
+        return super()._owned()
 
     def _take_over(self, dead_owner: int) -> bool:
         """Inherit a lock whose owner died holding it. One taker wins (takeover semaphore)."""
@@ -204,28 +178,14 @@ class PutLock:
                 return self._owned()
             if self.table.get(layout.PUT_LOCK_OWNER_PID) != dead_owner:
                 return False  # another waiter took it over first
-            self._owned()
-            self.table.add(layout.LOCK_RECOVERIES, 1)
-            self.on_takeover()
-            return True
+            return self._taken_over()
         finally:
             self.takeover.release()
 
     def release(self) -> None:
-        assert self.held, "release of a put lock this process does not hold"
-        words = self._words
-        words[_OWNER] = 0
-        words[_SINCE] = 0
-        self.held = False
-        self.last_hold_ns = time.time_ns() - self._owned_ns  # wall clock: may step, metrics only
+        self._words[_OWNER] = 0
+        self._hold_ends()
         self.sem.release()
-
-    def __enter__(self) -> PutLock:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.held:
-            self.release()
 
 
 class Wakeup:

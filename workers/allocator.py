@@ -6,7 +6,7 @@ next-next file; so does this worker, sparse, so the put path never creates a fil
 (posix_fallocate) are reserved a bounded distance ahead, one file size past the write position
 (topped up once less than half of that is left), and published as ALLOCATED_UNTIL: the put path
 writes below it without a system call and reserves for itself only if it ever gets past it
-(`Producer._reserve`). So an idle store holds about one file of blocks, not three, and a full
+(`Appender.reserve`). So an idle store holds about one file of blocks, not three, and a full
 disk is an OSError here (retried every RESERVE_RETRY_S) or a refused put, never a SIGBUS.
 
 With `warmMapedFileEnable` it also warms each file it creates (`MappedFile.warm`: the file's

@@ -272,23 +272,28 @@ class EncodedRun:
         self, first: int, count: int, *, queue_offset: int, phy_offset: int, store_timestamp: int
     ) -> None:
         """Fill the lock-decided fields of records ``[first, first + count)``: record ``first``
-        lands at ``phy_offset``; ``queue_offset`` < 0 for records without a queue (stored 0)."""
-        ts_pos = self.store_timestamp_position
+        lands at ``phy_offset``; ``queue_offset`` < 0 for records without a queue (stored 0).
+        Which of record.py's patchers fits this run's shape; they write the bytes."""
         if isinstance(self.data, np.ndarray):
-            rows = self.data[first : first + count]
-            # QUEUEOFFSET and PHYSICALOFFSET are adjacent: one (count, 2) big-endian view, one add.
-            offsets = rows[:, record.POS_QUEUE_OFFSET : record.POS_QUEUE_OFFSET + 16].view(">i8")
-            np.add(self._steps(count), np.array((max(queue_offset, 0), phy_offset)), out=offsets)
-            if queue_offset < 0:
-                offsets[:, 0] = 0
-            rows[:, ts_pos : ts_pos + 8].view(">i8")[:] = store_timestamp
+            record.patch_rows(
+                self.data[first : first + count],
+                self._steps(count),
+                queue_offset=queue_offset,
+                phy_offset=phy_offset,
+                store_timestamp=store_timestamp,
+                store_timestamp_position=self.store_timestamp_position,
+            )
             return
         base = self.start(first)
         if count == 1:
-            record.OFFSETS.pack_into(
-                self.data, base + record.POS_QUEUE_OFFSET, max(queue_offset, 0), phy_offset
+            record.patch_record(
+                self.data,
+                base,
+                queue_offset=max(queue_offset, 0),
+                phy_offset=phy_offset,
+                store_timestamp=store_timestamp,
+                sys_flag=self.sys_flag,
             )
-            record.TIMESTAMP.pack_into(self.data, base + ts_pos, store_timestamp)
             return
         starts = np.array([self.start(i) for i in range(first, first + count)], dtype=np.int64)
         record.patch_run(
@@ -297,7 +302,7 @@ class EncodedRun:
             queue_offset=queue_offset,
             phy_offset=phy_offset - base,
             store_timestamp=store_timestamp,
-            store_timestamp_position=ts_pos,
+            store_timestamp_position=self.store_timestamp_position,
         )
 
     def _steps(self, count: int) -> np.ndarray:

@@ -462,7 +462,7 @@ typedef struct {
     PyObject *result_type, *put_ok, *flush_timeout, *msg_id_prefix, *empty, *ring_full_reason,
         *not_flushed_reason;
     PyObject *reference; /* Producer._send: what the core does not take goes there */
-    PyObject *rotate;    /* Producer._queue_for: the round robin for a send without a queue id */
+    PyObject *rotate;    /* QueueRouter.queue_for: the round robin for a send without a queue id */
     uint8_t *scratch;
     Py_ssize_t scratch_len;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
@@ -600,7 +600,7 @@ static PyObject *new_result(Sender *s, PyObject *const values[7]) {
     return obj;
 }
 
-/* Sender(settings: dict): see rmq_mp/put/native.py `sender_settings` for the keys. */
+/* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
 static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     PyObject *d;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
@@ -776,7 +776,7 @@ static inline int has_separator(const char *p, Py_ssize_t n) {
 
 static const char HEX[] = "0123456789ABCDEF";
 
-/* A flush-request ring slot for [.., end) (put lock held): `Producer._flush_request`. */
+/* A flush-request ring slot for [.., end) (put lock held): `Appender._request_flush`. */
 static int64_t take_ring_slot(Sender *s, int64_t end, int64_t now_ms) {
     int64_t *w = words_of(&s->table);
     int64_t *ring = words_of(&s->ring);
@@ -940,7 +940,7 @@ typedef struct {
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
  * record at 0), of the queue whose next offset is queues[next_word]. The journal first, then the
  * bytes, the queue's next offset and the write position (the commit point), as
- * `Producer._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
+ * `Appender._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
  * (nothing changed: the records do not fit the cached file, or the lock was not had within a
  * slice), -1 with an exception. */
 static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts, int64_t slot,
@@ -991,6 +991,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
     }
     int64_t end = wrote + size;
+    /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
     w[s->w[W_J_BEFORE]] = wrote;
     w[s->w[W_J_AFTER]] = end;
     w[s->w[W_J_SLOT]] = slot;
@@ -1386,7 +1387,7 @@ static PyMethodDef Sender_methods[] = {
 
 static PyMemberDef Sender_members[] = {
     {"reserved_until", T_LONGLONG, offsetof(Sender, reserved_until), 0,
-     "commit-log offset below which blocks are known reserved (Producer._reserved_until)"},
+     "commit-log offset below which blocks are known reserved (Appender._reserved_until)"},
     {"fresh_until_ns", T_LONGLONG, offsetof(Sender, fresh_until_ns), 0,
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
