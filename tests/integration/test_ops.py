@@ -15,8 +15,9 @@ from pathlib import Path
 import pytest
 
 from rmq_mp.client.consumer import Consumer
-from rmq_mp.put.producer import TOPICS_RECHECK_S, Producer
+from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendBatchResult
+from rmq_mp.put.routing import TOPICS_RECHECK_S
 from rmq_mp.tools.admin import main
 from shm import layout
 from tests.service import (
@@ -426,7 +427,7 @@ def test_send_without_a_queue_rotates_over_the_topics_write_queues(
         code, _, _ = admin(capsys, "updateTopic", "--name", service.names.base, "--topic", "Rot", "-w", "2")
         assert code == 0
         wait_until(  # the producer looks at topics.json at most every TOPICS_RECHECK_S
-            lambda: time.monotonic() - producer._topics_checked_s >= TOPICS_RECHECK_S,
+            lambda: time.monotonic() - producer.router._checked_s >= TOPICS_RECHECK_S,
             10,
             "the producer's next look at topics.json",
         )
