@@ -318,7 +318,9 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
             assert 0.6 <= time.monotonic() - started < 5
             assert stuck.stored, "in the log, not flushed: stored"
             assert not stuck.ok, "only PUT_OK is ok"
-            stuck_batch = producer.send_batch([{"topic": "S", "body": b"batch not durable yet", "queue_id": 0}])
+            stuck_batch = producer.send_batch(
+                [{"topic": "S", "body": b"batch not durable yet", "queue_id": 0}]
+            )
             assert not stuck_batch.ok
             assert stuck_batch.failures == 1
             assert stuck_batch[0].status is PutMessageStatus.FLUSH_DISK_TIMEOUT
