@@ -60,7 +60,7 @@ def build(root: Path, messages: int) -> None:
                     born_timestamp=1_700_000_000_000 + i,
                 )
             )
-            assert result.is_ok, result
+            assert result.ok, result
 
 
 def _best(action: Any, expected: int) -> float:

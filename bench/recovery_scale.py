@@ -33,7 +33,6 @@ from typing import Any
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.format import message as m
-from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
 
@@ -66,7 +65,7 @@ def build(root: Path, messages: int, queues: int, cq_entries: int) -> float:
         for i in range(messages):
             topic, queue_id = queue_of(i, queues)
             result = store.put_message(m.Message(topic=topic, body=body, queue_id=queue_id))
-            if result.status is not PutMessageStatus.PUT_OK:
+            if not result.ok:
                 raise SystemExit(f"put {i} to {topic}/{queue_id}: {result}")
     return time.perf_counter() - began
 

@@ -54,7 +54,7 @@ def build_store(root: Path, messages: int, seed: int = 7) -> MessageStoreConfig:
                 born_timestamp=1_700_000_000_000 + i,
             )
             result = store.put_message(message)
-            assert result.is_ok, result
+            assert result.ok, result
     return config
 
 

@@ -26,6 +26,31 @@ class PutMessageStatus(enum.Enum):
     UNKNOWN_ERROR = "UNKNOWN_ERROR"
     LMQ_CONSUME_QUEUE_NUM_EXCEEDED = "LMQ_CONSUME_QUEUE_NUM_EXCEEDED"
 
+    @property
+    def ok(self) -> bool:
+        """The one meaning of ok, for every put result (`PutMessageResult`, `SendResult`,
+        `SendBatchResult`): PUT_OK, the message stored as durable (and replicated) as the put
+        asked; RocketMQ's client calls it SEND_OK. What callers branch on: the Spark sink, a
+        push consumer's send-back, `rmq-admin sendMessage`'s exit status, the scheduler."""
+        return self is PutMessageStatus.PUT_OK
+
+    @property
+    def stored(self) -> bool:
+        """In the log but maybe not ok: PUT_OK, or FLUSH_DISK_TIMEOUT, FLUSH_SLAVE_TIMEOUT or
+        SLAVE_NOT_AVAILABLE (stored, not flushed or replicated in time). RocketMQ's
+        `PutMessageResult.isOk()`; a caller that sends again after one of these stores it twice."""
+        return self in _STORED
+
+
+_STORED = frozenset(
+    {
+        PutMessageStatus.PUT_OK,
+        PutMessageStatus.FLUSH_DISK_TIMEOUT,
+        PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+        PutMessageStatus.SLAVE_NOT_AVAILABLE,
+    }
+)
+
 
 class AppendMessageStatus(enum.Enum):
     PUT_OK = "PUT_OK"
@@ -76,14 +101,14 @@ class PutMessageResult:
     reason: str = ""
 
     @property
-    def is_ok(self) -> bool:
-        """RocketMQ's ``isOk()``: the message is stored (FLUSH_*_TIMEOUT still counts)."""
-        return self.status in (
-            PutMessageStatus.PUT_OK,
-            PutMessageStatus.FLUSH_DISK_TIMEOUT,
-            PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
-            PutMessageStatus.SLAVE_NOT_AVAILABLE,
-        )
+    def ok(self) -> bool:
+        """`PutMessageStatus.ok`: PUT_OK."""
+        return self.status is PutMessageStatus.PUT_OK
+
+    @property
+    def stored(self) -> bool:
+        """`PutMessageStatus.stored`: in the log (RocketMQ's ``isOk()``), maybe not flushed."""
+        return self.status in _STORED
 
 
 @dataclass(frozen=True, slots=True)

@@ -82,6 +82,22 @@ class PointerTable:
         self.set(field, value)
         return value
 
+    def written_end(self) -> int:
+        """Where the CommitLog's bytes are in its files' pages (what a flush may force):
+        COMMITTED with the TransientStorePool (a record in a pool buffer is not in the file
+        yet), else WROTE."""
+        pooled = self._words[layout.POOL_SIZE.index] > 0
+        return self._words[(layout.COMMITTED_POSITION if pooled else layout.WROTE_POSITION).index]
+
+    def readable_end(self) -> int:
+        """How far a reader (reput, a consumer, a Spark read, the supervisor's clean-stop check)
+        may read the CommitLog: FLUSHED under SYNC_FLUSH (RocketMQ 5.3, #8239: a SYNC put is
+        acknowledged once flushed, so nothing unflushed is served or dispatched), else
+        `written_end`. The one rule: every process reads it from these words."""
+        if self._words[layout.FLUSH_DISK_SYNC.index]:
+            return self._words[layout.FLUSHED_POSITION.index]
+        return self.written_end()
+
     def snapshot(self) -> dict[str, int]:
         """Every header field by name (for status and statistics)."""
         return {f.name: self.get(f) for f in layout.FIELDS}

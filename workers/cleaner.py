@@ -230,7 +230,7 @@ class CleanerService(ServiceLoop):
         wrote = t.get(layout.WROTE_POSITION)
         current = wrote - wrote % self.file_size
         pending = min(
-            t.get(layout.COMMITTED_POSITION) if self.store.pool_enabled else wrote,
+            t.written_end(),
             t.get(layout.REPUT_FROM_OFFSET),
         )
         if t.get(layout.DISPATCH_FAILED_QUEUES):

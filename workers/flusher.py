@@ -76,8 +76,9 @@ class FlusherService(ServiceLoop):
         return self.target() // OS_PAGE_SIZE - flushed // OS_PAGE_SIZE >= max(self.least_pages(), 1)
 
     def target(self) -> int:
-        t = self.table
-        return t.get(layout.COMMITTED_POSITION if self.store.pool_enabled else layout.WROTE_POSITION)
+        """What a flush forces up to: `PointerTable.written_end` (its FLUSHED is then the
+        readable end under SYNC_FLUSH)."""
+        return self.table.written_end()
 
     def flush(self, least_pages: int) -> bool:
         """Force ``[flushed, target)``; True if FLUSHED advanced."""

@@ -3,8 +3,8 @@
 Mirrors ReputMessageService and FlushConsumeQueueService (docs/format.md §7.7, §7.8). The only
 writer of ConsumeQueue and index files while the store runs, through the library's `Dispatcher`
 (the code recovery uses): a pass's first records one by one, a backlog in batches
-(`Dispatcher.dispatch_batch`). Reads up to what consumers may see: FLUSHED under SYNC_FLUSH,
-COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched
+(`Dispatcher.dispatch_batch`). Reads up to what consumers may see, `PointerTable.readable_end`:
+FLUSHED under SYNC_FLUSH, COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched
 offset and last store time in the queue-offset table, and the logics/index checkpoint
 timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
 `flushConsumeQueueLeastPages` dirty pages, and every `flushConsumeQueueThoroughInterval` ms all

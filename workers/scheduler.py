@@ -200,7 +200,7 @@ class SchedulerService(ServiceLoop):
         results = producer.send_batch([message for _offset, message in messages]) if messages else []
         reached, delivered = got.next_begin_offset, 0
         for (queue_offset, message), result in zip(messages, results, strict=True):
-            if result.status is PutMessageStatus.PUT_OK:
+            if result.ok:
                 delivered += 1
                 continue
             if result.status is PutMessageStatus.MESSAGE_ILLEGAL:

@@ -497,13 +497,7 @@ class Supervisor:
             handle = self.workers.get(role)
             if handle is not None and handle.process is not None:
                 clean &= self._stop_worker(handle)
-        readable = t.get(
-            layout.FLUSHED_POSITION
-            if self.config.flush_disk_type is FlushDiskType.SYNC_FLUSH
-            else layout.COMMITTED_POSITION
-            if self.workers.get("committer")
-            else layout.WROTE_POSITION
-        )
+        readable = t.readable_end()
         caught_up = t.get(layout.REPUT_FROM_OFFSET) >= readable and t.get(layout.FLUSHED_POSITION) >= readable
         if not caught_up:
             log.warning("dispatch or flush did not catch up; keeping abort for recovery next start")

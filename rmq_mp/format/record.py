@@ -59,21 +59,67 @@ MESSAGE_MAGIC_CODE_V2 = -626843477  # 0xDAA320AB, RocketMQ 5.x, read only
 BLANK_MAGIC_CODE = -875286124  # 0xCBD43194
 END_FILE_MIN_BLANK_LENGTH = 8
 
-POS_TOTAL_SIZE = 0
-POS_MAGIC = 4
-POS_BODY_CRC = 8
-POS_QUEUE_ID = 12
-POS_FLAG = 16
-POS_QUEUE_OFFSET = 20
-POS_PHY_OFFSET = 28
-POS_SYS_FLAG = 36
-POS_BORN_TIMESTAMP = 40
-POS_BORN_HOST = 48
+
+def fixed_fields(born_v6: bool, store_v6: bool) -> tuple[tuple[str, str], ...]:
+    """The layout table: every fixed field of a record, TOTALSIZE to BODYLEN, in order, as
+    (name, big-endian `struct` code); the hosts' ip is 4 or 16 bytes. The one definition of
+    where a field lies: the encoder's `fixed_struct`, the per-record decoder, the column
+    locator (`record_columns`) and the POS_ constants below are all computed from it."""
+    return (
+        ("TOTALSIZE", "i"),
+        ("MAGICCODE", "i"),
+        ("BODYCRC", "i"),
+        ("QUEUEID", "i"),
+        ("FLAG", "i"),
+        ("QUEUEOFFSET", "q"),
+        ("PHYSICALOFFSET", "q"),
+        ("SYSFLAG", "i"),
+        ("BORNTIMESTAMP", "q"),
+        ("BORNHOST", "16s" if born_v6 else "4s"),
+        ("BORNPORT", "i"),
+        ("STORETIMESTAMP", "q"),
+        ("STOREHOST", "16s" if store_v6 else "4s"),
+        ("STOREPORT", "i"),
+        ("RECONSUMETIMES", "i"),
+        ("PREPAREDTRANSACTIONOFFSET", "q"),
+        ("BODYLEN", "i"),
+    )
+
+
+@functools.lru_cache(maxsize=4)
+def field_offsets(born_v6: bool, store_v6: bool) -> dict[str, int]:
+    """Each fixed field's offset in a record of this host layout, and BODY's (the fixed part's
+    size), from `fixed_fields`."""
+    offsets: dict[str, int] = {}
+    position = 0
+    for name, code in fixed_fields(born_v6, store_v6):
+        offsets[name] = position
+        position += struct.calcsize(">" + code)
+    offsets["BODY"] = position
+    return offsets
+
+
+HOST_LAYOUTS = ((False, False), (False, True), (True, False), (True, True))
+"""(born host IPv6, store host IPv6): SYSFLAG bits 0x10 and 0x20 choose a record's layout."""
+
+_V4 = field_offsets(False, False)
+POS_TOTAL_SIZE = _V4["TOTALSIZE"]
+POS_MAGIC = _V4["MAGICCODE"]
+POS_BODY_CRC = _V4["BODYCRC"]
+POS_QUEUE_ID = _V4["QUEUEID"]
+POS_FLAG = _V4["FLAG"]
+POS_QUEUE_OFFSET = _V4["QUEUEOFFSET"]
+POS_PHY_OFFSET = _V4["PHYSICALOFFSET"]
+POS_SYS_FLAG = _V4["SYSFLAG"]
+POS_BORN_TIMESTAMP = _V4["BORNTIMESTAMP"]
+POS_BORN_HOST = _V4["BORNHOST"]
+"""Fields up to BORNHOST lie at these offsets in every layout; later ones depend on the hosts."""
 
 MAX_PROPERTIES_BYTES = 32767
 RECORD_SIZE_SLACK = 64 * 1024  # total record may exceed maxMessageSize by this much
 
-_HEAD = struct.Struct(">iiiiiqqiq")  # TOTALSIZE .. BORNTIMESTAMP, 48 bytes
+_HEAD = struct.Struct(">" + "".join(code for _name, code in fixed_fields(False, False)[:9]))
+"""TOTALSIZE .. BORNTIMESTAMP, 48 bytes: the part of every layout before the hosts."""
 _INT = struct.Struct(">i")
 _LONG = struct.Struct(">q")
 _SHORT = struct.Struct(">h")
@@ -92,37 +138,25 @@ def host_length(v6: bool) -> int:
 
 def store_timestamp_position(sys_flag: int) -> int:
     """`CommitLog.pickupStoreTimestamp`'s position: after the born host."""
-    return POS_BORN_HOST + host_length(bool(sys_flag & m.BORNHOST_V6_FLAG))
+    return field_offsets(bool(sys_flag & m.BORNHOST_V6_FLAG), False)["STORETIMESTAMP"]
+
+
+_FIXED_BYTES = {
+    (m.BORNHOST_V6_FLAG if born_v6 else 0) | (m.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0): field_offsets(
+        born_v6, store_v6
+    )["BODY"]
+    for born_v6, store_v6 in HOST_LAYOUTS
+}
+"""TOTALSIZE to BODYLEN, by SYSFLAG's host bits: 88, 100 or 112 bytes."""
 
 
 def calc_msg_length(
     sys_flag: int, body_length: int, topic_length: int, properties_length: int, *, v2: bool = False
 ) -> int:
-    """`CommitLog.calMsgLength` (v2 has a 2-byte topic length)."""
-    born = host_length(bool(sys_flag & m.BORNHOST_V6_FLAG))
-    store = host_length(bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG))
-    return (
-        4
-        + 4
-        + 4
-        + 4
-        + 4
-        + 8
-        + 8
-        + 4
-        + 8
-        + born
-        + 8
-        + store
-        + 4
-        + 8
-        + 4
-        + max(body_length, 0)
-        + (2 if v2 else 1)
-        + topic_length
-        + 2
-        + max(properties_length, 0)
-    )
+    """`CommitLog.calMsgLength` (v2 has a 2-byte topic length): the fixed fields of the layout
+    table, then BODY, TOPICLEN + TOPIC and PROPLEN + PROPERTIES."""
+    fixed = _FIXED_BYTES[sys_flag & (m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)]
+    return fixed + max(body_length, 0) + (2 if v2 else 1) + topic_length + 2 + max(properties_length, 0)
 
 
 def parse_delay_levels(text: str) -> list[int]:
@@ -215,7 +249,7 @@ class RecordRejected(Exception):
 def fixed_struct(born_v6: bool, store_v6: bool) -> struct.Struct:
     """Every fixed field of a record, TOTALSIZE to BODYLEN, as one format: 88 bytes with IPv4
     hosts, 100 or 112 with IPv6 ones."""
-    return struct.Struct(f">iiiiiqqiq{16 if born_v6 else 4}siq{16 if store_v6 else 4}siiqi")
+    return struct.Struct(">" + "".join(code for _name, code in fixed_fields(born_v6, store_v6)))
 
 
 class RecordEncoder:

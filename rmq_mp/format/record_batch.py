@@ -9,9 +9,10 @@ scan (bench/NOTES.md has the measurements behind each step):
 
 1. walks the TOTALSIZE chain: a run of records of equal size is guessed from two equal heads
    and verified with numpy; other records are stepped one at a time;
-2. gathers the first 112 bytes of every record in one copy (an overlapping zero-copy view of
-   the segment, indexed by the record positions; overlapping dtype fields cover every host
-   layout), and the record's tail (topic length, topic, properties length, properties) in a
+2. locates the fixed fields of every record with `record_columns.RecordColumns` (the core the
+   Spark source shares: the first 112 bytes of every record in one copy, an overlapping
+   zero-copy view of the segment indexed by the record positions, whose overlapping dtype fields
+   cover every host layout of record.py's table), and gathers the record's tail (topic length, topic, properties length, properties) in a
    second; checks the lengths as `calMsgLength` does, and with ``check_crc`` the body CRC
    (zlib over a slice of the map, no copy);
 3. reads the properties of all records at once as `string_to_properties` would: chunks
@@ -45,26 +46,12 @@ import numpy as np
 from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.format.record import DispatchRequest
-
-_HEAD_DTYPE = np.dtype(
-    {
-        "names": [
-            "total", "magic", "crc", "queue_id", "flag", "queue_offset", "phy_offset", "sys_flag",
-            "store_ts_b4", "store_ts_b6", "body_len_44", "body_len_46", "body_len_66",
-        ],
-        "formats": [">i4", ">i4", ">i4", ">i4", ">i4", ">i8", ">i8", ">i4", ">i8", ">i8", ">i4", ">i4", ">i4"],
-        "offsets": [0, 4, 8, 12, 16, 20, 28, 36, 56, 68, 84, 96, 108],
-        "itemsize": 112,
-    }
-)  # fmt: skip
-"""The first 112 bytes of a record, every field dispatch needs for each host layout (record.py's
-table): STORETIMESTAMP after an IPv4 (b4) or IPv6 (b6) born host, BODYLEN after two IPv4 hosts
-(44), one of each (46) or two IPv6 (66). Overlapping fields: one gather reads them all."""
+from rmq_mp.format.record_columns import HEAD_BYTES, RecordColumns
+from rmq_mp.format.record_columns import gather as _gather
+from rmq_mp.format.record_columns import gather_rows as _gather_rows
 
 _U4 = np.dtype("<u4")
 _U8 = np.dtype("<u8")
-_V4_OVERHEAD = 91
-"""`calMsgLength` with empty body, topic and properties and IPv4 hosts; each IPv6 host adds 12."""
 _NAME_CODES = {
     name: int.from_bytes(name.encode(), "little")
     for name in (m.PROPERTY_TAGS, m.PROPERTY_KEYS, m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
@@ -235,32 +222,6 @@ def distinct(values: np.ndarray) -> list[int]:
     return [low] if low == high else np.unique(values).tolist()
 
 
-# ----------------------------------------------------------------------------------- views
-
-
-def _windows(view: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """Every byte of ``view`` as the start of one ``dtype`` item (an overlapping, zero-copy
-    view): indexing it with record positions gathers a field of many records in one copy."""
-    count = len(view) - dtype.itemsize + 1
-    if count <= 0:
-        return np.zeros(0, dtype=dtype)
-    return np.ndarray((count,), dtype=dtype, buffer=view, strides=(1,))
-
-
-def _gather(view: np.ndarray, positions: np.ndarray, dtype: np.dtype[Any]) -> np.ndarray:
-    """One ``dtype`` item at each position. Gathered as opaque bytes, then viewed: numpy
-    indexes a structured dtype field by field (about 12x slower, measured)."""
-    raw = _windows(view, np.dtype((np.void, dtype.itemsize)))[positions]
-    return raw.view(dtype)
-
-
-def _gather_rows(view: np.ndarray, positions: np.ndarray, width: int) -> np.ndarray:
-    """``width`` bytes at each position, as an (n, width) uint8 array."""
-    if width == 0:
-        return np.zeros((len(positions), 0), dtype=np.uint8)
-    return _gather(view, positions, np.dtype((np.void, width))).view(np.uint8).reshape(-1, width)
-
-
 # ----------------------------------------------------------------------------------- scan
 
 
@@ -407,24 +368,18 @@ class _Decoder:
         if n == 0:
             return RecordBatch.empty(), self.walk.stop, self.walk.tail
         view = self.view
-        inside = starts + _HEAD_DTYPE.itemsize <= len(view)
-        if len(view) < _HEAD_DTYPE.itemsize:  # too short for a gather: read zeros, decode one by one
-            view = np.concatenate((view, np.zeros(_HEAD_DTYPE.itemsize, dtype=np.uint8)))
-        head = _gather(view, np.where(inside, starts, 0), _HEAD_DTYPE)
-        total = head["total"].astype(np.int64)
-        sys_flag = head["sys_flag"].astype(np.int64)
-        born_v6 = (sys_flag & m.BORNHOST_V6_FLAG) != 0
-        store_v6 = (sys_flag & m.STOREHOSTADDRESS_V6_FLAG) != 0
-        store_ts = np.where(born_v6, head["store_ts_b6"], head["store_ts_b4"]).astype(np.int64)
-        body_len = np.choose(
-            born_v6.astype(np.int64) + store_v6,
-            [head["body_len_44"], head["body_len_46"], head["body_len_66"]],
-        ).astype(np.int64)
-        host_bytes = 16 + 12 * (born_v6.astype(np.int64) + store_v6)
-        fixed = _V4_OVERHEAD - 16 + host_bytes  # calMsgLength with empty body, topic, properties
+        if len(view) < HEAD_BYTES:  # too short for a gather: decode one by one
+            view = np.concatenate((view, np.zeros(HEAD_BYTES, dtype=np.uint8)))
+        cols = RecordColumns(view, starts)  # a head not wholly inside goes one by one (~ok)
+        total = cols.field("TOTALSIZE")
+        sys_flag = cols.sys_flag
+        store_ts = cols.field("STORETIMESTAMP")
+        body_len = cols.field("BODYLEN")
+        body_offset = cols.offset("BODY")
+        fixed = body_offset + 3  # calMsgLength with empty body, topic and properties
         ends = starts + total
-        ok = inside & ~self.slow & (total >= fixed) & (body_len >= 0)
-        tail_len = np.where(ok, total - fixed + 3 - body_len, 3)  # 1 + topic + 2 + properties
+        ok = cols.inside & ~self.slow & (total >= fixed) & (body_len >= 0)
+        tail_len = np.where(ok, total - body_offset - body_len, 3)  # 1 + topic + 2 + properties
         ok &= tail_len >= 3
         width = min(int(tail_len[ok].max()) if ok.any() else 3, MAX_TAIL_BYTES)
         ok &= (tail_len <= width) & (ends - width >= 0)
@@ -438,13 +393,12 @@ class _Decoder:
         props_len = (tail[rows, props_len_col].astype(np.int64) << 8) | tail[rows, props_len_col + 1]
         ok &= props_len == tail_len - 3 - topic_len  # total == calMsgLength, PROPLEN >= 0
         if self.check_crc:
-            body_start = starts + 72 + host_bytes
-            ok &= self._crc_ok(ok, body_start, body_len, head["crc"])
+            ok &= self._crc_ok(ok, starts + body_offset, body_len, cols.raw("BODYCRC"))
         self.slow |= ~ok
         self.tail, self.tail_len, self.topic_len = tail, tail_len, topic_len
         self._topics(np.flatnonzero(ok))
         self._properties(np.flatnonzero(~self.slow))
-        return self._finish(file_from_offset, head, total, sys_flag, store_ts)
+        return self._finish(file_from_offset, cols, total, sys_flag, store_ts)
 
     def _crc_ok(
         self, ok: np.ndarray, body_start: np.ndarray, body_len: np.ndarray, stored: np.ndarray
@@ -648,15 +602,15 @@ class _Decoder:
     def _finish(
         self,
         file_from_offset: int,
-        head: np.ndarray,
+        cols: RecordColumns,
         total: np.ndarray,
         sys_flag: np.ndarray,
         store_ts: np.ndarray,
     ) -> tuple[RecordBatch, int, DispatchRequest | None]:
         """Read the loose and slow rows in order, stopping at the first invalid record."""
         starts = self.walk.starts
-        queue_id = head["queue_id"].astype(np.int64)
-        queue_offset = head["queue_offset"].astype(np.int64)
+        queue_id = cols.field("QUEUEID")
+        queue_offset = cols.field("QUEUEOFFSET")
         ends_in_nul = np.zeros(self.n, dtype=bool)
         cut = self.n
         tail = self.walk.tail

@@ -35,7 +35,13 @@ class SendResult:
 
     @property
     def ok(self) -> bool:
-        return self.status is PutMessageStatus.PUT_OK
+        """`PutMessageStatus.ok`: PUT_OK (under SYNC_FLUSH: flushed)."""
+        return self.status is _PUT_OK
+
+    @property
+    def stored(self) -> bool:
+        """`PutMessageStatus.stored`: in the log, maybe not flushed (FLUSH_DISK_TIMEOUT...)."""
+        return self.status.stored
 
     @property
     def msg_id(self) -> str:
@@ -70,11 +76,11 @@ class SendBatchResult(Sequence[SendResult]):
             index += run.count
         self._count = index
         self.failures = failures
-        """Messages not stored PUT_OK."""
+        """Messages not ok (not PUT_OK; some of them may be `stored`)."""
 
     @property
     def ok(self) -> bool:
-        """Every message was stored (and, under SYNC_FLUSH, flushed)."""
+        """Every message is ok (`PutMessageStatus.ok`: PUT_OK; under SYNC_FLUSH, flushed)."""
         return self.failures == 0
 
     def __len__(self) -> int:

@@ -3,9 +3,9 @@
 Why column-wise: Spark's Python data sources are 4-5x faster when `read()` yields
 `pyarrow.RecordBatch` instead of tuples (measured on PySpark 4.3 before this source was built), and a per-record Python
 decode (`record.decode_message`) would cap a read at about 100k rows/s per core. Here every field
-of every record in a batch is located with numpy index arithmetic, following the layout in
-`rmq_mp/format/record.py` (v1 and v2 magic, IPv4 and IPv6 hosts chosen per record by SYSFLAG), and
-the variable-length fields (body, topic, properties, hosts, msgId) become Arrow arrays built
+of every record in a batch is located column-wise by `record_columns.RecordColumns`, the core
+the dispatch decoder shares (one gather of the fixed fields, the layout from `record.fixed_fields`,
+IPv4 and IPv6 hosts chosen per record by SYSFLAG; v1 and v2 magic), and the variable-length fields (body, topic, properties, hosts, msgId) become Arrow arrays built
 straight from gathered bytes and offsets. Properties are split with the rules of RocketMQ's
 `string2messageProperties` (a chunk needs a non-empty name and value), keys with `split_keys`.
 
@@ -23,6 +23,7 @@ import pyarrow.compute as pc
 from rmq_mp.errors import CorruptRecordError
 from rmq_mp.format import message as m
 from rmq_mp.format import record
+from rmq_mp.format.record_columns import RecordColumns
 
 SCHEMA_DDL = (
     "topic string, queue_id int, queue_offset long, commit_log_offset long, msg_id string, "
@@ -164,26 +165,17 @@ def servable_rows(
         return _be(buf, np.clip(pos, 0, last), width)
 
     end = starts + size
-    magic = at(starts + record.POS_MAGIC, 4)
-    sys_flag = at(starts + record.POS_SYS_FLAG, 4)
+    cols = RecordColumns(buf, starts)  # heads stay inside ``buf``'s zero padding
+    magic = cols.field("MAGICCODE")
     ok = (
         ((magic == record.MESSAGE_MAGIC_CODE) | (magic == record.MESSAGE_MAGIC_CODE_V2))
-        & (at(starts, 4) == size)
-        & (at(starts + record.POS_PHY_OFFSET, 8) == phy)
-        & (at(starts + record.POS_QUEUE_ID, 4) == queue_id)
-        & (at(starts + record.POS_QUEUE_OFFSET, 8) == queue_offsets)
+        & (cols.field("TOTALSIZE") == size)
+        & (cols.field("PHYSICALOFFSET") == phy)
+        & (cols.field("QUEUEID") == queue_id)
+        & (cols.field("QUEUEOFFSET") == queue_offsets)
     )
-    body_pos = (
-        starts
-        + record.POS_BORN_HOST
-        + np.where(sys_flag & m.BORNHOST_V6_FLAG, 20, 8)
-        + 8
-        + np.where(sys_flag & m.STOREHOSTADDRESS_V6_FLAG, 20, 8)
-        + 4
-        + 8
-        + 4
-    )
-    body_len = at(body_pos - 4, 4)
+    body_pos = cols.position("BODY")
+    body_len = cols.field("BODYLEN")
     v2 = magic == record.MESSAGE_MAGIC_CODE_V2
     ok &= (body_len >= 0) & (body_pos + body_len + np.where(v2, 4, 3) <= end)
     topic_len_pos = np.where(ok, body_pos + body_len, starts)
@@ -209,7 +201,7 @@ def servable_rows(
         dtype=np.int64,
         count=len(rows),
     )
-    ok[rows] &= (crcs & 0x7FFFFFFF) == at(starts[rows] + record.POS_BODY_CRC, 4)
+    ok[rows] &= (crcs & 0x7FFFFFFF) == cols.field("BODYCRC")[rows]
     return ok
 
 
@@ -230,21 +222,18 @@ def decode_batch(
     """
     n = len(starts)
     starts = starts.astype(np.int64)
-    total = _be(buf, starts, 4)
-    magic = _be(buf, starts + record.POS_MAGIC, 4)
-    queue_id = _be(buf, starts + record.POS_QUEUE_ID, 4)
-    queue_offset = _be(buf, starts + record.POS_QUEUE_OFFSET, 8)
-    phy = _be(buf, starts + record.POS_PHY_OFFSET, 8)
-    sys_flag = _be(buf, starts + record.POS_SYS_FLAG, 4)
-    born_ts = _be(buf, starts + record.POS_BORN_TIMESTAMP, 8)
-    born_ip_len = np.where(sys_flag & m.BORNHOST_V6_FLAG, 16, 4)
-    store_ip_len = np.where(sys_flag & m.STOREHOSTADDRESS_V6_FLAG, 16, 4)
-    born_ip_pos = starts + record.POS_BORN_HOST
-    store_ts_pos = born_ip_pos + born_ip_len + 4
-    store_ip_pos = store_ts_pos + 8
-    reconsume_pos = store_ip_pos + store_ip_len + 4
-    body_len_pos = reconsume_pos + 12
-    body_pos = body_len_pos + 4
+    cols = RecordColumns(buf, starts)
+    total = cols.field("TOTALSIZE")
+    magic = cols.field("MAGICCODE")
+    queue_id = cols.field("QUEUEID")
+    queue_offset = cols.field("QUEUEOFFSET")
+    phy = cols.field("PHYSICALOFFSET")
+    sys_flag = cols.sys_flag
+    born_ip_len = cols.ip_length("BORNHOST")
+    store_ip_len = cols.ip_length("STOREHOST")
+    born_ip_pos = cols.position("BORNHOST")
+    store_ip_pos = cols.position("STOREHOST")
+    body_pos = cols.position("BODY")
     end = starts + total
 
     known = (magic == record.MESSAGE_MAGIC_CODE) | (magic == record.MESSAGE_MAGIC_CODE_V2)
@@ -254,10 +243,8 @@ def decode_batch(
     if expected_phy is not None:
         bad |= phy != expected_phy
     _raise_first(bad, phy if expected_phy is None else expected_phy, "not a record that matches its entry")
-    store_ts = _be(buf, store_ts_pos, 8)
-    reconsume = _be(buf, reconsume_pos, 4)
-    body_len = _be(buf, body_len_pos, 4)
-    topic_len_pos = body_pos + body_len
+    body_len = cols.field("BODYLEN")
+    topic_len_pos = cols.tail_position(body_len)
     v2 = magic == record.MESSAGE_MAGIC_CODE_V2
     _raise_first(
         (body_len < 0) | (topic_len_pos + np.where(v2, 4, 3) > end), phy, "BODYLEN does not fit in the record"
@@ -277,7 +264,7 @@ def decode_batch(
     tags = pc.map_lookup(properties, m.PROPERTY_TAGS, "last")
     keys = _keys(pc.map_lookup(properties, m.PROPERTY_KEYS, "last"))
     # msgId: hex of store ip, store port and PHYSICALOFFSET (`createMessageId`).
-    id_starts = np.stack([store_ip_pos, starts + record.POS_PHY_OFFSET], axis=1).reshape(-1)
+    id_starts = np.stack([store_ip_pos, cols.position("PHYSICALOFFSET")], axis=1).reshape(-1)
     id_lengths = np.stack([store_ip_len + 4, np.full(n, 8)], axis=1).reshape(-1)
     id_bytes, id_offsets = gather(buf, id_starts, id_lengths)
     msg_id = _binary(_HEX[id_bytes].view(np.uint8), id_offsets[::2] * 2, pa.string())
@@ -291,12 +278,12 @@ def decode_batch(
         keys,
         body,
         properties if include_properties else pa.nulls(n, ARROW_SCHEMA.field("properties").type),
-        pa.array(born_ts * 1000, pa.int64()).cast(_TS),
-        pa.array(store_ts * 1000, pa.int64()).cast(_TS),
+        pa.array(cols.field("BORNTIMESTAMP") * 1000, pa.int64()).cast(_TS),
+        pa.array(cols.field("STORETIMESTAMP") * 1000, pa.int64()).cast(_TS),
         _hosts(buf, born_ip_pos, born_ip_len),
         _hosts(buf, store_ip_pos, store_ip_len),
         pa.array(sys_flag, pa.int32()),
-        pa.array(reconsume, pa.int32()),
+        pa.array(cols.field("RECONSUMETIMES"), pa.int32()),
         pa.array(np.full(n, broker, dtype=object), pa.string()),
     ]
     return pa.RecordBatch.from_arrays(columns, schema=ARROW_SCHEMA)

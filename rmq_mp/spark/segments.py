@@ -330,6 +330,5 @@ def stats_segment(seg: Segment, topics: frozenset[str] | None) -> SegmentStats:
 
 
 def _body_len_position(sys_flag: int) -> int:
-    born = record.host_length(bool(sys_flag & m.BORNHOST_V6_FLAG))
-    store = record.host_length(bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG))
-    return record.POS_BORN_HOST + born + 8 + store + 4 + 8
+    born_v6, store_v6 = bool(sys_flag & m.BORNHOST_V6_FLAG), bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG)
+    return record.field_offsets(born_v6, store_v6)["BODYLEN"]

@@ -179,12 +179,8 @@ class RunningStore:
         return self.shm.table.get(layout.POOL_SIZE) > 0
 
     def readable_end(self) -> int:
-        """How far readers may go: flushed under SYNC_FLUSH (RocketMQ 5.3, #8239), committed with
-        the pool, else written."""
-        t = self.shm.table
-        if self.sync_flush:
-            return t.get(layout.FLUSHED_POSITION)
-        return t.get(layout.COMMITTED_POSITION if self.pool_enabled else layout.WROTE_POSITION)
+        """How far readers may go: `PointerTable.readable_end`, the one rule."""
+        return self.shm.table.readable_end()
 
     def sync_log(self, readable_end: int | None = None, *, keep_from: int = -1) -> int:
         """Map the readable commit log; returns its end. ``keep_from``: a consumer's hold, which

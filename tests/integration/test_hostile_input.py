@@ -575,4 +575,4 @@ def test_a_bool_flag_or_queue_id_is_a_type_error_for_put_message(tmp_path: Path)
             with pytest.raises(InvalidArgumentTypeError, match="not bool"):
                 store.put_message(m.Message(topic="T", body=b"x", **fields))  # type: ignore[arg-type]
         assert store.max_phy_offset() == 0
-        assert store.put_message(m.Message(topic="T", body=b"x", flag=np.int32(3))).is_ok  # type: ignore[arg-type]
+        assert store.put_message(m.Message(topic="T", body=b"x", flag=np.int32(3))).ok  # type: ignore[arg-type]

@@ -67,7 +67,7 @@ def write_store(config: MessageStoreConfig) -> list[Written]:
                 topic=TOPIC, body=body, properties={"KEYS": key, "TAGS": "TagA"}, queue_id=i % QUEUES
             )
             r = store.put_message(message)
-            assert r.is_ok, r
+            assert r.ok, r
             written.append(
                 Written(i % QUEUES, r.queue_offset, r.phy_offset, r.wrote_bytes, body, key, r.msg_id)
             )

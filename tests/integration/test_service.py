@@ -332,6 +332,15 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
             stuck = producer.send("S", b"not durable yet", queue_id=0)
             assert stuck.status is PutMessageStatus.FLUSH_DISK_TIMEOUT
             assert 0.6 <= time.monotonic() - started < 5
+            assert stuck.stored, "in the log, not flushed: stored"
+            assert not stuck.ok, "only PUT_OK is ok"
+            stuck_batch = producer.send_batch(
+                [{"topic": "S", "body": b"batch not durable yet", "queue_id": 0}]
+            )
+            assert not stuck_batch.ok
+            assert stuck_batch.failures == 1
+            assert stuck_batch[0].status is PutMessageStatus.FLUSH_DISK_TIMEOUT
+            assert stuck_batch[0].stored
             flushed = service.read(layout.FLUSHED_POSITION)
             assert stuck.commit_log_offset >= flushed
             worker_passes(service, "reput")  # reput looked at the log after the record was written
@@ -342,9 +351,10 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
         finally:
             flusher.resume()
         assert producer.send("S", b"after resume", queue_id=0).status is PutMessageStatus.PUT_OK
-        wait_until(lambda: len(consumer.pull("S", 0, 200, 10, timeout_s=1).messages) == 2, 20, "both visible")
+        wait_until(lambda: len(consumer.pull("S", 0, 200, 10, timeout_s=1).messages) == 3, 20, "all visible")
         assert [m.body for m in consumer.pull("S", 0, 200, 10).messages] == [
             b"not durable yet",
+            b"batch not durable yet",
             b"after resume",
         ]
 

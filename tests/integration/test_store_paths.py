@@ -51,7 +51,7 @@ def template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with MessageStore.open(config=config) as store:
         for i in range(20):
             message = m.Message(topic="T", body=b"x" * 100, queue_id=i % 2, properties={"KEYS": f"k{i}"})
-            assert store.put_message(message).is_ok
+            assert store.put_message(message).ok
     offsets = ConsumerOffsetManager(root / "config" / "consumerOffset.json")
     offsets.commit_offset("g", "T", 0, 3)
     offsets.persist()

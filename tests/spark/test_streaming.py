@@ -94,7 +94,7 @@ def _library_store(root: Path) -> MessageStoreConfig:
 def _put(config: MessageStoreConfig, first: int, count: int) -> None:
     with MessageStore.open(config=config) as store:
         for i in range(first, first + count):
-            assert store.put_message(Message(topic="T", body=b"x" * 200 + str(i).encode())).is_ok
+            assert store.put_message(Message(topic="T", body=b"x" * 200 + str(i).encode())).ok
 
 
 def test_offsets_deleted_before_they_were_read_fail_the_query_or_are_skipped(spark, tmp_path: Path) -> None:
