@@ -150,6 +150,8 @@ class ReputService(ServiceLoop):
         """Queue-table slots of SCHEDULE_TOPIC_XXXX queues: a dispatch to one wakes the scheduler."""
         self.schedule_slots_seen = -1
         """The queue table's fill when `schedule_slots` was last looked up."""
+        self.last_pass_records = 0
+        """Records the last pass dispatched: only a pass that did work paces the next."""
         self.record_bytes = 1 << 30
         """Mean record size (with any BLANK) of the last pass: how many records a pass's bytes
         hold. Until a pass says, any pass counts as small."""
@@ -174,7 +176,9 @@ class ReputService(ServiceLoop):
         flush; the pool: at each commit): a pass costs ~0.1 ms before its first record, so one
         per flush took half a core from SYNC producers and slowed the flusher's fsync. Plain
         ASYNC_FLUSH dispatches at once: consumers' latency runs through reput."""
-        return self.store.config.reput_batch_interval_ms / 1000 if self.readable_in_bursts else 0.0
+        if not self.readable_in_bursts or not self.last_pass_records:
+            return 0.0  # a record after a quiet spell (an idle pass) is dispatched at once
+        return self.store.config.reput_batch_interval_ms / 1000
 
     def has_work(self) -> bool:
         """Records past REPUT_FROM are readable (and the last pass did not stop short of them on
@@ -503,8 +507,10 @@ class ReputService(ServiceLoop):
 
     def do_work(self) -> None:
         self.drop_deleted_files()
-        while self.dispatch() >= MAX_RECORDS_PER_PASS:
+        self.last_pass_records = self.dispatch()
+        while self.last_pass_records >= MAX_RECORDS_PER_PASS:
             self.heartbeat()
+            self.last_pass_records = self.dispatch()
         if self.quarantine:
             self.retry()
         cfg = self.store.config

@@ -120,8 +120,10 @@ class ServiceLoop:
     def _wait(self) -> bool:
         """Wait for a wakeup or the interval, in slices short enough to notice a stop request or
         a dead supervisor within half a second. False when it is time to stop."""
-        pause_s = self._pass_started + self.min_pass_interval_s() - time.monotonic()
-        if pause_s > 0:
+        resume_at = self._pass_started + self.min_pass_interval_s()
+        while (pause_s := resume_at - time.monotonic()) > 0:  # the whole pause, in stop-check slices
+            if self.stopping():
+                return False
             time.sleep(min(pause_s, STOP_CHECK_S))
         if spin_until(self.has_work, self.spin_s()):
             return not self.stopping()

@@ -370,8 +370,8 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
         Producer.attach(service.root) as producer,
         Consumer.attach(service.root, "g") as consumer,
     ):
-        # Idle: reput finished a pass that found nothing to dispatch. (Its idle passes keep
-        # coming, each at most STOP_CHECK_S of pause after the last: that bounds the wait below.)
+        # Idle: reput finished a pass that found nothing to dispatch. Only a pass that dispatched
+        # paces the next one, so the record below is dispatched at the flush's wake.
         worker_passes(service, "reput", passes=1)
         assert service.read(layout.REPUT_FROM_OFFSET) == service.read(layout.WROTE_POSITION)
         started = time.monotonic()
