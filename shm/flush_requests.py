@@ -10,9 +10,9 @@ waiting slot past its deadline is completed as timed out). Slot layout (native i
 
     off field        writer
       0 state        producer: FREE->WAITING, DONE_*->FREE; flusher: WAITING->DONE_OK/DONE_TIMEOUT
-      8 next_offset  producer (end offset of its record)
-     16 deadline_ms  producer (creation + syncFlushTimeout)
-     24 pid          producer
+      8 next_offset  producer under the put lock (end offset of its record)
+     16 deadline_ms  producer under the put lock (creation + syncFlushTimeout)
+     24 pid          producer under the put lock
 A producer that gives up (its own wait timed out) sets ABANDONED; the flusher frees it. A late
 post on a reused slot is harmless: the waiter re-checks ``state`` after every wake.
 """
@@ -23,7 +23,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from shm.slot_table import SlotTable, check_slot_layout
+from shm.layout import Lock, Role
+from shm.slot_table import SlotTable, Writers, check_slot_layout
 
 SLOT_SIZE = 32
 FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
@@ -38,10 +39,16 @@ class FlushRequestRing(SlotTable):
         "deadline_ms": DEADLINE_MS,
         "pid": PID,
     }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "state": Writers(Role.PRODUCER, Role.FLUSHER),
+        "next_offset": Writers(Role.PRODUCER, lock=Lock.PUT),
+        "deadline_ms": Writers(Role.PRODUCER, lock=Lock.PUT),
+        "pid": Writers(Role.PRODUCER, lock=Lock.PUT),
+    }
 
     def waiting(self) -> int:
         """Requests waiting for their flush now (the fill level against maxSyncFlushRequestNum)."""
         return int(np.count_nonzero(self.column(STATE) == WAITING))
 
 
-check_slot_layout("FlushRequestRing", SLOT_SIZE, FlushRequestRing.FIELDS)
+check_slot_layout("FlushRequestRing", SLOT_SIZE, FlushRequestRing.FIELDS, writers=FlushRequestRing.WRITERS)
