@@ -111,7 +111,9 @@ PUT_LOCK_SINCE_MS = _f(
 PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, F)
 LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, R)
 INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, R)
-RUNNING_FLAGS = _f("running_flags", 19, S, F, R, CL, lock=Lock.FLAGS, doc="RocketMQ RunningFlags bits")
+RUNNING_FLAGS = _f(
+    "running_flags", 19, F, CL, lock=Lock.FLAGS, doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)"
+)
 FLUSH_REQUEST_SEQ = _f("flush_request_seq", 20, P, lock=Lock.PUT, doc="next SYNC flush-request ticket")
 PUT_COUNT = _f("put_count", 21, P, lock=Lock.PUT)
 PUT_BYTES = _f("put_bytes", 22, P, lock=Lock.PUT)
@@ -158,7 +160,7 @@ CLEAN_PENDING_OFFSET = _f(
 )
 CLEAN_PENDING_SINCE_MS = _f("clean_pending_since_ms", 54, CL, doc="when that file was first made unavailable")
 MANUAL_DELETE_SEQ = _f(
-    "manual_delete_seq", 55, S, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
+    "manual_delete_seq", 55, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
 )
 MANUAL_DELETE_DONE_SEQ = _f("manual_delete_done_seq", 56, CL, doc="the last request a finished run served")
 CLEAN_CQ_MIN_PHY_OFFSET = _f(

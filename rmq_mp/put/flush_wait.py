@@ -28,6 +28,7 @@ class FlushRequests:
     def __init__(self, shm: StoreShm, table_words: memoryview, timeout_ms: int, pid: int) -> None:
         self.shm = shm
         self.ring = shm.ring
+        shm.table.words(layout.FLUSH_REQUEST_SEQ)  # the writer check for the word stores below
         self._words = table_words
         self.timeout_ms = timeout_ms
         self.pid = pid
