@@ -446,3 +446,40 @@ def test_a_role_that_is_no_producer_may_not_take_the_put_paths_words(role: Role)
         other.close()
         table.close()
         SharedSegment.unlink(name)
+
+
+SLOT_TABLES = ("queues", "groups", "ring", "waiters", "members", "schedule")
+UNCHECKED_SLOT_STORES = {"rmq_mp/put/producer.py: self._queue_words"}
+"""Stores through a slot table's read view (`SlotTable.words`) rather than `writable_words`,
+which checks the writer: the producer's queue next-offset stores, until the producer split takes
+its view from ``queues.writable_words(qo.NEXT_OFFSET)`` (issue 22). The test fails when one is
+added, and when this one goes (so the list stays true)."""
+
+
+def test_slot_table_word_stores_take_the_checked_view() -> None:
+    found = set()
+    for d in ("rmq_mp", "workers", "shm"):
+        for path in (ROOT / d).rglob("*.py"):
+            module = path.relative_to(ROOT).as_posix()
+            tree = _tree(module)
+            views = set()
+            for node in ast.walk(tree):
+                if (
+                    isinstance(node, ast.Assign)
+                    and isinstance(node.value, ast.Attribute)
+                    and node.value.attr == "words"
+                    and ast.unparse(node.value.value).split(".")[-1] in SLOT_TABLES
+                ):
+                    views |= {ast.unparse(t) for t in node.targets}
+            for node in ast.walk(tree):
+                targets = (
+                    node.targets
+                    if isinstance(node, ast.Assign)
+                    else [node.target]
+                    if isinstance(node, ast.AugAssign)
+                    else []
+                )
+                for target in targets:
+                    if isinstance(target, ast.Subscript) and ast.unparse(target.value) in views:
+                        found.add(f"{module}: {ast.unparse(target.value)}")
+    assert found == UNCHECKED_SLOT_STORES
