@@ -112,7 +112,12 @@ PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, F)
 LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, R)
 INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, R)
 RUNNING_FLAGS = _f(
-    "running_flags", 19, F, CL, lock=Lock.FLAGS, doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)"
+    "running_flags",
+    19,
+    F,
+    CL,
+    lock=Lock.FLAGS,
+    doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)",
 )
 FLUSH_REQUEST_SEQ = _f("flush_request_seq", 20, P, lock=Lock.PUT, doc="next SYNC flush-request ticket")
 PUT_COUNT = _f("put_count", 21, P, lock=Lock.PUT)
