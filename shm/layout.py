@@ -2,7 +2,9 @@
 
 The only table of shared-memory offsets for it (docs/architecture.md, "Shared memory"). Each field names its one
 writing role or the lock it is written under; `PointerTable.set` refuses any other writer, so a
-wrong writer fails loudly in tests. Readers take no lock: aligned 8-byte loads and stores are
+wrong writer fails loudly in tests, and `PointerTable.words` refuses a hot path whose declared
+stores name a field its role does not write (tests/unit/test_writers.py checks that each
+module's writes are its role's, by reading the code). Readers take no lock: aligned 8-byte loads and stores are
 single instructions on x86-64 and aarch64. The supervisor may initialise any field before the
 first worker starts (state STARTING).
 
@@ -83,7 +85,7 @@ FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
 MIN_OFFSET = _f(
     "min_offset", 7, CL, doc="first readable commit-log byte; a file being deleted is already below it"
 )
-WROTE_POSITION = _f("wrote_position", 8, P, C, lock=Lock.PUT, doc="end of appended records")
+WROTE_POSITION = _f("wrote_position", 8, P, lock=Lock.PUT, doc="end of appended records")
 COMMITTED_POSITION = _f("committed_position", 9, C, doc="end of bytes copied from pool buffers to files")
 FLUSHED_POSITION = _f(
     "flushed_position", 10, F, doc="end of bytes known durable; never advanced on a failed fsync"
@@ -95,22 +97,28 @@ ALLOCATED_UNTIL = _f(
     A,
     doc="commit-log offset below which, from the write position on, disk blocks are reserved",
 )
-LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, C, lock=Lock.PUT)
+LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, lock=Lock.PUT)
 PUT_LOCK_OWNER_PID = _f(
     "put_lock_owner_pid",
     14,
     P,
-    C,
     lock=Lock.PUT,
     doc="0 when free; with PUT_LOCK_KIND atomic, the lock word itself (`lock_owner` reads the pid)",
 )
 PUT_LOCK_SINCE_MS = _f(
-    "put_lock_since_ms", 15, P, C, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
+    "put_lock_since_ms", 15, P, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
 )
 PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, F)
 LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, R)
 INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, R)
-RUNNING_FLAGS = _f("running_flags", 19, S, F, R, CL, lock=Lock.FLAGS, doc="RocketMQ RunningFlags bits")
+RUNNING_FLAGS = _f(
+    "running_flags",
+    19,
+    F,
+    CL,
+    lock=Lock.FLAGS,
+    doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)",
+)
 FLUSH_REQUEST_SEQ = _f("flush_request_seq", 20, P, lock=Lock.PUT, doc="next SYNC flush-request ticket")
 PUT_COUNT = _f("put_count", 21, P, lock=Lock.PUT)
 PUT_BYTES = _f("put_bytes", 22, P, lock=Lock.PUT)
@@ -157,7 +165,7 @@ CLEAN_PENDING_OFFSET = _f(
 )
 CLEAN_PENDING_SINCE_MS = _f("clean_pending_since_ms", 54, CL, doc="when that file was first made unavailable")
 MANUAL_DELETE_SEQ = _f(
-    "manual_delete_seq", 55, S, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
+    "manual_delete_seq", 55, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
 )
 MANUAL_DELETE_DONE_SEQ = _f("manual_delete_done_seq", 56, CL, doc="the last request a finished run served")
 CLEAN_CQ_MIN_PHY_OFFSET = _f(
@@ -239,10 +247,13 @@ POOL_SLOTS = 32
 
 
 def pool_file_offset(buffer: int) -> Field:
-    """File start offset the pool buffer serves, -1 free. Borrowed by producers, returned by the
-    committer, both under the put lock."""
+    """File start offset the pool buffer serves, -1 free. Borrowed by a producer under the put
+    lock (a free buffer, for the file the put is starting), returned by the committer without it
+    (a buffer whose file it has wholly committed, so no put writes there any more): a producer
+    stores only into a free buffer's word and the committer only into a serving one's, so the
+    two never store the same word at once; each store is one aligned word."""
     assert 0 <= buffer < POOL_SLOTS
-    return _f(f"pool{buffer}_file_offset", POOL_BASE + buffer, P, C, lock=Lock.PUT)
+    return _f(f"pool{buffer}_file_offset", POOL_BASE + buffer, P, C)
 
 
 WORKER_BASE = 96

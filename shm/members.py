@@ -39,7 +39,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import ClassVar
 
-from shm.slot_table import H_USED, SlotTable, check_slot_layout
+from shm.layout import Lock, Role
+from shm.slot_table import H_USED, SlotTable, Writers, check_slot_layout
 
 PID, HEARTBEAT_MS, MODEL, GROUP_LENGTH, CLIENT_LENGTH, JOINED_MS = 0, 8, 16, 24, 32, 40
 GROUP_OFFSET, GROUP_BYTES = 48, 256
@@ -70,6 +71,18 @@ class MemberTable(SlotTable):
         "client_length": CLIENT_LENGTH,
         "joined_ms": JOINED_MS,
     }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "pid": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        "heartbeat_ms": Writers(Role.CONSUMER),
+        "model": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        "group_length": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        "client_length": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        "joined_ms": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+    }
+    HEADER_WRITERS: ClassVar[dict[int, Writers]] = {
+        H_HIGH_WATER: Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        H_VERSION: Writers(Role.CONSUMER, lock=Lock.FLAGS),
+    }
 
     @property
     def version(self) -> int:
@@ -78,7 +91,7 @@ class MemberTable(SlotTable):
     def bump(self) -> int:
         """Count a change (flags lock held); returns the new version."""
         version = int(self._words[H_VERSION]) + 1
-        self._words[H_VERSION] = version
+        self.set_header(H_VERSION, version)
         return version
 
     @property
@@ -103,7 +116,7 @@ class MemberTable(SlotTable):
         self.set(slot, HEARTBEAT_MS, now_ms)
         self.set(slot, PID, pid)
         if slot >= self.high_water:
-            self._words[H_HIGH_WATER] = slot + 1
+            self.set_header(H_HIGH_WATER, slot + 1)
         return self.bump()
 
     def leave(self, slot: int) -> int:
@@ -145,4 +158,6 @@ class MemberTable(SlotTable):
         ]
 
 
-check_slot_layout("MemberTable", SLOT_SIZE, MemberTable.FIELDS, tail_from=GROUP_OFFSET)
+check_slot_layout(
+    "MemberTable", SLOT_SIZE, MemberTable.FIELDS, writers=MemberTable.WRITERS, tail_from=GROUP_OFFSET
+)

@@ -34,7 +34,9 @@ import bisect
 import struct
 from dataclasses import dataclass
 
+from shm.layout import Lock, Role
 from shm.segment import SharedSegment
+from shm.slot_table import Writers
 
 MAGIC = 0x524D514D45545231  # "RMQMETR1"
 BOUNDS_US: tuple[int, ...] = (
@@ -96,11 +98,22 @@ class MetricsTotals:
     lock_hold: Histogram
 
 
-class MetricsTable:
-    """One process's view of the segment."""
+WRITERS: dict[str, Writers] = {
+    "header": Writers(Role.SUPERVISOR),
+    "owner_pid": Writers(Role.PRODUCER, lock=Lock.FLAGS),
+    "counts": Writers(Role.PRODUCER),
+}
+"""The layout's writers above: the header (magic, generation, slots), a slot's owner, and the
+rest of a slot (its counts and histograms, by its owner alone)."""
 
-    def __init__(self, segment: SharedSegment) -> None:
+
+class MetricsTable:
+    """One process's view of the segment, opened in its `Role`: `claim`, `record` and
+    `writable_words` refuse a role the layout does not name (WRITERS)."""
+
+    def __init__(self, segment: SharedSegment, role: Role) -> None:
         self.segment = segment
+        self.role = role
         self._buf = segment.mm
         self._words = segment.words
         self.slots = self._get(H_SLOTS)
@@ -112,17 +125,17 @@ class MetricsTable:
         _Q.pack_into(segment.mm, H_SLOTS, slots)
         _Q.pack_into(segment.mm, H_GENERATION, generation)
         _Q.pack_into(segment.mm, H_MAGIC, MAGIC)
-        return cls(segment)
+        return cls(segment, Role.SUPERVISOR)
 
     @classmethod
-    def attach(cls, name: str) -> MetricsTable:
+    def attach(cls, name: str, role: Role) -> MetricsTable:
         from rmq_mp.errors import ShmAttachError
 
         segment = SharedSegment.attach(name)
         if _Q.unpack_from(segment.mm, H_MAGIC)[0] != MAGIC:
             segment.close()
             raise ShmAttachError(f"{name} is not an rmq-mp metrics segment")
-        return cls(segment)
+        return cls(segment, role)
 
     @property
     def generation(self) -> int:
@@ -135,8 +148,21 @@ class MetricsTable:
         assert 0 <= slot < self.slots
         return HEADER_SIZE + slot * SLOT_SIZE
 
+    def check_writes(self, *fields: str) -> None:
+        """PermissionError for a field (a WRITERS name) this role is not declared to write."""
+        for field in fields:
+            if self.role not in WRITERS[field].roles:
+                writers = sorted(r.value for r in WRITERS[field].roles)
+                raise PermissionError(f"{self.role.value} may not write metrics {field} (writers: {writers})")
+
     @property
     def words(self) -> memoryview:
+        """The segment as native int64 words, for reading."""
+        return self._words
+
+    def writable_words(self) -> memoryview:
+        """`words` for the owner of a slot that records into it directly (the compiled core)."""
+        self.check_writes("counts")
         return self._words
 
     def slot_word(self, slot: int) -> int:
@@ -148,11 +174,13 @@ class MetricsTable:
 
     def claim(self, slot: int, pid: int) -> None:
         """Caller holds the flags lock and found the slot free or its owner dead."""
+        self.check_writes("owner_pid")
         self._words[(self._base(slot) + OWNER_PID) >> 3] = pid
 
     def record(self, slot: int, *, puts: int, failures: int, latency_us: int, lock_hold_us: int) -> None:
         """Owner only. ``lock_hold_us`` < 0 when this call never held the lock. Whole-word
-        stores (`SharedSegment.words`): every send records, and the scraper never sees a torn count."""
+        stores (`SharedSegment.words`): every send records, and the scraper never sees a torn count.
+        (The writer check is `writable_words`', which the owner's `ProducerMetrics` takes once.)"""
         w = self._words
         base = self._base(slot) >> 3
         w[base + PUTS // 8] += puts

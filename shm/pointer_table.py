@@ -67,10 +67,12 @@ class PointerTable:
         self._words[field.index] = value
 
     def words(self, *written: Field) -> memoryview:
-        """The table as native 64-bit words, for a hot path that reads many fields and writes
-        ``written``: the writer check runs here, once, instead of on every store (a
-        `set` costs about 0.3 us, a word store about 0.03 us; the put path does a dozen per
-        record). The view is the segment's; `close` releases it."""
+        """The table as native 64-bit words, for a hot path that reads many fields and stores
+        ``written``, and only those: the writer check runs here, once, instead of on every store
+        (a `set` costs about 0.3 us, a word store about 0.03 us; the put path does a dozen per
+        record). The view itself cannot refuse a store, so tests/unit/test_writers.py reads each
+        caller's code: every word it stores must be among the fields it declared here. The view
+        is the segment's; `close` releases it."""
         for field in written:
             if self.role not in field.writers:
                 raise PermissionError(f"{self.role.value} may not write {field.name}")

@@ -13,8 +13,10 @@ Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
       0  used (0/1)            producer under the put lock (written last when inserting)
       8  queue_id              producer under the put lock (before ``used``)
      16  next_queue_offset     producer under the put lock
-     24  dispatched_offset     reput: the ConsumeQueue's max offset (next to be dispatched)
-     32  min_offset            reput (and the supervisor at start): first offset still served
+     24  dispatched_offset     reput (and the supervisor at start): the ConsumeQueue's max
+                               offset (next to be dispatched)
+     32  min_offset            the cleaner, as it deletes ConsumeQueue files (and the supervisor
+                               at start): first offset still served
      40  last_store_timestamp  reput: store time of the last dispatched message
      48  key_length            producer under the put lock (before ``used``)
      56  dispatch_error        reput: 0, or why the queue is quarantined (errno > 0, or a FAULT_*
@@ -49,8 +51,9 @@ from typing import ClassVar
 import numpy as np
 
 from rmq_mp.errors import OffsetTableFullError
+from shm.layout import Lock, Role
 from shm.segment import SharedSegment
-from shm.slot_table import H_USED, HEADER_BYTES, SlotTable, check_slot_layout
+from shm.slot_table import H_USED, HEADER_BYTES, SlotTable, Writers, check_slot_layout
 
 USED, QUEUE_ID = 0, 8
 NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
@@ -91,10 +94,15 @@ class KeyedOffsetTable(SlotTable):
         cls.KEY_LENGTH = cls.FIELDS["key_length"]
         cls.KEY_OFFSET = max(cls.FIELDS.values()) + 8
         cls.KEY_BYTES = cls.SLOT_SIZE - cls.KEY_OFFSET
-        check_slot_layout(cls.__name__, cls.SLOT_SIZE, cls.FIELDS, tail_from=cls.KEY_OFFSET)
+        check_slot_layout(
+            cls.__name__, cls.SLOT_SIZE, cls.FIELDS, writers=cls.WRITERS, tail_from=cls.KEY_OFFSET
+        )
+        inserter = cls.WRITERS["used"]
+        if cls.HEADER_WRITERS.get(H_USED) != inserter:
+            raise AssertionError(f"{cls.__name__}: the entry count is written by its inserter, {inserter}")
 
-    def __init__(self, segment: SharedSegment) -> None:
-        super().__init__(segment)
+    def __init__(self, segment: SharedSegment, role: Role) -> None:
+        super().__init__(segment, role)
         self._cache: dict[tuple[str, int], int] = {}
         self._keys: dict[int, tuple[str, int]] = {}
         """Slot -> (key, queue id) decoded once: a used slot's key never changes."""
@@ -151,6 +159,7 @@ class KeyedOffsetTable(SlotTable):
             raise OffsetTableFullError(
                 f"{self.WHAT} table is full ({self.capacity:,} entries): raise {self.SETTING} in broker.conf"
             )
+        self.check_writes(-1 - H_USED)  # the directory entry and the count, stored as words below
         slot = self._home(raw, queue_id)
         while self.get(slot, USED):  # ends: used < capacity < slots
             slot = (slot + 1) % self.slots
@@ -161,7 +170,7 @@ class KeyedOffsetTable(SlotTable):
         used = self.used
         self._words[HEADER_BYTES // 8 + used] = slot  # the directory entry, before it is counted
         self.set(slot, USED, 1)  # a lock-free reader sees the key whole or not at all
-        self._words[H_USED] = used + 1
+        self.set_header(H_USED, used + 1)
         self._cache[(key, queue_id)] = slot
         return slot
 
@@ -228,6 +237,17 @@ class QueueOffsetTable(KeyedOffsetTable):
         "key_length": 48,
         "dispatch_error": DISPATCH_ERROR,
     }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "used": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        "queue_id": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        "next_queue_offset": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        "dispatched_offset": Writers(Role.REPUT, Role.SUPERVISOR),
+        "min_offset": Writers(Role.CLEANER, Role.SUPERVISOR),
+        "last_store_timestamp": Writers(Role.REPUT),
+        "key_length": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        "dispatch_error": Writers(Role.REPUT),
+    }
+    HEADER_WRITERS: ClassVar[dict[int, Writers]] = {H_USED: WRITERS["used"]}
     SETTING = "maxConsumeQueueNum"
     WHAT = "queue-offset (topic/queue)"
 
@@ -241,5 +261,13 @@ class GroupOffsetTable(KeyedOffsetTable):
         "key_length": 24,
         "owner": OWNER,
     }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "used": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
+        "queue_id": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
+        "committed_offset": Writers(Role.CONSUMER, Role.SUPERVISOR),
+        "key_length": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
+        "owner": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+    }
+    HEADER_WRITERS: ClassVar[dict[int, Writers]] = {H_USED: WRITERS["used"]}
     SETTING = "maxConsumerOffsetNum"
     WHAT = "consumer-offset (topic@group/queue)"

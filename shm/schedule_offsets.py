@@ -23,7 +23,8 @@ from __future__ import annotations
 
 from typing import ClassVar
 
-from shm.slot_table import SlotTable, check_slot_layout
+from shm.layout import Role
+from shm.slot_table import SlotTable, Writers, check_slot_layout
 
 SLOT_SIZE = 32
 OFFSET, NEXT_DUE_MS, DELIVERED, DELAY_MS = 0, 8, 16, 24
@@ -38,6 +39,12 @@ class ScheduleOffsetTable(SlotTable):
         "delivered": DELIVERED,
         "delay_ms": DELAY_MS,
     }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "offset": Writers(Role.SCHEDULER, Role.SUPERVISOR),
+        "next_due_ms": Writers(Role.SCHEDULER, Role.SUPERVISOR),
+        "delivered": Writers(Role.SCHEDULER),
+        "delay_ms": Writers(Role.SUPERVISOR),
+    }
 
     @property
     def levels(self) -> int:
@@ -45,4 +52,6 @@ class ScheduleOffsetTable(SlotTable):
         return self.capacity
 
 
-check_slot_layout("ScheduleOffsetTable", SLOT_SIZE, ScheduleOffsetTable.FIELDS)
+check_slot_layout(
+    "ScheduleOffsetTable", SLOT_SIZE, ScheduleOffsetTable.FIELDS, writers=ScheduleOffsetTable.WRITERS
+)

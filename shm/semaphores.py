@@ -198,7 +198,7 @@ class Wakeup:
         self.sem = sem
         self.table = table
         self.notified = layout.worker_field(role, "notified")
-        self._words = table.words()
+        self._words = table.words(self.notified)
         self._index = self.notified.index
 
     def wakeup(self) -> None:

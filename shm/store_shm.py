@@ -130,12 +130,12 @@ class StoreShm:
     def attach(cls, names: ShmNames, role: Role) -> StoreShm:
         table = PointerTable.attach(names.pointer_table, role)
         try:
-            queues = QueueOffsetTable.attach(names.queue_offsets)
-            ring = FlushRequestRing.attach(names.flush_requests)
-            waiters = WaiterTable.attach(names.waiters)
-            groups = GroupOffsetTable.attach(names.group_offsets)
-            members = MemberTable.attach(names.members)
-            schedule = ScheduleOffsetTable.attach(names.schedule_offsets)
+            queues = QueueOffsetTable.attach(names.queue_offsets, role)
+            ring = FlushRequestRing.attach(names.flush_requests, role)
+            waiters = WaiterTable.attach(names.waiters, role)
+            groups = GroupOffsetTable.attach(names.group_offsets, role)
+            members = MemberTable.attach(names.members, role)
+            schedule = ScheduleOffsetTable.attach(names.schedule_offsets, role)
             buffers = [SharedSegment.attach(names.pool_buffer(i)) for i in range(table.get(layout.POOL_SIZE))]
         except ShmAttachError:
             table.close()

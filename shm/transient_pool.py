@@ -4,7 +4,8 @@ Mirrors `TransientStorePool` (docs/format.md §7.5) across processes: `transient
 segments of `mappedFileSizeCommitLog` bytes, created and mlocked by the supervisor. Producers
 append into the buffer serving the current file; the committer copies committed bytes to the
 file and returns the buffer once its file is wholly committed. Which file a buffer serves is in
-the pointer table (`layout.pool_file_offset`, written under the put lock). Buffers are shared
+the pointer table (`layout.pool_file_offset`: borrowed under the put lock, returned without it,
+which that function's docstring shows safe). Buffers are shared
 memory, so they outlive a crashed supervisor, which commits what they hold before recovering.
 """
 
@@ -41,7 +42,8 @@ class TransientPool:
         return -1
 
     def give_back(self, index: int) -> None:
-        """Return a buffer whose file is wholly committed (put lock held)."""
+        """Return a buffer whose file is wholly committed (the committer, without the put lock:
+        `layout.pool_file_offset` says why none is needed)."""
         self.table.set(layout.pool_file_offset(index), FREE)
 
     def in_use(self) -> int:

@@ -14,7 +14,8 @@ Slot layout (native int64), one semaphore per slot (``ShmNames.waiter``):
 
     off field        writer
       0 pid          consumer (claims a slot whose pid is 0 or dead, under the flags lock)
-      8 waiting      consumer: 1 before blocking, 0 after; reput reads it
+      8 waiting      consumer: 1 before blocking, 0 after; reput reads it, and clears it
+                     (1 -> 0) just before it posts the slot's semaphore
      16 queue_slot   consumer: queue-offset-table slot it waits on (-1: any)
      24 offset       consumer: wakes once dispatched_offset > offset
      32 hold         consumer: lowest commit-log offset it is reading, -1 none (set before pid)
@@ -29,7 +30,8 @@ from typing import ClassVar
 
 import numpy as np
 
-from shm.slot_table import SlotTable, check_slot_layout
+from shm.layout import Lock, Role
+from shm.slot_table import SlotTable, Writers, check_slot_layout
 
 SLOT_SIZE = 40
 PID, WAITING, QUEUE_SLOT, OFFSET, HOLD = 0, 8, 16, 24, 32
@@ -44,6 +46,13 @@ class WaiterTable(SlotTable):
         "queue_slot": QUEUE_SLOT,
         "offset": OFFSET,
         "hold": HOLD,
+    }
+    WRITERS: ClassVar[dict[str, Writers]] = {
+        "pid": Writers(Role.CONSUMER, lock=Lock.FLAGS),
+        "waiting": Writers(Role.CONSUMER, Role.REPUT),
+        "queue_slot": Writers(Role.CONSUMER),
+        "offset": Writers(Role.CONSUMER),
+        "hold": Writers(Role.CONSUMER),
     }
 
     def waiting_slots(self) -> list[int]:
@@ -71,4 +80,4 @@ class WaiterTable(SlotTable):
         return [int(pids[slot]) for slot in candidates.tolist() if alive(int(pids[slot]))]
 
 
-check_slot_layout("WaiterTable", SLOT_SIZE, WaiterTable.FIELDS)
+check_slot_layout("WaiterTable", SLOT_SIZE, WaiterTable.FIELDS, writers=WaiterTable.WRITERS)

@@ -25,7 +25,6 @@ import time
 from rmq_mp.config.store_config import FlushDiskType
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE
-from shm import flush_requests as fr
 from shm import layout
 from shm.pointer_table import now_ms
 from workers.service import ServiceLoop, main
@@ -133,30 +132,15 @@ class FlusherService(ServiceLoop):
 
     def complete_requests(self) -> None:
         """Complete flushed requests, time out overdue ones (FlushDiskWatcher), free abandoned
-        ones. Only tickets after the last one answered are looked at: a request's end offset
-        grows with its ticket (both are taken under the put lock), so answering stops at the
-        first one not yet flushed, and with 8 producers that is a handful of slots, not 256."""
-        ring = self.store.shm.ring
+        ones (`FlushRequestRing.answer`, over the tickets after the last one answered), and wake
+        each completed request's waiter."""
         flushed = self.table.get(layout.FLUSHED_POSITION)
-        now = now_ms()
         last_ticket = self.table.get(layout.FLUSH_REQUEST_SEQ)
-        first = max(self.answered_through, last_ticket - ring.capacity) + 1
-        answered_through = last_ticket
-        for ticket in range(first, last_ticket + 1):
-            slot = ticket % ring.capacity
-            state = ring.get(slot, fr.STATE)
-            if state == fr.WAITING:
-                if ring.get(slot, fr.NEXT_OFFSET) <= flushed:
-                    ring.set(slot, fr.STATE, fr.DONE_OK)
-                    self.store.shm.flush_done(slot).release()
-                elif ring.get(slot, fr.DEADLINE_MS) <= now:
-                    ring.set(slot, fr.STATE, fr.DONE_TIMEOUT)
-                    self.store.shm.flush_done(slot).release()
-                else:
-                    answered_through = min(answered_through, ticket - 1)
-            elif state == fr.ABANDONED:
-                ring.set(slot, fr.STATE, fr.FREE)
-        self.answered_through = answered_through
+        self.answered_through, completed = self.store.shm.ring.answer(
+            self.answered_through, last_ticket, flushed, now_ms()
+        )
+        for slot in completed:
+            self.store.shm.flush_done(slot).release()
 
     def do_work(self) -> None:
         if self.sync:

@@ -28,38 +28,18 @@ class FlushRequests:
     def __init__(self, shm: StoreShm, table_words: memoryview, timeout_ms: int, pid: int) -> None:
         self.shm = shm
         self.ring = shm.ring
-        self._ring_words = shm.ring.words
+        shm.table.words(layout.FLUSH_REQUEST_SEQ)  # the writer check for the word stores below
         self._words = table_words
         self.timeout_ms = timeout_ms
         self.pid = pid
 
     def request(self, end_offset: int, now_ms: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full.
-
-        The ticket is published (FLUSH_REQUEST_SEQ) only after its slot says WAITING: the flusher
-        reads the sequence without the lock, and a ticket it saw before the slot was filled
-        would look answered and never be looked at again (the put then timed out). Word stores
-        (as the rest of the put path), since every SYNC put comes here under the lock."""
-        ring, w = self._ring_words, self._words
-        word = self.ring.word_index
-        capacity = self.ring.capacity
-        ticket = w[_FLUSH_SEQ]
-        for _ in range(capacity):
-            ticket += 1
-            slot = ticket % capacity
-            state = ring[word(slot, fr.STATE)]
-            # A DONE_* slot belongs to its waiter until the waiter frees it (shm/flush_requests.py);
-            # taking it earlier let that waiter's FREE overwrite the new request. Past its deadline
-            # (+1 s) its waiter has read it or given up, so it may be taken whatever it says.
-            if state == fr.FREE or (state != fr.WAITING and ring[word(slot, fr.DEADLINE_MS)] + 1000 < now_ms):
-                ring[word(slot, fr.NEXT_OFFSET)] = end_offset
-                ring[word(slot, fr.DEADLINE_MS)] = now_ms + self.timeout_ms
-                ring[word(slot, fr.PID)] = self.pid
-                ring[word(slot, fr.STATE)] = fr.WAITING
-                w[_FLUSH_SEQ] = ticket
-                return slot
-        w[_FLUSH_SEQ] = ticket
-        return -1
+        The ticket is published (FLUSH_REQUEST_SEQ) after its slot says WAITING
+        (`FlushRequestRing.take` says why)."""
+        w = self._words
+        slot, w[_FLUSH_SEQ] = self.ring.take(w[_FLUSH_SEQ], end_offset, now_ms, self.timeout_ms, self.pid)
+        return slot
 
     def failure(self, ring_slot: int) -> str:
         """Wait for a SYNC put's flush request: "" once its bytes are on disk, else why they
@@ -70,18 +50,16 @@ class FlushRequests:
 
     def wait(self, ring_slot: int) -> int:
         """Wait for a request's completion (the flusher, or its watcher, completes it); returns
-        DONE_OK or DONE_TIMEOUT, and frees the slot."""
+        DONE_OK or DONE_TIMEOUT, and frees the slot (abandons it if the flusher never answers)."""
         sem = self.shm.flush_done(ring_slot)
-        ring = self._ring_words
-        state_word = self.ring.word_index(ring_slot, fr.STATE)
+        ring = self.ring
         deadline = time.monotonic() + self.timeout_ms / 1000
         while True:
-            state = ring[state_word]
-            if state == fr.DONE_OK or state == fr.DONE_TIMEOUT:
-                ring[state_word] = fr.FREE
-                return state
+            seen = ring.collect(ring_slot)
+            if seen == fr.DONE_OK or seen == fr.DONE_TIMEOUT:
+                return seen
             remaining = deadline - time.monotonic()
             if remaining <= 0:  # the flusher is not answering (stopped, or dead)
-                ring[state_word] = fr.ABANDONED
+                ring.abandon(ring_slot, seen)
                 return fr.DONE_TIMEOUT
             acquire(sem, remaining)

@@ -19,6 +19,7 @@ from typing import Any
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.store.running_store import RunningStore
 from shm import layout, metrics
+from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.pointer_table import pid_alive
 
@@ -38,7 +39,7 @@ class PutRecorder:
         if key not in _SLOTS:
             _SLOTS[key] = _claim(store)
         claimed = _SLOTS[key]
-        self._words = claimed[0].words if claimed else None
+        self._words = claimed[0].writable_words() if claimed else None
         base = claimed[0].slot_word(claimed[1]) if claimed else 0
         self._puts = base + metrics.PUTS // 8
         self._failures = base + metrics.PUT_FAILURES // 8
@@ -86,7 +87,7 @@ class PutRecorder:
 
 def _claim(store: RunningStore) -> tuple[MetricsTable, int] | None:
     try:
-        table = MetricsTable.attach(store.names.metrics)
+        table = MetricsTable.attach(store.names.metrics, Role.PRODUCER)
     except ShmAttachError:
         return None
     try:

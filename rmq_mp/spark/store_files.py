@@ -22,6 +22,7 @@ from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.running_store import resolve_names
 from shm import queue_offsets as qo
+from shm.layout import Role
 from shm.queue_offsets import QueueOffsetTable
 from shm.store_shm import read_descriptor
 
@@ -136,7 +137,7 @@ def queue_ranges(store: StoreRef, topics: frozenset[str] | None = None) -> list[
     found: list[QueueRange] = []
     if store.shm_base is not None:
         try:
-            table = QueueOffsetTable.attach(resolve_names(store.shm_base).queue_offsets)
+            table = QueueOffsetTable.attach(resolve_names(store.shm_base).queue_offsets, Role.CONSUMER)
         except ShmAttachError as exc:
             raise StoreError(f"store {store.root} stopped while planning a read: {exc}") from exc
         try:

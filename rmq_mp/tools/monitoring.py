@@ -29,6 +29,7 @@ from rmq_mp.errors import ConfigError, ShmAttachError, StoreError
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.tools.status_report import collect_status
 from shm import layout
+from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ShmNames
 from shm.pointer_table import PointerTable, now_ms
@@ -48,7 +49,7 @@ class StoreCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         try:
             status = collect_status(self.config)
-            table = MetricsTable.attach(self.names.metrics)
+            table = MetricsTable.attach(self.names.metrics, Role.SUPERVISOR)
         except (ShmAttachError, StoreError):
             return  # the store is stopping: an empty scrape, not an error page
         try:
@@ -213,7 +214,7 @@ class OpsMonitor:
 
     def start(self) -> None:
         """Serve /metrics when ``metricsPort`` is set; the bound port goes in the pointer table."""
-        self.metrics = MetricsTable.attach(self.names.metrics)
+        self.metrics = MetricsTable.attach(self.names.metrics, Role.SUPERVISOR)
         self.long_holds = self.metrics.totals().lock_hold.over(LOCK_HELD_TOO_LONG_US)
         if not self.config.metrics_port:
             return

@@ -210,7 +210,7 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int], config: MessageStoreConfi
     """Producer histograms, consumer lag per group, recovery time, metrics port."""
     metrics: dict[str, Any] = {}
     try:
-        table = MetricsTable.attach(shm.names.metrics)
+        table = MetricsTable.attach(shm.names.metrics, Role.CONSUMER)
     except ShmAttachError:  # a store started before the segment existed
         pass
     else:

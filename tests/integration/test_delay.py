@@ -29,6 +29,7 @@ from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.store.schedule import SCHEDULE_TOPIC
 from shm import schedule_offsets as so
+from shm.layout import Role
 from shm.schedule_offsets import ScheduleOffsetTable
 from tests.service import ROOT, RunningService, running_service, wait_until
 
@@ -56,7 +57,7 @@ def _read_all(
 
 
 def _schedule_table(service: RunningService) -> ScheduleOffsetTable:
-    return ScheduleOffsetTable.attach(service.names.schedule_offsets)
+    return ScheduleOffsetTable.attach(service.names.schedule_offsets, Role.CONSUMER)  # reads it
 
 
 def test_a_delayed_send_is_stored_on_the_schedule_topic_as_rocketmq(tmp_path: Path) -> None:

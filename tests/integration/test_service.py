@@ -299,7 +299,7 @@ def test_sync_flush_request_is_waiting_before_its_ticket_is_published(tmp_path: 
                 self.words[index] = value
 
         requests = producer.flush_requests
-        requests._ring_words = Recorded("ring", requests._ring_words)  # type: ignore[assignment]
+        requests.ring._words = Recorded("ring", requests.ring._words)  # type: ignore[assignment]
         requests._words = Recorded("table", requests._words)  # type: ignore[assignment]
         state_words = {producer.ring.word_index(slot, fr.STATE) for slot in range(producer.ring.capacity)}
         for _ in range(3):

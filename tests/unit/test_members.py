@@ -12,6 +12,7 @@ from collections.abc import Iterator
 import pytest
 
 from shm import members as mb
+from shm.layout import Role
 from shm.members import MemberTable
 from shm.pointer_table import pid_alive
 from shm.segment import SharedSegment
@@ -21,9 +22,11 @@ from shm.segment import SharedSegment
 def table() -> Iterator[MemberTable]:
     name = f"/rmqtest_members_{os.getpid()}_{time.monotonic_ns()}"
     created = MemberTable.create(name, 1024)
+    member = MemberTable.attach(name, Role.CONSUMER)  # consumers write it
     try:
-        yield created
+        yield member
     finally:
+        member.close()
         created.close()
         SharedSegment.unlink(name)
 

@@ -8,6 +8,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from shm.layout import Role
 from shm.metrics import BOUNDS_US, BUCKETS, MetricsTable, bucket_of
 from shm.segment import SharedSegment
 
@@ -16,9 +17,11 @@ from shm.segment import SharedSegment
 def table() -> Iterator[MetricsTable]:
     name = f"/rmqtest_metrics_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     created = MetricsTable.create(name, generation=7, slots=4)
+    producer = MetricsTable.attach(name, Role.PRODUCER)  # producers write the slots
     try:
-        yield created
+        yield producer
     finally:
+        producer.close()
         created.close()
         SharedSegment.unlink(name)
 
@@ -32,7 +35,7 @@ def test_buckets_follow_prometheus_le() -> None:
 
 
 def test_slots_sum_and_survive_their_owner(table: MetricsTable) -> None:
-    other = MetricsTable.attach(table.segment.name)
+    other = MetricsTable.attach(table.segment.name, Role.PRODUCER)
     try:
         assert (other.generation, other.slots) == (7, 4)
         table.claim(0, 111)

@@ -27,8 +27,9 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
 from shm.flush_requests import FlushRequestRing
+from shm.layout import Role
 from shm.queue_offsets import GroupOffsetTable, KeyedOffsetTable, QueueOffsetTable
-from shm.slot_table import check_slot_layout
+from shm.slot_table import Writers, check_slot_layout
 from shm.waiters import WaiterTable
 
 _names = iter(range(1 << 30))
@@ -57,6 +58,7 @@ class KeyedTableMachine(RuleBasedStateMachine):
 
     table_class: type[KeyedOffsetTable] = QueueOffsetTable
     value_field = qo.NEXT_OFFSET
+    writer = Role.PRODUCER
 
     def __init__(self) -> None:
         super().__init__()
@@ -65,7 +67,9 @@ class KeyedTableMachine(RuleBasedStateMachine):
     @initialize(capacity=st.integers(1, 24))
     def create(self, capacity: int) -> None:
         self.owner = self.table_class.create(_segment_name("keyed"), capacity)
-        self.reader = self.table_class.attach(self.owner.segment.name)  # a second view, own caches
+        self.reader = self.table_class.attach(
+            self.owner.segment.name, self.writer
+        )  # a second view, own caches
         self.tables = [self.owner, self.reader]
         self.model: dict[tuple[str, int], int] = {}
 
@@ -127,6 +131,7 @@ class KeyedTableMachine(RuleBasedStateMachine):
 class GroupTableMachine(KeyedTableMachine):
     table_class = GroupOffsetTable
     value_field = qo.COMMITTED
+    writer = Role.CONSUMER
 
     def key(self, data: st.DataObject) -> str:
         return f"{data.draw(topics)}@{data.draw(groups)}"
@@ -145,7 +150,7 @@ TestGroupOffsetTable.settings = _SETTINGS
 
 def _read_table(name: str, kind: str, conn: mp.connection.Connection) -> None:
     table_class = GroupOffsetTable if kind == "group" else QueueOffsetTable
-    table = table_class.attach(name)
+    table = table_class.attach(name, Role.CONSUMER)
     field = qo.COMMITTED if kind == "group" else qo.NEXT_OFFSET
     try:
         conn.send((table.capacity, table.used, {(k, q): table.get(s, field) for k, q, s in table.queues()}))
@@ -244,7 +249,9 @@ class WaiterTableMachine(RuleBasedStateMachine):
 
     @initialize(capacity=st.integers(1, 12))
     def create(self, capacity: int) -> None:
-        self.table = WaiterTable.create(_segment_name("waiters"), capacity)
+        created = WaiterTable.create(_segment_name("waiters"), capacity)
+        self.table = WaiterTable.attach(created.segment.name, Role.CONSUMER)  # consumers write it
+        created.close()
         self.owners: dict[int, int] = {}  # slot -> pid
         self.alive: set[int] = set()
         self.next_pid = 100
@@ -307,12 +314,17 @@ TestWaiterTable.settings = _SETTINGS
 
 
 def test_layouts_refuse_overlapping_or_stray_fields() -> None:
+    by = {"a": Writers(Role.PRODUCER), "b": Writers(Role.REPUT)}
     with pytest.raises(AssertionError, match="overlaps"):
-        check_slot_layout("T", 32, {"a": 0, "b": 0})
+        check_slot_layout("T", 32, {"a": 0, "b": 0}, writers=by)
     with pytest.raises(AssertionError, match="aligned word inside the slot"):
-        check_slot_layout("T", 32, {"a": 28})
+        check_slot_layout("T", 32, {"a": 28}, writers={"a": by["a"]})
     with pytest.raises(AssertionError, match="overlaps the key"):
-        check_slot_layout("T", 64, {"a": 0, "b": 40}, tail_from=40)
+        check_slot_layout("T", 64, {"a": 0, "b": 40}, writers=by, tail_from=40)
+    with pytest.raises(AssertionError, match="writers declared for"):
+        check_slot_layout("T", 32, {"a": 0, "b": 8}, writers={"a": by["a"]})
+    with pytest.raises(AssertionError, match="names no writer"):
+        check_slot_layout("T", 32, {"a": 0}, writers={"a": Writers()})
     layout.check_layout()  # the real pointer table passes
     indexes = [f.index for f in layout.all_fields()]
     assert len(indexes) == len(set(indexes))
@@ -324,7 +336,7 @@ def test_every_table_records_the_capacity_it_was_created_with() -> None:
 
     for table_class, capacity in ((FlushRequestRing, 5), (WaiterTable, 7), (QueueOffsetTable, 9)):
         table = table_class.create(_segment_name("cap"), capacity)
-        other = table_class.attach(table.segment.name)
+        other = table_class.attach(table.segment.name, Role.CONSUMER)
         try:
             assert (table.capacity, other.capacity) == (capacity, capacity)
             assert table.segment.size == table_class.segment_bytes(capacity)

@@ -24,7 +24,7 @@ DURATION_S = 1.0
 
 def _raise_fields(table_name: str, ring_name: str, stop_at: float) -> None:
     table = PointerTable.attach(table_name, Role.SUPERVISOR)  # table state STARTING: any field
-    ring = FlushRequestRing.attach(ring_name)
+    ring = FlushRequestRing.attach(ring_name, Role.PRODUCER)
     value = 0
     while time.monotonic() < stop_at:
         for _ in range(1000):
