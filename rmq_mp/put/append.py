@@ -94,7 +94,7 @@ class Appender:
         """End offset the current lock hold's SYNC flush request must cover (-1: none)."""
         self._slots: dict[tuple[str, int], tuple[int, int]] = {}
         """(topic, queue id) -> (queue-offset-table slot, word of its next offset)."""
-        self._queue_words = self.queues.words
+        self._queue_words = self.queues.writable_words(qo.NEXT_OFFSET)
         self._reserved_until = 0
         """Commit-log offset below which, from the write position on, blocks are known reserved
         (ALLOCATED_UNTIL or this producer's own reservation): a put ending below it writes
