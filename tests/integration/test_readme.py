@@ -12,6 +12,7 @@ from pathlib import Path
 import psutil
 
 from shm.names import ShmNames
+from shm.store_shm import StoreShm
 from tests.service import ROOT, leftover_processes
 
 
@@ -39,10 +40,14 @@ def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
             assert result.returncode == 0, f"{command}\n{result.stdout}\n{result.stderr}"
             outputs.append(result.stdout)
     finally:
+        killed = False
         for proc in psutil.process_iter(["cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
             if names.base in cmd or (f"{tmp_path}" in cmd and "run.py" in cmd):
                 proc.kill()
+                killed = True
+        if killed or len(outputs) < len(commands) - 1:  # a command failed: what the store left
+            StoreShm.unlink_all(names)
     started, sent, consumed, progress, status, stopped = outputs
     assert f"store {tmp_path / 'store'} running as shm {names.base}," in started
     assert sent.count("PUT_OK") == 3
