@@ -72,3 +72,19 @@ def test_readme_and_docs_point_at_nothing_outside_the_repository() -> None:
             assert target.is_relative_to(ROOT), (doc.name, link)
             assert target.exists(), (doc.name, link)
         assert not re.findall(r"`\.\./[^`]*`", text), doc.name
+
+
+def test_every_source_path_the_docs_name_exists() -> None:
+    """Issue 22 moved every module into sub-packages: a README or docs/ mention of a source file
+    (`rmq_mp/store/recovery.py`) or of a module run with ``python -m`` names one that exists."""
+    missing = []
+    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "conf" / "broker.conf"]:
+        text = doc.read_text(encoding="utf-8")
+        for path in re.findall(r"\b((?:rmq_mp|workers|shm|bench|tests)/[\w/]+\.(?:py|pyi|c))\b", text):
+            if not (ROOT / path).exists():
+                missing.append(f"{doc.name}: {path}")
+        for module in re.findall(r"python3? -m ((?:rmq_mp|workers|shm|bench)(?:\.\w+)+)", text):
+            base = ROOT / module.replace(".", "/")
+            if not (base.with_suffix(".py").exists() or (base / "__main__.py").exists()):
+                missing.append(f"{doc.name}: python -m {module}")
+    assert missing == []
