@@ -1,8 +1,8 @@
 /* rmq_mp.put._core: the put path's compiled core (C against the CPython API).
  *
- * The pure-Python put path (rmq_mp/producer.py, rmq_mp/format/record.py, shm/semaphores.py) is the
- * reference; this file does the same work for the common `send` in one call, and gives the put
- * lock its atomic form. Nothing here knows a shared-memory offset: every word index, ring
+ * The pure-Python put path (rmq_mp/put/producer.py, append.py and encoding.py,
+ * rmq_mp/format/record.py, shm/put_journal.py, shm/put_lock.py) is the reference; this file
+ * does the same work for the common `send` in one call, and gives the put lock its atomic form. Nothing here knows a shared-memory offset: every word index, ring
  * layout and constant comes from Python (shm.layout, shm.flush_requests) when a `Sender` is
  * built, and `layout()` reports the record layout compiled in here so the loader can refuse a
  * core that disagrees with rmq_mp.format.record (rmq_mp/put/native.py).

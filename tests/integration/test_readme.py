@@ -75,10 +75,17 @@ def test_readme_and_docs_point_at_nothing_outside_the_repository() -> None:
 
 
 def test_every_source_path_the_docs_name_exists() -> None:
-    """Issue 22 moved every module into sub-packages: a README or docs/ mention of a source file
+    """Issue 22 moved every module into sub-packages: a README, docs/ or source mention of a file
     (`rmq_mp/store/recovery.py`) or of a module run with ``python -m`` names one that exists."""
     missing = []
-    for doc in [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")), ROOT / "conf" / "broker.conf"]:
+    sources = [ROOT / d / p for d in ("rmq_mp", "workers", "shm", "bench") for p in ("*.py", "*.c", "*.pyi")]
+    code = sorted({f for pattern in sources for f in pattern.parent.rglob(pattern.name)})
+    for doc in [
+        ROOT / "README.md",
+        *sorted((ROOT / "docs").glob("*.md")),
+        ROOT / "conf" / "broker.conf",
+        *code,
+    ]:
         text = doc.read_text(encoding="utf-8")
         for path in re.findall(r"\b((?:rmq_mp|workers|shm|bench|tests)/[\w/]+\.(?:py|pyi|c))\b", text):
             if not (ROOT / path).exists():
