@@ -1317,7 +1317,7 @@ static PyObject *Sender_set_file(Sender *s, PyObject *args) {
     long long from, size, pwrite_min;
     if (!PyArg_ParseTuple(args, "OpiLLL", &dest, &is_file, &fd, &from, &size, &pwrite_min)) return NULL;
     Py_INCREF(dest);
-    Py_SETREF(s->dest, dest);
+    Py_XSETREF(s->dest, dest); /* NULL after close */
     s->dest_is_file = is_file;
     s->fd = fd;
     s->file_from_offset = from;

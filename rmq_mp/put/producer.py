@@ -329,10 +329,12 @@ class Producer:
         return ""
 
     def close(self) -> None:
+        """Detach (again: a no-op). The compiled send goes first: it holds views of the shared
+        segments, and nothing may reach it once closed."""
         self.appender.set_file(None)
         if self._native is not None:
-            self._native.close()  # its views of the shared segments first
-            self._native = None
+            self._native.close()
+            self._native = self.appender.native = self.router.native = None
             vars(self).pop("send", None)
         self.store.close()
 
