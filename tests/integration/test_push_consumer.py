@@ -388,4 +388,7 @@ def test_push_members_in_processes_lose_nothing_across_kill_9_of_one(tmp_path: P
         # Repeated: what the dead member consumed after its last commit, and what a member's 4
         # consume threads were running when it handed a queue over at the join.
         assert repeated <= len(bodies(outs[0])) + 2 * 4
-        assert all(n <= 2 for n in seen.values())
+        # One message can be both: running on a member when its queue moved at the join, and
+        # consumed again by the dead member after its last commit (three times in all; seen in
+        # CI when member 1 joined first and handed queues 0-3 to member 0). Never more.
+        assert all(n <= 3 for n in seen.values())
