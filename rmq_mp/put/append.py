@@ -134,23 +134,18 @@ class Appender:
         mf.write_buffer = cached[1]
         slot, next_word = self._queue_slot(topic, queue_id)
         queue_offset = self._queue_words[next_word]
-        record.patch_record(
-            data,
-            0,
-            queue_offset=queue_offset,
-            phy_offset=wrote,
-            store_timestamp=store_ts,
-            sys_flag=0,  # this producer's own records: IPv4 born host
-        )
+        record.patch_record(data, 0, queue_offset, wrote, store_ts, 0)  # own records: IPv4 born host
         end = wrote + size
-        self._write_chunk(mf, data, wrote, end, slot, next_word, queue_offset, 1)
-        self._count(store_ts, 1, size)
+        w = self._words
+        journal.begin(w, wrote, end, slot, queue_offset)  # `_write_chunk` and `_count`, inlined:
+        mf.fill(wrote - mf.file_from_offset, data)  # each call is ~5% of the reference's send
+        self._queue_words[next_word] = queue_offset + 1
+        journal.commit(w, end)
+        w[_LAST_STORE_TS] = store_ts
+        w[_PUT_COUNT] += 1
+        w[_PUT_BYTES] += size
         ring_slot = self.flush_requests.request(end, store_ts) if self._sync and wait else -1
         return OnePut(queue_offset, wrote, end, ring_slot)
-
-    def has_file(self) -> bool:
-        """Whether a file is mapped for `append_one` (else every put takes the run path first)."""
-        return self._file is not None
 
     def _count(self, store_ts: int, count: int, size: int) -> None:
         """The store's put counters, after records were appended (lock held)."""

@@ -565,8 +565,6 @@ class Producer:
         refusal = self._refusal(now)
         if refusal is not None:
             return SendResult(refusal[0], queue_id, -1, -1, uniq, refusal[1], self._msg_id_prefix)
-        if not self.appender.has_file():
-            return self._put_one_as_run(topic, queue_id, data, uniq, wait, now)
         if not self.lock.acquire(LOCK_TIMEOUT_S):
             return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, self.lock.refusal)
         run = None
@@ -592,16 +590,6 @@ class Producer:
         if self._acks and wait:
             self._acknowledge_one(result, put)
         return result
-
-    def _put_one_as_run(
-        self, topic: str, queue_id: int, data: bytearray, uniq: str, wait: bool, now: int
-    ) -> SendResult:
-        run = EncodedRun(
-            topic, queue_id, data, count=1, record_size=len(data), uniq_keys=(uniq,), wait_flush=wait
-        )
-        self._put((run,), now)
-        self._acknowledge((run,))
-        return self._result_of(run)
 
     def _result_of(self, run: EncodedRun) -> SendResult:
         """The result of a one-record run."""

@@ -329,6 +329,14 @@ def stats_segment(seg: Segment, topics: frozenset[str] | None) -> SegmentStats:
     return out
 
 
+_HOST_BITS = m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG
+_BODY_LEN_POSITIONS = {
+    (m.BORNHOST_V6_FLAG if born_v6 else 0)
+    | (m.STOREHOSTADDRESS_V6_FLAG if store_v6 else 0): record.field_offsets(born_v6, store_v6)["BODYLEN"]
+    for born_v6, store_v6 in record.HOST_LAYOUTS
+}
+"""BODYLEN's offset by a record's host bits (computed once: asked per record)."""
+
+
 def _body_len_position(sys_flag: int) -> int:
-    born_v6, store_v6 = bool(sys_flag & m.BORNHOST_V6_FLAG), bool(sys_flag & m.STOREHOSTADDRESS_V6_FLAG)
-    return record.field_offsets(born_v6, store_v6)["BODYLEN"]
+    return _BODY_LEN_POSITIONS[sys_flag & _HOST_BITS]
