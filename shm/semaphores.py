@@ -183,12 +183,8 @@ class PutLock(HeldPutLock):
             self.takeover.release()
 
     def release(self) -> None:
-        assert self.held, "release of a put lock this process does not hold"
-        words = self._words  # `_hold_ends`, inlined as `_owned` is in `acquire`: every put
-        words[_OWNER] = 0
-        words[_SINCE] = 0
-        self.held = False
-        self.last_hold_ns = time.time_ns() - self._owned_ns
+        self._words[_OWNER] = 0
+        self._hold_ends()
         self.sem.release()
 
 

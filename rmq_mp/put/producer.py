@@ -172,7 +172,6 @@ class Producer:
         self._msg_id_prefix = (
             (self.encoder.store_ip + struct.pack(">i", self.encoder.store_port)).hex().upper()
         )
-        self._max_delay_level = len(self.config.delay_levels_ms)
         self._max_lag = self.config.max_dispatch_lag_bytes
         self._slave = self.config.broker_role is BrokerRole.SLAVE
         self._accepting_state = -1 if self._slave else layout.RUNNING
@@ -405,7 +404,7 @@ class Producer:
                 self.router.check(topic, queue_id)
             real_queue_id = queue_id
             if properties and (delay := properties.get(m.PROPERTY_DELAY_TIME_LEVEL)) is not None:
-                delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self._max_delay_level)
+                delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self.encoding.max_delay_level)
                 if delayed is not None:
                     topic, queue_id, text = delayed
             self.lock.last_hold_ns = -1
