@@ -15,8 +15,8 @@ out). Slot layout (native int64):
      24 pid          producer under the put lock
 
 The state machine, all of it here (one method per transition; rmq_mp/put/flush_wait.py is the
-producer's side, workers/flusher.py the flusher's, rmq_mp/put/_core.c `take_ring_slot` and
-`wait_for_flush` repeat `take`, `collect` and `abandon` in C with these constants):
+producer's side, workers/flusher.py the flusher's, rmq_mp/put/_core.c `take_ring_slot`,
+`wait_for_flush` and `give_up` repeat `take`, `collect` and `abandon` in C with these constants):
 
     FREE ---take (producer, put lock)---> WAITING
     WAITING ---complete (flusher)---> DONE_OK      its bytes are flushed
@@ -31,9 +31,12 @@ waiter's FREE overwrite the new request. Past its deadline + STALE_MS its waiter
 given up (or died), so `take` may reuse it whatever it says. Each transition asserts that it
 leaves a state the table above allows (`TRANSITIONS`): an invariant of this process's own
 logic, checked on the state this process read. Two processes may race on one slot, and the
-protocol tolerates it: a producer abandoning just as the flusher completes leaves the slot
-DONE_* with nobody to collect it (reused after STALE_MS); a late semaphore post on a reused
-slot is harmless, since a waiter re-reads ``state`` after every wake.
+protocol tolerates it. A producer abandoning just as the flusher completes: the compiled core
+abandons by compare-and-swap from WAITING, so it finds the answer instead and collects it; the
+Python reference cannot compare-and-swap and stores ABANDONED over an answer that came between
+its read and its store (a spurious FLUSH_DISK_TIMEOUT, never a false PUT_OK; the slot is reused
+after STALE_MS). A late semaphore post on a reused slot is harmless, since a waiter re-reads
+``state`` after every wake.
 """
 
 from __future__ import annotations

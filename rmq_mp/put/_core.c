@@ -413,7 +413,7 @@ static const char *const WORD_NAMES[W_COUNT] = {
 #define MAX_BOUNDS 64
 
 /* Test hook: stop this process (SIGSTOP) at a point of the put, so a test can kill -9 it there. */
-enum { PAUSE_NONE, PAUSE_LOCKED, PAUSE_JOURNALLED, PAUSE_COPIED, PAUSE_FLUSH_WAIT };
+enum { PAUSE_NONE, PAUSE_LOCKED, PAUSE_JOURNALLED, PAUSE_COPIED, PAUSE_FLUSH_WAIT, PAUSE_FLUSH_TIMED_OUT };
 static int pause_at = PAUSE_NONE;
 #define PAUSE_POINT(p) \
     do {                                      \
@@ -800,6 +800,18 @@ static int64_t take_ring_slot(Sender *s, int64_t end, int64_t now_ms) {
     return -1;
 }
 
+/* WAITING -> ABANDONED (`FlushRequestRing.abandon`), as one compare-and-swap: the flusher may
+ * complete the slot between the waiter's last read and this store, and a plain store would turn
+ * its DONE_* answer into ABANDONED. Returns the state it found: WAITING (now abandoned), a DONE_*
+ * answer (collected here, the slot freed), or another's state (the slot was reused: left as it is). */
+static int64_t give_up(Sender *s, int64_t *state) {
+    int64_t seen = s->ring_waiting;
+    if (__atomic_compare_exchange_n(state, &seen, s->ring_abandoned, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return seen;
+    if (seen == s->ring_done_ok || seen == s->ring_done_timeout) *state = s->ring_free;
+    return seen;
+}
+
 /* Wait for ring slot `slot` to be completed (GIL held on entry and exit; released while
  * sleeping). 1 DONE_OK, 0 timed out, -1 with an exception (a signal handler raised). */
 static int wait_for_flush(Sender *s, int64_t slot) {
@@ -820,8 +832,8 @@ static int wait_for_flush(Sender *s, int64_t slot) {
         }
         int64_t now = real_ns();
         if (now >= deadline) { /* the flusher is not answering (stopped, or dead) */
-            *state = s->ring_abandoned;
-            return 0;
+            PAUSE_POINT(PAUSE_FLUSH_TIMED_OUT);
+            return give_up(s, state) == s->ring_done_ok;
         }
         struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
         int rc, err = 0;
@@ -829,7 +841,7 @@ static int wait_for_flush(Sender *s, int64_t slot) {
         if (rc < 0) err = errno;
         Py_END_ALLOW_THREADS
         if (rc < 0 && err == EINTR && PyErr_CheckSignals() < 0) {
-            *state = s->ring_abandoned;
+            give_up(s, state);
             return -1;
         }
     }
@@ -1411,7 +1423,7 @@ static PyTypeObject SenderType = {
 static PyObject *py_set_pause(PyObject *self, PyObject *args) {
     int at;
     if (!PyArg_ParseTuple(args, "i", &at)) return NULL;
-    if (at < PAUSE_NONE || at > PAUSE_FLUSH_WAIT) return PyErr_Format(PyExc_ValueError, "no pause point %d", at);
+    if (at < PAUSE_NONE || at > PAUSE_FLUSH_TIMED_OUT) return PyErr_Format(PyExc_ValueError, "no pause point %d", at);
     pause_at = at;
     Py_RETURN_NONE;
 }
@@ -1428,7 +1440,7 @@ static PyMethodDef methods[] = {
     {"lock_cas", py_lock_cas, METH_VARARGS, "lock_cas(table, word_index, expected, new) -> bool"},
     {"_set_pause", py_set_pause, METH_VARARGS,
      "test hook: SIGSTOP this process at a point of the put (0 none, 1 locked, 2 journalled, 3 copied, "
-     "4 flush wait)"},
+     "4 flush wait, 5 flush wait timed out, before it abandons its slot)"},
     {NULL}};
 
 static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", "rmq-mp's compiled put path", -1, methods};

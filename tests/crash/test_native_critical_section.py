@@ -3,7 +3,7 @@
 The victim attaches, sends acknowledged messages, then arms the core's pause hook
 (`_core._set_pause`): its next `send` stops itself (SIGSTOP) at that point of the put: holding
 the lock; after the journal; after the copy, before the write position (the commit point); or,
-under SYNC_FLUSH, waiting for its flush with the lock released. The test waits until the victim
+under SYNC_FLUSH, waiting for its flush with the lock released, or with that wait timed out. The test waits until the victim
 is stopped there (psutil's process status and the shared words, never a sleep), SIGKILLs it,
 and checks: the next put takes the lock over at once (the owner's pid is in the lock word),
 undoes the half-done put from the journal, reuses its queue offset; every acknowledged message
@@ -12,6 +12,8 @@ is served and survives a restart; the lock is free afterwards, in the store's ow
 
 from __future__ import annotations
 
+import json
+import os
 import signal
 import subprocess
 import sys
@@ -25,12 +27,15 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.store.message_store import MessageStore
+from shm import flush_requests as fr
 from shm import layout
+from shm.layout import Role
+from shm.store_shm import StoreShm
 from tests.service import ROOT, RunningService, running_service, wait_until
 
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"no compiled core: {native.why_reference}")
 
-LOCKED, JOURNALLED, COPIED, FLUSH_WAIT = 1, 2, 3, 4
+LOCKED, JOURNALLED, COPIED, FLUSH_WAIT, FLUSH_TIMED_OUT = 1, 2, 3, 4, 5
 ACKED = 20
 MODES = {
     "async": {},
@@ -146,3 +151,68 @@ def test_a_producer_killed_while_waiting_for_its_flush(tmp_path: Path) -> None:
         bodies = _bodies(service)
         assert bodies[:ACKED] == acked
         assert bodies[ACKED] == b"victim" * 30, "committed before its flush wait: stored, never acknowledged"
+
+
+RACED_SEND = (
+    "import json, sys\n"
+    "from rmq_mp.put.producer import Producer\n"
+    "from rmq_mp.put import _core\n"
+    "with Producer.attach(sys.argv[1]) as p:\n"
+    "    assert p.send('K', b'warm', queue_id=0).ok and p._native is not None\n"
+    "    print('ready', flush=True)\n"
+    "    sys.stdin.readline()\n"  # the test has stopped the flusher
+    f"    _core._set_pause({FLUSH_TIMED_OUT})\n"
+    "    r = p.send('K', b'raced', queue_id=0)\n"
+    "print(json.dumps([r.status.name, r.reason]))\n"
+)
+
+
+def test_a_flush_answered_as_the_wait_times_out_is_not_abandoned(tmp_path: Path) -> None:
+    """SYNC_FLUSH: the flusher completes a request (DONE_OK) just as its waiter's own wait times
+    out. The waiter abandons only a slot still WAITING (`FlushRequestRing.abandon`; in the core a
+    compare-and-swap), so it reads the answer instead: PUT_OK, and the slot is collected (FREE),
+    not ABANDONED. The race is made exact: the flusher is stopped (SIGSTOP) so the wait times out,
+    the core stops itself after its timeout and before it gives the slot up, the real flusher is
+    resumed and completes the slot, then the waiter goes on."""
+    settings = {"flushDiskType": "SYNC_FLUSH", "syncFlushTimeout": "300"}
+    with running_service(tmp_path, **settings) as service:
+        flusher = service.worker_pid("flusher")
+        shm = StoreShm.attach(service.names, Role.CONSUMER)
+        victim = subprocess.Popen([sys.executable, "-c", RACED_SEND, service.names.base], cwd=ROOT,
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)  # fmt: skip
+        try:
+            assert victim.stdout is not None
+            assert victim.stdin is not None
+            assert victim.stdout.readline() == "ready\n"
+            os.kill(flusher, signal.SIGSTOP)
+            try:
+                victim.stdin.write("go\n")
+                victim.stdin.flush()
+                wait_until(
+                    lambda: (
+                        victim.poll() is not None
+                        or psutil.Process(victim.pid).status() == psutil.STATUS_STOPPED
+                    ),
+                    30,
+                    "the victim to stop past its flush timeout",
+                )
+                assert victim.poll() is None, f"the victim exited with {victim.returncode}"
+                ring = shm.ring
+                waiting = [s for s in range(ring.capacity) if ring.state(s) == fr.WAITING]
+                assert len(waiting) == 1, "timed out, not yet given up"
+                slot = waiting[0]
+                assert ring.get(slot, fr.PID) == victim.pid
+            finally:
+                os.kill(flusher, signal.SIGCONT)
+            wait_until(lambda: ring.state(slot) != fr.WAITING, 30, "the flusher to answer the slot")
+            assert ring.state(slot) == fr.DONE_OK, fr.STATE_NAMES[ring.state(slot)]
+            victim.send_signal(signal.SIGCONT)
+            out, _ = victim.communicate(timeout=60)
+            assert victim.returncode == 0
+            assert json.loads(out) == ["PUT_OK", ""], "the answer arrived: the waiter reads it"
+            assert ring.state(slot) == fr.FREE, fr.STATE_NAMES[ring.state(slot)]
+        finally:
+            if victim.poll() is None:
+                victim.kill()
+                victim.wait()
+            shm.close()
