@@ -171,6 +171,12 @@ class ReputService(ServiceLoop):
         take CPU from the producers and the flusher."""
         return 0.0 if self.readable_in_bursts else SPIN_S
 
+    def nice(self) -> int:
+        """`reputSyncFlushNice` under SYNC_FLUSH: a SYNC put's p99 is the flusher's cycle plus its
+        producer's turn on a CPU, and reput's passes took both (its records are readable only
+        at each flush anyway). Elsewhere consumers' latency runs through reput: 0."""
+        return self.store.config.reput_sync_flush_nice if self.store.sync_flush else 0
+
     def min_pass_interval_s(self) -> float:
         """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each
         flush; the pool: at each commit): a pass costs ~0.1 ms before its first record, so one

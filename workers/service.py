@@ -1,6 +1,6 @@
 """ServiceLoop: the one shape every worker process has (RocketMQ's ServiceThread).
 
-    start: attach to the store's shared memory in the worker's role, `on_start()`, post the
+    start: attach to the store's shared memory in the worker's role, `nice()`, `on_start()`, post the
            ready semaphore (the supervisor's start handshake), state READY;
     loop:  at least `min_pass_interval_s()` after the last pass began, unless `has_work()`, wait
            on the wakeup semaphore with a timeout of `interval_s()`; `do_work()`, heartbeat;
@@ -67,6 +67,11 @@ class ServiceLoop:
         path whose next work usually comes sooner than a sleeping process wakes."""
         return 0.0
 
+    def nice(self) -> int:
+        """The nice value to run at (0: the default), for a worker off the latency path whose CPU
+        bursts delay those on it. Only ever raised (an unprivileged process cannot lower it)."""
+        return 0
+
     def min_pass_interval_s(self) -> float:
         """Passes start at least this far apart: a worker whose work comes in bursts and costs
         mostly per pass (reput under SYNC_FLUSH) does more of it per pass, for less CPU."""
@@ -101,6 +106,8 @@ class ServiceLoop:
 
     def run(self) -> int:
         set_thread_name(f"rmq-{self.role}")
+        if (nice := self.nice()) > os.getpriority(os.PRIO_PROCESS, 0):
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
         self.set_state(layout.W_STARTING)
         self.on_start()
         self.set_state(layout.W_READY)

@@ -424,6 +424,13 @@ class MessageStoreConfig:
     # ms, so one pass dispatches many records (RocketMQ's reput sleeps 1 ms before every pass);
     # 0 = a pass at every wake. Plain ASYNC_FLUSH dispatches at once (consumer latency).
     reput_batch_interval_ms: int = _prop(1, ge=0, le=1000)
+    # rmq-mp addition: the nice value reput runs at under SYNC_FLUSH (0 = the other workers'). A
+    # SYNC put's acknowledgement waits for the flusher and for its producer to be scheduled again;
+    # reput's passes (0.4 of a core at 8 SYNC producers on 2 cores) delayed both and tripled the
+    # put p99, while its records only become readable at each flush anyway. At 19 it runs on the
+    # CPU time they leave (bench/NOTES.md, 2026-11-26 sync p99). Only raised: a reput already
+    # nicer than this (the service started under `nice`) keeps its own.
+    reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
     # start, 264 B of shared memory each). A send to one more queue is refused
     # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
