@@ -428,8 +428,8 @@ class MessageStoreConfig:
     # SYNC put's acknowledgement waits for the flusher and for its producer to be scheduled again;
     # reput's passes (0.4 of a core at 8 SYNC producers on 2 cores) delayed both and tripled the
     # put p99, while its records only become readable at each flush anyway. At 19 it runs on the
-    # CPU time they leave (bench/NOTES.md, 2026-11-26 sync p99). Only raised: a reput already
-    # nicer than this (the service started under `nice`) keeps its own.
+    # CPU time they leave and still keeps up, for more consumer delay at full load (bench/NOTES.md,
+    # 2026-11-26 sync20). Only raised: a reput already nicer (started under `nice`) keeps its own.
     reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
     # start, 264 B of shared memory each). A send to one more queue is refused
