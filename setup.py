@@ -1,9 +1,8 @@
-"""The compiled parts: the put core (rmq_mp/put/_core.c) and the record scan
-(rmq_mp/format/_scan.c); everything else is in pyproject.toml.
+"""The compiled parts: the put core (rmq_mp/put/_core.c), the record scan (rmq_mp/format/_scan.c)
+and the index writes (rmq_mp/store/_index.c); everything else is in pyproject.toml.
 
 ``optional=True``: a machine without a C compiler or the Python headers still installs, and
-rmq-mp then runs the pure-Python references, saying so once each (rmq_mp/put/native.py,
-rmq_mp/format/native.py).
+rmq-mp then runs the pure-Python references, saying so once (rmq_mp/format/native.py).
 """
 
 import os
@@ -36,5 +35,6 @@ setup(
     ext_modules=[
         Extension("rmq_mp.put._core", ["rmq_mp/put/_core.c"], **_FLAGS),
         Extension("rmq_mp.format._scan", ["rmq_mp/format/_scan.c"], **_FLAGS),
+        Extension("rmq_mp.store._index", ["rmq_mp/store/_index.c"], **_FLAGS),
     ]
 )

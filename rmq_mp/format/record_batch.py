@@ -242,8 +242,8 @@ def scan_segment(
 ) -> SegmentScan:
     """Decode the records of ``buf[pos:limit]`` (one mapped segment starting at log offset
     ``file_from_offset``), at most ``max_records``, as `record.check_record` would one by one:
-    with the compiled scan where it is built (`native.scanner`), else with numpy alone."""
-    if native.scanner is None:
+    with the compiled scan where it is built (`native.scan`), else with numpy alone."""
+    if native.scan.active is None:
         return scan_segment_numpy(
             buf,
             pos,
@@ -310,8 +310,8 @@ class _NativeScan:
         """Topic bytes -> index in `topics`: the compiled scan looks up and adds topics here."""
 
     def scan(self, pos: int, limit: int, max_records: int) -> SegmentScan:
-        assert native.scanner is not None
-        scan = native.scanner.scan
+        assert native.scan.active is not None
+        scan = native.scan.active.scan
         cap = max(min(max_records, (limit - pos) // MIN_RECORD_BYTES + 1), 0)
         cols = np.empty((len(NATIVE_COLUMNS), cap), dtype=np.int64)
         keys = np.empty((2, cap + 16), dtype=np.int64)

@@ -20,7 +20,7 @@ from types import ModuleType
 
 from rmq_mp.format import message as m
 from rmq_mp.format import record
-from rmq_mp.format.native import PURE_ENV, pure_requested
+from rmq_mp.format.native import PURE_ENV, pure_requested, warn_once
 from shm import layout
 
 log = logging.getLogger("rmq_mp")
@@ -62,7 +62,7 @@ core: ModuleType | None = None if pure_requested else lock_core
 why_reference = f"{PURE_ENV} is set" if pure_requested else _why_not
 """Why this process runs the reference put path ('' when it runs the core)."""
 if core is None and not pure_requested:
-    log.warning("rmq-mp runs its pure-Python put path: %s", why_reference)
+    warn_once(f"rmq-mp runs its pure-Python put path: {why_reference}")
 
 
 def store_lock_kind() -> int:

@@ -31,17 +31,17 @@ ANY_FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixtur
 @pytest.fixture(autouse=True, params=["compiled", "numpy"])
 def scanner(request: pytest.FixtureRequest) -> Iterator[str]:
     """Run the test with the compiled scan, then with numpy alone."""
-    saved = native.scanner
+    saved = native.scan.active
     if request.param == "compiled":
-        if native._built is None:
-            pytest.skip(f"no compiled scan: {native.why_not_built}")
-        native.scanner = native._built
+        if native.scan.built is None:
+            pytest.skip(f"no compiled scan: {native.scan.why_not_built}")
+        native.scan.active = native.scan.built
     else:
-        native.scanner = None
+        native.scan.active = None
     try:
         yield request.param
     finally:
-        native.scanner = saved
+        native.scan.active = saved
 
 
 @dataclass
