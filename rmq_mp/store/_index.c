@@ -7,7 +7,7 @@
  * it), write the entry (keyHash, phyOffset, timeDiff, prevIndex, big-endian), then point the
  * slot at it. Entry before slot, as `putKey`: a crash between leaves slots past the header's
  * count, which `_repair_torn_put` recognises. The tests compare its bytes with `put_hash`'s
- * (tests/unit/test_index_file.py).
+ * (tests/unit/test_dispatch_batch.py).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
