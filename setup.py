@@ -1,7 +1,8 @@
-"""The compiled put core (rmq_mp/put/_core.c); everything else is in pyproject.toml.
+"""The compiled parts: the put core (rmq_mp/put/_core.c), the record scan (rmq_mp/format/_scan.c)
+and the index writes (rmq_mp/store/_index.c); everything else is in pyproject.toml.
 
 ``optional=True``: a machine without a C compiler or the Python headers still installs, and
-rmq-mp then runs the pure-Python reference put path, saying so once (rmq_mp/put/native.py).
+rmq-mp then runs the pure-Python references, saying so once (rmq_mp/format/native.py).
 """
 
 import os
@@ -15,23 +16,25 @@ _ZLIB = any(
     for d in ("/usr/include", "/usr/local/include", sysconfig.get_config_var("INCLUDEDIR") or "")
 )
 
+_FLAGS = dict(
+    extra_compile_args=[
+        "-O2",
+        "-std=gnu11",
+        "-Wall",
+        "-Wextra",
+        "-Wno-unused-parameter",
+        "-Wno-missing-field-initializers",
+        "-Wno-cast-function-type",
+    ],
+    define_macros=[("RMQ_HAVE_ZLIB", "1")] if _ZLIB else [],
+    libraries=["z"] if _ZLIB else [],
+    optional=True,
+)
+
 setup(
     ext_modules=[
-        Extension(
-            "rmq_mp.put._core",
-            ["rmq_mp/put/_core.c"],
-            extra_compile_args=[
-                "-O2",
-                "-std=gnu11",
-                "-Wall",
-                "-Wextra",
-                "-Wno-unused-parameter",
-                "-Wno-missing-field-initializers",
-                "-Wno-cast-function-type",
-            ],
-            define_macros=[("RMQ_HAVE_ZLIB", "1")] if _ZLIB else [],
-            libraries=["z"] if _ZLIB else [],
-            optional=True,
-        )
+        Extension("rmq_mp.put._core", ["rmq_mp/put/_core.c"], **_FLAGS),
+        Extension("rmq_mp.format._scan", ["rmq_mp/format/_scan.c"], **_FLAGS),
+        Extension("rmq_mp.store._index", ["rmq_mp/store/_index.c"], **_FLAGS),
     ]
 )

@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 
 from rmq_mp.format import message as m
-from rmq_mp.format import record
+from rmq_mp.format import native, record
 from rmq_mp.format.record import DispatchRequest
 from rmq_mp.format.record_columns import HEAD_BYTES, RecordColumns
 from rmq_mp.format.record_columns import gather as _gather
@@ -67,6 +67,11 @@ MAX_TAIL_BYTES = 1024
 """Longest record tail (topic and properties with their lengths) decoded column-wise; records
 with more go through `check_record`."""
 _MASK32 = 0xFFFFFFFF
+MIN_RECORD_BYTES = record.field_offsets(False, False)["BODY"] + 4
+"""The shortest valid record (empty body, one-byte topic, no properties): bounds the rows a
+segment can hold."""
+MAX_KEYS_PER_RECORD = record.MAX_PROPERTIES_BYTES // 2 + 1
+"""Index keys one record can have at most (UNIQ_KEY and one-letter words of KEYS)."""
 
 
 # ----------------------------------------------------------------------------------- result
@@ -236,7 +241,33 @@ def scan_segment(
     max_records: int,
 ) -> SegmentScan:
     """Decode the records of ``buf[pos:limit]`` (one mapped segment starting at log offset
-    ``file_from_offset``), at most ``max_records``, as `record.check_record` would one by one."""
+    ``file_from_offset``), at most ``max_records``, as `record.check_record` would one by one:
+    with the compiled scan where it is built (`native.scan`), else with numpy alone."""
+    if native.scan.active is None:
+        return scan_segment_numpy(
+            buf,
+            pos,
+            limit,
+            file_from_offset=file_from_offset,
+            check_crc=check_crc,
+            delay_level_ms=delay_level_ms,
+            max_records=max_records,
+        )
+    return _NativeScan(buf, file_from_offset, check_crc, delay_level_ms).scan(pos, limit, max_records)
+
+
+def scan_segment_numpy(
+    buf: Any,
+    pos: int,
+    limit: int,
+    *,
+    file_from_offset: int,
+    check_crc: bool,
+    delay_level_ms: Sequence[int] = record.DEFAULT_DELAY_LEVEL_MS,
+    max_records: int,
+) -> SegmentScan:
+    """`scan_segment` in numpy: the reference, and the compiled scan's reader of the records it
+    hands back."""
     view = np.frombuffer(buf, dtype=np.uint8) if len(buf) else np.zeros(0, dtype=np.uint8)
     try:
         walk = _walk(buf, view, pos, limit, max_records, check_crc, delay_level_ms)
@@ -246,6 +277,146 @@ def scan_segment(
         del view
     one_by_one = int(np.count_nonzero((decoder.slow | decoder.loose)[: len(batch)]))
     return SegmentScan(batch, pos, stop, tail, one_by_one)
+
+
+NATIVE_COLUMNS = (
+    "position", "size", "queue_id", "queue_offset", "sys_flag", "store_timestamp", "tags_code", "topic_index"
+)  # fmt: skip
+"""The rows of `_scan.scan`'s output array, in its order (the C enum)."""
+FALLBACK_RECORDS = 256
+"""Records the numpy decoder reads after the compiled scan hands one back, at first: a run of
+unusual records is read as a batch, not one `scan_segment_numpy` set-up (~0.1 ms) per record.
+While the compiled scan keeps handing back within fewer records than numpy just read (a log
+where unusual records are everywhere, e.g. a non-ASCII topic among others), numpy's share
+doubles: such a log costs what numpy alone costs."""
+_SCAN_END, _SCAN_DEFER, _SCAN_KEYS_FULL = 0, 1, 2
+
+
+class _NativeScan:
+    """`scan_segment` with the compiled scan (rmq_mp/format/_scan.c): it writes the common
+    records straight into int64 columns and stops at any other one, which `scan_segment_numpy`
+    reads (up to FALLBACK_RECORDS at a time) before the compiled scan goes on. The pieces are
+    joined in log order over one topic list."""
+
+    def __init__(
+        self, buf: Any, file_from_offset: int, check_crc: bool, delay_level_ms: Sequence[int]
+    ) -> None:
+        self.buf = buf
+        self.file_from_offset = file_from_offset
+        self.check_crc = check_crc
+        self.delay_level_ms = delay_level_ms
+        self.topics: list[str] = []
+        self.topic_ids: dict[bytes, int] = {}
+        """Topic bytes -> index in `topics`: the compiled scan looks up and adds topics here."""
+
+    def scan(self, pos: int, limit: int, max_records: int) -> SegmentScan:
+        assert native.scan.active is not None
+        scan = native.scan.active.scan
+        cap = max(min(max_records, (limit - pos) // MIN_RECORD_BYTES + 1), 0)
+        cols = np.empty((len(NATIVE_COLUMNS), cap), dtype=np.int64)
+        keys = np.empty((2, cap + 16), dtype=np.int64)
+        pieces: list[RecordBatch] = []
+        one_by_one = 0
+        row = key_row = run_row = run_key = 0
+        p, tail = pos, None
+        fallback = FALLBACK_RECORDS
+        while p < limit and row < max_records:
+            done, p, key_count, why = scan(
+                self.buf, p, limit, min(max_records, cap) - row, self.check_crc, self.topic_ids, self.topics,
+                cols, row, keys, key_row,
+            )  # fmt: skip
+            row += done
+            key_row += key_count
+            if why == _SCAN_KEYS_FULL:
+                keys = _grown(keys, key_row, 2 * keys.shape[1] + MAX_KEYS_PER_RECORD)
+                continue
+            if why == _SCAN_DEFER:
+                chunk = fallback
+                fallback = chunk * 2 if row - run_row < chunk else FALLBACK_RECORDS
+                if row > run_row:
+                    pieces.append(self._columns(cols[:, run_row:row], keys[:, run_key:key_row], run_row))
+                numpy_scan = scan_segment_numpy(
+                    self.buf,
+                    p,
+                    limit,
+                    file_from_offset=self.file_from_offset,
+                    check_crc=self.check_crc,
+                    delay_level_ms=self.delay_level_ms,
+                    max_records=min(max_records - row, chunk),
+                )
+                pieces.append(numpy_scan.batch)
+                one_by_one += numpy_scan.one_by_one
+                row += len(numpy_scan.batch)
+                run_row, run_key = row, key_row
+                p, tail = numpy_scan.stop, numpy_scan.tail
+                if tail is not None:
+                    break
+        if row > run_row:
+            pieces.append(self._columns(cols[:, run_row:row], keys[:, run_key:key_row], run_row))
+        return SegmentScan(self._join(pieces), pos, p, tail, one_by_one)
+
+    def _columns(self, cols: np.ndarray, keys: np.ndarray, first_row: int) -> RecordBatch:
+        """A batch of the compiled scan's rows (copies: nothing refers to the segment)."""
+        c = dict(zip(NATIVE_COLUMNS, cols.copy(), strict=True))
+        return RecordBatch(
+            topics=self.topics,
+            topic_index=c["topic_index"],
+            phy_offset=c["position"] + self.file_from_offset,
+            size=c["size"],
+            queue_id=c["queue_id"],
+            queue_offset=c["queue_offset"],
+            sys_flag=c["sys_flag"],
+            store_timestamp=c["store_timestamp"],
+            tags_code=c["tags_code"],
+            ends_in_nul=np.zeros(cols.shape[1], dtype=bool),
+            key_record=keys[0] - first_row,
+            key_hash=keys[1].copy(),
+        )
+
+    def _join(self, pieces: list[RecordBatch]) -> RecordBatch:
+        """One batch over `topics`: numpy pieces have their own topic lists, mapped here."""
+        if not pieces:
+            return RecordBatch.empty()
+        for piece in pieces:
+            if piece.topics is not self.topics and len(piece):
+                remap = np.array([self._topic_index(t) for t in piece.topics], dtype=np.int64)
+                object.__setattr__(piece, "topic_index", remap[piece.topic_index])
+        if len(pieces) == 1:
+            only = pieces[0]
+            return only if only.topics is self.topics else _with_topics(only, self.topics)
+        offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]])
+        return RecordBatch(
+            topics=self.topics,
+            topic_index=np.concatenate([p.topic_index for p in pieces]),
+            phy_offset=np.concatenate([p.phy_offset for p in pieces]),
+            size=np.concatenate([p.size for p in pieces]),
+            queue_id=np.concatenate([p.queue_id for p in pieces]),
+            queue_offset=np.concatenate([p.queue_offset for p in pieces]),
+            sys_flag=np.concatenate([p.sys_flag for p in pieces]),
+            store_timestamp=np.concatenate([p.store_timestamp for p in pieces]),
+            tags_code=np.concatenate([p.tags_code for p in pieces]),
+            ends_in_nul=np.concatenate([p.ends_in_nul for p in pieces]),
+            key_record=np.concatenate([p.key_record + int(o) for p, o in zip(pieces, offsets, strict=True)]),
+            key_hash=np.concatenate([p.key_hash for p in pieces]),
+        )
+
+    def _topic_index(self, topic: str) -> int:
+        raw = topic.encode("utf-8")
+        index = self.topic_ids.get(raw)
+        if index is None:
+            index = self.topic_ids[raw] = len(self.topics)
+            self.topics.append(topic)
+        return index
+
+
+def _grown(keys: np.ndarray, used: int, width: int) -> np.ndarray:
+    grown = np.empty((2, width), dtype=np.int64)
+    grown[:, :used] = keys[:, :used]
+    return grown
+
+
+def _with_topics(batch: RecordBatch, topics: list[str]) -> RecordBatch:
+    return RecordBatch(topics, *(getattr(batch, f) for f in RecordBatch.__slots__[1:]))
 
 
 @dataclass(slots=True)

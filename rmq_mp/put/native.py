@@ -16,16 +16,14 @@ three lock calls (`lock_core`); only a process that cannot load the core at all 
 from __future__ import annotations
 
 import logging
-import os
 from types import ModuleType
 
 from rmq_mp.format import message as m
 from rmq_mp.format import record
+from rmq_mp.format.native import PURE_ENV, pure_requested, warn_once
 from shm import layout
 
 log = logging.getLogger("rmq_mp")
-
-PURE_ENV = "RMQ_PURE_PYTHON"
 
 
 def _layout_problem(core: ModuleType) -> str:
@@ -59,13 +57,12 @@ def _load() -> tuple[ModuleType | None, str]:
 
 lock_core, _why_not = _load()
 """The core for the atomic put lock: whenever it loads, RMQ_PURE_PYTHON or not."""
-pure_requested = os.environ.get(PURE_ENV, "") not in ("", "0")
 core: ModuleType | None = None if pure_requested else lock_core
 """The core for the whole put path, or None: the reference runs."""
 why_reference = f"{PURE_ENV} is set" if pure_requested else _why_not
 """Why this process runs the reference put path ('' when it runs the core)."""
 if core is None and not pure_requested:
-    log.warning("rmq-mp runs its pure-Python put path: %s", why_reference)
+    warn_once(f"rmq-mp runs its pure-Python put path: {why_reference}")
 
 
 def store_lock_kind() -> int:

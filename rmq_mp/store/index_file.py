@@ -31,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmq_mp.format import native
 from rmq_mp.format.message import index_key_hash
 from rmq_mp.store.mapped_file import reservation_end, reserve_blocks
 from rmq_mp.store.reporter import Reporter
@@ -207,12 +208,10 @@ class IndexFile:
     def put_hashes(self, key_hash: np.ndarray, phy_offset: np.ndarray, store_timestamp: np.ndarray) -> int:
         """`put_hash` for keys in order, as many as the file takes; returns how many it took.
 
-        The same bytes as one put at a time, written once: the entries as one block, each slot
-        once (its newest entry), the header once. Each entry's ``prevIndex`` is the entry before
-        it in the same slot: within the block that is the previous key of the slot (a stable sort
-        by slot lists them in order), and for a slot's first key the slot's value before the
-        block. Slot values beyond the entry count (only a torn put leaves them, repaired at open)
-        or timestamps that could overflow int64 arithmetic go one put at a time."""
+        The same bytes as one put at a time, the header written once. The entries and slots are
+        a compiled loop of `putKey`s (rmq_mp/store/_index.c) or, without it, `_put_entries` in
+        numpy; the time differences are computed here for both. Timestamps that could overflow
+        int64 arithmetic go one put at a time."""
         assert self._mm is not None
         assert self.writable
         count = min(self.index_num - self.index_count, len(key_hash))
@@ -224,6 +223,43 @@ class IndexFile:
         begin = self.begin_timestamp if first > 1 else int(store_timestamp[0])
         if max(abs(begin), abs(self.begin_timestamp), int(np.abs(store_timestamp).max())) >= 1 << 61:
             return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+        begins = np.full(count, begin, dtype=np.int64)
+        begins[0] = self.begin_timestamp
+        diff = np.trunc((store_timestamp - begins) / 1000.0)
+        time_diff = np.where(begins <= 0, 0, np.clip(diff, 0, _INT_MAX)).astype(np.int64)
+        compiled = native.index.active
+        if compiled is not None:
+            new_slots = compiled.put_entries(
+                self._mm, INDEX_HEADER_SIZE, self.hash_slot_num, self._entry_pos(0), INDEX_ENTRY_SIZE, first,
+                np.ascontiguousarray(key_hash, dtype=np.int64), np.ascontiguousarray(phy_offset, dtype=np.int64),
+                time_diff,
+            )  # fmt: skip
+        else:
+            new_slots = self._put_entries(key_hash, phy_offset, time_diff, first)
+            if new_slots < 0:
+                return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+        if first <= 1:
+            self.begin_phy_offset = int(phy_offset[0])
+            self.begin_timestamp = int(store_timestamp[0])
+        self.hash_slot_count += new_slots
+        self.index_count += count
+        self.end_phy_offset = int(phy_offset[-1])
+        self.end_timestamp = int(store_timestamp[-1])
+        self._write_header()
+        return count
+
+    def _put_entries(
+        self, key_hash: np.ndarray, phy_offset: np.ndarray, time_diff: np.ndarray, first: int
+    ) -> int:
+        """The entries and slots of `put_hashes` in numpy, each written once: the entries as one
+        block, each slot once (its newest entry). Each entry's ``prevIndex`` is the entry before
+        it in the same slot: within the block that is the previous key of the slot (a stable sort
+        by slot lists them in order), and for a slot's first key the slot's value before the
+        block. Returns how many slots were empty, or -1 with nothing written when a slot points
+        past the entry count (only a torn put leaves one, repaired at open): the keys then go one
+        at a time."""
+        assert self._mm is not None
+        count = len(key_hash)
         slots = key_hash % self.hash_slot_num
         slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
         try:
@@ -231,7 +267,7 @@ class IndexFile:
         finally:
             del slot_table
         if bool((before > first).any()):
-            return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+            return -1
         before[before < 0] = 0
         slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
         try:
@@ -253,10 +289,6 @@ class IndexFile:
             ends_group[:-1] = starts_group[1:]
             # Entries first, then slots, then the header: the order `putKey` writes in, so a
             # crash in between leaves what `_repair_torn_put` recognises.
-            begins = np.full(count, begin, dtype=np.int64)
-            begins[0] = self.begin_timestamp
-            diff = np.trunc((store_timestamp - begins) / 1000.0)
-            time_diff = np.where(begins <= 0, 0, np.clip(diff, 0, _INT_MAX)).astype(np.int64)
             entries = np.empty(count, dtype=_ENTRY_DTYPE)
             entries["hash"] = key_hash
             entries["phy"] = phy_offset
@@ -267,15 +299,7 @@ class IndexFile:
             slot_table[sorted_slots[ends_group]] = numbers[order][ends_group]
         finally:
             del slot_table
-        if first <= 1:
-            self.begin_phy_offset = int(phy_offset[0])
-            self.begin_timestamp = int(store_timestamp[0])
-        self.hash_slot_count += new_slots
-        self.index_count += count
-        self.end_phy_offset = int(phy_offset[-1])
-        self.end_timestamp = int(store_timestamp[-1])
-        self._write_header()
-        return count
+        return new_slots
 
     def _put_one_by_one(
         self, key_hash: np.ndarray, phy_offset: np.ndarray, store_timestamp: np.ndarray

@@ -3,7 +3,9 @@
 Each test writes a real CommitLog (or takes a RocketMQ 4.9.8 fixture's), dispatches it into
 fresh directories twice, with `Dispatcher.dispatch` record by record and with
 `Dispatcher.dispatch_batch` over `CommitLog.iter_batches`, and compares every queue file and every
-index file byte for byte (index files in creation order: their names are wall-clock times)."""
+index file byte for byte (index files in creation order: their names are wall-clock times). Every test runs with the
+compiled scan and index writes (rmq_mp/format/_scan.c, rmq_mp/store/_index.c) and with numpy
+alone."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ import hashlib
 import random
 import shutil
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -21,7 +24,7 @@ from hypothesis import strategies as st
 
 from rmq_mp.errors import ConfigError
 from rmq_mp.format import message as m
-from rmq_mp.format import record
+from rmq_mp.format import native, record
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import PRE_BLANK_SIZE, ConsumeQueueTable
@@ -33,6 +36,22 @@ from tests.conftest import FIXTURE_SETTINGS
 from tests.store_content import make_messages
 
 STORE_HOST = ("10.0.0.5", 10911)
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def compiled_parts(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test with the compiled scan and index writes, then with numpy alone."""
+    parts = (native.scan, native.index)
+    saved = [part.active for part in parts]
+    for part in parts:
+        if request.param == "compiled" and part.built is None:
+            pytest.skip(f"not built: {part.why_not_built}")
+        part.active = part.built if request.param == "compiled" else None
+    try:
+        yield request.param
+    finally:
+        for part, active in zip(parts, saved, strict=True):
+            part.active = active
 
 
 @dataclass(frozen=True)

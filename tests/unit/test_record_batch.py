@@ -3,24 +3,45 @@
 Logs are built byte by byte (v1 and v2 magic, IPv4 and IPv6 hosts, raw properties strings with
 odd separators, NUL tails, bad CRCs, wrong lengths, blank records), scanned in one call, and
 compared field by field, key hash by key hash, with the per-record walk, including where and why
-each stops. Uniform logs must take the column-wise path (``one_by_one == 0``)."""
+each stops. Uniform logs must take the column-wise path (``one_by_one == 0``). Every test runs
+twice: with the compiled scan (rmq_mp/format/_scan.c, which hands unusual records to numpy) and
+with the numpy decoder alone (the reference)."""
 
 from __future__ import annotations
 
 import random
 import struct
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
+from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmq_mp.format import message as m
-from rmq_mp.format import record, record_batch
+from rmq_mp.format import native, record, record_batch
 from rmq_mp.store.index_service import index_keys
 
 STORE_TS = 1_795_345_092_000
+ANY_FIXTURE = settings(suppress_health_check=[HealthCheck.function_scoped_fixture])
+"""The scanner fixture is set once per test, not per example: nothing to reset between them."""
+
+
+@pytest.fixture(autouse=True, params=["compiled", "numpy"])
+def scanner(request: pytest.FixtureRequest) -> Iterator[str]:
+    """Run the test with the compiled scan, then with numpy alone."""
+    saved = native.scan.active
+    if request.param == "compiled":
+        if native.scan.built is None:
+            pytest.skip(f"no compiled scan: {native.scan.why_not_built}")
+        native.scan.active = native.scan.built
+    else:
+        native.scan.active = None
+    try:
+        yield request.param
+    finally:
+        native.scan.active = saved
 
 
 @dataclass
@@ -173,6 +194,36 @@ def test_tags_and_multi_word_keys_column_wise() -> None:
     assert scan.one_by_one == 0, "ASCII properties and any topic: all column-wise"
 
 
+def test_a_record_with_thousands_of_keys_grows_the_key_columns() -> None:
+    many = " ".join(f"k{i}" for i in range(3000))
+    specs = [
+        Spec(props=props(("UNIQ_KEY", uniq(i)), ("KEYS", many if i % 5 == 2 else "a b"))) for i in range(12)
+    ]
+    scan = assert_same_as_per_record(bytes(build_log(specs)))
+    assert len(scan.batch.key_hash) == 12 + 2 * 3000 + 10 * 2
+
+
+def test_the_compiled_scan_reads_common_records_alone(scanner: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Producer records never reach numpy when the scan is compiled; an unusual record does,
+    and the compiled scan takes over again after FALLBACK_RECORDS."""
+    calls: list[int] = []
+    numpy_scan = record_batch.scan_segment_numpy
+
+    def counted(*args: object, **kwargs: object) -> record_batch.SegmentScan:
+        calls.append(1)
+        return numpy_scan(*args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(record_batch, "scan_segment_numpy", counted)
+    plain = [Spec(props=props(("UNIQ_KEY", uniq(i))), queue_offset=i) for i in range(2000)]
+    assert_same_as_per_record(bytes(build_log(plain)))
+    assert len(calls) == (0 if scanner == "compiled" else 1)
+    calls.clear()
+    odd = Spec(topic="主题".encode(), props=b"KEYS\x01k")
+    scan = assert_same_as_per_record(bytes(build_log([*plain[:10], odd, *plain])))
+    assert len(calls) == 1
+    assert len(scan.batch) == 2011
+
+
 def test_batch_limits_and_start_positions() -> None:
     specs = [Spec(props=props(("UNIQ_KEY", uniq(i)), ("KEYS", f"k{i} j{i}"))) for i in range(50)]
     log = bytes(build_log(specs))
@@ -190,6 +241,8 @@ ODD_PROPERTIES = [
     b"KEYS\x01a\x01b c",  # the value holds \x01: everything after the first one
     b"TAGS\x01x\x02TAGS\x01y",  # the last one wins
     b"TAGS\x01\x02KEYS\x01k",  # an empty value does not count
+    b"TAGS\x01x\x02TAGS\x01\x02KEYS\x01k\x02KEYS\x01",  # nor overrides an earlier one
+    b"UNIQ_KEY\x01U1\x02UNIQ_KEY\x01",
     b"\x01v\x02KEYS\x01k2",  # nor an empty name
     b"UNIQ_KEY\x01U1\x02\x02\x02",  # trailing separators
     b"KEYSX\x01no\x02TAG\x01no\x02UNIQ_KE\x01no",  # near-miss names
@@ -293,7 +346,7 @@ def specs(draw: st.DrawFn) -> Spec:
     )
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(st.lists(specs(), min_size=1, max_size=12), st.integers(1, 40), st.booleans())
 def test_any_log_decodes_as_per_record(template: list[Spec], repeat: int, check_crc: bool) -> None:
     """Layouts repeat (so groups are column-wise) and mix (so they are not)."""
@@ -301,6 +354,7 @@ def test_any_log_decodes_as_per_record(template: list[Spec], repeat: int, check_
     assert_same_as_per_record(bytes(log), check_crc=check_crc)
 
 
+@ANY_FIXTURE
 @given(st.lists(st.text(max_size=20), max_size=30))
 def test_java_hash_strings_is_string_hash_code(texts: list[str]) -> None:
     expected = [m.java_string_hash(t) & 0xFFFFFFFF for t in texts]
@@ -308,6 +362,7 @@ def test_java_hash_strings_is_string_hash_code(texts: list[str]) -> None:
     assert record_batch.index_hash_strings(texts).tolist() == [m.index_key_hash(t) for t in texts]
 
 
+@ANY_FIXTURE
 @given(st.lists(st.text(alphabet=st.characters(max_codepoint=127), min_size=0, max_size=20), max_size=30))
 def test_column_hash_of_ascii_rows(texts: list[str]) -> None:
     for length in {len(t) for t in texts}:

@@ -1,0 +1,365 @@
+/* rmq_mp.format._scan: the compiled scan of a run of CommitLog records into dispatch columns.
+ *
+ * The reference is rmq_mp/format/record_batch.py (numpy, column-wise) and, behind it,
+ * record.check_record (one record at a time). This file takes only the common record and hands
+ * everything else back: a v1 record whose sizes agree (`calMsgLength`), whose topic and
+ * properties are printable-or-control ASCII without NUL (so UTF-8 and UTF-16 code units are its
+ * bytes), whose topic is not SCHEDULE_TOPIC_XXXX (its tags code is a delivery time) and, with
+ * ``check_crc``, whose body CRC matches (zlib's CRC; built without zlib, CRC-checked scans are
+ * all handed back). For those it writes what `record_batch.RecordBatch` holds: position, size,
+ * queue id, queue offset, sysflag, store time, tags hash code and topic index per record, and
+ * the index keys (UNIQ_KEY, then each word of KEYS) as (record, `indexKeyHashMethod` of
+ * ``topic#key``). Anything else stops the scan at that record, which the Python decoder then
+ * reads, so the result is the reference's by construction; the tests compare both on
+ * generated and damaged logs (tests/unit/test_record_batch.py).
+ *
+ * Nothing here knows a field's offset: `configure` receives them from record.fixed_fields
+ * (the one layout table), with the magic code, the host flags and the property names.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+
+#include <stdint.h>
+#include <string.h>
+
+#ifdef RMQ_HAVE_ZLIB
+#include <zlib.h>
+#endif
+
+/* What stopped a scan: the limit or the record count, a record for the Python decoder, or the
+ * key columns being full. */
+enum { SCAN_END = 0, SCAN_DEFER = 1, SCAN_KEYS_FULL = 2 };
+
+/* Columns of the output array, in this order (record_batch.NATIVE_COLUMNS). */
+enum { C_POSITION, C_SIZE, C_QUEUE_ID, C_QUEUE_OFFSET, C_SYS_FLAG, C_STORE_TS, C_TAGS, C_TOPIC, N_COLS };
+
+typedef struct {
+    int configured;
+    int32_t magic_v1;
+    uint32_t born_v6_flag, store_v6_flag;
+    Py_ssize_t pos_body_crc, pos_queue_id, pos_queue_offset, pos_sys_flag;
+    Py_ssize_t pos_store_ts[4], pos_body_len[4], pos_body[4]; /* per host layout 2*born+store */
+    char tags[16], keys[16], uniq[16];
+    Py_ssize_t tags_len, keys_len, uniq_len;
+    char schedule_topic[64];
+    Py_ssize_t schedule_topic_len;
+    uint8_t name_value_sep, property_sep, key_sep;
+} Layout;
+
+static Layout L;
+
+static inline uint32_t be32(const uint8_t *p) {
+    return ((uint32_t)p[0] << 24) | ((uint32_t)p[1] << 16) | ((uint32_t)p[2] << 8) | p[3];
+}
+
+static inline uint64_t be64(const uint8_t *p) { return ((uint64_t)be32(p) << 32) | be32(p + 4); }
+
+/* Java String.hashCode continued over ASCII bytes (one UTF-16 unit each), modulo 2^32. */
+static inline uint32_t java_hash(uint32_t h, const uint8_t *p, Py_ssize_t n) {
+    for (Py_ssize_t i = 0; i < n; i++) h = 31u * h + p[i];
+    return h;
+}
+
+/* IndexFile.indexKeyHashMethod: abs of the int hash, 0 for Integer.MIN_VALUE. */
+static inline int64_t index_hash(uint32_t h) {
+    int32_t s = (int32_t)h;
+    return s == INT32_MIN ? 0 : (s < 0 ? -(int64_t)s : (int64_t)s);
+}
+
+/* Every byte in 0x01..0x7F: ASCII without NUL (the bytes are the text's code units). */
+static inline int plain_ascii(const uint8_t *p, Py_ssize_t n) {
+    uint8_t bad = 0;
+    for (Py_ssize_t i = 0; i < n; i++) bad |= (uint8_t)((p[i] & 0x80) | (p[i] == 0));
+    return !bad;
+}
+
+static int copy_name(PyObject *cfg, const char *key, char *out, Py_ssize_t cap, Py_ssize_t *len) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    if (v == NULL || !PyBytes_Check(v) || PyBytes_GET_SIZE(v) >= cap) {
+        PyErr_Format(PyExc_ValueError, "configure: %s must be bytes shorter than %zd", key, cap);
+        return -1;
+    }
+    *len = PyBytes_GET_SIZE(v);
+    memcpy(out, PyBytes_AS_STRING(v), (size_t)*len);
+    return 0;
+}
+
+static int get_int(PyObject *cfg, const char *key, long long *out) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    if (v == NULL) {
+        PyErr_Format(PyExc_KeyError, "configure: %s missing", key);
+        return -1;
+    }
+    *out = PyLong_AsLongLong(v);
+    return (*out == -1 && PyErr_Occurred()) ? -1 : 0;
+}
+
+static int get_four(PyObject *cfg, const char *key, Py_ssize_t out[4]) {
+    PyObject *v = PyDict_GetItemString(cfg, key);
+    if (v == NULL || !PyTuple_Check(v) || PyTuple_GET_SIZE(v) != 4) {
+        PyErr_Format(PyExc_ValueError, "configure: %s must be a 4-tuple", key);
+        return -1;
+    }
+    for (int i = 0; i < 4; i++) {
+        out[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(v, i));
+        if (out[i] == -1 && PyErr_Occurred()) return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(configure_doc, "configure(layout: dict) -> None: the record layout and names, from Python.");
+
+static PyObject *scan_configure(PyObject *self, PyObject *cfg) {
+    if (!PyDict_Check(cfg)) {
+        PyErr_SetString(PyExc_TypeError, "configure takes a dict");
+        return NULL;
+    }
+    long long v;
+    Layout n;
+    memset(&n, 0, sizeof n);
+#define INT_FIELD(name, dst)                    \
+    if (get_int(cfg, name, &v) < 0) return NULL; \
+    dst = v;
+    INT_FIELD("MESSAGE_MAGIC_CODE", n.magic_v1)
+    INT_FIELD("BORNHOST_V6_FLAG", n.born_v6_flag)
+    INT_FIELD("STOREHOSTADDRESS_V6_FLAG", n.store_v6_flag)
+    INT_FIELD("BODYCRC", n.pos_body_crc)
+    INT_FIELD("QUEUEID", n.pos_queue_id)
+    INT_FIELD("QUEUEOFFSET", n.pos_queue_offset)
+    INT_FIELD("SYSFLAG", n.pos_sys_flag)
+    INT_FIELD("NAME_VALUE_SEPARATOR", n.name_value_sep)
+    INT_FIELD("PROPERTY_SEPARATOR", n.property_sep)
+    INT_FIELD("KEY_SEPARATOR", n.key_sep)
+#undef INT_FIELD
+    if (get_four(cfg, "STORETIMESTAMP", n.pos_store_ts) < 0 || get_four(cfg, "BODYLEN", n.pos_body_len) < 0 ||
+        get_four(cfg, "BODY", n.pos_body) < 0)
+        return NULL;
+    if (copy_name(cfg, "TAGS", n.tags, sizeof n.tags, &n.tags_len) < 0 ||
+        copy_name(cfg, "KEYS", n.keys, sizeof n.keys, &n.keys_len) < 0 ||
+        copy_name(cfg, "UNIQ_KEY", n.uniq, sizeof n.uniq, &n.uniq_len) < 0 ||
+        copy_name(cfg, "SCHEDULE_TOPIC", n.schedule_topic, sizeof n.schedule_topic, &n.schedule_topic_len) < 0)
+        return NULL;
+    n.configured = 1;
+    L = n;
+    Py_RETURN_NONE;
+}
+
+/* Topic lookup: the last topic seen, else the dict (bytes -> index), else a new entry. */
+typedef struct {
+    uint8_t bytes[256];
+    Py_ssize_t len; /* -1: none yet */
+    int64_t index;
+    uint32_t prefix_hash; /* Java hash of "topic#" */
+} TopicCache;
+
+/* The topic's index, registering a new one in ``ids``/``topics``; -1 with an exception set. */
+static int64_t topic_index(TopicCache *tc, const uint8_t *t, Py_ssize_t n, PyObject *ids, PyObject *topics) {
+    if (tc->len == n && memcmp(tc->bytes, t, (size_t)n) == 0) return tc->index;
+    PyObject *key = PyBytes_FromStringAndSize((const char *)t, n);
+    if (key == NULL) return -1;
+    int64_t index;
+    PyObject *found = PyDict_GetItemWithError(ids, key);
+    if (found != NULL) {
+        index = PyLong_AsLongLong(found);
+    } else if (PyErr_Occurred()) {
+        index = -1;
+    } else {
+        PyObject *text = PyUnicode_DecodeASCII((const char *)t, n, "strict");
+        PyObject *num = PyLong_FromSsize_t(PyList_GET_SIZE(topics));
+        if (text == NULL || num == NULL || PyList_Append(topics, text) < 0 || PyDict_SetItem(ids, key, num) < 0)
+            index = -1;
+        else
+            index = PyList_GET_SIZE(topics) - 1;
+        Py_XDECREF(text);
+        Py_XDECREF(num);
+    }
+    Py_DECREF(key);
+    if (index < 0) return -1;
+    memcpy(tc->bytes, t, (size_t)n);
+    tc->len = n;
+    tc->index = index;
+    tc->prefix_hash = 31u * java_hash(0, t, n) + (uint8_t)'#';
+    return index;
+}
+
+typedef struct {
+    const uint8_t *p;
+    Py_ssize_t n; /* -1: absent */
+} Text;
+
+/* string2messageProperties over ASCII bytes, keeping the three names dispatch reads: chunks
+ * split on PROPERTY_SEPARATOR, each counting when its first NAME_VALUE_SEPARATOR leaves a
+ * non-empty name and value; the last chunk of a name wins. */
+static void read_properties(const uint8_t *s, Py_ssize_t len, Text *tags, Text *keys, Text *uniq) {
+    const uint8_t *e = s + len;
+    *tags = *keys = *uniq = (Text){NULL, -1};
+    for (;;) {
+        const uint8_t *chunk_end = memchr(s, L.property_sep, (size_t)(e - s));
+        if (chunk_end == NULL) chunk_end = e;
+        const uint8_t *sep = memchr(s, L.name_value_sep, (size_t)(chunk_end - s));
+        if (sep != NULL && sep > s && sep < chunk_end - 1) {
+            Py_ssize_t name_len = sep - s;
+            Text value = {sep + 1, chunk_end - sep - 1};
+            if (name_len == L.tags_len && memcmp(s, L.tags, (size_t)name_len) == 0)
+                *tags = value;
+            else if (name_len == L.keys_len && memcmp(s, L.keys, (size_t)name_len) == 0)
+                *keys = value;
+            else if (name_len == L.uniq_len && memcmp(s, L.uniq, (size_t)name_len) == 0)
+                *uniq = value;
+        }
+        if (chunk_end == e) return;
+        s = chunk_end + 1;
+    }
+}
+
+/* Index keys of a record: UNIQ_KEY (if any), then each non-empty word of KEYS. */
+static Py_ssize_t count_keys(Text uniq, Text keys) {
+    Py_ssize_t count = uniq.n > 0;
+    Py_ssize_t word = 0;
+    for (Py_ssize_t i = 0; i < keys.n; i++) {
+        if (keys.p[i] == L.key_sep) {
+            count += word > 0;
+            word = 0;
+        } else {
+            word++;
+        }
+    }
+    return count + (word > 0);
+}
+
+static Py_ssize_t write_keys(Text uniq, Text keys, uint32_t prefix, int64_t record, int64_t *key_rec,
+                             int64_t *key_hash, Py_ssize_t at) {
+    if (uniq.n > 0) {
+        key_rec[at] = record;
+        key_hash[at++] = index_hash(java_hash(prefix, uniq.p, uniq.n));
+    }
+    Py_ssize_t start = 0;
+    for (Py_ssize_t i = 0; i <= keys.n; i++) {
+        if (i == keys.n || keys.p[i] == L.key_sep) {
+            if (i > start) {
+                key_rec[at] = record;
+                key_hash[at++] = index_hash(java_hash(prefix, keys.p + start, i - start));
+            }
+            start = i + 1;
+        }
+    }
+    return at;
+}
+
+PyDoc_STRVAR(scan_doc,
+             "scan(buf, pos, limit, max_records, check_crc, topic_ids, topics, columns, row, keys, key_row)\n"
+             "-> (records, next_pos, keys_written, why)\n\n"
+             "Decode the common records of buf[pos:limit] into ``columns`` (int64, shape (8, cap), rows\n"
+             "from ``row``) and ``keys`` (int64, shape (2, key_cap), from ``key_row``): at most\n"
+             "``max_records``. ``why``: 0 the limit or the count was reached, 1 the record at next_pos\n"
+             "is for the Python decoder, 2 the key columns are full.");
+
+static PyObject *scan_scan(PyObject *self, PyObject *args) {
+    Py_buffer buf, cols, keys;
+    Py_ssize_t pos, limit, max_records, row0, key_row0;
+    int check_crc;
+    PyObject *ids, *topics;
+    if (!L.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "scan: configure() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*nnnpO!O!w*nw*n", &buf, &pos, &limit, &max_records, &check_crc, &PyDict_Type,
+                          &ids, &PyList_Type, &topics, &cols, &row0, &keys, &key_row0))
+        return NULL;
+    PyObject *result = NULL;
+    Py_ssize_t cap = cols.len / (Py_ssize_t)(N_COLS * sizeof(int64_t));
+    Py_ssize_t key_cap = keys.len / (Py_ssize_t)(2 * sizeof(int64_t));
+    if (pos < 0 || limit > buf.len || pos > limit || row0 < 0 || max_records < 0 || row0 + max_records > cap ||
+        key_row0 < 0 || key_row0 > key_cap) {
+        PyErr_SetString(PyExc_ValueError, "scan: position, limit or rows out of range");
+        goto done;
+    }
+    const uint8_t *base = buf.buf;
+    int64_t *col = cols.buf;
+    int64_t *key_rec = keys.buf, *key_hash = (int64_t *)keys.buf + key_cap;
+    TopicCache tc;
+    tc.len = -1;
+    Py_ssize_t p = pos, n = 0, k = key_row0;
+    int why = SCAN_END;
+#ifndef RMQ_HAVE_ZLIB
+    if (check_crc) why = SCAN_DEFER, max_records = 0;
+#endif
+    while (p < limit && n < max_records) {
+        why = SCAN_DEFER;
+        if (limit - p < 8) break;
+        const uint8_t *r = base + p;
+        Py_ssize_t total = (int32_t)be32(r);
+        if ((int32_t)be32(r + 4) != L.magic_v1 || total < L.pos_body[0] + 3 || total > limit - p) break;
+        uint32_t sys_flag = be32(r + L.pos_sys_flag);
+        int layout = 2 * ((sys_flag & L.born_v6_flag) != 0) + ((sys_flag & L.store_v6_flag) != 0);
+        Py_ssize_t body = L.pos_body[layout];
+        if (total < body + 3) break;
+        Py_ssize_t body_len = (int32_t)be32(r + L.pos_body_len[layout]);
+        if (body_len < 0 || body_len > total - body - 3) break;
+        const uint8_t *t = r + body + body_len;
+        Py_ssize_t topic_len = t[0];
+        if (topic_len == 0 || body + body_len + 3 + topic_len > total) break;
+        Py_ssize_t props_len = (int16_t)(((uint16_t)t[1 + topic_len] << 8) | t[2 + topic_len]);
+        if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) break; /* calMsgLength */
+        const uint8_t *topic = t + 1, *props = t + 3 + topic_len;
+        if (!plain_ascii(topic, topic_len) || !plain_ascii(props, props_len)) break;
+        if (topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0) break;
+#ifdef RMQ_HAVE_ZLIB
+        if (check_crc) {
+            uint32_t crc = (uint32_t)crc32(0L, r + body, (uInt)body_len) & 0x7FFFFFFFu;
+            if (crc != be32(r + L.pos_body_crc)) break;
+        }
+#endif
+        Text tags, keys_text, uniq;
+        read_properties(props, props_len, &tags, &keys_text, &uniq);
+        if (k + count_keys(uniq, keys_text) > key_cap) {
+            why = SCAN_KEYS_FULL;
+            break;
+        }
+        int64_t index = topic_index(&tc, topic, topic_len, ids, topics);
+        if (index < 0) goto done;
+        Py_ssize_t i = row0 + n;
+        col[C_POSITION * cap + i] = p;
+        col[C_SIZE * cap + i] = total;
+        col[C_QUEUE_ID * cap + i] = (int32_t)be32(r + L.pos_queue_id);
+        col[C_QUEUE_OFFSET * cap + i] = (int64_t)be64(r + L.pos_queue_offset);
+        col[C_SYS_FLAG * cap + i] = (int32_t)sys_flag;
+        col[C_STORE_TS * cap + i] = (int64_t)be64(r + L.pos_store_ts[layout]);
+        col[C_TAGS * cap + i] = tags.n > 0 ? (int32_t)java_hash(0, tags.p, tags.n) : 0;
+        col[C_TOPIC * cap + i] = index;
+        k = write_keys(uniq, keys_text, tc.prefix_hash, i, key_rec, key_hash, k);
+        p += total;
+        n++;
+        why = SCAN_END;
+    }
+    result = Py_BuildValue("nnni", n, p, k - key_row0, why);
+done:
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&cols);
+    PyBuffer_Release(&keys);
+    return result;
+}
+
+static PyMethodDef methods[] = {
+    {"configure", scan_configure, METH_O, configure_doc},
+    {"scan", scan_scan, METH_VARARGS, scan_doc},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_scan", "The compiled scan of CommitLog records into dispatch columns.", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__scan(void) {
+    PyObject *mod = PyModule_Create(&module);
+    if (mod == NULL) return NULL;
+#ifdef RMQ_HAVE_ZLIB
+    if (PyModule_AddIntConstant(mod, "HAVE_CRC", 1) < 0) goto fail;
+#else
+    if (PyModule_AddIntConstant(mod, "HAVE_CRC", 0) < 0) goto fail;
+#endif
+    return mod;
+fail:
+    Py_DECREF(mod);
+    return NULL;
+}

@@ -1,0 +1,21 @@
+"""Types of the compiled record scan (rmq_mp/format/_scan.c)."""
+
+from typing import Any
+
+HAVE_CRC: int
+
+def configure(layout: dict[str, Any], /) -> None: ...
+def scan(
+    buf: Any,
+    pos: int,
+    limit: int,
+    max_records: int,
+    check_crc: bool,
+    topic_ids: dict[bytes, int],
+    topics: list[str],
+    columns: Any,
+    row: int,
+    keys: Any,
+    key_row: int,
+    /,
+) -> tuple[int, int, int, int]: ...
