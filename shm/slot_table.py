@@ -199,14 +199,16 @@ class SlotTable:
     def column_view(self, field: int) -> np.ndarray:
         """``field`` of every slot as a live int64 view of the segment, made once: for a scan
         on a latency path (reput's look for parked consumers after each pass), where
-        `column`'s new view and copy are most of its cost (7.4 -> 2 us for 1024 slots). Values
+        `column`'s new view and copy are most of its cost (7.4 -> 3.1 us for 1,024 slots). Values
         may change under the caller; use it at once and keep no reference past `close`."""
         view = self._views.get(field)
         if view is None:
             words = np.frombuffer(self._words, dtype=np.int64)
             stride = self.SLOT_SIZE // 8
             start = (self._base + field) // 8
-            view = self._views[field] = words[start : start + self.slots * stride : stride]
+            view = words[start : start + self.slots * stride : stride]
+            view.flags.writeable = False  # a reader's view: stores go through `set`
+            self._views[field] = view
         return view
 
     def close(self) -> None:
