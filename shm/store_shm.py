@@ -215,16 +215,16 @@ class StoreShm:
             sem.close()
         self._sems.clear()
         self._wakeups.clear()
-        for seg in (
-            self.table.segment,
-            self.queues.segment,
-            self.ring.segment,
-            self.waiters.segment,
-            self.groups.segment,
-            self.members.segment,
-            self.schedule.segment,
+        for table in (
+            self.table,
+            self.queues,
+            self.ring,
+            self.waiters,
+            self.groups,
+            self.members,
+            self.schedule,
         ):
-            seg.close()
+            table.close()
         for buf in self.pool.buffers:
             buf.close()
 

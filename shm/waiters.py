@@ -58,7 +58,7 @@ class WaiterTable(SlotTable):
     def waiting_slots(self) -> list[int]:
         """Slots whose consumer is parked (WAITING = 1), found in one vectorised comparison:
         reput asks after every pass that dispatched, and most slots are idle."""
-        return np.flatnonzero(self.column(WAITING) == 1).tolist()
+        return (self.column_view(WAITING) == 1).nonzero()[0].tolist()
 
     def claimable_slots(self, alive: Callable[[int], bool]) -> Iterator[int]:
         """Slots a new consumer may claim (flags lock held): free ones first, then those whose

@@ -24,7 +24,6 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping
-from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rmq_mp import validators as v
@@ -428,22 +427,12 @@ class Consumer:
                     raise
         raise AssertionError("unreachable")
 
-    @contextmanager
-    def hold_from(self, phy_offset: int) -> Iterator[None]:
+    def hold_from(self, phy_offset: int) -> _Hold:
         """Keep the commit-log files from ``phy_offset`` on disk while this block reads them
         (RocketMQ's `MappedFile.hold()`, across processes). The cleaner deletes a held file only
         after `destroyMapedFileIntervalForcibly`, and even then this process's mapping of it stays
         valid until released: nobody ever reads freed memory. ``-1`` holds nothing."""
-        if phy_offset < 0:
-            yield
-            return
-        self._holds.append(phy_offset)
-        self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds))
-        try:
-            yield
-        finally:
-            self._holds.remove(phy_offset)
-            self.waiters.set(self._waiter_slot, wt.HOLD, min(self._holds, default=wt.NO_HOLD))
+        return _Hold(self, phy_offset)
 
     def _park(
         self, topic: str, queue_id: int, offset: int, timeout_s: float, any_queue: bool = False,
@@ -701,6 +690,29 @@ class Consumer:
 
 
 _LONG_MIN = -v.JAVA_LONG_MAX - 1
+
+
+class _Hold:
+    """`Consumer.hold_from`'s context: a class, not a generator, since every pull takes one
+    (1.2 -> 0.4 us an enter and exit)."""
+
+    __slots__ = ("consumer", "phy_offset")
+
+    def __init__(self, consumer: Consumer, phy_offset: int) -> None:
+        self.consumer = consumer
+        self.phy_offset = phy_offset
+
+    def __enter__(self) -> None:
+        if self.phy_offset >= 0:
+            c = self.consumer
+            c._holds.append(self.phy_offset)
+            c.waiters.set(c._waiter_slot, wt.HOLD, min(c._holds))
+
+    def __exit__(self, *exc: object) -> None:
+        if self.phy_offset >= 0:
+            c = self.consumer
+            c._holds.remove(self.phy_offset)
+            c.waiters.set(c._waiter_slot, wt.HOLD, min(c._holds, default=wt.NO_HOLD))
 
 
 def _seconds(value: object, what: str) -> float:

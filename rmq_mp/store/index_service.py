@@ -194,8 +194,7 @@ class IndexService:
         current = self.last_file()
         if phy_offset < current.end_phy_offset:
             return
-        holders = self._holders_of_end(current)
-        if phy_offset == current.end_phy_offset and holders:
+        if phy_offset == current.end_phy_offset and (holders := self._holders_of_end(current)):
             # Partly indexed before a crash or a cut: skip the keys already there, in whichever
             # file holds them (RocketMQ adds them twice).
             key_hashes = [

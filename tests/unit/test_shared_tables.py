@@ -254,6 +254,7 @@ class WaiterTableMachine(RuleBasedStateMachine):
         created.close()
         self.owners: dict[int, int] = {}  # slot -> pid
         self.alive: set[int] = set()
+        self.waiting: set[int] = set()
         self.next_pid = 100
 
     def teardown(self) -> None:
@@ -295,6 +296,21 @@ class WaiterTableMachine(RuleBasedStateMachine):
     def die(self, data: st.DataObject) -> None:
         self.alive.discard(data.draw(st.sampled_from(sorted(self.alive))))
 
+    @rule(data=st.data(), parked=st.booleans())
+    def park_or_wake(self, data: st.DataObject, parked: bool) -> None:
+        """A consumer parks (WAITING 1), or reput wakes it (0), in any slot."""
+        assert self.table is not None
+        slot = data.draw(st.integers(0, self.table.capacity - 1))
+        self.table.set(slot, wt.WAITING, int(parked))
+        (self.waiting.add if parked else self.waiting.discard)(slot)
+
+    @invariant()
+    def parked_slots(self) -> None:
+        """`waiting_slots` reads a view made once (`column_view`): it sees every later store,
+        and the table still closes with it taken (teardown)."""
+        if self.table is not None:
+            assert self.table.waiting_slots() == sorted(self.waiting)
+
     @invariant()
     def counts_and_holders(self) -> None:
         if self.table is None:
@@ -308,6 +324,20 @@ class WaiterTableMachine(RuleBasedStateMachine):
 
 TestWaiterTable = WaiterTableMachine.TestCase
 TestWaiterTable.settings = _SETTINGS
+
+
+def test_a_column_view_is_read_only_and_released_at_close() -> None:
+    from shm.segment import SharedSegment
+
+    created = WaiterTable.create(_segment_name("waiters"), 4)
+    try:
+        view = created.column_view(wt.WAITING)
+        with pytest.raises(ValueError, match="read-only"):
+            view[0] = 1
+        del view
+    finally:
+        created.close()  # a view still cached would make the segment's release raise BufferError
+        SharedSegment.unlink(created.segment.name)
 
 
 # ---------------------------------------------------------------------------- layouts and settings
