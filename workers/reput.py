@@ -46,6 +46,7 @@ from dataclasses import dataclass
 from functools import partial
 
 from rmq_mp.errors import ConfigError
+from rmq_mp.format import native
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
@@ -62,8 +63,12 @@ log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
 SPIN_S = 0.0002
 SMALL_PASS_RECORDS = 32
-"""Records a pass dispatches one by one before it turns to batches (measured crossover ~30:
-`python -m bench.dispatch` and a per-pass timing, 2026-11-25)."""
+"""Records a pass dispatches one by one before it turns to batches with the numpy decoder
+(measured crossover ~30: `python -m bench.dispatch` and a per-pass timing, 2026-11-25)."""
+SMALL_PASS_RECORDS_COMPILED = 4
+"""The same with the compiled scan (rmq_mp/format/_scan.c): a batch of one record costs ~0.12 ms
+instead of ~0.6, one record alone ~35 us, so the crossover is ~4 records (bench/NOTES.md,
+2026-11-26, "The small pass")."""
 RETRY_FIRST_S = 0.1
 RETRY_MAX_S = 2.0
 """A quarantined queue or paused index is retried after RETRY_FIRST_S, doubling up to this."""
@@ -152,6 +157,8 @@ class ReputService(ServiceLoop):
         """The queue table's fill when `schedule_slots` was last looked up."""
         self.last_pass_records = 0
         """Records the last pass dispatched: only a pass that did work paces the next."""
+        self.small_pass_records = SMALL_PASS_RECORDS_COMPILED if native.scan.active else SMALL_PASS_RECORDS
+        """Passes expected to hold fewer records go one by one (the batch set-up's crossover)."""
         self.record_bytes = 1 << 30
         """Mean record size (with any BLANK) of the last pass: how many records a pass's bytes
         hold. Until a pass says, any pass counts as small."""
@@ -196,11 +203,12 @@ class ReputService(ServiceLoop):
         """Dispatch up to ``limit`` records from REPUT_FROM; returns how many.
 
         A batch (`CommitLog.iter_batches`, `Dispatcher.dispatch_batch`) costs about 0.6 ms of
-        numpy set-up and then 1-2 us a record, one record (`Dispatcher.dispatch`) about 25 us:
-        a pass expected to hold fewer than SMALL_PASS_RECORDS (its bytes over the last passes'
-        mean record size) goes one by one, up to that many, and the rest (or a bigger pass
-        whole) in batches. Light load, where consumers wait on reput, is a record or two a
-        pass; a backlog, or a paced pass under SYNC_FLUSH, many. Both write the same bytes. A
+        set-up (0.12 ms with the compiled scan) and then 0.2-2 us a record, one record
+        (`Dispatcher.dispatch`) about 25-35 us: a pass expected to hold fewer than
+        `small_pass_records` (its bytes over the last passes' mean record size) goes one by
+        one, up to that many, and the rest (or a bigger pass whole) in batches. Light load,
+        where consumers wait on reput, is a record or two a pass; a backlog, or a paced pass
+        under SYNC_FLUSH, many. Both write the same bytes. A
         queue's DISPATCHED and LAST_STORE_TS are published after its entries are written. A
         record that fails its length check is skipped ("[BUG]"), as RocketMQ's reput does; an
         unreadable one stops the pass there."""
@@ -210,10 +218,9 @@ class ReputService(ServiceLoop):
         self.store.commit_log.release_before(offset)
         touched: set[int] = set()
         dispatched, stopped = 0, False
-        if end - offset < SMALL_PASS_RECORDS * self.record_bytes:
-            offset, dispatched, stopped = self._dispatch_records(
-                offset, end, min(limit, SMALL_PASS_RECORDS), touched
-            )
+        small = self.small_pass_records
+        if end - offset < small * self.record_bytes:
+            offset, dispatched, stopped = self._dispatch_records(offset, end, min(limit, small), touched)
         if not stopped and offset < end and dispatched < limit:
             offset, batched = self._dispatch_batches(offset, end, limit - dispatched, touched)
             dispatched += batched
