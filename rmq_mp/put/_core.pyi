@@ -3,6 +3,7 @@
 from typing import Any
 
 def crc32(data: bytes, start: int = 0, /) -> int: ...
+def _set_clmul(on: bool, /) -> bool: ...
 def encode_own(
     topic_field: bytes,
     body: bytes,
