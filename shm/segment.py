@@ -17,6 +17,8 @@ import posix_ipc
 
 from rmq_mp.errors import ShmAttachError
 
+MADV_POPULATE_WRITE = 23
+"""Linux 5.14+: fault a range in writable without writing it (the mmap module has no name for it)."""
 _libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
 _libc.mlock.argtypes = [ctypes.c_void_p, ctypes.c_size_t]  # without them the address is cut to a C int
 _libc.mlock.restype = ctypes.c_int

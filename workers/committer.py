@@ -5,7 +5,9 @@ Mirrors CommitRealTimeService (docs/format.md §7.4, §7.5). Runs only with the 
 least `commitCommitLogLeastPages` pages are waiting, or `commitCommitLogThoroughInterval` ms
 passed since the last commit, copy ``[committed, wrote)`` file by file, advance COMMITTED (its
 single writer), return a buffer once its file is wholly committed, and wake flusher and reput.
-Final pass: commit everything.
+Final pass: commit everything. Runs under SCHED_BATCH (`ServiceLoop.batch_scheduled`): a put's
+wake-up never preempts the producer that posted it, so on a busy machine the committer runs
+when that producer's time slice ends and commits more pages a pass.
 """
 
 from __future__ import annotations
@@ -21,6 +23,7 @@ from workers.service import ServiceLoop, main
 class CommitterService(ServiceLoop):
     role = "committer"
     writable_log = True
+    batch_scheduled = True  # a bulk copy behind the producers (ServiceLoop.batch_scheduled)
 
     def on_start(self) -> None:
         self.last_commit = time.monotonic()

@@ -44,6 +44,12 @@ def set_thread_name(name: str) -> None:
 class ServiceLoop:
     role: ClassVar[str]
     writable_log: ClassVar[bool] = False
+    batch_scheduled: ClassVar[bool] = False
+    """Run under SCHED_BATCH: a worker that copies in bulk behind the producers, whose wake must
+    not preempt the producer that woke it. Under SCHED_OTHER the kernel put a woken worker on the
+    waker's CPU and switched to it at once (measured, the realistic bench row: 4,750 of 4,800
+    committer wakes preempted the producer, 85 ms of a 315 ms run); a SCHED_BATCH task that
+    wakes runs on an idle CPU at once, else when the running task's slice ends."""
 
     def __init__(self, store: RunningStore) -> None:
         self.store = store
@@ -108,6 +114,8 @@ class ServiceLoop:
         set_thread_name(f"rmq-{self.role}")
         if (nice := self.nice()) > os.getpriority(os.PRIO_PROCESS, 0):
             os.setpriority(os.PRIO_PROCESS, 0, nice)
+        if self.batch_scheduled:
+            os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         self.set_state(layout.W_STARTING)
         self.on_start()
         self.set_state(layout.W_READY)

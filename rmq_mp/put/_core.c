@@ -17,9 +17,10 @@
  * - Sender.send_kw (bound as a producer's `send`): `Producer.send` for the common case (explicit queue id, no user properties,
  *   a known topic and queue, the record fitting the current file): encode, refusal checks,
  *   lock, journal, copy, queue offset, write position (the commit point), counters, flush
- *   request, unlock, worker wake-ups, the SYNC flush wait with the GIL released, metrics and
- *   the SendResult. Anything else returns None *before changing anything shared*, and the
- *   Python reference does the whole send.
+ *   request, unlock, worker wake-ups, the pool-buffer prefault's call (off the lock, once a put
+ *   passes `prefault_at`), the SYNC flush wait with the GIL released, metrics and the SendResult.
+ *   Anything else returns None *before changing anything shared*, and the Python reference
+ *   does the whole send.
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -540,6 +541,8 @@ typedef struct {
         *not_flushed_reason;
     PyObject *reference; /* Producer._send: what the core does not take goes there */
     PyObject *rotate;    /* QueueRouter.queue_for: the round robin for a send without a queue id */
+    PyObject *prefault;  /* Appender.prefault_ahead: called off the lock once a put ends at prefault_at */
+    long long prefault_at;
     uint8_t *scratch;
     Py_ssize_t scratch_len;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
@@ -601,12 +604,14 @@ static void sender_release(Sender *s) {
 static int Sender_traverse(Sender *s, visitproc visit, void *arg) {
     Py_VISIT(s->reference); /* a bound method of the producer, which holds this sender */
     Py_VISIT(s->rotate);
+    Py_VISIT(s->prefault);
     return 0;
 }
 
 static int Sender_clear(Sender *s) {
     Py_CLEAR(s->reference);
     Py_CLEAR(s->rotate);
+    Py_CLEAR(s->prefault);
     return 0;
 }
 
@@ -696,6 +701,7 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     s->spin_ns = dict_i64(d, "spin_ns", &ok);
     s->slice_ms = dict_i64(d, "slice_ms", &ok);
     s->max_message_size = dict_i64(d, "max_message_size", &ok);
+    s->prefault_at = LLONG_MAX; /* until the appender tells of a pool buffer */
     s->sync = (int)dict_i64(d, "sync", &ok);
     if (!ok) return -1;
     if (hold(&s->table, dict_obj(d, "table", &ok), 1) < 0) return -1;
@@ -1128,6 +1134,15 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             w[s->wake_word[i]] = 1;
             sem_post(s->wake_sem[i]);
         }
+    /* the next stretch of the pool buffer populated in this process, off the lock (the Python
+     * decides what and when: shm.transient_pool.prefault); the put stands whatever it raises */
+    if (end >= s->prefault_at && s->prefault) {
+        PyObject *r = PyObject_CallNoArgs(s->prefault);
+        if (r)
+            Py_DECREF(r);
+        else
+            PyErr_WriteUnraisable(s->prefault);
+    }
     return 1;
 }
 
@@ -1387,14 +1402,17 @@ done:
     return result;
 }
 
-/* bind(reference, rotate): the producer's reference send and round robin (see Sender_send_kw). */
+/* bind(reference, rotate, prefault): the producer's reference send and round robin (see
+ * Sender_send_kw), and its appender's pool-buffer prefault (see append_locked). */
 static PyObject *Sender_bind(Sender *s, PyObject *args) {
-    PyObject *reference, *rotate;
-    if (!PyArg_ParseTuple(args, "OO", &reference, &rotate)) return NULL;
+    PyObject *reference, *rotate, *prefault;
+    if (!PyArg_ParseTuple(args, "OOO", &reference, &rotate, &prefault)) return NULL;
     Py_INCREF(reference);
     Py_XSETREF(s->reference, reference);
     Py_INCREF(rotate);
     Py_XSETREF(s->rotate, rotate);
+    Py_INCREF(prefault);
+    Py_XSETREF(s->prefault, prefault);
     Py_RETURN_NONE;
 }
 
@@ -1467,7 +1485,8 @@ static PyMethodDef Sender_methods[] = {
     {"send_kw", (PyCFunction)(void (*)(void))Sender_send_kw, METH_FASTCALL | METH_KEYWORDS,
      "send(topic, body, *, tags=None, keys=None, properties=None, queue_id=None, flag=0) -> SendResult: "
      "Producer.send, bound on the producer; the compiled core first, else the reference"},
-    {"bind", (PyCFunction)Sender_bind, METH_VARARGS, "bind(reference, rotate): the producer's send and round robin"},
+    {"bind", (PyCFunction)Sender_bind, METH_VARARGS,
+     "bind(reference, rotate, prefault): the producer's send, round robin and pool-buffer prefault"},
     {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
     {"learn", (PyCFunction)Sender_learn, METH_VARARGS, "a queue and its offset-table slot"},
     {"forget_topics", (PyCFunction)Sender_forget_topics, METH_NOARGS, "topics.json changed"},
@@ -1477,6 +1496,8 @@ static PyMethodDef Sender_methods[] = {
 static PyMemberDef Sender_members[] = {
     {"reserved_until", T_LONGLONG, offsetof(Sender, reserved_until), 0,
      "commit-log offset below which blocks are known reserved (Appender._reserved_until)"},
+    {"prefault_at", T_LONGLONG, offsetof(Sender, prefault_at), 0,
+     "commit-log offset from which a put calls the bound prefault (Appender._prefault_at)"},
     {"fresh_until_ns", T_LONGLONG, offsetof(Sender, fresh_until_ns), 0,
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},

@@ -25,6 +25,7 @@ def _set_pause(point: int, /) -> None: ...
 
 class Sender:
     reserved_until: int
+    prefault_at: int
     fresh_until_ns: int
     last_hold_ns: int
     sent: int
@@ -40,7 +41,7 @@ class Sender:
         queue_id: int | None = None,
         flag: int = 0,
     ) -> Any: ...
-    def bind(self, reference: Any, rotate: Any, /) -> None: ...
+    def bind(self, reference: Any, rotate: Any, prefault: Any, /) -> None: ...
     def send_batch(
         self, topic: str, bodies: list[bytes], tags: str | None, queue_id: int, flag: int, /
     ) -> tuple[Any, str, int, int, int, int, int, list[int] | None] | None: ...

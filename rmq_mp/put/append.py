@@ -12,7 +12,9 @@ learned queues.
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
 import time
 from collections.abc import Sequence
 from typing import Any, NamedTuple
@@ -26,9 +28,11 @@ from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile
 from rmq_mp.store.running_store import RunningStore
-from shm import layout
+from shm import layout, transient_pool
 from shm import put_journal as journal
 from shm import queue_offsets as qo
+
+log = logging.getLogger("rmq_mp")
 
 POOL_WAIT_S = 1.0
 """How long a put waits for a free pool buffer before reporting OS_PAGECACHE_BUSY."""
@@ -51,6 +55,7 @@ _ALLOCATED = layout.ALLOCATED_UNTIL.index
 _PUT_OK = PutMessageStatus.PUT_OK
 _CREATE_FAILED = PutMessageStatus.CREATE_MAPEDFILE_FAILED
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
+_NEVER = sys.maxsize
 _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
 """A send to a queue the full queue-offset table has no room for (RocketMQ's status for too many
 consume queues); the reason names maxConsumeQueueNum."""
@@ -99,6 +104,11 @@ class Appender:
         """Commit-log offset below which, from the write position on, blocks are known reserved
         (ALLOCATED_UNTIL or this producer's own reservation): a put ending below it writes
         without a system call, one ending above goes through `reserve`."""
+        self._populated_until = 0
+        """Position in the cached file's pool buffer up to which this process's mapping of it
+        is populated (`prefault_ahead`)."""
+        self._prefault_at = _NEVER
+        """Commit-log offset from which the write position calls for `prefault_ahead` again."""
 
     def append(self, runs: Sequence[EncodedRun], store_ts: int) -> None:
         """The put lock's work for ``runs``: place them, count them, ask for their flush.
@@ -318,6 +328,9 @@ class Appender:
 
     def set_file(self, cached: tuple[MappedFile, Any] | None) -> None:
         self._file = cached
+        self._populated_until = 0
+        pooled = cached is not None and cached[1] is not None
+        self._set_prefault_at(cached[0].file_from_offset if cached is not None and pooled else _NEVER)
         core = self.native
         if core is None:
             return
@@ -327,6 +340,32 @@ class Appender:
         mf, buffer = cached
         dest = buffer if buffer is not None else mf.mapping
         core.set_file(dest, buffer is None, mf.fd, mf.file_from_offset, mf.file_size, mf.pwrite_min_bytes)
+
+    def prefault_ahead(self) -> None:
+        """After a put, off the put lock: once the write position is within half of
+        `transient_pool.PREFAULT_BYTES` of what this process's mapping of the cached pool buffer
+        has populated, populate the next stretch (`transient_pool.prefault`), so that sends
+        do not each take the page faults of the buffer's fresh pages. The compiled send calls
+        this when its put ends at or past ``prefault_at``; the reference after every put."""
+        cached = self._file
+        wrote = self._words[_WROTE]
+        if wrote < self._prefault_at or cached is None or cached[1] is None:
+            return
+        mf, buffer = cached
+        try:
+            self._populated_until, due = transient_pool.prefault(
+                buffer, wrote - mf.file_from_offset, self._populated_until
+            )
+        except OSError as exc:  # a kernel before 5.14: the sends take the faults instead
+            log.debug("pool buffer prefault unavailable: %s", exc)
+            self._set_prefault_at(_NEVER)
+            return
+        self._set_prefault_at(mf.file_from_offset + due)
+
+    def _set_prefault_at(self, offset: int) -> None:
+        self._prefault_at = offset
+        if self.native is not None:
+            self.native.prefault_at = offset
 
     def _borrow_buffer(self, file_offset: int) -> int:
         """A free pool buffer for a new file, waiting boundedly for the committer to return one

@@ -197,7 +197,7 @@ class Producer:
             and not self._sync_master
         ):
             self._native = native.core.Sender(self._native_settings(store))
-            self._native.bind(self._send, self.router.queue_for)
+            self._native.bind(self._send, self.router.queue_for, self.appender.prefault_ahead)
             self.router.native = self.appender.native = self._native
             # The compiled send, bound on this instance, shadows the `send` method below (which
             # stays the documented entry and the path without the core): one C call per send,
@@ -548,6 +548,7 @@ class Producer:
         finally:
             self.lock.release()
         self._wake_workers()
+        self.appender.prefault_ahead()
 
     def _wake_workers(self) -> None:
         """After a put: the committer or flusher (if it waits for puts) and reput (ASYNC)."""
@@ -579,6 +580,7 @@ class Producer:
         finally:
             self.lock.release()
         self._wake_workers()
+        self.appender.prefault_ahead()
         if put is None:
             assert run is not None
             self._acknowledge((run,))

@@ -216,12 +216,18 @@ class MappedFile:
         self._target()[pos : pos + size] = data
 
     def commit(self, until: int) -> int:
-        """Copy ``[committed, until)`` from the pool buffer into the file (`MappedFile.commit`)."""
+        """Copy ``[committed, until)`` from the pool buffer into the file (`MappedFile.commit`),
+        with `pwrite` as RocketMQ's FileChannel.write: a store through the file's mapping took a
+        page fault per fresh page, each reading the page in (readahead, zeroing) before the copy
+        overwrote it; half the committer's CPU in the realistic bench row."""
         assert self.write_buffer is not None
         assert self._mm is not None
         start = self.committed_position
         if until > start:
-            self._mm[start:until] = self.write_buffer[start:until]
+            with memoryview(self.write_buffer) as buffer, buffer[start:until] as view:
+                done = 0
+                while done < len(view):
+                    done += os.pwrite(self._fd, view[done:], start + done)
             self.committed_position = until
         return self.committed_position
 
