@@ -13,7 +13,8 @@ With `warmMapedFileEnable` it also warms each file it creates (`MappedFile.warm`
 blocks reserved, pages faulted in, forced every `flushLeastPagesWhenWarmMapedFile` pages under
 SYNC_FLUSH, mlocked): then the current file and the files ahead are reserved whole, as RocketMQ's
 warmed files are written whole. It keeps each locked until the write position has moved past it,
-as RocketMQ munlocks a file once it is full. Woken by producers, else every 100 ms.
+as RocketMQ munlocks a file once it is full. Runs at nice ALLOCATOR_NICE: work ahead of need
+yields the CPU to the put path and dispatch. Woken by producers, else every 100 ms.
 Final pass: nothing (files it created but nobody used are removed by the next recovery).
 """
 
@@ -33,6 +34,12 @@ FILES_AHEAD = 2
 """Files created (sparse) beyond the current one."""
 RESERVE_RETRY_S = 1.0
 """After a failed creation or reservation (a full disk), the next try waits this long."""
+ALLOCATOR_NICE = 19
+"""Creating and warming files ahead is background work. Warming a 64 MiB file is the kernel
+zeroing every page (MADV_POPULATE_WRITE): at 400 MB/s of log that was a third of a 2-core
+machine, taken from reput and the producers; at nice 19 the `send_batch` row went from
+1.52-1.71x to 1.79-1.89x raw append (alternating, bench/NOTES.md 2026-11-26). A put that
+reaches a file before it is warmed writes it all the same (RocketMQ's put path does too)."""
 
 
 class AllocatorService(ServiceLoop):
@@ -51,6 +58,11 @@ class AllocatorService(ServiceLoop):
 
     def interval_s(self) -> float:
         return 0.1
+
+    def nice(self) -> int:
+        """ALLOCATOR_NICE: its work is ahead of need, so it takes what CPU the put path and
+        dispatch leave (below)."""
+        return ALLOCATOR_NICE
 
     def files_target(self, wrote: int) -> int:
         """End of the last file to have created: the current one and FILES_AHEAD more."""

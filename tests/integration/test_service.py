@@ -395,12 +395,14 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
 def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(tmp_path: Path, mode: str) -> None:
     """Under SYNC_FLUSH reput's passes are off the acknowledgement path and took CPU from it: reput
     runs at nice reputSyncFlushNice (19); the flusher, and reput under ASYNC_FLUSH (consumers'
-    latency path), at the supervisor's own."""
+    latency path), at the supervisor's own. The allocator runs at nice 19 in both: its files are
+    work ahead of need."""
     with running_service(tmp_path, flushDiskType=mode) as service:
         base = psutil.Process(service.process.pid).nice()
         assert psutil.Process(service.worker_pid("flusher")).nice() == base
         reput = psutil.Process(service.worker_pid("reput")).nice()
         assert reput == (max(base, 19) if mode == "SYNC_FLUSH" else base)
+        assert psutil.Process(service.worker_pid("allocator")).nice() == max(base, 19), "work ahead of need"
 
 
 def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
