@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import zlib
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields, replace
 from typing import Any
 
 import numpy as np
@@ -135,6 +135,23 @@ class RecordBatch:
             key_record=self.key_record[k0:k1] - start,
             key_hash=self.key_hash[k0:k1],
         )
+
+    @classmethod
+    def concat(cls, pieces: Sequence[RecordBatch]) -> RecordBatch:
+        """The records of ``pieces`` in order, with their keys (`slice`'s inverse). The pieces
+        share one topic list."""
+        if len(pieces) == 1:
+            return pieces[0]
+        if not pieces:
+            return cls.empty()
+        columns = {
+            f.name: np.concatenate([getattr(p, f.name) for p in pieces])
+            for f in fields(cls)
+            if f.name not in ("topics", "key_record")
+        }
+        first_rows = np.cumsum([0, *(len(p) for p in pieces[:-1])]).tolist()
+        key_record = np.concatenate([p.key_record + row for p, row in zip(pieces, first_rows, strict=True)])
+        return cls(topics=pieces[0].topics, key_record=key_record, **columns)
 
     @classmethod
     def empty(cls) -> RecordBatch:
@@ -375,30 +392,11 @@ class _NativeScan:
 
     def _join(self, pieces: list[RecordBatch]) -> RecordBatch:
         """One batch over `topics`: numpy pieces have their own topic lists, mapped here."""
-        if not pieces:
-            return RecordBatch.empty()
-        for piece in pieces:
-            if piece.topics is not self.topics and len(piece):
-                remap = np.array([self._topic_index(t) for t in piece.topics], dtype=np.int64)
-                object.__setattr__(piece, "topic_index", remap[piece.topic_index])
-        if len(pieces) == 1:
-            only = pieces[0]
-            return only if only.topics is self.topics else _with_topics(only, self.topics)
-        offsets = np.cumsum([0] + [len(p) for p in pieces[:-1]])
-        return RecordBatch(
-            topics=self.topics,
-            topic_index=np.concatenate([p.topic_index for p in pieces]),
-            phy_offset=np.concatenate([p.phy_offset for p in pieces]),
-            size=np.concatenate([p.size for p in pieces]),
-            queue_id=np.concatenate([p.queue_id for p in pieces]),
-            queue_offset=np.concatenate([p.queue_offset for p in pieces]),
-            sys_flag=np.concatenate([p.sys_flag for p in pieces]),
-            store_timestamp=np.concatenate([p.store_timestamp for p in pieces]),
-            tags_code=np.concatenate([p.tags_code for p in pieces]),
-            ends_in_nul=np.concatenate([p.ends_in_nul for p in pieces]),
-            key_record=np.concatenate([p.key_record + int(o) for p, o in zip(pieces, offsets, strict=True)]),
-            key_hash=np.concatenate([p.key_hash for p in pieces]),
-        )
+        return RecordBatch.concat([p if p.topics is self.topics else self._retopic(p) for p in pieces])
+
+    def _retopic(self, piece: RecordBatch) -> RecordBatch:
+        indexes = np.array([self._topic_index(t) for t in piece.topics], dtype=np.int64)
+        return replace(piece, topics=self.topics, topic_index=indexes[piece.topic_index])
 
     def _topic_index(self, topic: str) -> int:
         raw = topic.encode("utf-8")
@@ -413,10 +411,6 @@ def _grown(keys: np.ndarray, used: int, width: int) -> np.ndarray:
     grown = np.empty((2, width), dtype=np.int64)
     grown[:, :used] = keys[:, :used]
     return grown
-
-
-def _with_topics(batch: RecordBatch, topics: list[str]) -> RecordBatch:
-    return RecordBatch(topics, *(getattr(batch, f) for f in RecordBatch.__slots__[1:]))
 
 
 @dataclass(slots=True)

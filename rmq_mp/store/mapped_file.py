@@ -208,12 +208,16 @@ class MappedFile:
         size = len(data)
         assert pos + size <= self.file_size
         if self.write_buffer is None and size >= self.pwrite_min_bytes:
-            done = 0
-            view = memoryview(data).cast("B")
-            while done < size:
-                done += os.pwrite(self._fd, view[done:], pos + done)
+            with memoryview(data) as view, view.cast("B") as raw:
+                self._pwrite_all(pos, raw)
             return
         self._target()[pos : pos + size] = data
+
+    def _pwrite_all(self, pos: int, view: memoryview) -> None:
+        """``view`` (bytes) into the file at ``pos`` through the page cache, short writes resumed."""
+        done = 0
+        while done < len(view):
+            done += os.pwrite(self._fd, view[done:], pos + done)
 
     def commit(self, until: int) -> int:
         """Copy ``[committed, until)`` from the pool buffer into the file (`MappedFile.commit`),
@@ -225,9 +229,7 @@ class MappedFile:
         start = self.committed_position
         if until > start:
             with memoryview(self.write_buffer) as buffer, buffer[start:until] as view:
-                done = 0
-                while done < len(view):
-                    done += os.pwrite(self._fd, view[done:], start + done)
+                self._pwrite_all(start, view)
             self.committed_position = until
         return self.committed_position
 
