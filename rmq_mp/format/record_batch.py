@@ -259,8 +259,10 @@ def scan_segment(
 ) -> SegmentScan:
     """Decode the records of ``buf[pos:limit]`` (one mapped segment starting at log offset
     ``file_from_offset``), at most ``max_records``, as `record.check_record` would one by one:
-    with the compiled scan where it is built (`native.scan`), else with numpy alone."""
-    if native.scan.active is None:
+    with the compiled scan where it is built (`native.scan`), else with numpy alone (also for
+    a CRC-checked scan when the compiled scan was built without zlib)."""
+    compiled = native.scan.active
+    if compiled is None or (check_crc and not compiled.HAVE_CRC):
         return scan_segment_numpy(
             buf,
             pos,
