@@ -384,10 +384,19 @@ def test_push_members_in_processes_lose_nothing_across_kill_9_of_one(tmp_path: P
                 proc.wait(30)
         seen = Counter(body for out in outs for body in bodies(out))
         assert set(seen) == {str(i) for i in range(3000)}
-        repeated = sum(n - 1 for n in seen.values())
-        # Repeated: what the dead member consumed after its last commit, and what a member's 4
-        # consume threads were running when it handed a queue over at the join.
-        assert repeated <= len(bodies(outs[0])) + 2 * 4
+        # Repeated: what the dead member consumed after its last commit, and what a member had
+        # finished above a message still in flight when it handed a queue over at the join (its
+        # commit is the lowest offset in flight, as RocketMQ's; one slow message lets the other
+        # consume threads run ahead of it, so that part has no fixed size: 9 from a member's
+        # 4 threads, seen in CI). Either way a repeat lies in a queue that changed hands, and
+        # every queue the dead member held did: at the join or at its death.
+        changed_hands = {int(body) % 8 for body in bodies(outs[0])}
+        repeated_elsewhere = sorted(
+            int(b) for b, n in seen.items() if n > 1 and int(b) % 8 not in changed_hands
+        )
+        assert not repeated_elsewhere, (
+            f"repeats in queues that never changed hands: {repeated_elsewhere[:10]}"
+        )
         # One message can be both: running on a member when its queue moved at the join, and
         # consumed again by the dead member after its last commit (three times in all; seen in
         # CI when member 1 joined first and handed queues 0-3 to member 0). Never more.
