@@ -33,7 +33,7 @@ from typing import Any
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.format import message as m
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
 
 QUEUE_IDS_PER_TOPIC = 16

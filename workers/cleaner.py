@@ -44,9 +44,10 @@ from datetime import datetime
 from pathlib import Path
 
 from rmq_mp.config.offsets import TOPIC_GROUP_SEPARATOR
+from rmq_mp.format.queue_entry import effective_file_size
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.cleaning import DELETE_FILES_BATCH_MAX, describe_triggers, explain
-from rmq_mp.store.consume_queue import effective_file_size, plan_expired_files, read_entry
+from rmq_mp.store.consume_queue import plan_expired_files, read_entry
 from rmq_mp.store.disk import DiskLevel, DiskThresholds, disk_used_ratio
 from rmq_mp.store.index_service import expired_index_files
 from rmq_mp.store.mapped_file import offset_to_file_name

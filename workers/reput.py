@@ -48,6 +48,7 @@ from functools import partial
 from rmq_mp.errors import ConfigError
 from rmq_mp.format import native
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher, DispatchFault
@@ -165,7 +166,11 @@ class ReputService(ServiceLoop):
 
     def _table_min_offset(self, cq: ConsumeQueue) -> int:
         slot = self.store.shm.queues.find(cq.topic, cq.queue_id)
-        return self.store.shm.queues.get(slot, qo.MIN_OFFSET) * 20 if slot >= 0 else cq.min_logic_offset
+        return (
+            self.store.shm.queues.get(slot, qo.MIN_OFFSET) * CQ_STORE_UNIT_SIZE
+            if slot >= 0
+            else cq.min_logic_offset
+        )
 
     def interval_s(self) -> float:
         return 0.1

@@ -38,8 +38,9 @@ from rmq_mp.errors import (
     StoreNotRunningError,
 )
 from rmq_mp.format.message import MessageExt
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.message_store import offset_status, read_queue
 from rmq_mp.store.read_damage import ReadSkips, shm_counter

@@ -33,6 +33,8 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar, get_type_hints
 
 from rmq_mp.errors import ConfigError
+from rmq_mp.format.index_layout import index_file_size
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, effective_file_size
 
 __all__ = [
     "IGNORED_PROPERTIES",
@@ -49,7 +51,6 @@ __all__ = [
 
 _log = logging.getLogger(__name__)
 
-CQ_STORE_UNIT_SIZE: Final = 20  # bytes per ConsumeQueue entry (docs/format.md §4.1)
 MULTI_PATH_SPLITTER: Final = ","  # system property rocketmq.broker.multiPathSplitter default
 _JAVA_INT = (-(2**31), 2**31 - 1)
 _JAVA_LONG = (-(2**63), 2**63 - 1)
@@ -644,8 +645,8 @@ class MessageStoreConfig:
 
     @property
     def index_file_size_bytes(self) -> int:
-        """40-byte header + 4-byte hash slots + 20-byte entries (docs/format.md §5.1)."""
-        return 40 + self.max_hash_slot_num * 4 + self.max_index_num * 20
+        """Bytes of one index file (`rmq_mp.format.index_layout`)."""
+        return index_file_size(self.max_hash_slot_num, self.max_index_num)
 
 
 # --------------------------------------------------------------------------------------------
@@ -858,7 +859,7 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
     for name in ("store_path_root_dir", "store_path_commit_log", "read_only_commit_log_store_paths"):
         if "\0" in values[name]:
             problems.append(f"{_SPECS[name].key} = {values[name]!r}: a path cannot hold a NUL character")
-    index_size = 40 + values["max_hash_slot_num"] * 4 + values["max_index_num"] * 20
+    index_size = index_file_size(values["max_hash_slot_num"], values["max_index_num"])
     if index_size > _JAVA_INT[1]:
         problems.append(
             f"maxHashSlotNum * 4 + maxIndexNum * 20 + 40 = {index_size}: an index file must be "
@@ -900,9 +901,13 @@ def effective_values(values: Mapping[str, Any]) -> tuple[dict[str, Any], tuple[s
         notes.append(f"{spec.key}: {spec.format(values[name])} -> {spec.format(value)} ({rule})")
 
     cq_size = values["mapped_file_size_consume_queue"]
-    rounded = -(-cq_size // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
+    rounded = effective_file_size(cq_size)
     if rounded != cq_size:
-        change("mapped_file_size_consume_queue", rounded, "rounded up to a multiple of the 20-byte entry")
+        change(
+            "mapped_file_size_consume_queue",
+            rounded,
+            f"rounded up to a multiple of the {CQ_STORE_UNIT_SIZE}-byte entry",
+        )
 
     if values["transient_store_pool_enable"]:
         if values["flush_disk_type"] is not FlushDiskType.ASYNC_FLUSH:

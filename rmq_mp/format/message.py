@@ -280,6 +280,22 @@ def split_keys(keys: str | None) -> list[str]:
     return [k for k in keys.split(KEY_SEPARATOR) if k] if keys else []
 
 
+INDEX_KEY_WHOLE = PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX
+"""The property indexed as one key (first, when present)."""
+INDEX_KEY_WORDS = PROPERTY_KEYS
+"""The property indexed word by word (`split_keys`), after it."""
+
+
+def index_keys(topic: str, uniq_key: str | None, keys: str | None) -> list[str]:
+    """`IndexService.buildIndex`'s keys for one record, in its order: ``topic#<UNIQ_KEY>``, then
+    ``topic#<word>`` for each word of KEYS. The one statement of the rule: the index service and
+    the numpy decoder call it, and the compiled scan is configured with INDEX_KEY_WHOLE,
+    INDEX_KEY_WORDS and KEY_SEPARATOR (format/native.py)."""
+    found = [f"{topic}#{uniq_key}"] if uniq_key else []
+    found.extend(f"{topic}#{k}" for k in split_keys(keys))
+    return found
+
+
 @dataclass(slots=True, kw_only=True)
 class MessageExt:
     """A stored record, every field as decoded (RocketMQ's MessageExt)."""

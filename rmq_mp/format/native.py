@@ -79,8 +79,8 @@ def scan_layout() -> dict[str, object]:
         "PROPERTY_SEPARATOR": ord(m.PROPERTY_SEPARATOR),
         "KEY_SEPARATOR": ord(m.KEY_SEPARATOR),
         "TAGS": m.PROPERTY_TAGS.encode(),
-        "KEYS": m.PROPERTY_KEYS.encode(),
-        "UNIQ_KEY": m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode(),
+        "KEYS": m.INDEX_KEY_WORDS.encode(),
+        "UNIQ_KEY": m.INDEX_KEY_WHOLE.encode(),
         "SCHEDULE_TOPIC": m.SCHEDULE_TOPIC.encode(),
     }
 

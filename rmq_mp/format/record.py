@@ -396,8 +396,35 @@ def encode_record(message: m.Message, store_host: m.Host) -> bytearray:
     return encoded
 
 
-def sys_flag_of(encoded: bytes | bytearray) -> int:
-    return int(_INT.unpack_from(encoded, POS_SYS_FLAG)[0])
+# A peek at one field of a record at ``pos`` of ``buf``, for readers that need only that field
+# (a walk from record to record, recovery choosing its first file, a timestamp lookup): no check
+# is made that a record is there; `check_record` and `decode_message` are the checked reads.
+
+MAGIC_CODE_BYTES = _INT.pack(MESSAGE_MAGIC_CODE)
+"""MAGICCODE of a v1 record as it lies in the file (a walk searches for it)."""
+
+
+def peek_size_magic(buf: Any, pos: int) -> tuple[int, int]:
+    """(TOTALSIZE, MAGICCODE): all a walk needs to step over a record or a file's blank."""
+    total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+    return int(total), int(magic)
+
+
+def peek_total_size(buf: Any, pos: int) -> int:
+    return int(_INT.unpack_from(buf, pos + POS_TOTAL_SIZE)[0])
+
+
+def peek_sys_flag(buf: Any, pos: int) -> int:
+    return int(_INT.unpack_from(buf, pos + POS_SYS_FLAG)[0])
+
+
+def peek_phy_offset(buf: Any, pos: int) -> int:
+    return int(_LONG.unpack_from(buf, pos + POS_PHY_OFFSET)[0])
+
+
+def peek_store_timestamp(buf: Any, pos: int) -> int:
+    """STORETIMESTAMP, wherever the born host's length puts it (`pickupStoreTimestamp`)."""
+    return int(_LONG.unpack_from(buf, pos + store_timestamp_position(peek_sys_flag(buf, pos)))[0])
 
 
 OFFSETS = struct.Struct(">qq")

@@ -54,7 +54,7 @@ _U4 = np.dtype("<u4")
 _U8 = np.dtype("<u8")
 _NAME_CODES = {
     name: int.from_bytes(name.encode(), "little")
-    for name in (m.PROPERTY_TAGS, m.PROPERTY_KEYS, m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
+    for name in (m.PROPERTY_TAGS, m.INDEX_KEY_WORDS, m.INDEX_KEY_WHOLE)
 }
 """The property names dispatch reads, as the little-endian word of their 4 or 8 bytes."""
 _SPACE = ord(m.KEY_SEPARATOR)
@@ -704,7 +704,7 @@ class _Decoder:
             if name == m.PROPERTY_TAGS:
                 which, hashes = self._hash_values(flat, value_start, value_end, width)
                 self.tags_code[rows[which]] = hashes.view(np.int32).astype(np.int64)
-            elif name == m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX:
+            elif name == m.INDEX_KEY_WHOLE:
                 self._add_keys(flat, value_start, value_end, width, rows, prefix, first=True)
             else:
                 spaces = np.flatnonzero(flat == _SPACE)
@@ -795,10 +795,10 @@ class _Decoder:
                 if tags:
                     tag_rows.append(row)
                     tag_texts.append(tags)
-                keys = _index_keys(
+                keys = m.index_keys(
                     topic,
-                    properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX),
-                    properties.get(m.PROPERTY_KEYS, ""),
+                    properties.get(m.INDEX_KEY_WHOLE),
+                    properties.get(m.INDEX_KEY_WORDS),
                 )
             else:
                 pos = int(starts[row])
@@ -816,7 +816,7 @@ class _Decoder:
                 self.tags_code[row] = req.tags_code
                 self.topic_index[row] = self._topic_id(req.topic)
                 ends_in_nul[row] = req.ends_in_nul
-                keys = _index_keys(req.topic, req.uniq_key, req.keys)
+                keys = m.index_keys(req.topic, req.uniq_key, req.keys)
             key_rows.extend([row] * len(keys))
             key_order.extend(range(len(keys)))
             key_texts.extend(keys)
@@ -864,11 +864,3 @@ def _within(positions: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.n
     """bool: each position lies in one of the sorted, disjoint ranges ``[starts, ends)``."""
     owner = np.searchsorted(starts, positions, side="right") - 1
     return (owner >= 0) & (positions < ends[np.maximum(owner, 0)])
-
-
-def _index_keys(topic: str, uniq_key: str | None, keys: str) -> list[str]:
-    """`IndexService.buildIndex`'s keys for one record: ``topic#UNIQ_KEY``, then ``topic#word``
-    per word of KEYS (index_service.index_keys, restated to keep decoding below the index)."""
-    found = [f"{topic}#{uniq_key}"] if uniq_key else []
-    found.extend(f"{topic}#{k}" for k in m.split_keys(keys))
-    return found

@@ -256,7 +256,7 @@ class SendEncoder:
             data,
             count=1,
             record_size=len(data),
-            sys_flag=record.sys_flag_of(data),
+            sys_flag=record.peek_sys_flag(data, 0),
             uniq_keys=(uniq,),
             wait_flush=waits_for_store(message.properties),
         )

@@ -25,11 +25,10 @@ import pyarrow.parquet as pq
 
 from rmq_mp.format import message as m
 from rmq_mp.format import record
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.spark.columns import decode_batch
-from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.store.mapped_file import offset_to_file_name
 
-_SIZE_MAGIC = struct.Struct(">ii")
 EXPORT_BATCH_RECORDS = 65536
 
 
@@ -83,7 +82,7 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
     limit = len(buf) if seg.readable_bytes is None else min(len(buf), seg.readable_bytes)
     writing = limit < len(buf)  # the file being written: what lies after is not written yet
     while pos + record.END_FILE_MIN_BLANK_LENGTH <= limit:
-        total, magic = _SIZE_MAGIC.unpack_from(buf, pos)
+        total, magic = record.peek_size_magic(buf, pos)
         phy = seg.file_offset + pos
         if magic == record.BLANK_MAGIC_CODE:
             audit.blank_at = phy

@@ -17,7 +17,7 @@ import numpy as np
 
 from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import DataLossError, ShmAttachError, StoreError
-from rmq_mp.store.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.format.queue_entry import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.running_store import resolve_names

@@ -128,17 +128,16 @@ class CommitLog:
             return file_end
         buf = mf.buf
         limit = mf.read_position
-        magic = record._INT.pack(record.MESSAGE_MAGIC_CODE)
+        magic = record.MAGIC_CODE_BYTES
         pos = phy_offset - mf.file_from_offset + 1
         while True:
             found = buf.find(magic, pos + record.POS_MAGIC, limit)
             if found < 0:
                 return file_end
             start = found - record.POS_MAGIC
-            if start + record.POS_SYS_FLAG <= limit:
-                (phy,) = record._LONG.unpack_from(buf, start + record.POS_PHY_OFFSET)
-                if phy == mf.file_from_offset + start:
-                    return phy
+            phy = mf.file_from_offset + start
+            if start + record.POS_SYS_FLAG <= limit and record.peek_phy_offset(buf, start) == phy:
+                return phy
             pos = start + 1
 
     def roll_next_file(self, phy_offset: int) -> int:
@@ -225,7 +224,7 @@ class CommitLog:
     def total_size_at(self, phy_offset: int) -> int:
         """TOTALSIZE of the record at ``phy_offset`` (its first 4 bytes, unchecked)."""
         mf = self._file_for(phy_offset)
-        return int(record._INT.unpack_from(mf.buf, phy_offset - mf.file_from_offset)[0])
+        return record.peek_total_size(mf.buf, phy_offset - mf.file_from_offset)
 
     def check_at(self, phy_offset: int, *, check_crc: bool = False) -> record.DispatchRequest:
         """Validate the record at ``phy_offset`` without decoding its body."""
@@ -247,9 +246,7 @@ class CommitLog:
         pos = phy_offset - mf.file_from_offset
         if pos + size > mf.read_position:
             return -1
-        (sys_flag,) = record._INT.unpack_from(mf.buf, pos + record.POS_SYS_FLAG)
-        (ts,) = record._LONG.unpack_from(mf.buf, pos + record.store_timestamp_position(sys_flag))
-        return int(ts)
+        return record.peek_store_timestamp(mf.buf, pos)
 
     def _span(self, offset: int, end: int) -> tuple[MappedFile, int, int] | int | None:
         """Where a walk at ``offset`` (up to ``end``) reads next: (file, position, limit) inside one

@@ -1,14 +1,7 @@
-"""ConsumeQueue: per topic/queue index of 20-byte entries into the CommitLog.
+"""ConsumeQueue: per topic/queue index of entries into the CommitLog.
 
-Entry layout (docs/format.md §4.1), big-endian, entry N at byte N*20 of the queue:
-
-    off size field
-      0    8 commit-log phy offset (long)
-      8    4 record total size (int)
-     12    8 tags code (long): Java hash of TAGS, or delivery time for delayed messages
-
-A queue that starts above offset 0 has its first file padded with pre-blank entries
-``(0, Integer.MAX_VALUE, 0)`` (`fillPreBlank`). Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4);
+The entry's bytes (phy offset, size, tags code; pre-blank entries) are
+`rmq_mp.format.queue_entry`'s. Mirrors `ConsumeQueue` (§4.2-§4.5, §8.4);
 `put_position_infos` (batch dispatch) appends many entries with the bytes of one
 `putMessagePositionInfo` at a time, in one copy per file.
 """
@@ -17,7 +10,6 @@ from __future__ import annotations
 
 import logging
 import os
-import struct
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from functools import partial
@@ -27,6 +19,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rmq_mp.errors import ConfigError, CorruptFileError
+from rmq_mp.format.queue_entry import (
+    CQ_ENTRY,
+    CQ_ENTRY_DTYPE,
+    CQ_STORE_UNIT_SIZE,
+    PRE_BLANK_ENTRY,
+    PRE_BLANK_SIZE,
+)
 from rmq_mp.store.mapped_file import MappedFile, offset_to_file_name
 from rmq_mp.store.mapped_file_queue import MappedFileQueue
 from rmq_mp.store.mapping_pool import MappingPool, process_pool
@@ -36,12 +35,6 @@ if TYPE_CHECKING:
     from rmq_mp.store.commit_log import CommitLog
 
 log = logging.getLogger(__name__)
-
-CQ_STORE_UNIT_SIZE = 20
-PRE_BLANK_SIZE = 0x7FFFFFFF
-CQ_ENTRY = struct.Struct(">qiq")
-"""One entry: phy offset, size, tags code (big-endian); the one definition, Spark included."""
-CQ_ENTRY_DTYPE = np.dtype([("phy", ">i8"), ("size", ">i4"), ("tags", ">i8")])
 
 
 _HUGE = 1 << 62
@@ -67,11 +60,6 @@ def _first_last(real: np.ndarray) -> np.ndarray:
     if len(found):
         mask[found[0]] = mask[found[-1]] = True
     return mask
-
-
-def effective_file_size(configured: int) -> int:
-    """`getMappedFileSizeConsumeQueue`: rounded up to a whole number of entries."""
-    return -(-configured // CQ_STORE_UNIT_SIZE) * CQ_STORE_UNIT_SIZE
 
 
 def _valid_entry_count(mf: MappedFile, limit: int) -> tuple[int, int]:
@@ -419,7 +407,7 @@ class ConsumeQueue:
         return True
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
-        blank = CQ_ENTRY.pack(0, PRE_BLANK_SIZE, 0)
+        blank = PRE_BLANK_ENTRY
         for _ in range(until_where % self.mapped_file_size // CQ_STORE_UNIT_SIZE):
             mf.append(blank)
 

@@ -1,13 +1,6 @@
 """IndexFile: a fixed-size hash index from message keys to commit-log offsets.
 
-Layout (docs/format.md §5.1), big-endian:
-
-    header, 40 bytes: beginTimestamp:long endTimestamp:long beginPhyOffset:long
-                      endPhyOffset:long hashSlotCount:int indexCount:int (starts at 1)
-    hash slots:       hashSlotNum ints at 40 + slot*4 = number of the newest entry (0 = empty)
-    entries:          indexNum x 20 bytes at 40 + hashSlotNum*4 + n*20:
-                      keyHash:int phyOffset:long timeDiff:int (seconds since beginTimestamp)
-                      prevIndex:int (older entry of the same slot, 0 = end of chain)
+The layout (header, hash slots, entries) is `rmq_mp.format.index_layout`'s.
 
 Entry 0 is never used. Chains run newest to oldest, so lookups return newest first. Mirrors
 `IndexFile` and `IndexHeader`; `put_hashes` (batch dispatch) writes many keys with the bytes of
@@ -25,34 +18,28 @@ from __future__ import annotations
 
 import mmap
 import os
-import struct
 from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
 from rmq_mp.format import native
+from rmq_mp.format.index_layout import (
+    ENTRY,
+    ENTRY_DTYPE,
+    HASH_SLOT_SIZE,
+    HEADER,
+    INDEX_ENTRY_SIZE,
+    INDEX_HEADER_SIZE,
+    SLOT,
+    SLOT_DTYPE,
+    index_file_size,
+)
 from rmq_mp.format.message import index_key_hash
 from rmq_mp.store.mapped_file import reservation_end, reserve_blocks
 from rmq_mp.store.reporter import Reporter
 
-INDEX_HEADER_SIZE = 40
-HASH_SLOT_SIZE = 4
-INDEX_ENTRY_SIZE = 20
-_HEADER = struct.Struct(">qqqqii")
-_ENTRY = struct.Struct(">iqii")
-_SLOT = struct.Struct(">i")
-_ENTRY_DTYPE = np.dtype([("hash", ">i4"), ("phy", ">i8"), ("time_diff", ">i4"), ("prev", ">i4")])
 _INT_MAX = 0x7FFFFFFF
-
-
-def header_end_phy_offset(header: bytes) -> int:
-    """endPhyOffset from a file's first INDEX_HEADER_SIZE bytes."""
-    return int(_HEADER.unpack_from(header, 0)[3])
-
-
-def index_file_size(hash_slot_num: int, index_num: int) -> int:
-    return INDEX_HEADER_SIZE + hash_slot_num * HASH_SLOT_SIZE + index_num * INDEX_ENTRY_SIZE
 
 
 class IndexFile:
@@ -116,7 +103,7 @@ class IndexFile:
                 self.end_phy_offset,
                 self.hash_slot_count,
                 self.index_count,
-            ) = _HEADER.unpack_from(self._buf, 0)
+            ) = HEADER.unpack_from(self._buf, 0)
         else:
             self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
             self.hash_slot_count = self.index_count = 0
@@ -151,7 +138,7 @@ class IndexFile:
 
     def _write_header(self) -> None:
         if self._mm is not None and self.writable:
-            _HEADER.pack_into(
+            HEADER.pack_into(
                 self._mm,
                 0,
                 self.begin_timestamp,
@@ -182,7 +169,7 @@ class IndexFile:
         if self.index_count >= self.index_num:
             return False
         slot_pos = self._slot_pos(key_hash)
-        (slot_value,) = _SLOT.unpack_from(self._mm, slot_pos)
+        (slot_value,) = SLOT.unpack_from(self._mm, slot_pos)
         if slot_value <= 0 or slot_value > self.index_count:
             slot_value = 0
         if self.begin_timestamp <= 0:
@@ -192,8 +179,8 @@ class IndexFile:
         entry_pos = self._entry_pos(self.index_count)
         if entry_pos + INDEX_ENTRY_SIZE > self._reserved_end:
             self._reserve_entries(entry_pos + INDEX_ENTRY_SIZE)
-        _ENTRY.pack_into(self._mm, entry_pos, key_hash, phy_offset, time_diff, slot_value)
-        _SLOT.pack_into(self._mm, slot_pos, self.index_count)
+        ENTRY.pack_into(self._mm, entry_pos, key_hash, phy_offset, time_diff, slot_value)
+        SLOT.pack_into(self._mm, slot_pos, self.index_count)
         if self.index_count <= 1:
             self.begin_phy_offset = phy_offset
             self.begin_timestamp = store_timestamp
@@ -261,7 +248,9 @@ class IndexFile:
         assert self._mm is not None
         count = len(key_hash)
         slots = key_hash % self.hash_slot_num
-        slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        slot_table = np.frombuffer(
+            self._mm, dtype=SLOT_DTYPE, count=self.hash_slot_num, offset=INDEX_HEADER_SIZE
+        )
         try:
             before = slot_table[slots].astype(np.int64)
         finally:
@@ -269,7 +258,9 @@ class IndexFile:
         if bool((before > first).any()):
             return -1
         before[before < 0] = 0
-        slot_table = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        slot_table = np.frombuffer(
+            self._mm, dtype=SLOT_DTYPE, count=self.hash_slot_num, offset=INDEX_HEADER_SIZE
+        )
         try:
             numbers = first + np.arange(count, dtype=np.int64)
             # Stable order by slot: the keys' positions break ties, so a plain (vectorised) sort
@@ -289,7 +280,7 @@ class IndexFile:
             ends_group[:-1] = starts_group[1:]
             # Entries first, then slots, then the header: the order `putKey` writes in, so a
             # crash in between leaves what `_repair_torn_put` recognises.
-            entries = np.empty(count, dtype=_ENTRY_DTYPE)
+            entries = np.empty(count, dtype=ENTRY_DTYPE)
             entries["hash"] = key_hash
             entries["phy"] = phy_offset
             entries["time_diff"] = time_diff
@@ -330,7 +321,7 @@ class IndexFile:
         slot_pos = self._slot_pos(key_hash)
         if slot_pos + HASH_SLOT_SIZE > len(buf) or self.index_count <= 1:
             return []
-        (current,) = _SLOT.unpack_from(buf, slot_pos)
+        (current,) = SLOT.unpack_from(buf, slot_pos)
         found: list[int] = []
         for _ in range(self.index_count):  # bound: a corrupt chain can never loop forever
             if current <= 0 or current >= self.index_count or len(found) >= max_num:
@@ -338,7 +329,7 @@ class IndexFile:
             pos = self._entry_pos(current)
             if pos + INDEX_ENTRY_SIZE > len(buf):
                 break
-            hash_read, phy, time_diff, prev = _ENTRY.unpack_from(buf, pos)
+            hash_read, phy, time_diff, prev = ENTRY.unpack_from(buf, pos)
             if time_diff < 0:
                 break
             time_read = self.begin_timestamp + time_diff * 1000
@@ -351,7 +342,7 @@ class IndexFile:
 
     def entries(self) -> list[tuple[int, int, int, int]]:
         """Every stored entry (keyHash, phyOffset, timeDiff, prevIndex), oldest first."""
-        return [_ENTRY.unpack_from(self._buf, self._entry_pos(n)) for n in range(1, self.index_count)]
+        return [ENTRY.unpack_from(self._buf, self._entry_pos(n)) for n in range(1, self.index_count)]
 
     # ------------------------------------------------------------------ recovery
 
@@ -364,7 +355,7 @@ class IndexFile:
         if self._mm is None or self.index_count <= 2:
             return True
         entries = np.frombuffer(
-            self._mm, dtype=_ENTRY_DTYPE, count=self.index_count - 1, offset=self._entry_pos(1)
+            self._mm, dtype=ENTRY_DTYPE, count=self.index_count - 1, offset=self._entry_pos(1)
         )
         try:
             phys = entries["phy"]
@@ -387,8 +378,8 @@ class IndexFile:
             return None
         if self.begin_phy_offset > self.end_phy_offset or self.begin_phy_offset < 0:
             return f"header offsets [{self.begin_phy_offset}, {self.end_phy_offset}] out of order"
-        entries = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=count - 1, offset=self._entry_pos(1))
-        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        entries = np.frombuffer(self._mm, dtype=ENTRY_DTYPE, count=count - 1, offset=self._entry_pos(1))
+        slots = np.frombuffer(self._mm, dtype=SLOT_DTYPE, count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
         try:
             key_hash = entries["hash"].astype(np.int64)
             phy = entries["phy"].astype(np.int64)
@@ -435,7 +426,7 @@ class IndexFile:
         limit = min(self.index_count, max(1, self.intact_entry_limit()))
         if limit == self.index_count and self.end_phy_offset < valid_phy_end:
             return 0  # the common case: nothing cut, nothing beyond the end
-        entries = np.frombuffer(self._mm, dtype=_ENTRY_DTYPE, count=limit - 1, offset=self._entry_pos(1))
+        entries = np.frombuffer(self._mm, dtype=ENTRY_DTYPE, count=limit - 1, offset=self._entry_pos(1))
         try:
             beyond = np.flatnonzero(entries["phy"] >= valid_phy_end)
         finally:
@@ -451,7 +442,7 @@ class IndexFile:
         self._rebuild_slots(new_count)
         self.index_count = new_count
         if new_count > 1:
-            _h, phy, _t, _p = _ENTRY.unpack_from(self._mm, self._entry_pos(new_count - 1))
+            _h, phy, _t, _p = ENTRY.unpack_from(self._mm, self._entry_pos(new_count - 1))
             self.end_phy_offset = phy
             self.end_timestamp = max(store_time_of(phy), self.begin_timestamp)
         else:
@@ -472,7 +463,7 @@ class IndexFile:
         put would link to it as its own predecessor (a loop that cuts the older chain off). Such a
         slot is the mark of a torn put: rebuild the slots from the counted entries."""
         assert self._mm is not None
-        slots = np.frombuffer(self._mm, dtype=">i4", count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
+        slots = np.frombuffer(self._mm, dtype=SLOT_DTYPE, count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
         try:
             torn = int(np.count_nonzero(slots >= self.index_count))
         finally:
@@ -494,7 +485,7 @@ class IndexFile:
         to older entries and so stay intact."""
         assert self._mm is not None
         survivors = np.frombuffer(
-            self._mm, dtype=_ENTRY_DTYPE, count=entry_count - 1, offset=self._entry_pos(1)
+            self._mm, dtype=ENTRY_DTYPE, count=entry_count - 1, offset=self._entry_pos(1)
         )
         heads = np.zeros(self.hash_slot_num, dtype=np.int64)
         try:
@@ -505,7 +496,7 @@ class IndexFile:
             )
         finally:
             del survivors
-        self._mm[INDEX_HEADER_SIZE : self._slots_end()] = heads.astype(">i4").tobytes()
+        self._mm[INDEX_HEADER_SIZE : self._slots_end()] = heads.astype(SLOT_DTYPE).tobytes()
         self.hash_slot_count = int(np.count_nonzero(heads))
 
     def flush(self) -> None:

@@ -17,20 +17,20 @@ from pathlib import Path
 import numpy as np
 
 from rmq_mp.errors import ConfigError
-from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, split_keys, transaction_type
+from rmq_mp.format.index_layout import INDEX_HEADER_SIZE, header_end_phy_offset, index_file_size
+from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, transaction_type
+from rmq_mp.format.message import index_keys as m_index_keys
 from rmq_mp.format.record import DispatchRequest
 from rmq_mp.format.record_batch import RecordBatch
-from rmq_mp.store.index_file import INDEX_HEADER_SIZE, IndexFile, header_end_phy_offset, index_file_size
+from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.reporter import Reporter
 
 log = logging.getLogger(__name__)
 
 
 def index_keys(req: DispatchRequest) -> list[str]:
-    """The keys `buildIndex` puts for one record, in order."""
-    keys = [f"{req.topic}#{req.uniq_key}"] if req.uniq_key else []
-    keys.extend(f"{req.topic}#{k}" for k in split_keys(req.keys))
-    return keys
+    """The keys `buildIndex` puts for one record, in order (`message.index_keys`)."""
+    return m_index_keys(req.topic, req.uniq_key, req.keys)
 
 
 def time_to_file_name(ms: int) -> str:

@@ -40,6 +40,7 @@ from rmq_mp.errors import (
 )
 from rmq_mp.format import message as m
 from rmq_mp.format import record
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import (
     AppendMessageStatus,
@@ -52,7 +53,7 @@ from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.store import read_damage, schedule
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
-from rmq_mp.store.consume_queue import PRE_BLANK_SIZE, ConsumeQueue, ConsumeQueueTable
+from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.store.dispatch import Dispatcher
 from rmq_mp.store.index_service import IndexService
 from rmq_mp.store.mapping_pool import process_pool
@@ -356,7 +357,7 @@ class MessageStore:
             if not reason:
                 raise
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, reason=reason)
-        (sys_flag,) = record._INT.unpack_from(encoded, record.POS_SYS_FLAG)
+        sys_flag = record.peek_sys_flag(encoded, 0)
         dispatchable = m.is_dispatchable(sys_flag)
         with self._put_lock:
             key = (message.topic, message.queue_id)
@@ -639,10 +640,10 @@ def read_queue(
     decided = offset_status(offset, min_offset, max_offset)
     if decided is not None:
         return decided
-    entries = cq.entries(offset, min(max(16000 // 20, max_msgs), max_offset - offset))
+    entries = cq.entries(offset, min(max(16000 // CQ_STORE_UNIT_SIZE, max_msgs), max_offset - offset))
     first = next(entries, None)
     if first is None:
-        per_file = cq.mapped_file_size // 20
+        per_file = cq.mapped_file_size // CQ_STORE_UNIT_SIZE
         return GetMessageResult(
             GetMessageStatus.OFFSET_FOUND_NULL, offset + per_file - offset % per_file, min_offset, max_offset
         )

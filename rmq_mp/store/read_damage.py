@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 from rmq_mp.errors import BodyCrcError, CorruptRecordError, ShmAttachError
 from rmq_mp.format import record
 from rmq_mp.format.message import MessageExt
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.reporter import Reporter
 

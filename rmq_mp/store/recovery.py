@@ -46,9 +46,10 @@ import numpy as np
 
 from rmq_mp.format import record
 from rmq_mp.format.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record_batch import RecordBatch
 from rmq_mp.progress import progress
-from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapped_file import offset_to_file_name
 
 if TYPE_CHECKING:
@@ -114,11 +115,10 @@ def _choose_abnormal_start(store: MessageStore) -> int:
         mf = files[index]
         if len(mf.buf) < record.POS_SYS_FLAG + 4:
             continue
-        (magic,) = record._INT.unpack_from(mf.buf, record.POS_MAGIC)
+        _total, magic = record.peek_size_magic(mf.buf, 0)
         if magic not in (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2):
             continue
-        (sys_flag,) = record._INT.unpack_from(mf.buf, record.POS_SYS_FLAG)
-        (store_ts,) = record._LONG.unpack_from(mf.buf, record.store_timestamp_position(sys_flag))
+        store_ts = record.peek_store_timestamp(mf.buf, 0)
         if store_ts != 0 and store_ts <= safe:
             log.info(
                 "abnormal recovery starts at file %s (first store time %d <= %d)",

@@ -17,7 +17,9 @@ from typing import Any
 from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import ConfigError, StoreError
 from rmq_mp.format import record
+from rmq_mp.format.index_layout import slots_and_entries
 from rmq_mp.format.message import MessageExt, format_host
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
 
 
@@ -177,23 +179,19 @@ def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> d
     """The file sizes the files themselves tell, so ``--store`` alone opens a store made with
     non-default sizes: every commit-log file has ``mappedFileSizeCommitLog`` bytes, every
     consume-queue file ``mappedFileSizeConsumeQueue``, every index file ``40 + 4 *
-    maxHashSlotNum + 20 * maxIndexNum`` (one of the two ``given``, the length tells the other;
+    maxHashSlotNum + 20 * maxIndexNum`` (`index_layout`; one of the two ``given``, the length tells the other;
     neither, RocketMQ's 1:4 ratio of slots to entries). A size is told only when all files of
     the kind agree; otherwise the configured one stays and the store names the mismatch."""
     told: dict[str, str] = {}
     index = _file_lengths(config.root_dir / "index", digits=17)
     if len(index) == 1 and (length := index.pop()) != config.index_file_size_bytes:
-        entries_bytes = length - 40
-        slots, entries = config.max_hash_slot_num, config.max_index_num
-        if "maxHashSlotNum" in given:
-            entries = (entries_bytes - 4 * slots) // 20
-        elif "maxIndexNum" in given:
-            slots = (entries_bytes - 20 * entries) // 4
-        else:
-            slots = entries_bytes // 84
-            entries = 4 * slots
-        if slots > 0 and entries > 0 and 40 + 4 * slots + 20 * entries == length:
-            told["maxHashSlotNum"], told["maxIndexNum"] = str(slots), str(entries)
+        fit = slots_and_entries(
+            length,
+            slots=config.max_hash_slot_num if "maxHashSlotNum" in given else 0,
+            entries=config.max_index_num if "maxIndexNum" in given else 0,
+        )
+        if fit is not None:
+            told["maxHashSlotNum"], told["maxIndexNum"] = str(fit[0]), str(fit[1])
     commit_log = set().union(*(_file_lengths(d) for d in config.commit_log_dirs))
     if len(commit_log) == 1:
         told["mappedFileSizeCommitLog"] = str(commit_log.pop())
@@ -202,7 +200,7 @@ def sizes_from_files(config: MessageStoreConfig, given: Iterable[str] = ()) -> d
         for topic in config.consume_queue_dir.iterdir():
             for queue in topic.iterdir() if topic.is_dir() else ():
                 queues |= _file_lengths(queue)
-    if len(queues) == 1 and (size := queues.pop()) % 20 == 0 and size > 0:
+    if len(queues) == 1 and (size := queues.pop()) % CQ_STORE_UNIT_SIZE == 0 and size > 0:
         told["mappedFileSizeConsumeQueue"] = str(size)
     return told
 

@@ -14,9 +14,9 @@ from typing import Any
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ShmAttachError
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, tags_code_of
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.cleaning import CleanerStatistics
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.disk import disk_used_ratio
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, LevelProgress, queue_id_of
@@ -305,7 +305,7 @@ def _due_ms(config: MessageStoreConfig, queue_id: int, offset: int) -> int:
             raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, position % size)
     except OSError:
         return so.NONE_DUE
-    return int.from_bytes(raw[12:20], "big", signed=True) if len(raw) == CQ_STORE_UNIT_SIZE else so.NONE_DUE
+    return tags_code_of(raw) if len(raw) == CQ_STORE_UNIT_SIZE else so.NONE_DUE
 
 
 def delay_levels(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, int]]:

@@ -19,8 +19,8 @@ import psutil
 import pytest
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.checkpoint import StoreCheckpoint
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.recovery import _choose_abnormal_start

@@ -19,10 +19,12 @@ import numpy as np
 import pytest
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.format.index_layout import index_file_size
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.put.producer import Producer
-from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.store.index_file import IndexFile, index_file_size
+from rmq_mp.store.consume_queue import ConsumeQueue
+from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES
 from rmq_mp.store.reporter import Reporter
 from shm import layout

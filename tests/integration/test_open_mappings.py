@@ -16,9 +16,9 @@ from pathlib import Path
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.format import message as m
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
 from shm import queue_offsets as qo
 from tests.service import running_service, wait_until

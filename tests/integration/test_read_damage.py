@@ -19,8 +19,8 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import BodyCrcError, CorruptRecordError
 from rmq_mp.format.message import Message, MessageExt
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
-from rmq_mp.store.consume_queue import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.tools.admin import main as admin_main

@@ -25,9 +25,10 @@ from hypothesis import strategies as st
 from rmq_mp.errors import ConfigError
 from rmq_mp.format import message as m
 from rmq_mp.format import native, record
+from rmq_mp.format.queue_entry import PRE_BLANK_SIZE
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
-from rmq_mp.store.consume_queue import PRE_BLANK_SIZE, ConsumeQueueTable
+from rmq_mp.store.consume_queue import ConsumeQueueTable
 from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher
 from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.index_service import IndexService

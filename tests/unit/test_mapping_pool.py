@@ -11,7 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from rmq_mp.store.consume_queue import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, ConsumeQueue
+from rmq_mp.format.queue_entry import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE
+from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapping_pool import MappingPool, PooledMappedFile
 from rmq_mp.store.reporter import Reporter
 

@@ -16,8 +16,9 @@ from rmq_mp.errors import (
     StoreReadOnlyError,
 )
 from rmq_mp.format import message as m
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE, ConsumeQueue
+from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.reporter import Reporter
 from tests.service import wait_until

@@ -40,7 +40,7 @@ I64 = st.integers(-(2**63), 2**63 - 1)
 
 def to_v2(encoded: bytes) -> bytes:
     """The same record with RocketMQ 5's magic: TOPICLEN of 2 bytes, TOTALSIZE one more."""
-    sys_flag = record.sys_flag_of(encoded)
+    sys_flag = record.peek_sys_flag(encoded, 0)
     body_at = record.field_offsets(bool(sys_flag & 0x10), bool(sys_flag & 0x20))["BODY"]
     (body_len,) = struct.unpack_from(">i", encoded, body_at - 4)
     topic_at = body_at + body_len
@@ -78,7 +78,7 @@ def records(draw: st.DrawFn, timestamps: st.SearchStrategy[int] = I64) -> bytes:
         queue_offset=draw(I64),
         phy_offset=draw(I64),
         store_timestamp=draw(timestamps),
-        sys_flag=record.sys_flag_of(encoded),
+        sys_flag=record.peek_sys_flag(encoded, 0),
     )
     return to_v2(bytes(encoded)) if draw(st.booleans()) else bytes(encoded)
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import itertools
 from pathlib import Path
 
-from rmq_mp.store.consume_queue import CQ_STORE_UNIT_SIZE, ConsumeQueue
-from rmq_mp.store.index_file import INDEX_HEADER_SIZE, IndexFile
+from rmq_mp.format.index_layout import INDEX_HEADER_SIZE
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
+from rmq_mp.store.consume_queue import ConsumeQueue
+from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, RESERVE_MAX_CHUNK_BYTES, MappedFile, reservation_end
 from rmq_mp.store.reporter import Reporter
 
