@@ -38,7 +38,6 @@ from rmq_mp.errors import (
     StoreNotRunningError,
 )
 from rmq_mp.format.message import MessageExt
-from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
 from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapping_pool import process_pool
@@ -321,13 +320,7 @@ class Consumer:
                 self.store.config.mapped_file_size_consume_queue, writable=False, reporter=self.reporter,
                 pool=self._pool,
             )  # fmt: skip
-        end = max_offset * CQ_STORE_UNIT_SIZE
-        cq.min_logic_offset = min_offset * CQ_STORE_UNIT_SIZE
-        cq.mfq.drop_files_before(cq.min_logic_offset)
-        if end > cq.min_logic_offset:
-            cq.mfq.ensure_range(cq.min_logic_offset, end - 1)
-        for mf in cq.mfq.files:
-            mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
+        cq.set_read_window(min_offset, max_offset)
         return cq
 
     def entries(self, topic: str, queue_id: int, offset: int, max_count: int) -> list[tuple[int, int, int]]:

@@ -413,6 +413,20 @@ class ConsumeQueue:
 
     # ------------------------------------------------------------------ read
 
+    def set_read_window(self, min_queue_offset: int, max_queue_offset: int) -> None:
+        """Serve ``[min_queue_offset, max_queue_offset)`` of a running store's queue, read-only:
+        what the cleaner kept and reput dispatched, as the queue table in shared memory says.
+        Files below the window are dropped, files up to its end mapped, and each file's readable
+        end set at the window's, so a reader never sees an entry reput is still writing."""
+        assert not self.mfq.writable, "a read window is for a reader's view of a running store"
+        end = max_queue_offset * CQ_STORE_UNIT_SIZE
+        self.min_logic_offset = min_queue_offset * CQ_STORE_UNIT_SIZE
+        self.mfq.drop_files_before(self.min_logic_offset)
+        if end > self.min_logic_offset:
+            self.mfq.ensure_range(self.min_logic_offset, end - 1)
+        for mf in self.mfq.files:
+            mf.committed_position = max(0, min(end - mf.file_from_offset, mf.file_size))
+
     def min_offset_in_queue(self) -> int:
         return self.min_logic_offset // CQ_STORE_UNIT_SIZE
 

@@ -15,7 +15,11 @@ ROOT = Path(__file__).resolve().parents[2]
 FORMAT = ROOT / "rmq_mp" / "format"
 SOURCES = sorted(
     p
-    for p in [*ROOT.joinpath("rmq_mp").rglob("*.py"), *ROOT.joinpath("workers").rglob("*.py"), ROOT / "run.py"]
+    for p in [
+        *ROOT.joinpath("rmq_mp").rglob("*.py"),
+        *ROOT.joinpath("workers").rglob("*.py"),
+        ROOT / "run.py",
+    ]
     if FORMAT not in p.parents
 ) + sorted(ROOT.joinpath("shm").rglob("*.py"))
 
