@@ -35,6 +35,7 @@ from typing import Any, Final, TypeVar, get_type_hints
 from rmq_mp.errors import ConfigError
 from rmq_mp.format.index_layout import index_file_size
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, effective_file_size
+from rmq_mp.paths import StorePaths
 
 __all__ = [
     "IGNORED_PROPERTIES",
@@ -595,7 +596,7 @@ class MessageStoreConfig:
         """Writable commit-log directories: `store_path_commit_log` split on `,`, or
         `<root>/commitlog` when empty."""
         paths = _split_paths(self.store_path_commit_log)
-        return tuple(Path(p) for p in paths) if paths else (self.root_dir / "commitlog",)
+        return tuple(Path(p) for p in paths) if paths else (StorePaths.of(self.root_dir).commit_log,)
 
     @property
     def commit_log_dir(self) -> Path:
@@ -607,28 +608,33 @@ class MessageStoreConfig:
         return tuple(Path(p) for p in _split_paths(self.read_only_commit_log_store_paths))
 
     @property
+    def paths(self) -> StorePaths:
+        """The store directory's layout (`rmq_mp.paths`, its one definition) for these settings."""
+        return StorePaths.of(self.root_dir, self.commit_log_dir)
+
+    @property
     def consume_queue_dir(self) -> Path:
-        return self.root_dir / "consumequeue"
+        return self.paths.consume_queue
 
     @property
     def index_dir(self) -> Path:
-        return self.root_dir / "index"
+        return self.paths.index
 
     @property
     def checkpoint_path(self) -> Path:
-        return self.root_dir / "checkpoint"
+        return self.paths.checkpoint
 
     @property
     def abort_path(self) -> Path:
-        return self.root_dir / "abort"
+        return self.paths.abort
 
     @property
     def lock_path(self) -> Path:
-        return self.root_dir / "lock"
+        return self.paths.lock
 
     @property
     def config_dir(self) -> Path:
-        return self.root_dir / "config"
+        return self.paths.config
 
     # -- other derived values -------------------------------------------------------------------
 
