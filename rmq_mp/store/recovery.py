@@ -10,6 +10,11 @@ past the valid end are cut. The replay range is, after an abnormal exit, from th
 checkpoint-selected file; after a normal one, from where dispatch had got to. Dropped byte ranges
 go through the store's `Reporter`.
 
+`recover` runs four named steps: `plan_recovery` (a `RecoveryPlan` value: the files to check and
+where dispatch must replay from), `_check_log` (the pass: the valid end), `_cut` (log, queues and
+index at that end) and `_dispatch` (keep the pass's dispatch or dispatch again; rebuild queues
+that lack records), then reports.
+
 Queues and index are derived from the log, so before the pass each is checked whole and what is
 damaged is rebuilt from the log rather than cut and forgotten (RocketMQ cuts a queue at its first
 bad entry and loses the rest): `ConsumeQueue.check` keeps a queue's entries before its first
@@ -37,9 +42,10 @@ from __future__ import annotations
 import itertools
 import logging
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from functools import partial
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
@@ -561,14 +567,60 @@ def _lacking_queues(
     return list(lacking)
 
 
-def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -> RecoveryReport:
-    """Run recovery on a loaded store. Read-only stores get the same analysis, nothing written.
-    ``one_pass=False`` cuts first and dispatches after, in a second walk (what the one pass is
-    tested against)."""
-    started = time.monotonic()
-    commit_log = store.commit_log
-    files = commit_log.mfq.files
-    min_phy = commit_log.min_offset()
+@dataclass(frozen=True, slots=True)
+class RecoveryPlan:
+    """Step 1, decided before anything is read past the checks or cut: which files the pass
+    checks and from where dispatch must replay. A value, so tests build one and assert on it."""
+
+    last_exit_ok: bool
+    min_phy_offset: int
+    """The log's first byte before the pass (queues that lack records are rebuilt from it)."""
+    start_file_index: int
+    """First commit-log file the pass checks: the third-last after a normal exit, the
+    checkpoint's choice after a crash (§8.2, §8.3)."""
+    scan_from_offset: int
+    replay_from_offset: int
+    """Where dispatch must replay from, as planned before the pass: after a normal exit the
+    queues' end (the log's start if the queue table was discarded), after a crash the scan's
+    start; earlier when a queue or index file is damaged (``repair_from_offset``)."""
+    repair_from_offset: int | None
+    """First record a damaged or missing queue or index file needs again, or None."""
+    queue_ends: Mapping[ConsumeQueue, int]
+    """Each queue's end (phy offset past its last entry) before the pass."""
+
+    @property
+    def max_queue_end(self) -> int:
+        return max(self.queue_ends.values(), default=-1)
+
+
+@dataclass(frozen=True, slots=True)
+class _Checked:
+    """Step 2's outcome: where the valid log ends and what the pass found on the way."""
+
+    end_offset: int
+    missing: set[ConsumeQueue | tuple[str, int]]
+    replay: _Replay | None
+    """The dispatch done during the pass (one-pass recovery), or None."""
+    pre_dispatched: int
+    """Records dispatched below the scanned files before the pass (`_pre_range_ok`)."""
+
+
+@dataclass(frozen=True, slots=True)
+class _Cuts:
+    """Step 3's outcome: what was cut at the valid end."""
+
+    log_bytes_dropped: int
+    cq_entries: int
+    truncated_queues: frozenset[ConsumeQueue]
+    index_entries: int
+    index_damaged: bool
+
+
+def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
+    """Step 1: check the queues and index whole (damage found here widens the replay) and plan
+    the pass. Writes nothing but the rebuilt heads of queues whose first file is gone."""
+    files = store.commit_log.mfq.files
+    min_phy = store.commit_log.min_offset()
     start_index = 0
     if files:
         start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
@@ -576,13 +628,11 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
     rebuild = _check_queues(store, 0 if store.config.check_consume_queue_on_recover else scan_from)
     if files and store.writable:
         rebuild.update(_rebuild_missing_heads(store))
-    queue_ends: dict[ConsumeQueue, int] = {cq: cq.max_physic_offset for cq in store.all_consume_queues()}
-    max_phy_of_cq = max(queue_ends.values(), default=-1)
-    index = store.index_service
+    queue_ends = {cq: cq.max_physic_offset for cq in store.all_consume_queues()}
     if store.cq_table.discarded:
         planned = min_phy
     elif last_exit_ok:
-        planned = max(min_phy, max_phy_of_cq, 0)
+        planned = max(min_phy, max(queue_ends.values(), default=-1), 0)
     else:
         planned = scan_from
     repair_from = min(rebuild.values(), default=None)
@@ -593,40 +643,57 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
     if repair_from is not None and store.writable:
         log.info("recovery: damaged queue or index files; re-dispatching from %d", repair_from)
         planned = min(planned, repair_from)
+    return RecoveryPlan(
+        last_exit_ok=last_exit_ok,
+        min_phy_offset=min_phy,
+        start_file_index=start_index,
+        scan_from_offset=scan_from,
+        replay_from_offset=planned,
+        repair_from_offset=repair_from,
+        queue_ends=MappingProxyType(queue_ends),
+    )
 
-    replay: _Replay | None = None
-    pre_dispatched = 0
-    missing: set[ConsumeQueue | tuple[str, int]] = set()
+
+def _check_log(store: MessageStore, plan: RecoveryPlan, *, one_pass: bool) -> _Checked:
+    """Step 2: the pass over the log from ``plan.scan_from_offset``, finding where valid records
+    end; in one-pass recovery it dispatches the replay range as it goes."""
+    files = store.commit_log.mfq.files
     if not files:
-        end = 0
         if store.writable:
             store.destroy_consume_queues()
-    else:
-        log.info(
-            "recovery (%s exit): scanning %d of %d commit-log file(s) from offset %d",
-            "normal" if last_exit_ok else "abnormal",
-            len(files) - start_index,
-            len(files),
-            scan_from,
-        )
-        if one_pass and store.writable and (index is None or index.safe_to_extend_before_recovery()):
-            replay = _Replay(store, planned)
-            if planned < scan_from:
-                pre_dispatched, reached = _pre_range_ok(store, planned, scan_from)
-                replay = _Replay(store, scan_from) if reached else None
-                if not reached:
-                    log.info("recovery: replay from %d stops before the scanned files", planned)
-        elif one_pass and store.writable:
-            log.info("recovery: index files cut or out of order; dispatching after the cuts")
-        scan = _scan(store, scan_from, replay, check_below=planned if store.writable else -1)
-        end = scan.end
-        missing = scan.missing
+        return _Checked(end_offset=0, missing=set(), replay=None, pre_dispatched=0)
+    scan_from, planned = plan.scan_from_offset, plan.replay_from_offset
+    log.info(
+        "recovery (%s exit): scanning %d of %d commit-log file(s) from offset %d",
+        "normal" if plan.last_exit_ok else "abnormal",
+        len(files) - plan.start_file_index,
+        len(files),
+        scan_from,
+    )
+    index = store.index_service
+    replay: _Replay | None = None
+    pre_dispatched = 0
+    if one_pass and store.writable and (index is None or index.safe_to_extend_before_recovery()):
+        replay = _Replay(store, planned)
+        if planned < scan_from:
+            pre_dispatched, reached = _pre_range_ok(store, planned, scan_from)
+            replay = _Replay(store, scan_from) if reached else None
+            if not reached:
+                log.info("recovery: replay from %d stops before the scanned files", planned)
+    elif one_pass and store.writable:
+        log.info("recovery: index files cut or out of order; dispatching after the cuts")
+    scan = _scan(store, scan_from, replay, check_below=planned if store.writable else -1)
+    return _Checked(end_offset=scan.end, missing=scan.missing, replay=replay, pre_dispatched=pre_dispatched)
+
+
+def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
+    """Step 3: cut the log, the queues and the index at the valid end ``end``."""
+    commit_log = store.commit_log
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
-
     cq_dropped = 0
     truncated: set[ConsumeQueue] = set()
-    if max_phy_of_cq >= end or not last_exit_ok:
+    if plan.max_queue_end >= end or not plan.last_exit_ok:
         for cq in store.all_consume_queues():
             dropped = cq.truncate_dirty_logic_files(end)
             if dropped:
@@ -634,69 +701,109 @@ def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -
             cq_dropped += dropped
     index_dropped = 0
     index_damaged = False
+    index = store.index_service
     if index is not None and store.writable:
         before = store.reporter.count("index-entries-truncated")
         removed_before = store.reporter.count("index-file-removed")
         index.recover(end, lambda phy: commit_log.store_timestamp_at(phy, 1))
         index_dropped = store.reporter.count("index-entries-truncated") - before
         index_damaged = bool(index_dropped) or store.reporter.count("index-file-removed") > removed_before
+    return _Cuts(
+        log_bytes_dropped=dropped_before,
+        cq_entries=cq_dropped,
+        truncated_queues=frozenset(truncated),
+        index_entries=index_dropped,
+        index_damaged=index_damaged,
+    )
 
+
+def _dispatch_from(store: MessageStore, plan: RecoveryPlan, cuts: _Cuts) -> int:
+    """Where dispatch starts once the cuts are made (the plan's start, moved by what they cut)."""
     if store.cq_table.discarded:
-        dispatch_from = commit_log.min_offset()
-    elif last_exit_ok:
+        dispatch_from = store.commit_log.min_offset()
+    elif plan.last_exit_ok:
         # The queues' ends after the cuts alone: a queue the pass wrote to and no cut touched is
         # as it was before the pass.
         after_cq = max(
-            (cq.max_physic_offset if cq in truncated else queue_end for cq, queue_end in queue_ends.items()),
+            (
+                cq.max_physic_offset if cq in cuts.truncated_queues else queue_end
+                for cq, queue_end in plan.queue_ends.items()
+            ),
             default=-1,
         )
-        dispatch_from = max(commit_log.min_offset(), after_cq, 0)
+        dispatch_from = max(store.commit_log.min_offset(), after_cq, 0)
     else:
-        dispatch_from = scan_from
-    if repair_from is not None:
-        dispatch_from = min(dispatch_from, repair_from)
-    dispatched = 0
-    one_pass_done = replay is not None and replay.exact and not (cq_dropped or index_damaged)
-    if store.writable:
-        if one_pass_done:
-            assert replay is not None
-            dispatched = pre_dispatched + replay.dispatched
-            log.info("recovery: dispatched [%d, %d) while checking", dispatch_from, end)
-        else:
-            if index is not None and index_damaged and index.end_phy_offset() < dispatch_from:
-                # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
-                index_from = max(index.end_phy_offset(), commit_log.min_offset())
-                log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
-                _dispatch_range(
-                    store,
-                    index_from,
-                    dispatch_from,
-                    "recovery: rebuilding index",
-                    index_only=True,
-                    below=scan_from,
-                )
-            log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
-            dispatched = _dispatch_range(
-                store, dispatch_from, None, "recovery: dispatching", index_only=False, below=scan_from
+        dispatch_from = plan.scan_from_offset
+    if plan.repair_from_offset is not None:
+        dispatch_from = min(dispatch_from, plan.repair_from_offset)
+    return dispatch_from
+
+
+def _dispatch(
+    store: MessageStore, plan: RecoveryPlan, checked: _Checked, cuts: _Cuts
+) -> tuple[int, int, bool]:
+    """Step 4: bring the queues and index up to the valid end: accept what the pass dispatched
+    when nothing it wrote was cut, else dispatch again; then rebuild queues that lack records.
+    Returns (dispatch start, records dispatched, whether the pass's dispatch stood)."""
+    scan_from, end = plan.scan_from_offset, checked.end_offset
+    commit_log, index = store.commit_log, store.index_service
+    min_phy = plan.min_phy_offset
+    dispatch_from = _dispatch_from(store, plan, cuts)
+    replay = checked.replay
+    one_pass_done = replay is not None and replay.exact and not (cuts.cq_entries or cuts.index_damaged)
+    if not store.writable:
+        return dispatch_from, 0, one_pass_done
+    if one_pass_done:
+        assert replay is not None
+        dispatched = checked.pre_dispatched + replay.dispatched
+        log.info("recovery: dispatched [%d, %d) while checking", dispatch_from, end)
+    else:
+        if index is not None and cuts.index_damaged and index.end_phy_offset() < dispatch_from:
+            # The index lost its tail (a cut file): re-key from its own end; duplicates are skipped.
+            index_from = max(index.end_phy_offset(), commit_log.min_offset())
+            log.info("recovery: rebuilding index keys of [%d, %d)", index_from, dispatch_from)
+            _dispatch_range(
+                store,
+                index_from,
+                dispatch_from,
+                "recovery: rebuilding index",
+                index_only=True,
+                below=scan_from,
             )
-        first_dispatch = planned if one_pass_done else dispatch_from
-        lacking = _lacking_queues(store, missing, rebuild_gaps=first_dispatch > min_phy)
-        if lacking:
-            log.info("recovery: %d queue(s) lack records; rebuilding them from %d", len(lacking), min_phy)
-            dispatch_from = min_phy
-            dispatched += _dispatch_range(
-                store, min_phy, None, "recovery: rebuilding queues", index_only=False, below=scan_from
-            )
+        log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
+        dispatched = _dispatch_range(
+            store, dispatch_from, None, "recovery: dispatching", index_only=False, below=scan_from
+        )
+    first_dispatch = plan.replay_from_offset if one_pass_done else dispatch_from
+    lacking = _lacking_queues(store, checked.missing, rebuild_gaps=first_dispatch > min_phy)
+    if lacking:
+        log.info("recovery: %d queue(s) lack records; rebuilding them from %d", len(lacking), min_phy)
+        dispatch_from = min_phy
+        dispatched += _dispatch_range(
+            store, min_phy, None, "recovery: rebuilding queues", index_only=False, below=scan_from
+        )
+    return dispatch_from, dispatched, one_pass_done
+
+
+def recover(store: MessageStore, *, last_exit_ok: bool, one_pass: bool = True) -> RecoveryReport:
+    """Run recovery on a loaded store: plan, check the log, cut at its valid end, dispatch,
+    report. Read-only stores get the same analysis, nothing written. ``one_pass=False`` cuts
+    first and dispatches after, in a second walk (what the one pass is tested against)."""
+    started = time.monotonic()
+    plan = plan_recovery(store, last_exit_ok=last_exit_ok)
+    checked = _check_log(store, plan, one_pass=one_pass)
+    cuts = _cut(store, plan, checked.end_offset)
+    dispatch_from, dispatched, one_pass_done = _dispatch(store, plan, checked, cuts)
     store.recover_topic_queue_table()
     report = RecoveryReport(
         abnormal=not last_exit_ok,
-        scan_from_offset=scan_from,
-        recovered_end_offset=end,
+        scan_from_offset=plan.scan_from_offset,
+        recovered_end_offset=checked.end_offset,
         dispatch_from_offset=dispatch_from,
         records_dispatched=dispatched,
-        commit_log_bytes_dropped=dropped_before,
-        cq_entries_truncated=cq_dropped,
-        index_entries_truncated=index_dropped,
+        commit_log_bytes_dropped=cuts.log_bytes_dropped,
+        cq_entries_truncated=cuts.cq_entries,
+        index_entries_truncated=cuts.index_entries,
         duration_ms=int((time.monotonic() - started) * 1000),
         one_pass=store.writable and one_pass_done,
     )
