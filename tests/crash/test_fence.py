@@ -2,7 +2,9 @@
 attached, then what the README says to do, loses no acknowledged put (issue 29's minimal case).
 
 The minimal case: a producer process sends in a loop; the supervisor gets SIGKILL; at once
-`run.py stop` then `run.py start`, or `run.py start` alone. The producer's sends after the fence
+`run.py stop` (armed beforehand, so it runs within milliseconds) then `run.py start`, or
+`run.py start` alone. On the code before the fence, 3 of the 6 cases lost acknowledged puts
+(async-pool stop+start: 3,070 of 14,030). The producer's sends after the fence
 are refused naming it, its later sends go to the new start by themselves, and every PUT_OK it
 ever got is in the files (an independent decoder) at its commit-log offset and queue offset,
 with no queue offset served by two messages. Every flush mode, the pool on and off.
@@ -61,6 +63,24 @@ def run_py(service: RunningService, command: str) -> subprocess.CompletedProcess
     )
 
 
+def armed_run_py(service: RunningService, command: str) -> subprocess.Popen[str]:
+    """`run.py <command>` imported and waiting for a line on stdin, so that it runs the moment
+    the test says (no interpreter start between a kill and the operator's command)."""
+    code = (
+        "import sys, run\n"
+        "print('ready', flush=True)\n"
+        "sys.stdin.readline()\n"
+        f"sys.exit(run.main([{command!r}, '--conf', {str(service.conf)!r}]))\n"
+    )
+    armed = subprocess.Popen(
+        [sys.executable, "-c", code], cwd=ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    assert armed.stdout is not None
+    assert armed.stdout.readline() == "ready\n", armed.communicate(timeout=60)
+    return armed
+
+
 def kill_supervisor(service: RunningService) -> set[int]:
     """SIGKILL the supervisor (its workers stay, until they see it gone); returns their pids."""
     workers = {p.pid for p in psutil.Process(service.process.pid).children(recursive=True)}
@@ -107,9 +127,11 @@ def test_supervisor_killed_with_a_producer_attached(tmp_path: Path, mode: str, r
     (loader,), (out,) = start_producers(service, tmp_path, [ENDLESS])
     try:
         wait_until(lambda: len(acknowledged(out)) > 300, 60, "the producer under way")
+        stop = armed_run_py(service, "stop") if restart == "stop-start" else None
         workers = kill_supervisor(service)
-        if restart == "stop-start":
-            stopped = run_py(service, "stop")
+        if stop is not None:
+            out_text, err_text = stop.communicate("go\n", timeout=120)
+            stopped = subprocess.CompletedProcess(stop.args, stop.returncode, out_text, err_text)
             assert stopped.returncode == 1, stopped.stdout + stopped.stderr
             assert "was not running" in stopped.stdout
             assert "fenced at write position" in stopped.stdout
