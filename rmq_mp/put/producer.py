@@ -141,8 +141,8 @@ _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
 class Producer:
     """Attach with `Producer.attach(name)`; one instance per process (not thread-safe).
 
-    A producer outlives a restart of its store: a send that finds its store stopping, stopped
-    or its supervisor dead looks whether a newer start of the store runs under the same shm name
+    A producer outlives a restart of its store: a send that finds its store stopping, stopped,
+    fenced (`rmq_mp.put.fence`) or its supervisor dead looks whether a newer start of the store runs under the same shm name
     and, if so, attaches to it and sends there (waiting up to `REATTACH_WAIT_S` for one still
     starting); otherwise it is answered SERVICE_NOT_AVAILABLE saying so, and the next send looks
     again."""
