@@ -85,6 +85,11 @@ class FenceRefusedError(StoreError):
     be written and must not be saved, recovered or reused. The message names the pid."""
 
 
+class FileChangedError(StoreError):
+    """A store file changed while recovery or a reader of a stopped store read it: another
+    process (an old start's producer or worker) still writes it. Nothing is cut or repaired."""
+
+
 class DataLossError(StoreError):
     """Messages a Spark query asked for are gone: below the queue's minimum offset (the cleaner
     deleted their files) or their files vanished while reading. Raised unless the query set

@@ -33,7 +33,7 @@ import numpy as np
 
 from rmq_mp.format import native
 from rmq_mp.format.message import index_key_hash
-from rmq_mp.store.mapped_file import reservation_end, reserve_blocks
+from rmq_mp.store.mapped_file import close_mapping, reservation_end, reserve_blocks
 from rmq_mp.store.reporter import Reporter
 
 INDEX_HEADER_SIZE = 40
@@ -514,7 +514,7 @@ class IndexFile:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            close_mapping(self._mm)
             self._mm = None
         if self._fd >= 0:
             os.close(self._fd)
