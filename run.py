@@ -37,7 +37,7 @@ from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
-from workers.supervisor import Supervisor, end_dead_start
+from workers.supervisor import Supervisor, end_dead_start, lock_findings
 
 EXIT_REFUSED = 2
 EXIT_INTERNAL = 3
@@ -267,6 +267,7 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     if not pid or not pid_alive(pid):
         table.close()
         return clean_after_dead_supervisor(config, names)
+    found = lock_findings(table)
     table.close()
     try:
         os.kill(pid, signal.SIGTERM)
@@ -278,7 +279,10 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
             print(f"run.py: supervisor {pid} still running after {timeout_s:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.05)
-    print(f"stopped store {config.store_path_root_dir} (supervisor {pid})")
+    print(
+        f"stopped store {config.store_path_root_dir} (supervisor {pid})"
+        + (f"; found: {found}" if found else "")
+    )
     return 0
 
 

@@ -240,6 +240,19 @@ FENCE = _f(
 FENCE_PID = _f("fence_pid", 209, P, lock=Lock.PUT, doc="the process that set FENCE")
 FENCE_MS = _f("fence_ms", 210, P, lock=Lock.PUT, doc="when FENCE was set (wall clock)")
 
+# The flags lock's owner (shm/store_shm.py `StoreShm.flags_lock`): any role takes that lock, so
+# any role writes these, under it. A dead owner is detected and the lock taken over.
+FLAGS_LOCK_OWNER_PID = _f(
+    "flags_lock_owner_pid", 211, *Role, lock=Lock.FLAGS, doc="0 when free; written just after taking it"
+)
+FLAGS_LOCK_SINCE_MS = _f("flags_lock_since_ms", 212, *Role, lock=Lock.FLAGS, doc="when its holder took it")
+FLAGS_LOCK_RECOVERIES = _f(
+    "flags_lock_recoveries", 213, *Role, lock=Lock.FLAGS, doc="flags locks taken over from a dead holder"
+)
+FLAGS_LOCK_LAST_DEAD_PID = _f(
+    "flags_lock_last_dead_pid", 214, *Role, lock=Lock.FLAGS, doc="the last dead holder taken over from"
+)
+
 # FENCE values: who fenced the start (`rmq_mp.put.fence.FENCERS` words each).
 FENCE_OPEN, FENCED_BY_SHUTDOWN, FENCED_BY_STOP, FENCED_BY_START = 0, 1, 2, 3
 

@@ -134,6 +134,26 @@ def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:
     return pids
 
 
+def lock_findings(table: PointerTable) -> str:
+    """What the store's locks went through, for `run.py stop` to say: locks taken over from a
+    dead holder since the start, and a lock held now by a dead process ('' if nothing)."""
+    found = []
+    put = table.get(layout.LOCK_RECOVERIES)
+    if put:
+        found.append(f"put lock taken over from a dead producer {put} time(s)")
+    flags = table.get(layout.FLAGS_LOCK_RECOVERIES)
+    if flags:
+        found.append(
+            f"flags lock taken over from a dead holder {flags} time(s) (last pid "
+            f"{table.get(layout.FLAGS_LOCK_LAST_DEAD_PID)})"
+        )
+    for name, owner in (("put", layout.PUT_LOCK_OWNER_PID), ("flags", layout.FLAGS_LOCK_OWNER_PID)):
+        holder = layout.lock_owner(table.get(owner))
+        if holder and not pid_alive(holder):
+            found.append(f"{name} lock held now by dead pid {holder} (the next taker takes it over)")
+    return "; ".join(found)
+
+
 def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) -> str:
     """A supervisor died and left its start's shared memory: fence the start (`rmq_mp.put.fence`:
     no producer still attached to it puts any more), kill its workers and wait until they are
@@ -146,6 +166,7 @@ def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) 
     except ShmAttachError:
         table = None
     pid = workers = None
+    locks = ""
     if table is not None:
         try:
             pid = table.get(layout.SUPERVISOR_PID)
@@ -154,6 +175,7 @@ def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) 
                     f"store {config.store_path_root_dir} is already running (supervisor pid {pid})"
                 )
             workers = _worker_pids(names, table)
+            locks = lock_findings(table)
         finally:
             table.close()
     fenced = fence_start(names.base, fenced_by)
@@ -174,7 +196,7 @@ def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) 
         f"supervisor {pid} was not running; "
         f"{fenced.describe() if fenced is not None else 'no start to fence (no producer could attach)'}; "
         f"stopped {len(workers or ())} worker(s), saved {saved} pool byte(s) into the commit log, "
-        f"removed {len(removed)} shared object(s)"
+        f"removed {len(removed)} shared object(s)" + (f"; found: {locks}" if locks else "")
     )
 
 
