@@ -35,10 +35,9 @@ from rmq_mp.tools.status_report import collect_status, print_status
 from rmq_mp.tools.watch import watch
 from shm import layout
 from shm.layout import Role
-from shm.names import ROLES, ShmNames
+from shm.names import ShmNames
 from shm.pointer_table import PointerTable, pid_alive
-from shm.store_shm import StoreShm
-from workers.supervisor import Supervisor, salvage_crashed_run
+from workers.supervisor import Supervisor, end_dead_start, lock_findings
 
 EXIT_REFUSED = 2
 EXIT_INTERNAL = 3
@@ -237,38 +236,11 @@ def say(line: str) -> None:
             os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
-def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:
-    """Live worker processes of this store (by the pids its table lists and their command lines)."""
-    pids = []
-    for role in ROLES:
-        pid = table.get(layout.worker_field(role, "pid"))
-        try:
-            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace") if pid else ""
-        except OSError:
-            continue
-        if names.base in cmdline.split("\0") and pid_alive(pid):
-            pids.append(pid)
-    return pids
-
-
-def clean_after_dead_supervisor(config: MessageStoreConfig, names: ShmNames, table: PointerTable) -> int:
-    """The supervisor died and left its shared memory: stop its workers, save what the pool
-    buffers hold into the files (as the next start would), unlink everything. Returns 1."""
-    pid = table.get(layout.SUPERVISOR_PID)
-    workers = _worker_pids(names, table)
-    table.close()
-    for worker in workers:
-        os.kill(worker, signal.SIGKILL)
-    deadline = time.monotonic() + 10
-    while any(pid_alive(w) for w in workers) and time.monotonic() < deadline:
-        time.sleep(0.01)
-    saved = salvage_crashed_run(names, config)
-    removed = StoreShm.unlink_all(names)
-    print(
-        f"store {config.store_path_root_dir}: supervisor {pid} was not running; stopped {len(workers)} "
-        f"worker(s), saved {saved} pool byte(s) into the commit log, removed {len(removed)} shared "
-        f"object(s); the next start recovers the store"
-    )
+def clean_after_dead_supervisor(config: MessageStoreConfig, names: ShmNames) -> int:
+    """The supervisor died and left its shared memory: end its start (`end_dead_start`: fence,
+    stop its workers, save the pool, unlink), saying what it found. Returns 1."""
+    found = end_dead_start(names, config, layout.FENCED_BY_STOP)
+    print(f"store {config.store_path_root_dir}: {found}; the next start recovers the store")
     return 1
 
 
@@ -293,21 +265,24 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     names, table = attach_table(config, conf)
     pid = table.get(layout.SUPERVISOR_PID)
     if not pid or not pid_alive(pid):
-        return clean_after_dead_supervisor(config, names, table)
+        table.close()
+        return clean_after_dead_supervisor(config, names)
+    found = lock_findings(table)
     table.close()
     try:
         os.kill(pid, signal.SIGTERM)
     except ProcessLookupError:  # it died between the check and the signal
-        return clean_after_dead_supervisor(
-            config, names, PointerTable.attach(names.pointer_table, Role.CONSUMER)
-        )
+        return clean_after_dead_supervisor(config, names)
     deadline = time.monotonic() + timeout_s
     while pid_alive(pid):
         if time.monotonic() > deadline:
             print(f"run.py: supervisor {pid} still running after {timeout_s:.0f} s", file=sys.stderr)
             return 1
         time.sleep(0.05)
-    print(f"stopped store {config.store_path_root_dir} (supervisor {pid})")
+    print(
+        f"stopped store {config.store_path_root_dir} (supervisor {pid})"
+        + (f"; found: {found}" if found else "")
+    )
     return 0
 
 

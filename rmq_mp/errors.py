@@ -79,6 +79,17 @@ class StoreNotRunningError(ShmAttachError):
     """The store named is not running (no supervisor holds its shared memory)."""
 
 
+class FenceRefusedError(StoreError):
+    """A start of the store could not be fenced (`rmq_mp.put.fence`): a live producer of it holds
+    its put lock (stopped mid-put, or hung) longer than the fencer waits, so its files may still
+    be written and must not be saved, recovered or reused. The message names the pid."""
+
+
+class FileChangedError(StoreError):
+    """A store file changed while recovery or a reader of a stopped store read it: another
+    process (an old start's producer or worker) still writes it. Nothing is cut or repaired."""
+
+
 class DataLossError(StoreError):
     """Messages a Spark query asked for are gone: below the queue's minimum offset (the cleaner
     deleted their files) or their files vanished while reading. Raised unless the query set

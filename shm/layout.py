@@ -14,6 +14,7 @@ Slot map (index x 8 = byte offset):
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..191  per worker: WORKER_FIELDS for each role in shm.names.ROLES (six roles)
+    208..223 the fence (a start stopped or started over takes no put)
     272..399 operator fields (recovery time, metrics port, records readers skipped)
 """
 
@@ -225,6 +226,35 @@ PUT_LOCK_KIND = _f(
 CONFIG_PERSIST_FAILURES = _f(
     "config_persist_failures", 300, S, doc="persists of config/*.json that raised OSError (retried)"
 )
+
+# The fence (rmq_mp/put/fence.py; slots 208..223): a start that someone stops or starts over
+# takes no put. Set under the put lock by whoever fences (a stop, a start over a dead supervisor's
+# shared memory, the supervisor's own shutdown), read under it by every put (a word read).
+FENCE = _f(
+    "fence",
+    208,
+    P,
+    lock=Lock.PUT,
+    doc="0 open; else FENCED_BY_* (who fenced this start): every put refuses once it is set",
+)
+FENCE_PID = _f("fence_pid", 209, P, lock=Lock.PUT, doc="the process that set FENCE")
+FENCE_MS = _f("fence_ms", 210, P, lock=Lock.PUT, doc="when FENCE was set (wall clock)")
+
+# The flags lock's owner (shm/store_shm.py `StoreShm.flags_lock`): any role takes that lock, so
+# any role writes these, under it. A dead owner is detected and the lock taken over.
+FLAGS_LOCK_OWNER_PID = _f(
+    "flags_lock_owner_pid", 211, *Role, lock=Lock.FLAGS, doc="0 when free; written just after taking it"
+)
+FLAGS_LOCK_SINCE_MS = _f("flags_lock_since_ms", 212, *Role, lock=Lock.FLAGS, doc="when its holder took it")
+FLAGS_LOCK_RECOVERIES = _f(
+    "flags_lock_recoveries", 213, *Role, lock=Lock.FLAGS, doc="flags locks taken over from a dead holder"
+)
+FLAGS_LOCK_LAST_DEAD_PID = _f(
+    "flags_lock_last_dead_pid", 214, *Role, lock=Lock.FLAGS, doc="the last dead holder taken over from"
+)
+
+# FENCE values: who fenced the start (`rmq_mp.put.fence.FENCERS` words each).
+FENCE_OPEN, FENCED_BY_SHUTDOWN, FENCED_BY_STOP, FENCED_BY_START = 0, 1, 2, 3
 
 # PUT_LOCK_KIND values. LOCK_SEMAPHORE: a POSIX semaphore, the owner's pid written after taking it
 # (shm/semaphores.py `PutLock`, the pure-Python reference). LOCK_ATOMIC: the low 32 bits of

@@ -95,6 +95,10 @@ class ShmNames:
     def flags_lock(self) -> str:
         return self._name("flagslock")
 
+    @property
+    def flags_lock_takeover(self) -> str:
+        return self._name("flagstakeover")
+
     def wakeup(self, role: str) -> str:
         return self._name(f"wake_{role}")
 

@@ -8,6 +8,9 @@ also how a restarted supervisor clears a crashed run's leftovers.
 from __future__ import annotations
 
 import json
+import logging
+import os
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -21,13 +24,23 @@ from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
 from shm.members import MemberTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import PointerTable
+from shm.pointer_table import PointerTable, now_ms, pid_alive
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
 from shm.schedule_offsets import ScheduleOffsetTable
 from shm.segment import SharedSegment
-from shm.semaphores import Wakeup, acquire, attach_semaphore, create_semaphore, unlink_semaphore
+from shm.semaphores import (
+    ORPHAN_AFTER_MS,
+    Wakeup,
+    acquire,
+    attach_semaphore,
+    create_semaphore,
+    try_acquire,
+    unlink_semaphore,
+)
 from shm.transient_pool import FREE, TransientPool
 from shm.waiters import WaiterTable
+
+log = logging.getLogger("rmq_mp.shm")
 
 FLAGS_LOCK_TIMEOUT_S = 5.0
 """The flags lock guards a few loads and stores; a wait this long means a holder died in it."""
@@ -120,7 +133,7 @@ class StoreShm:
 
     def _semaphore_specs(self, sizes: ShmSizes) -> list[tuple[str, int]]:
         n = self.names
-        specs = [(n.put_lock, 1), (n.put_lock_takeover, 1), (n.flags_lock, 1)]
+        specs = [(n.put_lock, 1), (n.put_lock_takeover, 1), (n.flags_lock, 1), (n.flags_lock_takeover, 1)]
         specs += [(n.wakeup(r), 0) for r in ROLES] + [(n.ready(r), 0) for r in ROLES]
         specs += [(n.flush_done(i), 0) for i in range(sizes.flush_ring)]
         specs += [(n.waiter(i), 0) for i in range(sizes.waiters)]
@@ -186,16 +199,69 @@ class StoreShm:
     def flags_lock(self, purpose: str) -> Iterator[None]:
         """Hold the store's flags lock: it guards the running flags, slot claims in the consumer,
         group-offset and metrics tables, manual requests and the supervisor's config persist.
-        Raises ShmAttachError naming ``purpose`` if it stays busy (a holder died in it)."""
+        Its owner's pid is written just after it is taken, so a holder killed inside is found
+        dead and the lock taken over (`_take_flags_lock_over`). Raises ShmAttachError naming
+        ``purpose`` and the holder if a live one keeps it FLAGS_LOCK_TIMEOUT_S."""
         lock = self.semaphore(self.names.flags_lock)
-        if not acquire(lock, FLAGS_LOCK_TIMEOUT_S):
+        if not (try_acquire(lock) or self._flags_lock_contended(lock)):
+            holder = self.table.get(layout.FLAGS_LOCK_OWNER_PID)
             raise ShmAttachError(
-                f"flags lock of {self.names.base} busy for {FLAGS_LOCK_TIMEOUT_S:.0f} s: cannot {purpose}"
+                f"flags lock of {self.names.base} busy for {FLAGS_LOCK_TIMEOUT_S:.0f} s (held by pid "
+                f"{holder or 'unknown'}, alive): cannot {purpose}"
             )
+        table = self.table
+        table.set(layout.FLAGS_LOCK_OWNER_PID, os.getpid())
+        table.set(layout.FLAGS_LOCK_SINCE_MS, now_ms())
         try:
             yield
         finally:
+            table.set(layout.FLAGS_LOCK_OWNER_PID, 0)
+            table.set(layout.FLAGS_LOCK_SINCE_MS, 0)
             lock.release()
+
+    def _flags_lock_contended(self, lock: posix_ipc.Semaphore) -> bool:
+        """Wait for the flags lock in slices; between them, a holder found dead (or none written
+        for ORPHAN_AFTER_MS: it died between taking the lock and writing its pid) is taken over.
+        True once this process holds it."""
+        deadline = time.monotonic() + FLAGS_LOCK_TIMEOUT_S
+        orphan_since = 0.0
+        while True:
+            if acquire(lock, min(0.05, max(deadline - time.monotonic(), 0))):
+                return True
+            owner = self.table.get(layout.FLAGS_LOCK_OWNER_PID)
+            if owner and not pid_alive(owner):
+                if self._take_flags_lock_over(lock, owner):
+                    return True
+            elif not owner:
+                orphan_since = orphan_since or time.monotonic()
+                if (time.monotonic() - orphan_since) * 1000 >= ORPHAN_AFTER_MS and self._take_flags_lock_over(
+                    lock, 0
+                ):
+                    return True
+            else:
+                orphan_since = 0.0
+            if time.monotonic() >= deadline:
+                return False
+
+    def _take_flags_lock_over(self, lock: posix_ipc.Semaphore, dead_owner: int) -> bool:
+        """Inherit a flags lock whose holder died in it; one taker wins (the takeover semaphore).
+        What it guards needs no undo: each guarded change is one aligned word store (the running
+        flags' read-modify-write, a slot's owner pid, a request counter), or a slot claim whose
+        owner pid is written last and is reaped as dead by the claims' own liveness checks."""
+        takeover = self.semaphore(self.names.flags_lock_takeover)
+        if not try_acquire(takeover):
+            return False
+        try:
+            if try_acquire(lock):  # released meanwhile: plain ownership
+                return True
+            if self.table.get(layout.FLAGS_LOCK_OWNER_PID) != dead_owner:
+                return False  # another waiter took it over first
+            self.table.add(layout.FLAGS_LOCK_RECOVERIES, 1)
+            self.table.set(layout.FLAGS_LOCK_LAST_DEAD_PID, dead_owner)
+            log.warning("flags lock of %s taken over from dead holder pid %d", self.names.base, dead_owner)
+            return True
+        finally:
+            takeover.release()
 
     def update_running_flags(self, *, set_bits: int = 0, clear_bits: int = 0) -> int:
         """RunningFlags read-modify-write under the flags lock (several workers write them).

@@ -2,7 +2,7 @@
 
 Sends ``count`` messages whose topic, queue, size and body derive from (producer, seq), so a
 reader can regenerate and compare every byte, and writes one line per acknowledged send to
-``out`` (JSON: seq, status, topic, queue, queue offset, commit-log offset)."""
+``out`` (JSON: seq, status, queue offset, commit-log offset, reason)."""
 
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ def main() -> int:
                                   properties={"producer": str(producer), "seq": str(seq)}))  # fmt: skip
             for seq, result in zip(seqs, p.send_batch(items), strict=True):
                 f.write(json.dumps({"seq": seq, "status": result.status.name, "queue_offset": result.queue_offset,
-                                    "phy": result.commit_log_offset}) + "\n")  # fmt: skip
+                                    "phy": result.commit_log_offset, "reason": result.reason}) + "\n")  # fmt: skip
             f.flush()
     return 0
 

@@ -14,7 +14,8 @@ watch:  heartbeat; restart a dead worker within a second (bounded back-off, coun
 stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused and parked
         consumers are woken (both attach to the store's next start by themselves); stop
         workers one by one in dependency order (the scheduler, whose puts the others must
-        still flush and dispatch; committer, flusher, reput, then the rest),
+        still flush and dispatch; then the start is fenced, so no put lands after the final
+        passes; committer, flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
         remove `abort` only if dispatch caught up; persist the config files; unlink every
         segment and semaphore and release the lock, even if a step before failed.
@@ -22,6 +23,7 @@ stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refus
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import mmap
 import os
@@ -37,8 +39,9 @@ from types import FrameType
 from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
-from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
+from rmq_mp.errors import ConfigError, ShmAttachError, StoreError, StoreLockedError
 from rmq_mp.put import native
+from rmq_mp.put.fence import fence_start
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, queue_id_of
@@ -113,6 +116,90 @@ def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:
     return saved
 
 
+WORKER_EXIT_WAIT_S = 10.0
+"""How long ending a dead supervisor's start waits for its killed workers to be gone."""
+
+
+def _worker_pids(names: ShmNames, table: PointerTable) -> list[int]:
+    """Live worker processes of this store (by the pids its table lists and their command lines)."""
+    pids = []
+    for role in ROLES:
+        pid = table.get(layout.worker_field(role, "pid"))
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode("utf-8", "replace") if pid else ""
+        except OSError:
+            continue
+        if names.base in cmdline.split("\0") and pid_alive(pid):
+            pids.append(pid)
+    return pids
+
+
+def lock_findings(table: PointerTable) -> str:
+    """What the store's locks went through, for `run.py stop` to say: locks taken over from a
+    dead holder since the start, and a lock held now by a dead process ('' if nothing)."""
+    found = []
+    put = table.get(layout.LOCK_RECOVERIES)
+    if put:
+        found.append(f"put lock taken over from a dead producer {put} time(s)")
+    flags = table.get(layout.FLAGS_LOCK_RECOVERIES)
+    if flags:
+        found.append(
+            f"flags lock taken over from a dead holder {flags} time(s) (last pid "
+            f"{table.get(layout.FLAGS_LOCK_LAST_DEAD_PID)})"
+        )
+    for name, owner in (("put", layout.PUT_LOCK_OWNER_PID), ("flags", layout.FLAGS_LOCK_OWNER_PID)):
+        holder = layout.lock_owner(table.get(owner))
+        if holder and not pid_alive(holder):
+            found.append(f"{name} lock held now by dead pid {holder} (the next taker takes it over)")
+    return "; ".join(found)
+
+
+def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) -> str:
+    """A supervisor died and left its start's shared memory: fence the start (`rmq_mp.put.fence`:
+    no producer still attached to it puts any more), kill its workers and wait until they are
+    gone (none may write a file the next start recovers), save what its pool buffers hold into
+    the files, unlink everything. Returns what it found and did, in one line. `StoreLockedError`
+    if the supervisor is alive after all, `FenceRefusedError` if a live producer holds the put
+    lock, `StoreError` if a worker outlives its SIGKILL: the start is left as it was."""
+    try:
+        table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    except ShmAttachError:
+        table = None
+    pid = workers = None
+    locks = ""
+    if table is not None:
+        try:
+            pid = table.get(layout.SUPERVISOR_PID)
+            if pid and pid_alive(pid):
+                raise StoreLockedError(
+                    f"store {config.store_path_root_dir} is already running (supervisor pid {pid})"
+                )
+            workers = _worker_pids(names, table)
+            locks = lock_findings(table)
+        finally:
+            table.close()
+    fenced = fence_start(names.base, fenced_by)
+    for worker in workers or ():
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker, signal.SIGKILL)
+    deadline = time.monotonic() + WORKER_EXIT_WAIT_S
+    while alive := [w for w in workers or () if pid_alive(w)]:
+        if time.monotonic() >= deadline:
+            raise StoreError(
+                f"store {config.store_path_root_dir}: worker pid(s) {alive} of the dead supervisor's start "
+                f"outlived SIGKILL for {WORKER_EXIT_WAIT_S:g} s; their files may still be written"
+            )
+        time.sleep(0.01)
+    saved = salvage_crashed_run(names, config)
+    removed = StoreShm.unlink_all(names)
+    return (
+        f"supervisor {pid} was not running; "
+        f"{fenced.describe() if fenced is not None else 'no start to fence (no producer could attach)'}; "
+        f"stopped {len(workers or ())} worker(s), saved {saved} pool byte(s) into the commit log, "
+        f"removed {len(removed)} shared object(s)" + (f"; found: {locks}" if locks else "")
+    )
+
+
 class Supervisor:
     def __init__(self, config: MessageStoreConfig) -> None:
         self.config = config
@@ -146,11 +233,8 @@ class Supervisor:
         self._log_settings()
         self.root.mkdir(parents=True, exist_ok=True)
         if self.names.leftovers():
-            salvaged = salvage_crashed_run(self.names, self.config)
-            removed = StoreShm.unlink_all(self.names)
-            log.warning(
-                "removed %d shared objects of a crashed run (%d pool bytes saved)", len(removed), salvaged
-            )
+            found = end_dead_start(self.names, self.config, layout.FENCED_BY_START)
+            log.warning("a crashed run's shared memory: %s", found)
         recovery_started = time.monotonic()
         self.store = MessageStore.open(config=self.config)
         recovery_ms = int((time.monotonic() - recovery_started) * 1000)
@@ -494,6 +578,8 @@ class Supervisor:
         t.set(layout.STATE, layout.STOPPING)
         self._wake_parked_consumers()
         for role in STOP_ORDER:
+            if role == "committer":  # the scheduler's last deliveries are in
+                clean &= self._fence_puts()
             handle = self.workers.get(role)
             if handle is not None and handle.process is not None:
                 clean &= self._stop_worker(handle)
@@ -514,6 +600,20 @@ class Supervisor:
             )
         t.set(layout.STATE, layout.STOPPED)
         return clean
+
+    def _fence_puts(self) -> bool:
+        """Fence this start (`rmq_mp.put.fence`) before the committer's and flusher's final
+        passes: a producer that passed the STOPPING check just before it was set cannot put
+        after them, into a pool buffer or file nobody commits or flushes any more. False (the
+        stop is unclean) when it could not be fenced."""
+        try:
+            fenced = fence_start(self.names.base, layout.FENCED_BY_SHUTDOWN)
+        except StoreError as exc:
+            log.error("could not fence the store's puts at stop: %s", exc)
+            return False
+        if fenced is not None:
+            log.info("puts fenced: %s", fenced.describe())
+        return True
 
     def _wake_parked_consumers(self) -> None:
         """Consumers parked in a long poll wake and see the store stopping (nothing else will

@@ -172,6 +172,7 @@ class EncodedRun:
     shape (count, ``record_size``)."""
 
     __slots__ = (
+        "answer_queue_id",
         "count",
         "data",
         "dispatchable",
@@ -204,6 +205,9 @@ class EncodedRun:
     ) -> None:
         self.topic = topic
         self.queue_id = queue_id
+        self.answer_queue_id = queue_id
+        """The queue id its results answer: the sender's, where a delayed message is stored on
+        the schedule queue of its level (as `send` and RocketMQ's broker answer)."""
         self.data = data
         self.count = count
         self.record_size = record_size

@@ -502,6 +502,7 @@ typedef struct {
     PyObject_HEAD
     Held table, queues, ring, metrics, uniq_state;
     Py_ssize_t w[W_COUNT];
+    Py_ssize_t fence_word; /* FENCE (rmq_mp/put/fence.py), read under the lock by every put */
     int64_t accepting_state, put_blockers, stale_ms, max_lag;
     int64_t pid, spin_ns, slice_ms;
     Hosts hosts;
@@ -693,6 +694,7 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
         s->w[i] = dict_i64(words, WORD_NAMES[i], &ok);
         if (!ok) return -1;
     }
+    s->fence_word = dict_i64(d, "fence_word", &ok);
     s->accepting_state = dict_i64(d, "accepting_state", &ok);
     s->put_blockers = dict_i64(d, "put_blockers", &ok);
     s->stale_ms = dict_i64(d, "supervisor_stale_ms", &ok);
@@ -716,6 +718,10 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
             PyErr_Format(PyExc_ValueError, "word %s outside the table", WORD_NAMES[i]);
             return -1;
         }
+    if (s->fence_word < 0 || (s->fence_word + 1) * 8 > s->table.view.len) {
+        PyErr_SetString(PyExc_ValueError, "word FENCE outside the table");
+        return -1;
+    }
     PyObject *prefix = dict_obj(d, "uniq_prefix", &ok);
     if (!ok) return -1;
     Py_ssize_t plen;
@@ -1032,6 +1038,15 @@ typedef struct {
     int64_t wrote, queue_offset, store_ts, ring_slot, hold_ns, released_ns;
 } Placed;
 
+/* The fence, right after the put lock is taken: 1 when this start is fenced (someone stops it or
+ * starts over it: rmq_mp/put/fence.py), the lock released again so the reference words the
+ * refusal. A word read: the fencer sets it under this lock, so no put lands after its hold. */
+static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
+    if (__atomic_load_n(&w[s->fence_word], __ATOMIC_ACQUIRE) == 0) return 0;
+    lock_release(lock);
+    return 1;
+}
+
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
  * record at 0), of the queue whose next offset is queues[next_word]. The journal first, then the
  * bytes, the queue's next offset and the write position (the commit point), as
@@ -1054,6 +1069,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         if (!got) return 0; /* a long hold, a dead owner, a busy lock: the reference decides */
         store_ts = real_ms();
     }
+    if (fenced(s, w, lock)) return 0;
     int64_t acquired_ns = mono_ns();
     w[s->w[W_LOCK_SINCE]] = store_ts;
     PAUSE_POINT(PAUSE_LOCKED);

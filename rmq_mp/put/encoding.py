@@ -43,6 +43,7 @@ def same_kind(a: EncodedRun, b: EncodedRun) -> bool:
         and a.queue_id == b.queue_id
         and a.sys_flag == b.sys_flag
         and a.wait_flush == b.wait_flush
+        and a.answer_queue_id == b.answer_queue_id
     )
 
 
@@ -52,7 +53,7 @@ def joined(group: list[EncodedRun]) -> EncodedRun:
         return group[0]
     head = group[0]
     data, ends = join_records([single.data for single in group])
-    return EncodedRun(
+    run = EncodedRun(
         head.topic,
         head.queue_id,
         data,
@@ -62,6 +63,8 @@ def joined(group: list[EncodedRun]) -> EncodedRun:
         uniq_keys=[key for single in group for key in single.uniq_keys],
         wait_flush=head.wait_flush,
     )
+    run.answer_queue_id = head.answer_queue_id
+    return run
 
 
 ENCODE_FAILURES = (TypeError, ValueError, OverflowError, struct.error)
@@ -194,6 +197,7 @@ class SendEncoder:
                 v.check_properties(tags, keys, properties)
             if named and not self.router.known(topic, queue_id):  # after every type check
                 self.router.check(topic, queue_id)
+            answer_queue_id = queue_id
             text = properties_text(properties, tags, keys, uniq)
             if properties:
                 uniq = properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, uniq)
@@ -214,7 +218,7 @@ class SendEncoder:
             return EncodedRun.refused(
                 topic, int_or_minus_one(queue_id), 1, _ILLEGAL, reason, uniq_keys=(uniq,)
             )
-        return EncodedRun(
+        run = EncodedRun(
             topic,
             queue_id,
             data,
@@ -223,6 +227,8 @@ class SendEncoder:
             uniq_keys=(uniq,),
             wait_flush=waits_for_store(properties),
         )
+        run.answer_queue_id = answer_queue_id  # delayed: the sender's queue, as `send` answers
+        return run
 
     def message(self, message: m.Message) -> EncodedRun:
         """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
@@ -235,6 +241,7 @@ class SendEncoder:
             if problem is None and not self.router.known(message.topic, message.queue_id):
                 queue_problem = self.router.problem(message.topic, message.queue_id)
                 problem = (_ILLEGAL, queue_problem) if queue_problem else None
+            answer_queue_id = message.queue_id
             if problem is None:
                 message = schedule.delayed_message(message, text, self.max_delay_level)
                 data = self.encoder.encode_message(message, message.properties_string)
@@ -250,7 +257,7 @@ class SendEncoder:
             return EncodedRun.refused(
                 message.topic, int_or_minus_one(message.queue_id), 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
             )
-        return EncodedRun(
+        run = EncodedRun(
             message.topic,
             message.queue_id,
             data,
@@ -260,6 +267,8 @@ class SendEncoder:
             uniq_keys=(uniq,),
             wait_flush=waits_for_store(message.properties),
         )
+        run.answer_queue_id = answer_queue_id  # delayed: the sender's queue, as `send` answers
+        return run
 
     def runs(self, items: Iterable[m.Message | Mapping[str, Any]], born_ms: int) -> list[EncodedRun]:
         """One run of one record per item, then consecutive records of one queue (and one kind:

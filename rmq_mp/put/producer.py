@@ -42,7 +42,13 @@ from typing import Any
 
 from rmq_mp import validators as v
 from rmq_mp.config.store_config import BrokerRole
-from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, OffsetTableFullError, ShmAttachError
+from rmq_mp.errors import (
+    FenceRefusedError,
+    InvalidArgumentError,
+    InvalidArgumentTypeError,
+    OffsetTableFullError,
+    ShmAttachError,
+)
 from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.format.message_batch import (
@@ -99,6 +105,12 @@ _FLAGS = layout.RUNNING_FLAGS.index
 _REPUT_FROM = layout.REPUT_FROM_OFFSET.index
 _WROTE = layout.WROTE_POSITION.index
 _FLUSHED = layout.FLUSHED_POSITION.index
+_FENCE = layout.FENCE.index
+_FENCERS = {
+    layout.FENCED_BY_SHUTDOWN: "its supervisor's shutdown",
+    layout.FENCED_BY_STOP: "run.py stop (its supervisor had died)",
+    layout.FENCED_BY_START: "a start over its dead supervisor's shared memory",
+}
 _NATIVE_WORDS = (
     "WROTE_POSITION",
     "JOURNAL_ACTIVE",
@@ -129,8 +141,8 @@ _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
 class Producer:
     """Attach with `Producer.attach(name)`; one instance per process (not thread-safe).
 
-    A producer outlives a restart of its store: a send that finds its store stopping, stopped
-    or its supervisor dead looks whether a newer start of the store runs under the same shm name
+    A producer outlives a restart of its store: a send that finds its store stopping, stopped,
+    fenced (`rmq_mp.put.fence`) or its supervisor dead looks whether a newer start of the store runs under the same shm name
     and, if so, attaches to it and sends there (waiting up to `REATTACH_WAIT_S` for one still
     starting); otherwise it is answered SERVICE_NOT_AVAILABLE saying so, and the next send looks
     again."""
@@ -241,6 +253,7 @@ class Producer:
             wakes.append((layout.worker_field("reput", "notified").index, names.wakeup("reput")))
         settings: dict[str, Any] = {
             "words": {name: getattr(layout, name).index for name in _NATIVE_WORDS},
+            "fence_word": _FENCE,
             "accepting_state": self._accepting_state,
             "put_blockers": _PUT_BLOCKERS,
             "supervisor_stale_ms": SUPERVISOR_STALE_MS,
@@ -493,6 +506,11 @@ class Producer:
         that stopped or lost its supervisor is replaced by a newer start of it when there is one
         (`_reattach`), and the checks run again there."""
         w = self._words
+        if w[_FENCE]:
+            why = fenced_reason(self.table)
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
             if self._slave and w[_STATE] == layout.RUNNING:
                 return (
@@ -518,6 +536,41 @@ class Producer:
             return self._wait_for_dispatch()
         return None
 
+    def _fenced_under_lock(self) -> tuple[PutMessageStatus, str] | None:
+        """Right after the put lock is taken: None, or (the lock released) the refusal of a put
+        to a fenced start. The fence is set under this lock (`fence`), so no put that passed
+        `_refusal` before it can land after the fencer's hold."""
+        if not self._words[_FENCE]:
+            return None
+        self.lock.release()
+        return PutMessageStatus.SERVICE_NOT_AVAILABLE, (
+            f"{fenced_reason(self.table)}; this producer attaches to the store's next start by itself at a send"
+        )
+
+    def fence(self, fenced_by: int, wait_s: float) -> int:
+        """Fence this start of the store (`rmq_mp.put.fence`): under the put lock (taken over
+        from a dead holder, whose half-done put is undone), FENCE is set, after which no put of
+        any producer of this start lands. A live holder that keeps the lock ``wait_s`` raises
+        `FenceRefusedError` naming its pid. Returns the number of dead holders taken over."""
+        lock = self.lock
+        recovered = self.table.get(layout.LOCK_RECOVERIES)
+        lock.busy_ms = 1 << 40  # a fencer waits for a long hold instead of calling it busy
+        if not lock.acquire(wait_s):
+            holder = layout.lock_owner(self.table.get(layout.PUT_LOCK_OWNER_PID))
+            raise FenceRefusedError(
+                f"store {self.store.names.base}: producer pid {holder} holds the put lock of start "
+                f"{self.table.get(layout.GENERATION)} (mid-put, stopped or hung) after {wait_s:g} s: its "
+                f"files may still be written; let it go on (SIGCONT) or kill it, then run this again"
+            )
+        try:
+            if not self.table.get(layout.FENCE):
+                self.table.set(layout.FENCE_PID, os.getpid())
+                self.table.set(layout.FENCE_MS, time.time_ns() // 1_000_000)
+                self.table.set(layout.FENCE, fenced_by)
+        finally:
+            lock.release()
+        return self.table.get(layout.LOCK_RECOVERIES) - recovered
+
     def _wait_for_dispatch(self) -> tuple[PutMessageStatus, str] | None:
         """Back-pressure: the log is more than maxDispatchLagBytes ahead of reput, so consumers
         would see new records ever later and a crash would replay ever more. Wait for reput to
@@ -539,6 +592,8 @@ class Producer:
         refusal = self._refusal(now)
         if refusal is None and not self.lock.acquire(LOCK_TIMEOUT_S):
             refusal = PutMessageStatus.OS_PAGECACHE_BUSY, self.lock.refusal
+        if refusal is None:
+            refusal = self._fenced_under_lock()
         if refusal is not None:
             for run in runs:
                 run.place(Placement(0, run.count, *refusal))
@@ -567,6 +622,8 @@ class Producer:
             return SendResult(refusal[0], queue_id, -1, -1, uniq, refusal[1], self._msg_id_prefix)
         if not self.lock.acquire(LOCK_TIMEOUT_S):
             return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, self.lock.refusal)
+        if (fenced := self._fenced_under_lock()) is not None:
+            return SendResult(fenced[0], queue_id, -1, -1, uniq, fenced[1], self._msg_id_prefix)
         run = None
         try:
             put = self.appender.append_one(topic, queue_id, data, wait, self.lock.acquired_ms)
@@ -643,3 +700,12 @@ class Producer:
                 if p.status is _PUT_OK:
                     end = p.phy_offset + run.end(p.first + p.records - 1) - run.start(p.first)
                     assert flushed >= end, f"acknowledged {end} above flushed {flushed}"
+
+
+def fenced_reason(table: Any) -> str:
+    """Why a fenced start takes no put: which start, fenced by whom (`layout.FENCE`)."""
+    who = _FENCERS.get(table.get(layout.FENCE), f"fence {table.get(layout.FENCE)}")
+    return (
+        f"store start {table.get(layout.GENERATION)} was fenced by {who} (pid "
+        f"{table.get(layout.FENCE_PID)}) and takes no more puts"
+    )

@@ -102,11 +102,17 @@ class SendBatchResult(Sequence[SendResult]):
         in_run = placement.first + in_chunk
         uniq = run.uniq_keys[in_run] if run.uniq_keys else ""
         if placement.phy_offset < 0:
-            return SendResult(placement.status, run.queue_id, -1, -1, uniq, placement.reason)
+            return SendResult(placement.status, run.answer_queue_id, -1, -1, uniq, placement.reason)
         phy = placement.phy_offset + run.start(in_run) - run.start(placement.first)
         queue_offset = placement.queue_offset + in_chunk if run.dispatchable else 0
         return SendResult(
-            placement.status, run.queue_id, queue_offset, phy, uniq, placement.reason, self._msg_id_prefix
+            placement.status,
+            run.answer_queue_id,
+            queue_offset,
+            phy,
+            uniq,
+            placement.reason,
+            self._msg_id_prefix,
         )
 
     def __iter__(self) -> Iterator[SendResult]:
@@ -115,11 +121,11 @@ class SendBatchResult(Sequence[SendResult]):
             for i in range(p.first, p.first + p.records):
                 uniq = run.uniq_keys[i] if run.uniq_keys else ""
                 if p.phy_offset < 0:
-                    yield SendResult(p.status, run.queue_id, -1, -1, uniq, p.reason)
+                    yield SendResult(p.status, run.answer_queue_id, -1, -1, uniq, p.reason)
                     continue
                 phy = p.phy_offset + run.start(i) - run.start(p.first)
                 queue_offset = p.queue_offset + i - p.first if run.dispatchable else 0
-                yield SendResult(p.status, run.queue_id, queue_offset, phy, uniq, p.reason, prefix)
+                yield SendResult(p.status, run.answer_queue_id, queue_offset, phy, uniq, p.reason, prefix)
 
     def commit_log_offsets(self) -> np.ndarray:
         """Each message's commit-log offset, -1 where it was not stored."""

@@ -36,7 +36,7 @@ from rmq_mp.format.index_layout import (
     index_file_size,
 )
 from rmq_mp.format.message import index_key_hash
-from rmq_mp.store.mapped_file import reservation_end, reserve_blocks
+from rmq_mp.store.mapped_file import close_mapping, reservation_end, reserve_blocks
 from rmq_mp.store.reporter import Reporter
 
 _INT_MAX = 0x7FFFFFFF
@@ -505,7 +505,7 @@ class IndexFile:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            close_mapping(self._mm)
             self._mm = None
         if self._fd >= 0:
             os.close(self._fd)

@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rmq_mp.errors import FileChangedError
 from shm.segment import lock_in_memory
 
 OS_PAGE_SIZE = 4096
@@ -55,6 +56,17 @@ def reserve_blocks(fd: int, start: int, end: int) -> None:
 def offset_to_file_name(offset: int) -> str:
     """`UtilAll.offset2FileName`: 20-digit zero-padded decimal."""
     return f"{offset:020d}"
+
+
+def close_mapping(mm: mmap.mmap) -> bool:
+    """Close ``mm``; True if closed. One still exported (a numpy array or memoryview of it
+    alive: an exception in flight holds the frames that made them) is left to the garbage
+    collector: a cleanup on an error path must not raise BufferError over the error itself."""
+    try:
+        mm.close()
+    except BufferError:
+        return False
+    return True
 
 
 class MappedFile:
@@ -261,6 +273,13 @@ class MappedFile:
                         return begin + int(np.flatnonzero(view[begin:end])[-1]) + 1
                     end = begin
             return start
+        except (ValueError, RuntimeError) as exc:  # numpy: "non-zero array elements changed"
+            if "changed" not in str(exc):
+                raise
+            raise FileChangedError(
+                f"{self.path} changed while it was read (numpy: {exc}): another process still "
+                f"writes the store; stop it (run.py stop ends a dead supervisor's start) and start again"
+            ) from None
         finally:
             del view
 
@@ -323,7 +342,7 @@ class MappedFile:
 
     def close(self) -> None:
         if self._mm is not None:
-            self._mm.close()
+            close_mapping(self._mm)
             self._mm = None
         if self._fd >= 0:
             os.close(self._fd)

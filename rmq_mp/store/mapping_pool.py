@@ -38,7 +38,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Any
 
-from rmq_mp.store.mapped_file import MappedFile
+from rmq_mp.store.mapped_file import MappedFile, close_mapping
 
 log = logging.getLogger(__name__)
 
@@ -272,7 +272,7 @@ class PooledMappedFile(MappedFile):
             self._closed = True
             mm, self._live_mm = self._live_mm, None
             if mm is not None:
-                mm.close()
+                close_mapping(mm)
             if self._live_fd >= 0:
                 os.close(self._live_fd)
                 self._live_fd = -1

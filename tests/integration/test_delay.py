@@ -88,6 +88,7 @@ def test_a_delayed_send_is_stored_on_the_schedule_topic_as_rocketmq(tmp_path: Pa
         assert "batch" in refused[0].reason
         items = producer.send_batch([dict(topic=TOPIC, body=b"item", properties={"DELAY": "1"}, queue_id=3)])
         assert items[0].status is PutMessageStatus.PUT_OK
+        assert items[0].queue_id == 3, "send_batch answers the sender's queue, as send does"
 
         level2 = _read_all(consumer, SCHEDULE_TOPIC, 1, 1, 10)[0]
         assert level2.topic == SCHEDULE_TOPIC
@@ -119,6 +120,37 @@ def test_a_delayed_send_is_stored_on_the_schedule_topic_as_rocketmq(tmp_path: Pa
             table.close()
     topics = loads((service.root / "config" / "topics.json").read_text())["topicConfigTable"]
     assert topics[SCHEDULE_TOPIC]["readQueueNums"] == topics[SCHEDULE_TOPIC]["writeQueueNums"] == 18
+
+
+def test_send_batch_answers_a_delayed_message_with_its_queue_as_send_does(tmp_path: Path) -> None:
+    """A delayed message is stored on the schedule queue of its level; `send` answers the
+    sender's queue id (as RocketMQ's broker), and so does each result of `send_batch`, for keyword
+    dicts and `Message`s, alone or joined with others of the same level (issue 29, point 7)."""
+    with (
+        running_service(tmp_path, messageDelayLevel="1h 2h 3h") as service,
+        Producer.attach(service.root) as producer,
+    ):
+        sent = producer.send(TOPIC, b"one", properties={"DELAY": "1"}, queue_id=2)
+        batch = producer.send_batch(
+            [
+                dict(topic=TOPIC, body=b"a", properties={"DELAY": "1"}, queue_id=2),
+                dict(topic=TOPIC, body=b"b", properties={"DELAY": "1"}, queue_id=3),  # same schedule queue
+                dict(topic=TOPIC, body=b"c", properties={"DELAY": "2"}, queue_id=1),
+                m.Message(topic=TOPIC, body=b"d", properties={"DELAY": "3"}, queue_id=3),
+                dict(topic=TOPIC, body=b"now", queue_id=2),
+            ]
+        )
+        assert batch.ok, list(batch)
+        assert sent.queue_id == 2
+        assert [r.queue_id for r in batch] == [2, 3, 1, 3, 2]
+        assert [batch[i].queue_id for i in range(5)] == [2, 3, 1, 3, 2]
+        with Consumer.attach(service.root, "g") as consumer:
+            level1 = _read_all(consumer, SCHEDULE_TOPIC, 0, 3, 10)
+            assert [(x.body, x.properties["REAL_QID"]) for x in level1] == [
+                (b"one", "2"),
+                (b"a", "2"),
+                (b"b", "3"),
+            ]
 
 
 def test_every_level_is_delivered_on_time_as_rocketmq_delivers_it(tmp_path: Path) -> None:

@@ -59,6 +59,8 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "shm/pointer_table.py::create": frozenset({S}),
     "shm/store_shm.py::create": frozenset({S}),
     "shm/store_shm.py::update_running_flags": frozenset({F, CL}),  # workers/flusher.py, cleaner.py
+    "shm/store_shm.py::flags_lock": frozenset(Role),  # any process takes the flags lock
+    "shm/store_shm.py::_take_flags_lock_over": frozenset(Role),
     "shm/transient_pool.py::borrow": frozenset({P}),
     "shm/transient_pool.py::give_back": frozenset({C}),
     "shm/semaphores.py": frozenset({P}),  # the put lock
