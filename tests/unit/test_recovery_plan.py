@@ -79,6 +79,7 @@ def test_a_damaged_queue_file_moves_the_replay_back_to_its_first_lost_record(
     try:
         assert plan.last_exit_ok
         assert plan.repair_from_offset == phy + size  # the end of the last entry kept (entry 4)
+        assert plan.repair_from_offset is not None
         assert plan.replay_from_offset == plan.repair_from_offset < plan.scan_from_offset
     finally:
         store._release()
