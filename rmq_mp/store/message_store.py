@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from rmq_mp import file_modes
 from rmq_mp import validators as v
 from rmq_mp.config.config_manager import CHECKSUMS_NAME, LoadResult
 from rmq_mp.config.offsets import ConsumerOffsetManager
@@ -162,6 +163,7 @@ class MessageStore:
                     f"store_dir must be a str or a path, not {type(store_dir).__name__}"
                 )
             config = config.replace(store_path_root_dir=path)
+        file_modes.apply(config.store_group_access)  # this process's files of the store: private by default
         paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
         store: MessageStore | None = None
         try:
@@ -182,7 +184,7 @@ class MessageStore:
     def _start(self) -> None:
         root = self.paths.root
         if self.writable:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
             self._take_lock()
         last_exit_ok = not self.paths.abort.exists()
         self.commit_log.load()
@@ -193,7 +195,7 @@ class MessageStore:
         if self.writable:
             self._load_consumer_offsets()
             self._flush_all()
-            self.paths.abort.touch()
+            self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
 
     def _load_consumer_offsets(self) -> None:
@@ -224,7 +226,7 @@ class MessageStore:
 
     def _take_lock(self) -> None:
         """`lock` file: exclusive flock, content ``lock`` (RocketMQ writes the same 4 bytes)."""
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, file_modes.file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
