@@ -464,6 +464,12 @@ class MessageStoreConfig:
     # the umask of every store process and the mode of every file and segment it creates; files
     # already more open are named at start (the log, `run.py status`), not changed.
     store_group_access: str = "none"
+    # RocketMQ 5.x key: append a `__CRC32#` property to every record, a CRC-32 over the whole
+    # record before it (every header field, body, topic, other properties), checked on every read,
+    # recovery and scan as the body CRC is (a mismatch is damage). RocketMQ 4.9.8 reads the records
+    # with one more property. rmq-mp's default is true (RocketMQ's false): a flipped topic, queue
+    # id or property byte is otherwise served as if intact.
+    enabled_append_prop_crc: bool = True
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.

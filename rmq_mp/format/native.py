@@ -82,6 +82,8 @@ def scan_layout() -> dict[str, object]:
         "KEYS": m.PROPERTY_KEYS.encode(),
         "UNIQ_KEY": m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX.encode(),
         "SCHEDULE_TOPIC": m.SCHEDULE_TOPIC.encode(),
+        "PROPERTY_CRC32": record.PROPERTY_CRC32.encode(),
+        "CRC32_RESERVED_LEN": record.CRC32_RESERVED_LEN,
     }
 
 

@@ -350,7 +350,9 @@ class MessageStore:
             if not message.born_timestamp:
                 message.born_timestamp = int(time.time() * 1000)
             message = schedule.delayed_message(message, text, len(self.delay_level_ms))
-            encoded = record.encode_record(message, store_host)
+            encoded = record.encode_record(
+                message, store_host, append_crc=self.config.enabled_append_prop_crc
+            )
         except RecordRejected as exc:  # a DELAY that is not a level
             return PutMessageResult(exc.status, reason=exc.reason)
         except (TypeError, ValueError, OverflowError, struct.error, AttributeError):
@@ -366,7 +368,11 @@ class MessageStore:
             store_timestamp = int(time.time() * 1000)
             try:
                 result = self.commit_log.append(
-                    encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
+                    encoded,
+                    sys_flag=sys_flag,
+                    queue_offset=queue_offset,
+                    store_timestamp=store_timestamp,
+                    crc=self.config.enabled_append_prop_crc,
                 )
             except OSError as exc:  # a new file or its blocks refused (a full disk): nothing written
                 return PutMessageResult(
