@@ -17,7 +17,7 @@ from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import BodyCrcError, CorruptRecordError
 from rmq_mp.format import message as m
 from rmq_mp.format import record
-from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.store.message_store import MessageStore
 from tests.unit.test_record_batch import assert_same_as_per_record, scanner  # noqa: F401 (both scans)
 
@@ -238,3 +238,15 @@ def test_a_pull_skips_names_and_counts_it_as_a_body_crc_failure(small_config: Me
     with MessageStore.open(config=small_config) as store:  # recovery checks it too, as a body CRC
         assert store.recovery is not None
         assert store.recovery.recovered_end_offset == second.commit_log_offset
+
+
+def test_properties_that_leave_no_room_for_the_tail_are_refused(small_config: MessageStoreConfig) -> None:
+    """5.x counts the tail in the properties' limit: PROPERTIES_SIZE_EXCEEDED, nothing written."""
+    with MessageStore.open(config=small_config) as store:
+        fits = store.put_message(m.Message(topic="T", body=b"x", properties={"P": "v" * (32767 - 21 - 2)}))
+        assert fits.status.name == "PUT_OK"
+        end = store.max_phy_offset()
+        refused = store.put_message(m.Message(topic="T", body=b"x", properties={"P": "v" * (32767 - 20 - 2)}))
+        assert refused.status is PutMessageStatus.PROPERTIES_SIZE_EXCEEDED
+        assert "record CRC" in refused.reason
+        assert store.max_phy_offset() == end
