@@ -686,7 +686,6 @@ static PyObject *new_result(Sender *s, PyObject *const values[7]) {
     return obj;
 }
 
-/* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
 /* ------------------------------------------------------------------ the whole-record CRC
  *
  * RocketMQ 5.x `enabledAppendPropCRC` (record.py's PROPERTY_CRC32 is the reference): a record's
@@ -724,6 +723,7 @@ static inline void crc_fill(const Sender *s, uint8_t *r, Py_ssize_t total) {
     for (int i = 0; i < 10; i++, crc /= 10) d[i] = (uint8_t)('0' + crc % 10);
 }
 
+/* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
 static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     PyObject *d;
     if (!PyArg_ParseTuple(args, "O!", &PyDict_Type, &d)) return -1;
