@@ -135,6 +135,7 @@ _CRC_NAME = (PROPERTY_CRC32 + m.NAME_VALUE_SEPARATOR).encode()
 CRC_PLACEHOLDER = _CRC_NAME + b"0" * 10 + m.PROPERTY_SEPARATOR.encode()
 """The reserved tail as encoded outside the lock; `fill_record_crc` writes the digits."""
 _PROPERTY_SEPARATOR_BYTE = ord(m.PROPERTY_SEPARATOR)
+_NAME_VALUE_SEPARATOR_BYTE = ord(m.NAME_VALUE_SEPARATOR)
 
 
 def crc_suffix(properties: bytes) -> bytes:
@@ -177,7 +178,9 @@ def record_crc_problem(buf: Any, pos: int, total: int, tail: bytes) -> str:
     digits are read as `checkMessageAndReturnSize` reads them."""
     named = tail[:8] == _CRC_NAME[:8]
     digits = tail[9:19]
-    shaped = tail[8] == 1 and tail[19] == _PROPERTY_SEPARATOR_BYTE and digits.isdigit()
+    shaped = (
+        tail[8] == _NAME_VALUE_SEPARATOR_BYTE and tail[19] == _PROPERTY_SEPARATOR_BYTE and digits.isdigit()
+    )
     if not named and not shaped:
         # Zeroed in part: properties end in \x02 only in 5.x's records, whose CRC tail this was;
         # or zeroed from somewhere in the tail (or before it) to the record's end.
@@ -186,7 +189,9 @@ def record_crc_problem(buf: Any, pos: int, total: int, tail: bytes) -> str:
         return "NUL bytes where the record CRC belongs (a zeroed tail)" if zeroed else ""
     stored = int(digits[::-1]) if digits.isdigit() else -1
     actual = zlib.crc32(memoryview(buf)[pos : pos + total - CRC32_RESERVED_LEN]) & 0x7FFFFFFF
-    if named and (stored != actual or tail[19] != _PROPERTY_SEPARATOR_BYTE or tail[8] != 1):
+    if named and (
+        stored != actual or tail[19] != _PROPERTY_SEPARATOR_BYTE or tail[8] != _NAME_VALUE_SEPARATOR_BYTE
+    ):
         return f"record CRC ({PROPERTY_CRC32}) {actual:#010x} is not the stored {tail[9:19]!r}"
     if not named and (stored == actual or b"\0" in tail):
         return f"record CRC's property name is damaged: {tail[:8]!r}"
