@@ -25,6 +25,7 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
+from rmq_mp import file_modes
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import InvalidArgumentError, ShmAttachError, StoreError, StoreNotRunningError
@@ -122,7 +123,7 @@ def start_daemon(conf: Path, config: MessageStoreConfig) -> int:
     supervisor that refuses to start exits 2 and its one error line is repeated here."""
     check_store_paths(config)
     logs = log_dir(config.store_path_root_dir)
-    logs.mkdir(parents=True, exist_ok=True)
+    logs.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
     out_path = logs / "supervisor.out"
     with out_path.open("ab") as out:
         written_before = out.tell()
@@ -398,6 +399,7 @@ def run_command(args: argparse.Namespace) -> int:
         if not args.store.strip():  # Path("") is the current directory: start would make it a store
             raise InvalidArgumentError("--store is empty: name the store directory")
         config = config.replace(store_path_root_dir=str(Path(args.store).resolve()))
+    file_modes.apply(config.store_group_access)  # before anything of the store is created
     if args.command == "demo" and args.messages < 1:
         raise InvalidArgumentError(f"--messages must be at least 1, got {args.messages}")
     if args.command == "start" and args.daemon:

@@ -23,6 +23,8 @@ Scenarios (``--scenario``, repeatable; default all):
   scale     put rate and p99 over 8, 1,000 and 10,000 queues written round-robin (ratio to the
             8-queue row), disk and shared memory held, consumer catch-up over every queue,
             normal and abnormal recovery time (bench/scale.py).
+  crc       the whole-record CRC's put cost: ASYNC send and send_batch, 1 producer, 128 B, with
+            enabledAppendPropCRC off and on in alternating stores (off on on off); ratio on/off.
 ``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
 Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 """
@@ -191,6 +193,34 @@ class Bench:
               f"{base_rate:>11.0f}{row['ratio']:>7.2f}{lat['p50']:>8.0f}{lat['p99']:>9.0f}{lat['p99.9']:>9.0f}"
               f"{base_p99:>9.0f}" + (f"  FAILURES {got['failures']}" if got["failures"] else ""), flush=True)  # fmt: skip
         return row
+
+    # ---------------------------------------------------------------- record CRC cost
+
+    def crc(self) -> None:
+        """The whole-record CRC's put cost (issue 35): `send` and send_batch of 100, ASYNC, one
+        producer, 128 B bodies, on a store with enabledAppendPropCRC off, then on, then on, then
+        off (each row its own store), rounds of that; the ratio is of the medians, same run (on
+        this shared 2-core VM single rows vary by 2x: the median of 6 is what is compared)."""
+        rounds = 1 if self.quick else 3
+        rows = []
+        print(f"{'api':<11}{'crc off msgs/s':>16}{'crc on msgs/s':>15}{'on/off':>8}")
+        for api, batch in (("send", 1), ("batch100", 100)):
+            rates: dict[str, list[float]] = {"false": [], "true": []}
+            for _ in range(rounds):
+                for setting in ("false", "true", "true", "false"):
+                    with self.store("ASYNC", enabledAppendPropCRC=setting) as service:
+                        got = run_producers(
+                            service.names.base, producers=1, body_size=128, batch=batch,
+                            duration_s=self.window_s, block=ASYNC_SEND_BLOCK,
+                        )  # fmt: skip
+                    assert not got["failures"], got
+                    rates[setting].append(got["msgs_per_s"])
+            off, on = float(np.median(rates["false"])), float(np.median(rates["true"]))
+            row = {"api": api, "off_msgs_per_s": rates["false"], "on_msgs_per_s": rates["true"],
+                   "ratio": _ratio(on, off)}  # fmt: skip
+            print(f"{api:<11}{off:>16.0f}{on:>15.0f}{row['ratio']:>8.3f}", flush=True)
+            rows.append(row)
+        self.results["crc"] = rows
 
     # ---------------------------------------------------------------- e2e latency
 
@@ -525,6 +555,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "cleaner": Bench.cleaner,
     "scale": Bench.scale,
     "realistic": Bench.realistic,
+    "crc": Bench.crc,
 }
 
 

@@ -14,6 +14,8 @@ import os
 from logging.handlers import RotatingFileHandler
 from pathlib import Path
 
+from rmq_mp import file_modes
+
 MAX_BYTES = 16 * 1024 * 1024
 BACKUPS = 5
 LOG_DIR = "logs"
@@ -40,7 +42,7 @@ def setup_process_logging(store_root: str | os.PathLike[str] | None, process: st
     if store_root is None:
         return None
     directory = log_dir(store_root)
-    directory.mkdir(parents=True, exist_ok=True)
+    directory.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
     path = directory / f"{process}.log"
     file_handler = RotatingFileHandler(path, maxBytes=MAX_BYTES, backupCount=BACKUPS, encoding="utf-8")
     file_handler.setLevel(logging.INFO)

@@ -15,6 +15,7 @@ import os
 
 import posix_ipc
 
+from rmq_mp import file_modes
 from rmq_mp.errors import ShmAttachError
 
 MADV_POPULATE_WRITE = 23
@@ -61,7 +62,7 @@ class SharedSegment:
     @classmethod
     def create(cls, name: str, size: int) -> SharedSegment:
         """Create a new zero-filled segment; an existing one of that name is an error."""
-        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600, size=size)
+        memory = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=file_modes.shm_mode(), size=size)
         return cls(name, memory, size)
 
     @classmethod

@@ -16,6 +16,7 @@ from collections.abc import Callable
 
 import posix_ipc
 
+from rmq_mp import file_modes
 from rmq_mp.errors import ShmAttachError
 from shm import layout
 from shm.pointer_table import PointerTable, pid_alive
@@ -37,7 +38,7 @@ _SINCE = layout.PUT_LOCK_SINCE_MS.index
 
 
 def create_semaphore(name: str, initial: int) -> posix_ipc.Semaphore:
-    return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=0o600, initial_value=initial)
+    return posix_ipc.Semaphore(name, posix_ipc.O_CREX, mode=file_modes.shm_mode(), initial_value=initial)
 
 
 def attach_semaphore(name: str) -> posix_ipc.Semaphore:

@@ -4,7 +4,7 @@ Every import counts: at module level, inside functions, and under ``TYPE_CHECKIN
 cycle is still two modules that cannot be read apart). Layers, lowest first; a module may import
 its own layer and those below, never above:
 
-    0  rmq_mp.errors                     what every layer raises
+    0  rmq_mp.errors, file_modes         what every layer raises; who may read the store
     1  shm                               shared memory: names, layouts, tables, locks
     2  rmq_mp.format, outcomes, validators, config, paths, progress, logs: the vocabulary
     3  rmq_mp.store                      the store directory's files, dispatch, recovery
@@ -25,7 +25,7 @@ import pytest
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGES = ("rmq_mp", "workers", "shm", "bench")
 LAYERS: tuple[tuple[str, ...], ...] = (
-    ("rmq_mp.errors",),
+    ("rmq_mp.errors", "rmq_mp.file_modes"),
     ("shm",),
     (
         "rmq_mp.format",
@@ -145,9 +145,10 @@ def test_the_library_does_not_import_its_own_face() -> None:
 
 
 def test_shm_imports_only_the_errors_module_of_the_library() -> None:
+    """And the file modes, which the shared memory shares with the store's files."""
     for module in (m for m in MODULES if m.split(".")[0] == "shm"):
         outside = {n for n in project_imports(module) if n.split(".")[0] != "shm"}
-        assert outside <= {"rmq_mp.errors"}, module
+        assert outside <= {"rmq_mp.errors", "rmq_mp.file_modes"}, module
 
 
 def test_errors_is_a_leaf() -> None:

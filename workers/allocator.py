@@ -25,6 +25,7 @@ import os
 import sys
 import time
 
+from rmq_mp import file_modes
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name, reserve_blocks
 from shm import layout
 from workers.service import ServiceLoop, main
@@ -127,7 +128,7 @@ class AllocatorService(ServiceLoop):
         """Every file of ``[current, target)`` exists, sparse at full length."""
         size = self.store.config.mapped_file_size_commit_log
         directory = self.store.paths.commit_log
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         for offset in range(max(current, self.created_until), target, size):
             made = MappedFile.prepare(directory / offset_to_file_name(offset), size)
             if made and self.store.config.warm_maped_file_enable:

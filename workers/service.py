@@ -22,6 +22,7 @@ import sys
 import time
 from typing import ClassVar
 
+from rmq_mp import file_modes
 from rmq_mp.logs import setup_process_logging
 from rmq_mp.store.running_store import RunningStore
 from shm import layout
@@ -168,11 +169,13 @@ class ServiceLoop:
 
 def main(service_class: type[ServiceLoop]) -> int:
     """Entry point of ``python -m workers.<role> <shm-name> <store-dir>``."""
+    file_modes.apply(file_modes.inherited())  # the supervisor's umask, until the store's own is read
     setup_process_logging(sys.argv[2], service_class.role)
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the supervisor decides when workers stop
     store = RunningStore.attach(
         sys.argv[1], Role(service_class.role), writable_log=service_class.writable_log
     )
+    file_modes.apply(store.config.store_group_access)
     try:
         return service_class(store).run()
     finally:

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from rmq_mp import file_modes
 from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
@@ -231,7 +232,9 @@ class Supervisor:
         if note := self.config.root_dir_note:
             log.warning("%s", note)
         self._log_settings()
-        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
+        if looser := file_modes.looser_note(self.root, self.config.store_group_access):
+            log.warning("%s", looser)
         if self.names.leftovers():
             found = end_dead_start(self.names, self.config, layout.FENCED_BY_START)
             log.warning("a crashed run's shared memory: %s", found)

@@ -21,6 +21,7 @@ import os
 import re
 from pathlib import Path
 
+from rmq_mp import file_modes
 from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError
 
 CLIENT_ID = re.compile(r"[A-Za-z0-9_.:@#|%-]{1,128}")
@@ -67,7 +68,7 @@ class LocalFileOffsetStore:
 
     def persist(self) -> None:
         """Write the whole table atomically (tmp, rename)."""
-        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         data = {
             "offsetTable": {t: {str(q): o for q, o in sorted(qs.items())} for t, qs in self.table.items()}
         }

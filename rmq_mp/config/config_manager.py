@@ -95,6 +95,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rmq_mp import file_modes
 from rmq_mp.paths import fsync_dir
 
 log = logging.getLogger(__name__)
@@ -645,7 +646,7 @@ class ConfigManager:
         """
         data = self.encode().encode("utf-8")
         directory = self.path.parent
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         digests, _ = self._digests()
         try:
             current: bytes | None = self.path.read_bytes()
@@ -704,7 +705,7 @@ def _check(raw: bytes, apply: Callable[[str], None]) -> str:
 
 
 def _write_synced(path: Path, data: bytes) -> None:
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_modes.file_mode())
     try:
         view = memoryview(data)
         while view:

@@ -33,6 +33,7 @@ from types import MappingProxyType
 from typing import Any, Final, TypeVar, get_type_hints
 
 from rmq_mp.errors import ConfigError
+from rmq_mp.file_modes import ACCESS_VALUES
 from rmq_mp.format.index_layout import index_file_size
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, effective_file_size
 from rmq_mp.paths import StorePaths
@@ -459,6 +460,18 @@ class MessageStoreConfig:
     # (capped at half of `ulimit -n`). Below the number of queues written round-robin, reput maps
     # files again.
     max_open_consume_queue_files: int = _prop(8192, ge=16, le=60000)
+    # rmq-mp addition: who besides the owner may use the store: none (directories 0700, files and
+    # shared memory 0600), read (the owner's group reads the files: 0750/0640) or write (the group
+    # may also attach producers and consumers, which write shared memory: 0770/0660). Applied as
+    # the umask of every store process and the mode of every file and segment it creates; files
+    # already more open are named at start (the log, `run.py status`), not changed.
+    store_group_access: str = "none"
+    # RocketMQ 5.x key: append a `__CRC32#` property to every record, a CRC-32 over the whole
+    # record before it (every header field, body, topic, other properties), checked on every read,
+    # recovery and scan as the body CRC is (a mismatch is damage). RocketMQ 4.9.8 reads the records
+    # with one more property. rmq-mp's default is true (RocketMQ's false): a flipped topic, queue
+    # id or property byte is otherwise served as if intact.
+    enabled_append_prop_crc: bool = True
 
     # -- provenance (not properties; excluded from ==, `to_properties`) -------------------------
     # Where the values came from, for messages and logs.
@@ -839,6 +852,10 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
         problems.append(
             f"transientStorePoolEnable = true needs transientStorePoolSize > 0 "
             f"(got {values['transient_store_pool_size']})"
+        )
+    if values["store_group_access"] not in ACCESS_VALUES:
+        problems.append(
+            f"storeGroupAccess = {values['store_group_access']!r}: must be one of {', '.join(ACCESS_VALUES)}"
         )
     delete_when = values["delete_when"]
     parts = delete_when.split(";")

@@ -5,8 +5,8 @@
  * everything else back: a v1 record whose sizes agree (`calMsgLength`), whose topic and
  * properties are printable-or-control ASCII without NUL (so UTF-8 and UTF-16 code units are its
  * bytes), whose topic is not SCHEDULE_TOPIC_XXXX (its tags code is a delivery time) and, with
- * ``check_crc``, whose body CRC matches (zlib's CRC; built without zlib, CRC-checked scans are
- * all handed back). For those it writes what `record_batch.RecordBatch` holds: position, size,
+ * ``check_crc``, whose body CRC matches and whose whole-record CRC (a ``__CRC32#`` tail, when it
+ * has one) does too (zlib's CRC; built without zlib, CRC-checked scans are all handed back). For those it writes what `record_batch.RecordBatch` holds: position, size,
  * queue id, queue offset, sysflag, store time, tags hash code and topic index per record, and
  * the index keys (UNIQ_KEY, then each word of KEYS) as (record, `indexKeyHashMethod` of
  * ``topic#key``). Anything else stops the scan at that record, which the Python decoder then
@@ -44,6 +44,8 @@ typedef struct {
     char schedule_topic[64];
     Py_ssize_t schedule_topic_len;
     uint8_t name_value_sep, property_sep, key_sep;
+    char crc_name[16]; /* __CRC32#: the whole-record CRC's property (record.PROPERTY_CRC32) */
+    Py_ssize_t crc_name_len, crc_reserved;
 } Layout;
 
 static Layout L;
@@ -130,6 +132,7 @@ static PyObject *scan_configure(PyObject *self, PyObject *cfg) {
     INT_FIELD("NAME_VALUE_SEPARATOR", n.name_value_sep)
     INT_FIELD("PROPERTY_SEPARATOR", n.property_sep)
     INT_FIELD("KEY_SEPARATOR", n.key_sep)
+    INT_FIELD("CRC32_RESERVED_LEN", n.crc_reserved)
 #undef INT_FIELD
     if (get_four(cfg, "STORETIMESTAMP", n.pos_store_ts) < 0 || get_four(cfg, "BODYLEN", n.pos_body_len) < 0 ||
         get_four(cfg, "BODY", n.pos_body) < 0)
@@ -137,12 +140,42 @@ static PyObject *scan_configure(PyObject *self, PyObject *cfg) {
     if (copy_name(cfg, "TAGS", n.tags, sizeof n.tags, &n.tags_len) < 0 ||
         copy_name(cfg, "KEYS", n.keys, sizeof n.keys, &n.keys_len) < 0 ||
         copy_name(cfg, "UNIQ_KEY", n.uniq, sizeof n.uniq, &n.uniq_len) < 0 ||
-        copy_name(cfg, "SCHEDULE_TOPIC", n.schedule_topic, sizeof n.schedule_topic, &n.schedule_topic_len) < 0)
+        copy_name(cfg, "SCHEDULE_TOPIC", n.schedule_topic, sizeof n.schedule_topic, &n.schedule_topic_len) < 0 ||
+        copy_name(cfg, "PROPERTY_CRC32", n.crc_name, sizeof n.crc_name, &n.crc_name_len) < 0)
         return NULL;
+    if (n.crc_reserved != n.crc_name_len + 12) {
+        PyErr_SetString(PyExc_ValueError, "configure: the CRC tail is name, \\x01, 10 digits, \\x02");
+        return NULL;
+    }
     n.configured = 1;
     L = n;
     Py_RETURN_NONE;
 }
+
+#ifdef RMQ_HAVE_ZLIB
+/* The whole-record CRC (RocketMQ 5.x `enabledAppendPropCRC`; record.record_crc_problem is the
+ * reference): 1 when the record's properties end in a well-formed __CRC32# tail whose digits
+ * (least significant first) are the CRC of every byte before it, or in nothing that looks like
+ * one; 0 for anything else, which the Python decoder reads and names. */
+static int record_crc_ok(const uint8_t *r, Py_ssize_t total, Py_ssize_t props_len) {
+    Py_ssize_t reserved = L.crc_reserved;
+    if (props_len < reserved) return 1;
+    const uint8_t *t = r + total - reserved;
+    const uint8_t *digits = t + L.crc_name_len + 1;
+    int shaped = t[L.crc_name_len] == L.name_value_sep && t[reserved - 1] == L.property_sep;
+    if (memcmp(t, L.crc_name, (size_t)L.crc_name_len) != 0) return !shaped; /* a damaged name: Python's */
+    if (!shaped) return 0;
+    uint32_t stored = 0;
+    for (int i = 9; i >= 0; i--) {
+        if (digits[i] < '0' || digits[i] > '9') return 0;
+        uint64_t next = (uint64_t)stored * 10u + (uint32_t)(digits[i] - '0');
+        if (next > 0x7FFFFFFFu) return 0;
+        stored = (uint32_t)next;
+    }
+    uint32_t crc = (uint32_t)crc32(0L, r, (uInt)(total - reserved)) & 0x7FFFFFFFu;
+    return crc == stored;
+}
+#endif
 
 /* Topic lookup: the last topic seen, else the dict (bytes -> index), else a new entry. */
 typedef struct {
@@ -308,6 +341,7 @@ static PyObject *scan_scan(PyObject *self, PyObject *args) {
         if (check_crc) {
             uint32_t crc = (uint32_t)crc32(0L, r + body, (uInt)body_len) & 0x7FFFFFFFu;
             if (crc != be32(r + L.pos_body_crc)) break;
+            if (!record_crc_ok(r, total, props_len)) break;
         }
 #endif
         Text tags, keys_text, uniq;

@@ -273,11 +273,19 @@ class EncodedRun:
         return memoryview(self.data)[self.start(first) : self.end(first + count - 1)]
 
     def patch(
-        self, first: int, count: int, *, queue_offset: int, phy_offset: int, store_timestamp: int
+        self,
+        first: int,
+        count: int,
+        *,
+        queue_offset: int,
+        phy_offset: int,
+        store_timestamp: int,
+        crc: bool = False,
     ) -> None:
         """Fill the lock-decided fields of records ``[first, first + count)``: record ``first``
-        lands at ``phy_offset``; ``queue_offset`` < 0 for records without a queue (stored 0).
-        Which of record.py's patchers fits this run's shape; they write the bytes."""
+        lands at ``phy_offset``; ``queue_offset`` < 0 for records without a queue (stored 0);
+        ``crc``: the records carry the CRC tail, filled last. Which of record.py's patchers fits
+        this run's shape; they write the bytes."""
         if isinstance(self.data, np.ndarray):
             record.patch_rows(
                 self.data[first : first + count],
@@ -286,6 +294,7 @@ class EncodedRun:
                 phy_offset=phy_offset,
                 store_timestamp=store_timestamp,
                 store_timestamp_position=self.store_timestamp_position,
+                crc=crc,
             )
             return
         base = self.start(first)
@@ -297,6 +306,7 @@ class EncodedRun:
                 phy_offset=phy_offset,
                 store_timestamp=store_timestamp,
                 sys_flag=self.sys_flag,
+                crc=crc,
             )
             return
         starts = np.array([self.start(i) for i in range(first, first + count)], dtype=np.int64)
@@ -307,6 +317,7 @@ class EncodedRun:
             phy_offset=phy_offset - base,
             store_timestamp=store_timestamp,
             store_timestamp_position=self.store_timestamp_position,
+            crc=crc,
         )
 
     def _steps(self, count: int) -> np.ndarray:
@@ -375,7 +386,8 @@ def encode_uniform(
         properties=properties_head + b"0" * counter_digits,
     )
     size = len(template)
-    body_at = size - body_size - len(topic_field) - 2 - len(properties_head) - counter_digits
+    crc_tail = len(record.crc_suffix(properties_head + b"0" * counter_digits)) if encoder.append_crc else 0
+    body_at = size - body_size - len(topic_field) - 2 - len(properties_head) - counter_digits - crc_tail
     out = np.empty((count, size), dtype=np.uint8)
     out[:] = np.frombuffer(template, dtype=np.uint8)
     if body_size:
@@ -390,7 +402,7 @@ def encode_uniform(
             digits = _hex4()[first : first + count]
         else:
             digits = _hex4()[np.arange(first, first + count) & 0xFFFF]
-        out[:, size - 4 :].view(">u4")[:, 0] = digits
+        out[:, size - crc_tail - 4 : size - crc_tail].view(">u4")[:, 0] = digits
     return out
 
 

@@ -82,6 +82,8 @@ def scan_layout() -> dict[str, object]:
         "KEYS": m.INDEX_KEY_WORDS.encode(),
         "UNIQ_KEY": m.INDEX_KEY_WHOLE.encode(),
         "SCHEDULE_TOPIC": m.SCHEDULE_TOPIC.encode(),
+        "PROPERTY_CRC32": record.PROPERTY_CRC32.encode(),
+        "CRC32_RESERVED_LEN": record.CRC32_RESERVED_LEN,
     }
 
 

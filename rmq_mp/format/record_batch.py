@@ -561,6 +561,7 @@ class _Decoder:
         ok &= props_len == tail_len - 3 - topic_len  # total == calMsgLength, PROPLEN >= 0
         if self.check_crc:
             ok &= self._crc_ok(ok, starts + body_offset, body_len, cols.raw("BODYCRC"))
+            ok &= self._record_crc_ok(ok, starts, total, props_len)
         self.slow |= ~ok
         self.tail, self.tail_len, self.topic_len = tail, tail_len, topic_len
         self._topics(np.flatnonzero(ok))
@@ -584,6 +585,26 @@ class _Decoder:
                 strict=True,
             ):
                 if crc32(mv[start : start + length]) & 0x7FFFFFFF != crc:
+                    result[row] = False
+        finally:
+            mv.release()
+        return result
+
+    def _record_crc_ok(
+        self, ok: np.ndarray, starts: np.ndarray, total: np.ndarray, props_len: np.ndarray
+    ) -> np.ndarray:
+        """The whole-record CRC (`record.record_crc_problem`) of each record whose properties
+        can hold one; a failing record goes to `check_record`, which names it."""
+        result = np.ones(self.n, dtype=bool)
+        rows = np.flatnonzero(ok & (props_len >= record.CRC32_RESERVED_LEN))
+        reserved = record.CRC32_RESERVED_LEN
+        mv = memoryview(self.buf)
+        try:
+            for row, start, size in zip(
+                rows.tolist(), starts[rows].tolist(), total[rows].tolist(), strict=True
+            ):
+                end = start + size
+                if record.record_crc_problem(mv, start, size, bytes(mv[end - reserved : end])):
                     result[row] = False
         finally:
             mv.release()

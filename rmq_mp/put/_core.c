@@ -21,6 +21,8 @@
  *   passes `prefault_at`), the SYNC flush wait with the GIL released, metrics and the SendResult.
  *   Anything else returns None *before changing anything shared*, and the Python reference
  *   does the whole send.
+ * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
+ *   properties, its digits filled under the lock (crc_tail_init, crc_reserve, crc_fill).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -507,6 +509,8 @@ typedef struct {
     int64_t pid, spin_ns, slice_ms;
     Hosts hosts;
     int64_t max_message_size;
+    uint8_t crc_tail[32]; /* the whole-record CRC's reserved tail (record.CRC_PLACEHOLDER) */
+    Py_ssize_t crc_tail_len; /* 0: enabledAppendPropCRC off */
     char uniq_prefix[20];
     /* SYNC: the flush-request ring */
     int sync;
@@ -683,6 +687,43 @@ static PyObject *new_result(Sender *s, PyObject *const values[7]) {
     return obj;
 }
 
+/* ------------------------------------------------------------------ the whole-record CRC
+ *
+ * RocketMQ 5.x `enabledAppendPropCRC` (record.py's PROPERTY_CRC32 is the reference): a record's
+ * properties end in \x02 and a reserved tail, ``__CRC32#`` \x01 + ten digits + \x02, encoded
+ * outside the lock as the placeholder Python hands over; under the lock, once QUEUEOFFSET,
+ * PHYSICALOFFSET and STORETIMESTAMP are written, the digits become the CRC of every byte before
+ * the tail, least significant digit first (`MessageDecoder.createCrc32`). Three call sites: the
+ * properties' length, the tail after them, the fill in append_locked. */
+
+static int crc_tail_init(Sender *s, PyObject *placeholder) {
+    if (!placeholder || !PyBytes_Check(placeholder) || PyBytes_GET_SIZE(placeholder) > (Py_ssize_t)sizeof s->crc_tail ||
+        (PyBytes_GET_SIZE(placeholder) != 0 && PyBytes_GET_SIZE(placeholder) < 12)) {
+        if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "crc_placeholder: b'' or the CRC tail");
+        return -1;
+    }
+    s->crc_tail_len = PyBytes_GET_SIZE(placeholder);
+    memcpy(s->crc_tail, PyBytes_AS_STRING(placeholder), (size_t)s->crc_tail_len);
+    return 0;
+}
+
+/* Bytes the CRC adds to properties that do not end in \x02 (the core's never do). */
+static inline Py_ssize_t crc_extra(const Sender *s) { return s->crc_tail_len ? 1 + s->crc_tail_len : 0; }
+
+/* The separator and the reserved tail after properties ending at `q`. */
+static inline void crc_reserve(const Sender *s, uint8_t *q) {
+    if (!s->crc_tail_len) return;
+    q[0] = 2;
+    memcpy(q + 1, s->crc_tail, (size_t)s->crc_tail_len);
+}
+
+/* The digits of the record `r` of `total` bytes (`record.fill_record_crc`). */
+static inline void crc_fill(const Sender *s, uint8_t *r, Py_ssize_t total) {
+    uint32_t crc = crc32_of(0, r, (size_t)(total - s->crc_tail_len)) & 0x7FFFFFFFu;
+    uint8_t *d = r + total - 11;
+    for (int i = 0; i < 10; i++, crc /= 10) d[i] = (uint8_t)('0' + crc % 10);
+}
+
 /* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
 static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     PyObject *d;
@@ -703,6 +744,7 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     s->spin_ns = dict_i64(d, "spin_ns", &ok);
     s->slice_ms = dict_i64(d, "slice_ms", &ok);
     s->max_message_size = dict_i64(d, "max_message_size", &ok);
+    if (crc_tail_init(s, dict_obj(d, "crc_placeholder", &ok)) < 0) return -1;
     s->prefault_at = LLONG_MAX; /* until the appender tells of a pool buffer */
     s->sync = (int)dict_i64(d, "sync", &ok);
     if (!ok) return -1;
@@ -1100,6 +1142,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_QUEUE_OFFSET, (uint64_t)(queue_offset + i));
         put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
+        if (s->crc_tail_len) crc_fill(s, r, starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size);
     }
     int64_t end = wrote + size;
     /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
@@ -1225,7 +1268,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int64_t born_ms = real_ns() / 1000000;
     int64_t *uniq = words_of(&s->uniq_state); /* counter, month start ms, next month ms */
     if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE; /* the month rolls: Python's */
-    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN;
+    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN + crc_extra(s);
     if (props_len > MAX_PROPERTIES_BYTES || !may_put(s, born_ms)) Py_RETURN_NONE;
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
     Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + props_len;
@@ -1234,6 +1277,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int64_t counter = uniq[0];
     uniq[0] = counter + 1;
     uint8_t *id = write_properties(s, pb, tags_p, tags_n, keys_p, keys_n, born_ms, counter);
+    crc_reserve(s, id + UNIQ_KEY_LEN);
     PyObject *uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, id, UNIQ_KEY_LEN);
     if (!uniq_str) return NULL;
     encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
@@ -1287,7 +1331,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Py_ssize_t tags_n;
     if (!plain_text(tags, &tags_p, &tags_n)) Py_RETURN_NONE;
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
-    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + 9 + UNIQ_KEY_LEN;
+    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + 9 + UNIQ_KEY_LEN + crc_extra(s);
     if (props_len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
     Py_ssize_t per_record = fixed_size(&s->hosts) + topic_len + 2 + props_len, size = 0;
     int uniform = 1;
@@ -1311,6 +1355,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     uniq[0] = first + n;
     uint8_t *pb = s->scratch + size;
     uint8_t *id = write_properties(s, pb, tags_p, tags_n, NULL, 0, born_ms, first);
+    crc_reserve(s, id + UNIQ_KEY_LEN);
     Py_ssize_t at = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
         PyObject *body = PyList_GET_ITEM(bodies, i);

@@ -144,7 +144,9 @@ class Appender:
         mf.write_buffer = cached[1]
         slot, next_word = self._queue_slot(topic, queue_id)
         queue_offset = self._queue_words[next_word]
-        record.patch_record(data, 0, queue_offset, wrote, store_ts, 0)  # own records: IPv4 born host
+        record.patch_record(
+            data, 0, queue_offset, wrote, store_ts, 0, crc=self.encoder.append_crc
+        )  # IPv4 born
         end = wrote + size
         self._write_chunk(mf, data, wrote, end, slot, next_word, queue_offset, 1)
         self._count(store_ts, 1, size)
@@ -221,7 +223,10 @@ class Appender:
         size = run.end(first + count - 1) - run.start(first)
         slot, next_word = self._queue_slot(run.topic, run.queue_id) if run.dispatchable else (-1, -1)
         queue_offset = self._queue_words[next_word] if slot >= 0 else -1
-        run.patch(first, count, queue_offset=queue_offset, phy_offset=wrote, store_timestamp=store_ts)
+        run.patch(
+            first, count, queue_offset=queue_offset, phy_offset=wrote, store_timestamp=store_ts,
+            crc=self.encoder.append_crc,
+        )  # fmt: skip
         self._write_chunk(
             mf, run.chunk(first, count), wrote, wrote + size, slot, next_word, queue_offset, count
         )

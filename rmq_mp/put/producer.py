@@ -166,7 +166,9 @@ class Producer:
         """The compiled send (`rmq_mp.put.native`), or None: every send runs the reference."""
         self._words = self.table.words(*PUT_FIELDS)
         """Pointer-table words for the put path (writer check done once, in `words`)."""
-        self.encoder = record.RecordEncoder(self.store_host, self.born_host)
+        self.encoder = record.RecordEncoder(
+            self.store_host, self.born_host, append_crc=self.config.enabled_append_prop_crc
+        )
         self.router = QueueRouter(
             store.paths.topics, self.config.default_topic_queue_nums, self.queues, self._round_robin
         )
@@ -262,6 +264,7 @@ class Producer:
             "spin_ns": SLICE_MS * 1_000_000 if self.lock.spin else SPIN_NS,
             "slice_ms": 0 if self.lock.spin else SLICE_MS,
             "max_message_size": self.config.max_message_size,
+            "crc_placeholder": record.CRC_PLACEHOLDER if self.encoder.append_crc else b"",
             "sync": int(self._sync),
             "table": self.table.segment.mm,
             "queues": self.queues.segment.mm,

@@ -110,7 +110,7 @@ def _list_where(parents: np.ndarray, values: pa.Array, keep: np.ndarray, rows: i
 
 def _properties(text: pa.Array) -> pa.MapArray:
     """`string2messageProperties` column-wise: ``name\\x01value`` chunks separated by ``\\x02``;
-    a chunk without a non-empty name and value is dropped."""
+    a chunk without a non-empty name and value is dropped, and so is ``__CRC32#``."""
     rows = len(text)
     chunks_list = pc.split_pattern(text, m.PROPERTY_SEPARATOR)
     parents = np.asarray(pc.list_parent_indices(chunks_list))
@@ -118,6 +118,10 @@ def _properties(text: pa.Array) -> pa.MapArray:
     sep = np.asarray(pc.find_substring(chunks, m.NAME_VALUE_SEPARATOR))
     length = np.asarray(pc.binary_length(chunks))
     keep = (sep > 0) & (sep < length - 1)
+    # the store's whole-record CRC is checked, not served (`record.decode_message` drops it too)
+    keep &= ~np.asarray(
+        pc.starts_with(chunks, record.PROPERTY_CRC32 + m.NAME_VALUE_SEPARATOR).fill_null(False)
+    )
     pairs = pc.split_pattern(chunks.filter(pa.array(keep)), m.NAME_VALUE_SEPARATOR, max_splits=1)
     names = pc.list_element(pairs, 0)
     values = pc.list_element(pairs, 1)
@@ -150,7 +154,8 @@ def servable_rows(
     """Mask of the gathered records (starting at ``starts`` in ``buf``) that may be served: each a
     whole record of ``size`` bytes (the ConsumeQueue entry's), of a known magic code, whose fields
     fill exactly its TOTALSIZE, whose PHYSICALOFFSET is ``phy``, of ``topic``/``queue_id`` at its
-    entry's queue offset, and whose body CRC-32 is BODYCRC: what `record.decode_message` and
+    entry's queue offset, whose body CRC-32 is BODYCRC and whose whole-record CRC (a ``__CRC32#``
+    tail) matches: what `record.decode_message` and
     `read_damage.entry_problem` check for a pull, computed column-wise. The CRCs are `zlib.crc32`
     (C) over views of ``buf``, one call a record, no copy. A rejected row is explained by the
     scalar checks (`read_damage.gathered_problem`) before it is reported; reads are bounded by
@@ -202,6 +207,11 @@ def servable_rows(
         count=len(rows),
     )
     ok[rows] &= (crcs & 0x7FFFFFFF) == cols.field("BODYCRC")[rows]
+    reserved = record.CRC32_RESERVED_LEN
+    for row in np.flatnonzero(ok & (at(props_len_pos, 2) >= reserved)).tolist():
+        p, k = int(starts[row]), int(size[row])
+        if record.record_crc_problem(view, p, k, bytes(view[p + k - reserved : p + k])):
+            ok[row] = False  # the whole-record CRC (__CRC32#) fails: explained as a pull explains it
     return ok
 
 

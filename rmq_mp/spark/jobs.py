@@ -31,6 +31,7 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TextIO, TypeVar
 
+from rmq_mp import file_modes
 from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import StoreError
 from rmq_mp.format import record
@@ -402,6 +403,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         check_arguments(args)
         config = store_config(args.store, args.conf, args.set)
+        file_modes.apply(config.store_group_access)  # before Spark's processes start: they inherit it
         if getattr(args, "target", None) is not None:
             args.target.mkdir(parents=True, exist_ok=True)
     except (StoreError, OSError) as exc:

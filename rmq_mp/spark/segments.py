@@ -23,6 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from rmq_mp import file_modes
 from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE
@@ -199,8 +200,8 @@ def rebuild_segment(
     finally:
         buf.close()
     for path, writes in by_file.items():
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+        path.parent.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, file_modes.file_mode())
         try:
             if os.fstat(fd).st_size < cq_file_size:
                 os.ftruncate(fd, cq_file_size)  # same size from every task: never cuts another's writes
@@ -267,7 +268,7 @@ def export_segment(seg: Segment, topics: frozenset[str] | None, target: str, bro
         directory = (
             Path(target) / f"topic={escape_partition_value(key['topic'])}" / f"queue_id={key['queue_id']}"
         )
-        directory.mkdir(parents=True, exist_ok=True)
+        directory.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         path = directory / f"part-{offset_to_file_name(seg.file_offset)}.parquet"
         tmp = path.with_name("." + path.name + ".tmp")
         pq.write_table(part, tmp)

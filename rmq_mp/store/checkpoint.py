@@ -12,6 +12,8 @@ import os
 import struct
 from pathlib import Path
 
+from rmq_mp import file_modes
+
 CHECKPOINT_FILE_SIZE = 4096
 _FIELDS = struct.Struct(">qqq")
 
@@ -43,7 +45,7 @@ class StoreCheckpoint:
         """Write the fields in place (the file is created at its full 4 KiB) and fsync."""
         if not self.writable:
             return
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, file_modes.file_mode())
         try:
             if os.fstat(fd).st_size < CHECKPOINT_FILE_SIZE:
                 os.ftruncate(fd, CHECKPOINT_FILE_SIZE)

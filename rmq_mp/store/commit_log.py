@@ -147,23 +147,36 @@ class CommitLog:
     # ------------------------------------------------------------------ append
 
     def append(
-        self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int
+        self, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int, crc: bool = False
     ) -> AppendMessageResult:
         """Append one encoded record at the end of the log (the caller holds the put lock):
-        `append_to` on the last file, and once more on the next file after END_OF_FILE."""
+        `append_to` on the last file, and once more on the next file after END_OF_FILE.
+        ``crc``: the record carries the CRC tail (`record.fill_record_crc`)."""
         for _ in range(2):
             mf = self.mfq.get_last_mapped_file(0)
             if mf is None:
                 return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
             result = self.append_to(
-                mf, encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
+                mf,
+                encoded,
+                sys_flag=sys_flag,
+                queue_offset=queue_offset,
+                store_timestamp=store_timestamp,
+                crc=crc,
             )
             if result.status is not AppendMessageStatus.END_OF_FILE:
                 return result
         return AppendMessageResult(AppendMessageStatus.UNKNOWN_ERROR)
 
     def append_to(
-        self, mf: MappedFile, encoded: bytearray, *, sys_flag: int, queue_offset: int, store_timestamp: int
+        self,
+        mf: MappedFile,
+        encoded: bytearray,
+        *,
+        sys_flag: int,
+        queue_offset: int,
+        store_timestamp: int,
+        crc: bool = False,
     ) -> AppendMessageResult:
         """RocketMQ's `doAppend` on one file at its write position: patch the lock-decided fields
         and copy the record, or close the file with a blank record (END_OF_FILE) if it does not
@@ -184,6 +197,7 @@ class CommitLog:
             phy_offset=phy_offset,
             store_timestamp=store_timestamp,
             sys_flag=sys_flag,
+            crc=crc,
         )
         mf.append(encoded)
         mf.last_store_timestamp = store_timestamp

@@ -23,6 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmq_mp import file_modes
 from rmq_mp.format import native
 from rmq_mp.format.index_layout import (
     ENTRY,
@@ -64,7 +65,7 @@ class IndexFile:
         self.writable = writable
         self.reporter = reporter
         flags = (os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)) if writable else os.O_RDONLY
-        fd = os.open(path, flags, 0o644)
+        fd = os.open(path, flags, file_modes.file_mode())
         self._fd = -1
         """Kept open while writable, for reserving entry blocks."""
         self._reserved_end = 0

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from rmq_mp import file_modes
 from rmq_mp.errors import ConfigError
 from rmq_mp.format.index_layout import INDEX_HEADER_SIZE, header_end_phy_offset, index_file_size
 from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, transaction_type
@@ -150,7 +151,7 @@ class IndexService:
         if last is not None:
             last.flush()  # before the new file exists: a failed flush leaves no orphan file behind
         now_ms = int(time.time() * 1000)
-        self.index_dir.mkdir(parents=True, exist_ok=True)
+        self.index_dir.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         path = self.index_dir / time_to_file_name(now_ms)
         while path.exists() or (last is not None and path.name <= last.path.name):
             now_ms += 1

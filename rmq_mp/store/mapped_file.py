@@ -24,6 +24,7 @@ from typing import Any
 
 import numpy as np
 
+from rmq_mp import file_modes
 from rmq_mp.errors import FileChangedError
 from shm.segment import lock_in_memory
 
@@ -78,7 +79,7 @@ class MappedFile:
         self.file_from_offset = int(path.name)
         self.writable = writable
         flags = (os.O_RDWR | (os.O_CREAT | os.O_EXCL if create else 0)) if writable else os.O_RDONLY
-        self._fd = os.open(path, flags, 0o644)
+        self._fd = os.open(path, flags, file_modes.file_mode())
         try:
             actual = os.fstat(self._fd).st_size
             if create:
@@ -120,7 +121,7 @@ class MappedFile:
         if path.exists():
             return False
         tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, 0o644)
+        fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, file_modes.file_mode())
         try:
             os.ftruncate(fd, file_size)
         finally:

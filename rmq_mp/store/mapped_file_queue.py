@@ -12,6 +12,7 @@ import logging
 import re
 from pathlib import Path
 
+from rmq_mp import file_modes
 from rmq_mp.errors import CorruptFileError
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
 from rmq_mp.store.mapping_pool import MappingPool, PooledMappedFile
@@ -173,7 +174,7 @@ class MappedFileQueue:
         for offset in range(start, last_offset - last_offset % size + 1, size):
             path = self.store_dir / offset_to_file_name(offset)
             if self.writable:
-                self.store_dir.mkdir(parents=True, exist_ok=True)
+                self.store_dir.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
                 MappedFile.prepare(path, size)
             self.files.append(self._open(path, size, writable=self.writable))
 
@@ -210,7 +211,7 @@ class MappedFileQueue:
             create_offset = start_offset - start_offset % self.mapped_file_size
         else:
             create_offset = last.file_from_offset + self.mapped_file_size
-        self.store_dir.mkdir(parents=True, exist_ok=True)
+        self.store_dir.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
         mf = self._open(
             self.store_dir / offset_to_file_name(create_offset),
             self.mapped_file_size,

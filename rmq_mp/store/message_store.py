@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
 
+from rmq_mp import file_modes
 from rmq_mp import validators as v
 from rmq_mp.config.config_manager import CHECKSUMS_NAME, LoadResult
 from rmq_mp.config.offsets import ConsumerOffsetManager
@@ -163,6 +164,7 @@ class MessageStore:
                     f"store_dir must be a str or a path, not {type(store_dir).__name__}"
                 )
             config = config.replace(store_path_root_dir=path)
+        file_modes.apply(config.store_group_access)  # this process's files of the store: private by default
         paths = StorePaths.of(config.store_path_root_dir, config.commit_log_dir)
         store: MessageStore | None = None
         try:
@@ -183,7 +185,7 @@ class MessageStore:
     def _start(self) -> None:
         root = self.paths.root
         if self.writable:
-            root.mkdir(parents=True, exist_ok=True)
+            root.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
             self._take_lock()
         last_exit_ok = not self.paths.abort.exists()
         self.commit_log.load()
@@ -194,7 +196,7 @@ class MessageStore:
         if self.writable:
             self._load_consumer_offsets()
             self._flush_all()
-            self.paths.abort.touch()
+            self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
 
     def _load_consumer_offsets(self) -> None:
@@ -225,7 +227,7 @@ class MessageStore:
 
     def _take_lock(self) -> None:
         """`lock` file: exclusive flock, content ``lock`` (RocketMQ writes the same 4 bytes)."""
-        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, 0o644)
+        fd = os.open(self.paths.lock, os.O_RDWR | os.O_CREAT, file_modes.file_mode())
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -349,7 +351,9 @@ class MessageStore:
             if not message.born_timestamp:
                 message.born_timestamp = int(time.time() * 1000)
             message = schedule.delayed_message(message, text, len(self.delay_level_ms))
-            encoded = record.encode_record(message, store_host)
+            encoded = record.encode_record(
+                message, store_host, append_crc=self.config.enabled_append_prop_crc
+            )
         except RecordRejected as exc:  # a DELAY that is not a level
             return PutMessageResult(exc.status, reason=exc.reason)
         except (TypeError, ValueError, OverflowError, struct.error, AttributeError):
@@ -365,7 +369,11 @@ class MessageStore:
             store_timestamp = int(time.time() * 1000)
             try:
                 result = self.commit_log.append(
-                    encoded, sys_flag=sys_flag, queue_offset=queue_offset, store_timestamp=store_timestamp
+                    encoded,
+                    sys_flag=sys_flag,
+                    queue_offset=queue_offset,
+                    store_timestamp=store_timestamp,
+                    crc=self.config.enabled_append_prop_crc,
                 )
             except OSError as exc:  # a new file or its blocks refused (a full disk): nothing written
                 return PutMessageResult(

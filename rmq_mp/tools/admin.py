@@ -39,6 +39,7 @@ import os
 import sys
 from pathlib import Path
 
+from rmq_mp import file_modes
 from rmq_mp.errors import InvalidMessageIdError, StoreError
 from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.progress import Bar, progress
@@ -250,6 +251,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    file_modes.apply("none")  # until a store's config says otherwise (MessageStore.open)
     _utf8_stdout(machine=args.json)
     try:
         code = run(args)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+from rmq_mp import file_modes
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.tools.store_status import (
     collect_status,
@@ -17,6 +18,11 @@ __all__ = ["collect_status", "print_status"]
 
 def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     status = collect_status(config)
+    access = config.store_group_access
+    status["files"] = {
+        "store_group_access": access,
+        "looser": file_modes.looser_note(config.store_path_root_dir, access),
+    }
     if as_json:
         print(json.dumps(status, indent=2))
         return 0
@@ -37,6 +43,7 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
         f"disk     {status['disk_used_ratio']:.0%} used   flags {' '.join(status['running_flags']) or 'none'}"
     )
     print(f"cleaner  {status['cleaner']['summary']}")
+    print(f"files    {status['files']['looser'] or f'private as storeGroupAccess={access} says'}")
     print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
     for role, w in status["workers"].items():
         print(

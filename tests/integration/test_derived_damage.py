@@ -237,10 +237,12 @@ def test_a_record_keyed_across_two_index_files_is_keyed_once_after_a_cut_behind_
 def test_a_damaged_physicaloffset_field_costs_no_other_record(
     small_config: MessageStoreConfig, crash: bool, byte: int
 ) -> None:
-    """A record's PHYSICALOFFSET field flipped in the files recovery scans: its queue entry is
+    """A record's PHYSICALOFFSET field flipped in the files recovery scans, in records without
+    the whole-record CRC (4.9.8's format, `enabledAppendPropCRC=false`): its queue entry is
     rebuilt at the record's place (not where the field points: past the log's end, which once cut
     the queue's later entries and hid them from the rebuild, or inside another record), a read
     skips it and reports it by its offset, and every other record is served."""
+    small_config = small_config.replace(enabled_append_prop_crc=False)
     messages, results = write(small_config, crash=crash)
     root = Path(small_config.store_path_root_dir)
     scanned_from = int(sorted((root / "commitlog").iterdir())[-3].name)
@@ -263,3 +265,27 @@ def test_a_damaged_physicaloffset_field_costs_no_other_record(
         last = max(r.queue_offset for i, r in enumerate(results) if i in by_queue[(msg.topic, msg.queue_id)])
         nxt = store.put_message(m.Message(topic=msg.topic, queue_id=msg.queue_id, body=b"after"))
         assert nxt.queue_offset == last + 1
+
+
+@pytest.mark.parametrize("crash", [False, True], ids=["clean-exit", "crash"])
+def test_with_the_record_crc_a_damaged_physicaloffset_is_a_crc_failure(
+    small_config: MessageStoreConfig, crash: bool
+) -> None:
+    """The same flip in a record with the whole-record CRC (the default) fails its CRC: recovery
+    cuts the log there as for a damaged body (RocketMQ's rule), reporting the range, and serves
+    every record before it."""
+    assert small_config.enabled_append_prop_crc
+    messages, results = write(small_config, crash=crash)
+    root = Path(small_config.store_path_root_dir)
+    scanned_from = int(sorted((root / "commitlog").iterdir())[-3].name)
+    victim = next(r for r in results if r.phy_offset >= scanned_from)
+    phy = victim.phy_offset
+    path = root / "commitlog" / f"{phy - phy % small_config.mapped_file_size_commit_log:020d}"
+    at = phy % small_config.mapped_file_size_commit_log + 28 + 7  # PHYSICALOFFSET's low byte
+    overwrite(path, at, bytes([path.read_bytes()[at] ^ 0x01]))
+    with MessageStore.open(config=small_config) as store:
+        assert store.recovery is not None
+        assert store.recovery.recovered_end_offset == phy
+        cut = [d for d in store.reporter.findings if d.kind == "commitlog-truncated"]
+        assert [(d.start, "__CRC32#" in d.reason) for d in cut] == [(phy, True)]
+        assert_intact_served(store, messages, results, {r.phy_offset for r in results if r.phy_offset < phy})

@@ -4,7 +4,8 @@ One producer on a real store sends each generated message twice: through `Produc
 compiled core takes it, or hands it to the reference, which the test sees in `Sender.sent`) and
 through the reference itself (`Producer._send`). The two records, read back from the commit-log
 file, are byte-identical once the fields that must differ are set aside (queue and physical
-offset, born and store time, the time and counter of the UNIQ_KEY); the results agree; the put
+offset, born and store time, the time and counter of the UNIQ_KEY, and so the digits of the
+whole-record CRC, each checked against the record's own bytes); the results agree; the put
 journal in the pointer table describes each put the same way. Refusals are compared too.
 """
 
@@ -14,6 +15,7 @@ import contextlib
 import dataclasses
 import os
 import struct
+import zlib
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -22,7 +24,14 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from rmq_mp.format.message_batch import MessageBatch
-from rmq_mp.format.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_OFFSET
+from rmq_mp.format.record import (
+    CRC32_RESERVED_LEN,
+    CRC_PLACEHOLDER,
+    POS_BORN_TIMESTAMP,
+    POS_PHY_OFFSET,
+    POS_QUEUE_OFFSET,
+    crc_digits,
+)
 from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendResult
@@ -51,9 +60,22 @@ def _record(service: RunningService, phy_offset: int) -> bytes:
         return struct.pack(">i", size) + f.read(size - 4)
 
 
+def _checked(raw: bytes) -> bytes:
+    """``raw`` up to its properties' end: the whole-record CRC tail (on by default) checked
+    (digits and place as `record.fill_record_crc` writes them) and cut off."""
+    assert raw.endswith(b"\x02"), "the properties end in the CRC tail"
+    tail = raw[-CRC32_RESERVED_LEN:]
+    assert tail[:9] == CRC_PLACEHOLDER[:9]
+    assert tail[9:19] == crc_digits(zlib.crc32(raw[:-CRC32_RESERVED_LEN]) & 0x7FFFFFFF)
+    assert raw[-CRC32_RESERVED_LEN - 1] == 2, "a separator before it"
+    return raw[: -CRC32_RESERVED_LEN - 1]
+
+
 def _comparable(raw: bytes) -> bytes:
-    """``raw`` with the fields two sends of one message differ in zeroed."""
+    """``raw`` with the fields two sends of one message differ in zeroed (the CRC digits too)."""
+    _checked(raw)
     data = bytearray(raw)
+    data[-11:-1] = bytes(10)
     data[POS_QUEUE_OFFSET : POS_PHY_OFFSET + 8] = bytes(16)
     data[POS_BORN_TIMESTAMP : POS_BORN_TIMESTAMP + 8] = bytes(8)
     data[56:64] = bytes(8)  # STORETIMESTAMP (IPv4 born host)
@@ -120,7 +142,7 @@ def test_the_core_and_the_reference_store_the_same_bytes(
         fast.queue_offset,
         fast.commit_log_offset,
     )
-    assert fast_raw.endswith(fast.uniq_key.encode()), "the UNIQ_KEY result is the one stored"
+    assert _checked(fast_raw).endswith(fast.uniq_key.encode()), "the UNIQ_KEY result is the one stored"
     if took_core:  # the journal describes each put the same way, cleared once committed
         assert fast_journal[0] == slow_journal[0] == 0
         assert fast_journal[1:3] == (fast.commit_log_offset, fast.commit_log_offset + len(fast_raw))
@@ -196,7 +218,7 @@ def test_a_batch_is_stored_the_same_by_the_core_and_the_reference(
         fast_raw, slow_raw = _record(service, a.commit_log_offset), _record(service, b.commit_log_offset)
         assert _comparable(fast_raw) == _comparable(slow_raw)
         assert struct.unpack_from(">qq", fast_raw, POS_QUEUE_OFFSET) == (a.queue_offset, a.commit_log_offset)
-        assert fast_raw.endswith(a.uniq_key.encode())
+        assert _checked(fast_raw).endswith(a.uniq_key.encode())
     assert list(fast.commit_log_offsets()) == [r.commit_log_offset for r in fast]
     if took_core:
         assert _journal(service)[0] == 0

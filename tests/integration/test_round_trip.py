@@ -6,6 +6,7 @@ decoder), so a symmetric encode/decode bug cannot hide."""
 from __future__ import annotations
 
 import struct
+import zlib
 from pathlib import Path
 
 from rmq_mp.config.store_config import MessageStoreConfig
@@ -36,6 +37,21 @@ def write_store(
             assert result.status is PutMessageStatus.PUT_OK, result
             written.append((msg, result))
     return written
+
+
+def _record_crc(raw: bytes, rec: dict) -> bool:
+    """RocketMQ 5.x's whole-record CRC (enabledAppendPropCRC, on by default), by its spec: the
+    properties end in ``__CRC32#`` \x01, the CRC-32 (top bit cleared) of every byte before
+    those 20 as ten digits least significant first, \x02; after a \x02 ending the others.
+    Cut from ``rec["props"]``; True when found."""
+    if not rec["props"].endswith("\x02") or "__CRC32#\x01" not in rec["props"]:
+        return False
+    tail = raw[-20:]
+    assert tail[:9] == b"__CRC32#\x01"
+    crc = zlib.crc32(raw[:-20]) & 0x7FFFFFFF
+    assert tail[9:19].decode()[::-1] == f"{crc:010d}"
+    rec["props"] = rec["props"][:-20].removesuffix("\x02")
+    return True
 
 
 def independent_records(commitlog: Path, file_size: int) -> list[dict]:
@@ -91,6 +107,7 @@ def independent_records(commitlog: Path, file_size: int) -> list[dict]:
             (props_len,) = struct.unpack_from(">h", data, p)
             rec["props"] = data[p + 2 : p + 2 + props_len].decode()
             p += 2 + props_len
+            rec["record_crc"] = _record_crc(data[pos:p], rec)
             assert (
                 p - pos
                 == total
@@ -156,6 +173,7 @@ def test_files_follow_the_spec_byte_for_byte(small_config: MessageStoreConfig) -
     assert len(list((root / "commitlog").iterdir())) > 3, "several file rolls"
     cq_expected: dict[tuple[str, int], list[tuple[int, int, int]]] = {}
     for rec, (msg, result) in zip(records, written, strict=True):
+        assert rec["record_crc"], "every record carries the whole-record CRC"
         assert rec["phy"] == rec["phy_field"] == result.phy_offset
         assert rec["body"] == msg.body
         assert rec["topic"] == msg.topic

@@ -14,6 +14,7 @@ from rmq_mp.store.mapped_file import MappedFile, close_mapping
 
 
 def _scan_that_fails(mf: MappedFile) -> None:
+    assert mf.mapping is not None
     view = np.frombuffer(mf.mapping, dtype=np.uint8)  # exported while this frame lives
     raise ValueError(f"the real error, {view.size} bytes in")
 
