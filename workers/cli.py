@@ -25,7 +25,6 @@ import subprocess
 import sys
 import time
 import traceback
-from collections.abc import Callable
 from pathlib import Path
 
 from rmq_mp.client.consumer import Consumer
@@ -41,6 +40,7 @@ from shm.layout import Role
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, pid_alive
 from shm.store_shm import StoreShm
+from workers.notify import SystemdNotifier
 from workers.supervisor import Supervisor, salvage_crashed_run
 
 EXIT_REFUSED = 2
@@ -239,13 +239,19 @@ def start_foreground(config: MessageStoreConfig) -> int:
     check_store_paths(config)
     setup_process_logging(config.store_path_root_dir, "supervisor")
     held = HeldConsole.install()
-    release: Callable[[], None] = (lambda: held.hand_back(show=True)) if held else (lambda: None)
+    systemd = SystemdNotifier.from_environment()  # before the workers start: they do not inherit it
+
+    def running() -> None:
+        if held is not None:
+            held.hand_back(show=True)
+        systemd.ready(f"running store {config.store_path_root_dir} as shm {supervisor.names.base}")
+
     try:
         supervisor = Supervisor(config)
         say(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}")
         if note := config.root_dir_note:
             say(f"{PROG}: {note}")
-        code = supervisor.run(on_running=release)
+        code = supervisor.run(on_running=running, on_stopping=systemd.stopping)
     finally:
         if held is not None:
             held.hand_back(show=False)

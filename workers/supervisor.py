@@ -561,9 +561,11 @@ class Supervisor:
                     continue
         return process.returncode == 0
 
-    def run(self, on_running: Callable[[], None] | None = None) -> int:
-        """Foreground: start, call ``on_running``, watch until SIGTERM/SIGINT, stop. Exit code 0
-        when the stop was clean and the last config persist worked, else 1."""
+    def run(
+        self, on_running: Callable[[], None] | None = None, on_stopping: Callable[[], object] | None = None
+    ) -> int:
+        """Foreground: start, call ``on_running``, watch until SIGTERM/SIGINT, call ``on_stopping``,
+        stop. Exit code 0 when the stop was clean and the last config persist worked, else 1."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
         self.start()
@@ -572,6 +574,8 @@ class Supervisor:
         try:
             self.watch()
         finally:
+            if on_stopping is not None:
+                on_stopping()
             clean = self.shutdown()
         log.info("store %s stopped %s", self.root, "cleanly" if clean else "with abort kept")
         return 0 if clean and self.final_persist_ok else 1
