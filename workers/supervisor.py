@@ -46,6 +46,7 @@ from rmq_mp.tools.monitoring import OpsMonitor
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
+from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
@@ -124,6 +125,7 @@ class Supervisor:
         self.shm: StoreShm | None = None
         self.descriptor: SharedSegment | None = None
         self.metrics: MetricsTable | None = None
+        self.consume_counts: ConsumeCounts | None = None
         self.ops: OpsMonitor | None = None
         self.offsets: ConsumerOffsetManager | None = None
         self.topics: TopicConfigManager | None = None
@@ -197,6 +199,7 @@ class Supervisor:
         t.set(layout.STATE, layout.STARTING)
         t.set(layout.GENERATION, now_ms())
         self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION), cfg.max_producer_num)
+        self.consume_counts = ConsumeCounts.create(self.names.consume_counts, shm.queues.slots)
         t.set(layout.SUPERVISOR_PID, os.getpid())
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
@@ -526,13 +529,13 @@ class Supervisor:
     def _release_shared(self) -> None:
         """Close and unlink every shared segment and semaphore of this store (each step even if
         one before it fails)."""
-        for resource in (self.shm, self.descriptor, self.metrics):
+        for resource in (self.shm, self.descriptor, self.metrics, self.consume_counts):
             if resource is not None:
                 try:
                     resource.close()
                 except Exception:
                     log.exception("closing %s failed", type(resource).__name__)
-        self.shm = self.descriptor = self.metrics = None
+        self.shm = self.descriptor = self.metrics = self.consume_counts = None
         StoreShm.unlink_all(self.names)
 
     def _remove_unused_files(self, wrote: int) -> None:
