@@ -1,4 +1,4 @@
-"""`python run.py start|stop|status|demo`: the `rmq-mp` command run from a checkout (workers/cli.py
+"""`python run.py start|stop|status|reload|demo`: the `rmq-mp` command run from a checkout (workers/cli.py
 is the program; `rmq-mp --help` and docs/architecture.md say what each command does)."""
 
 from __future__ import annotations

@@ -3,6 +3,7 @@
 rmq-mp start  [--conf conf/broker.conf] [--store DIR]   run the store (foreground)
 rmq-mp stop   [--conf ...] [--store DIR]                stop it cleanly
 rmq-mp status [--conf ...] [--store DIR] [--json|--watch] workers, offsets, pool, flags
+rmq-mp reload [--conf ...] [--store DIR]                re-read broker.conf's live settings
 rmq-mp demo   [--conf ...] [--store DIR] [--messages N] the store as a library
 
 `rmq-mp` is the installed command (pyproject's [project.scripts]); `python run.py ...` in a
@@ -25,21 +26,24 @@ import subprocess
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.config import live
 from rmq_mp.config.store_config import MessageStoreConfig
-from rmq_mp.errors import InvalidArgumentError, ShmAttachError, StoreError, StoreNotRunningError
+from rmq_mp.errors import ConfigError, InvalidArgumentError, ShmAttachError, StoreError, StoreNotRunningError
 from rmq_mp.logs import log_dir, setup_process_logging
 from rmq_mp.paths import StorePaths
 from rmq_mp.put.producer import Producer
+from rmq_mp.store.running_store import live_settings
 from rmq_mp.tools.status_report import collect_status, print_status
 from rmq_mp.tools.watch import watch
 from shm import layout
 from shm.layout import Role
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, pid_alive
-from shm.store_shm import StoreShm
+from shm.store_shm import StoreShm, read_descriptor
 from workers.notify import SystemdNotifier
 from workers.supervisor import Supervisor, salvage_crashed_run
 
@@ -235,7 +239,9 @@ class HeldConsole(logging.Handler):
         return held
 
 
-def start_foreground(config: MessageStoreConfig) -> int:
+def start_foreground(
+    config: MessageStoreConfig, reread: Callable[[], MessageStoreConfig] | None = None
+) -> int:
     check_store_paths(config)
     setup_process_logging(config.store_path_root_dir, "supervisor")
     held = HeldConsole.install()
@@ -248,6 +254,11 @@ def start_foreground(config: MessageStoreConfig) -> int:
 
     try:
         supervisor = Supervisor(config)
+        supervisor.reload_config = reread
+        supervisor.on_reloading = systemd.reloading
+        supervisor.on_reloaded = lambda: systemd.ready(
+            f"running store {config.store_path_root_dir} (reloaded)"
+        )
         say(f"starting store {config.store_path_root_dir} as shm {supervisor.names.base}")
         if note := config.root_dir_note:
             say(f"{PROG}: {note}")
@@ -347,6 +358,52 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     return 0
 
 
+def reload_store(config: MessageStoreConfig, conf: Path | None = None, timeout_s: float = 30.0) -> int:
+    """SIGHUP the supervisor (what systemd's ExecReload sends) and wait until it has handled it.
+    A changed key that needs a restart is refused here first, in one line, with nothing sent:
+    the supervisor, re-reading the same broker.conf, would refuse it too."""
+    names, table = attach_table(config, conf)
+    try:
+        pid = table.get(layout.SUPERVISOR_PID)
+        done = table.get(layout.RELOADS_DONE)
+        generation = table.get(layout.LIVE_SETTINGS_GENERATION)
+        running = live_settings(
+            MessageStoreConfig.from_properties(
+                read_descriptor(names)["properties"], source=f"shm {names.base}"
+            ),
+            table,
+        )
+        changes, restart = live.reload_plan(running, config)
+        if restart:
+            raise ConfigError(
+                f"reload refused, nothing applied: {'; '.join(restart)} changed (needs a restart)"
+            )
+        if not pid or not pid_alive(pid):
+            print(f"{PROG}: store {config.store_path_root_dir}: supervisor {pid} is gone", file=sys.stderr)
+            return 1
+        os.kill(pid, signal.SIGHUP)
+        deadline = time.monotonic() + timeout_s
+        while table.get(layout.RELOADS_DONE) == done:
+            if time.monotonic() > deadline or not pid_alive(pid):
+                print(
+                    f"{PROG}: supervisor {pid} did not handle the reload in {timeout_s:.0f} s",
+                    file=sys.stderr,
+                )
+                return 1
+            time.sleep(0.02)
+        applied = table.get(layout.LIVE_SETTINGS_GENERATION) != generation
+    finally:
+        table.close()
+    log = log_dir(config.store_path_root_dir) / "supervisor.log"
+    if applied:
+        print(f"reloaded store {config.store_path_root_dir}: {live.describe(changes, running)}")
+        return 0
+    if changes:  # the supervisor's broker.conf is not the one this command read, or did not load
+        raise ConfigError(f"reload refused by supervisor {pid}, nothing applied: see {log}")
+    print(f"reloaded store {config.store_path_root_dir}: no setting changed")
+    return 0
+
+
 def status(config: MessageStoreConfig, args: argparse.Namespace) -> int:
     _names, table = attach_table(config, args.conf)
     try:
@@ -425,6 +482,9 @@ def main(argv: list[str] | None = None, prog: str = "run.py") -> int:
         "--daemon", action="store_true", help="run in the background; log to <store>/logs"
     )
     sub.add_parser("stop", parents=[common], help="stop a running store cleanly")
+    sub.add_parser(
+        "reload", parents=[common], help="re-read broker.conf and apply the settings that can change live"
+    )
     status_parser = sub.add_parser("status", parents=[common], help="show a running store")
     status_parser.add_argument("--json", action="store_true", help="machine-readable output")
     status_parser.add_argument(
@@ -457,19 +517,28 @@ def main(argv: list[str] | None = None, prog: str = "run.py") -> int:
         return internal_error()
 
 
+def load_config(conf: Path, store: str | None) -> MessageStoreConfig:
+    """broker.conf with --store applied: at every command, and again at each reload."""
+    config = MessageStoreConfig.from_file(conf)
+    if store is not None:
+        if not store.strip():  # Path("") is the current directory: start would make it a store
+            raise InvalidArgumentError("--store is empty: name the store directory")
+        config = config.replace(store_path_root_dir=str(Path(store).resolve()))
+    return config
+
+
 def run_command(args: argparse.Namespace) -> int:
     """The subcommand ``args`` names; `main` turns what it raises into one line and an exit code."""
-    config = MessageStoreConfig.from_file(args.conf)
-    if args.store is not None:
-        if not args.store.strip():  # Path("") is the current directory: start would make it a store
-            raise InvalidArgumentError("--store is empty: name the store directory")
-        config = config.replace(store_path_root_dir=str(Path(args.store).resolve()))
+    config = load_config(args.conf, args.store)
     if args.command == "demo" and args.messages < 1:
         raise InvalidArgumentError(f"--messages must be at least 1, got {args.messages}")
     if args.command == "start" and args.daemon:
         return start_daemon(args.conf, config)
     if args.command == "start":
-        return start_foreground(config)
+        conf, store = args.conf.resolve(), args.store
+        return start_foreground(config, lambda: load_config(conf, store))
+    if args.command == "reload":
+        return reload_store(config, args.conf)
     if args.command == "stop":
         return stop(config, conf=args.conf)
     if args.command == "status":

@@ -34,10 +34,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
+from rmq_mp.config import live
 from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
-from rmq_mp.errors import ConfigError, ShmAttachError, StoreLockedError
+from rmq_mp.errors import ConfigError, ShmAttachError, StoreError, StoreLockedError
 from rmq_mp.put import native
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
@@ -121,6 +122,11 @@ class Supervisor:
         self.names = ShmNames.for_store(str(self.root), config.shm_name)
         self.workers = {role: WorkerHandle(role) for role in self.roles()}
         self.stop_requested = False
+        self.reload_requested = False
+        self.reload_config: Callable[[], MessageStoreConfig] | None = None
+        """How a reload (SIGHUP) re-reads broker.conf (the command line's --conf and --store)."""
+        self.on_reloading: Callable[[], object] | None = None
+        self.on_reloaded: Callable[[], object] | None = None
         self.store: MessageStore | None = None
         self.shm: StoreShm | None = None
         self.descriptor: SharedSegment | None = None
@@ -257,6 +263,8 @@ class Supervisor:
                 failed += 1
                 log.warning("mlock of pool buffer %s failed: %s (continuing unlocked)", buffer.name, reason)
         t.set(layout.POOL_MLOCK_FAILED, failed)
+        for index, word in enumerate(live.published_words(cfg)):  # before any worker or client attaches
+            t.set(layout.live_setting(index), word)
         self.descriptor = write_descriptor(
             self.names,
             {"root": str(self.root), "properties": cfg.to_properties(), "supervisor_pid": os.getpid()},
@@ -327,10 +335,50 @@ class Supervisor:
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self.stop_requested = True
 
+    def request_reload(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        self.reload_requested = True
+
+    def reload(self) -> None:
+        """SIGHUP: re-read broker.conf and apply its live settings (rmq_mp/config/live.py), all
+        or none: when a key that needs a restart changed, or the file does not load, one line in
+        the log says so and nothing changes. Workers take the new values at their next pass."""
+        self.reload_requested = False
+        assert self.shm is not None
+        t = self.shm.table
+        if self.on_reloading is not None:
+            self.on_reloading()
+        try:
+            if self.reload_config is None:
+                raise ConfigError("started without a broker.conf to re-read")
+            reread = self.reload_config()
+            changes, restart = live.reload_plan(self.config, reread)
+            if restart:
+                log.error("reload refused, nothing applied: %s changed (needs a restart)", "; ".join(restart))
+            elif not changes:
+                log.info("reload: no setting of %s changed", self.config.source)
+            else:
+                applied = live.describe(changes, self.config)
+                self.config = self.config.replace(**changes)
+                for index, word in enumerate(live.published_words(self.config)):
+                    t.set(layout.live_setting(index), word)
+                t.add(layout.LIVE_SETTINGS_GENERATION, 1)
+                for handle in self.workers.values():
+                    if handle.process is not None:
+                        self.shm.wake(handle.role)
+                log.info("reloaded %s: %s", self.config.source, applied)
+        except StoreError as exc:
+            log.error("reload refused, nothing applied: %s", " ".join(str(exc).split()))
+        finally:
+            t.add(layout.RELOADS_DONE, 1)
+            if self.on_reloaded is not None:
+                self.on_reloaded()
+
     def watch(self) -> None:
         assert self.shm is not None
         t = self.shm.table
         while not self.stop_requested:
+            if self.reload_requested:
+                self.reload()
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -571,6 +619,7 @@ class Supervisor:
         stop. Exit code 0 when the stop was clean and the last config persist worked, else 1."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)  # a SIGHUP during the start waits for it
         self.start()
         if on_running is not None:
             on_running()

@@ -1,5 +1,5 @@
 """systemd's ``Type=notify`` (issue 34 point 6): the supervisor tells $NOTIFY_SOCKET READY=1 only
-once the store runs, STOPPING=1 when its stop begins; conf/rmq-mp.service is a unit systemd
+once the store runs, RELOADING=1 then READY=1 around a reload, STOPPING=1 when its stop begins; conf/rmq-mp.service is a unit systemd
 accepts. The test binds the socket systemd would and starts the store as the unit does."""
 
 from __future__ import annotations
@@ -87,6 +87,11 @@ def test_ready_once_running_and_stopping_on_stop(
     with Producer.attach(str(tmp_path / "store"), start_timeout_s=0) as producer:
         assert producer.send("NotifyTopic", b"ready means ready").status is PutMessageStatus.PUT_OK
 
+    process.send_signal(signal.SIGHUP)  # `systemctl reload` (ExecReload): RELOADING=1, then READY=1
+    reloading = receive(sock)
+    assert reloading["RELOADING"] == "1", reloading
+    assert int(reloading["MONOTONIC_USEC"]) > 0
+    assert receive(sock)["READY"] == "1"
     process.send_signal(signal.SIGTERM)  # what `systemctl stop` sends (KillMode=mixed: the main process)
     stopping = receive(sock)
     assert stopping["STOPPING"] == "1", stopping
