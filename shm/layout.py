@@ -256,6 +256,28 @@ FLAGS_LOCK_LAST_DEAD_PID = _f(
 # FENCE values: who fenced the start (`rmq_mp.put.fence.FENCERS` words each).
 FENCE_OPEN, FENCED_BY_SHUTDOWN, FENCED_BY_STOP, FENCED_BY_START = 0, 1, 2, 3
 
+# Live settings (slots 464..479): broker.conf keys a reload applies to the workers without a restart
+# (rmq_mp/config/live.py PUBLISHED_KEYS, in order, one word each), written by the supervisor at start
+# and at each reload it accepts, then LIVE_SETTINGS_GENERATION; a worker re-reads them when it moves.
+LIVE_SETTINGS_GENERATION = _f(
+    "live_settings_generation", 464, S, doc="reloads applied since start: workers re-read live_setting*"
+)
+RELOADS_DONE = _f(
+    "reloads_done",
+    465,
+    S,
+    doc="reload requests (SIGHUP) handled, applied or refused: `rmq-mp reload` waits on it",
+)
+LIVE_BASE = 466
+LIVE_SLOTS = 14
+
+
+def live_setting(index: int) -> Field:
+    """The ``index``-th live worker setting's word (rmq_mp/config/live.py says which key)."""
+    assert 0 <= index < LIVE_SLOTS
+    return _f(f"live_setting{index}", LIVE_BASE + index, S)
+
+
 # PUT_LOCK_KIND values. LOCK_SEMAPHORE: a POSIX semaphore, the owner's pid written after taking it
 # (shm/semaphores.py `PutLock`, the pure-Python reference). LOCK_ATOMIC: the low 32 bits of
 # PUT_LOCK_OWNER_PID are the lock, compare-and-swapped from 0 to the owner's pid, bit 30 set while
@@ -316,7 +338,9 @@ def worker_field(role: str, name: str) -> Field:
 # Worker states (written by the worker).
 W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
 
-TABLE_SLOTS = max(WORKER_BASE + len(ROLES) * WORKER_STRIDE, *(f.index + 1 for f in FIELDS))
+TABLE_SLOTS = max(
+    WORKER_BASE + len(ROLES) * WORKER_STRIDE, LIVE_BASE + LIVE_SLOTS, *(f.index + 1 for f in FIELDS)
+)
 TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096
 
 
@@ -324,7 +348,8 @@ def all_fields() -> list[Field]:
     """Every field of the table: the named ones, the pool slots and each worker's."""
     pool = [pool_file_offset(i) for i in range(POOL_SLOTS)]
     workers = [worker_field(role, name) for role in ROLES for name in WORKER_FIELDS]
-    return [*FIELDS, *pool, *workers]
+    live = [live_setting(i) for i in range(LIVE_SLOTS)]
+    return [*FIELDS, *pool, *workers, *live]
 
 
 def check_layout() -> None:

@@ -69,6 +69,10 @@ class ShmNames:
         return self._name("metrics")
 
     @property
+    def consume_counts(self) -> str:
+        return self._name("consumed")
+
+    @property
     def schedule_offsets(self) -> str:
         return self._name("sched")
 

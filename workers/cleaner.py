@@ -105,6 +105,9 @@ class CleanerService(ServiceLoop):
         self.disk_check = DiskCheck(self)
         self.disk_check.start()
 
+    def on_settings(self) -> None:
+        self.thresholds = DiskThresholds.of(self.store.config)  # diskMaxUsedSpaceRatio is live
+
     def on_exit(self) -> None:
         if hasattr(self, "disk_check"):
             self.disk_check.stopped.set()

@@ -24,7 +24,7 @@ from typing import ClassVar
 
 from rmq_mp import file_modes
 from rmq_mp.logs import setup_process_logging
-from rmq_mp.store.running_store import RunningStore
+from rmq_mp.store.running_store import RunningStore, live_settings
 from shm import layout
 from shm.layout import Role
 from shm.pointer_table import now_ms
@@ -58,6 +58,8 @@ class ServiceLoop:
         self.wakeup = store.shm.wakeup(self.role)
         self._field = {name: layout.worker_field(self.role, name) for name in layout.WORKER_FIELDS}
         self.supervisor_pid = self.table.get(layout.SUPERVISOR_PID)
+        self._settings_generation = self.table.get(layout.LIVE_SETTINGS_GENERATION)
+        """The reloads `store.config` reflects (RunningStore.attach applied those before it)."""
         self._pass_started = 0.0
         """time.monotonic() when the last `do_work` began (`min_pass_interval_s`)."""
 
@@ -92,6 +94,10 @@ class ServiceLoop:
 
     def do_work(self) -> None:
         raise NotImplementedError
+
+    def on_settings(self) -> None:
+        """A reload changed live settings: `store.config` holds them; refresh what was derived
+        from the old ones."""
 
     def final_pass(self) -> None:
         """Work left at stop (flush, commit, dispatch), bounded."""
@@ -154,7 +160,17 @@ class ServiceLoop:
             if self.stopping():
                 return False
 
+    def _take_live_settings(self) -> None:
+        """After a reload (LIVE_SETTINGS_GENERATION moved): the live settings into `store.config`."""
+        generation = self.table.get(layout.LIVE_SETTINGS_GENERATION)
+        if generation != self._settings_generation:
+            self._settings_generation = generation
+            self.store.config = live_settings(self.store.config, self.table)
+            self.on_settings()
+            log.info("%s: took the reloaded settings (generation %d)", self.role, generation)
+
     def _work_once(self) -> None:
+        self._take_live_settings()
         self._pass_started = time.monotonic()
         try:
             self.do_work()

@@ -37,6 +37,7 @@ from pathlib import Path
 from types import FrameType
 
 from rmq_mp import file_modes
+from rmq_mp.config import live
 from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
@@ -50,6 +51,7 @@ from rmq_mp.tools.monitoring import OpsMonitor
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
+from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
@@ -208,10 +210,16 @@ class Supervisor:
         self.names = ShmNames.for_store(str(self.root), config.shm_name)
         self.workers = {role: WorkerHandle(role) for role in self.roles()}
         self.stop_requested = False
+        self.reload_requested = False
+        self.reload_config: Callable[[], MessageStoreConfig] | None = None
+        """How a reload (SIGHUP) re-reads broker.conf (the command line's --conf and --store)."""
+        self.on_reloading: Callable[[], object] | None = None
+        self.on_reloaded: Callable[[], object] | None = None
         self.store: MessageStore | None = None
         self.shm: StoreShm | None = None
         self.descriptor: SharedSegment | None = None
         self.metrics: MetricsTable | None = None
+        self.consume_counts: ConsumeCounts | None = None
         self.ops: OpsMonitor | None = None
         self.offsets: ConsumerOffsetManager | None = None
         self.topics: TopicConfigManager | None = None
@@ -284,6 +292,7 @@ class Supervisor:
         t.set(layout.STATE, layout.STARTING)
         t.set(layout.GENERATION, now_ms())
         self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION), cfg.max_producer_num)
+        self.consume_counts = ConsumeCounts.create(self.names.consume_counts, shm.queues.slots)
         t.set(layout.SUPERVISOR_PID, os.getpid())
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
@@ -341,6 +350,8 @@ class Supervisor:
                 failed += 1
                 log.warning("mlock of pool buffer %s failed: %s (continuing unlocked)", buffer.name, reason)
         t.set(layout.POOL_MLOCK_FAILED, failed)
+        for index, word in enumerate(live.published_words(cfg)):  # before any worker or client attaches
+            t.set(layout.live_setting(index), word)
         self.descriptor = write_descriptor(
             self.names,
             {"root": str(self.root), "properties": cfg.to_properties(), "supervisor_pid": os.getpid()},
@@ -411,10 +422,50 @@ class Supervisor:
     def request_stop(self, signum: int = 0, frame: FrameType | None = None) -> None:
         self.stop_requested = True
 
+    def request_reload(self, signum: int = 0, frame: FrameType | None = None) -> None:
+        self.reload_requested = True
+
+    def reload(self) -> None:
+        """SIGHUP: re-read broker.conf and apply its live settings (rmq_mp/config/live.py), all
+        or none: when a key that needs a restart changed, or the file does not load, one line in
+        the log says so and nothing changes. Workers take the new values at their next pass."""
+        self.reload_requested = False
+        assert self.shm is not None
+        t = self.shm.table
+        if self.on_reloading is not None:
+            self.on_reloading()
+        try:
+            if self.reload_config is None:
+                raise ConfigError("started without a broker.conf to re-read")
+            reread = self.reload_config()
+            changes, restart = live.reload_plan(self.config, reread)
+            if restart:
+                log.error("reload refused, nothing applied: %s changed (needs a restart)", "; ".join(restart))
+            elif not changes:
+                log.info("reload: no setting of %s changed", self.config.source)
+            else:
+                applied = live.describe(changes, self.config)
+                self.config = self.config.replace(**changes)
+                for index, word in enumerate(live.published_words(self.config)):
+                    t.set(layout.live_setting(index), word)
+                t.add(layout.LIVE_SETTINGS_GENERATION, 1)
+                for handle in self.workers.values():
+                    if handle.process is not None:
+                        self.shm.wake(handle.role)
+                log.info("reloaded %s: %s", self.config.source, applied)
+        except StoreError as exc:
+            log.error("reload refused, nothing applied: %s", " ".join(str(exc).split()))
+        finally:
+            t.add(layout.RELOADS_DONE, 1)
+            if self.on_reloaded is not None:
+                self.on_reloaded()
+
     def watch(self) -> None:
         assert self.shm is not None
         t = self.shm.table
         while not self.stop_requested:
+            if self.reload_requested:
+                self.reload()
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -629,13 +680,13 @@ class Supervisor:
     def _release_shared(self) -> None:
         """Close and unlink every shared segment and semaphore of this store (each step even if
         one before it fails)."""
-        for resource in (self.shm, self.descriptor, self.metrics):
+        for resource in (self.shm, self.descriptor, self.metrics, self.consume_counts):
             if resource is not None:
                 try:
                     resource.close()
                 except Exception:
                     log.exception("closing %s failed", type(resource).__name__)
-        self.shm = self.descriptor = self.metrics = None
+        self.shm = self.descriptor = self.metrics = self.consume_counts = None
         StoreShm.unlink_all(self.names)
 
     def _remove_unused_files(self, wrote: int) -> None:
@@ -664,17 +715,22 @@ class Supervisor:
                     continue
         return process.returncode == 0
 
-    def run(self, on_running: Callable[[], None] | None = None) -> int:
-        """Foreground: start, call ``on_running``, watch until SIGTERM/SIGINT, stop. Exit code 0
-        when the stop was clean and the last config persist worked, else 1."""
+    def run(
+        self, on_running: Callable[[], None] | None = None, on_stopping: Callable[[], object] | None = None
+    ) -> int:
+        """Foreground: start, call ``on_running``, watch until SIGTERM/SIGINT, call ``on_stopping``,
+        stop. Exit code 0 when the stop was clean and the last config persist worked, else 1."""
         signal.signal(signal.SIGTERM, self.request_stop)
         signal.signal(signal.SIGINT, self.request_stop)
+        signal.signal(signal.SIGHUP, self.request_reload)  # a SIGHUP during the start waits for it
         self.start()
         if on_running is not None:
             on_running()
         try:
             self.watch()
         finally:
+            if on_stopping is not None:
+                on_stopping()
             clean = self.shutdown()
         log.info("store %s stopped %s", self.root, "cleanly" if clean else "with abort kept")
         return 0 if clean and self.final_persist_ok else 1

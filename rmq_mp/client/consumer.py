@@ -18,6 +18,7 @@ the group's rebalancing (RocketMQ's pull/assign consumer).
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import logging
 import os
@@ -54,6 +55,7 @@ from rmq_mp.store.running_store import (
 from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
+from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.pointer_table import now_ms, pid_alive
 from shm.semaphores import acquire, spin_until, try_acquire
@@ -171,6 +173,10 @@ class Consumer:
         """Shared by every consumer of the process: the queue files all of them read stay
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
         self.skips = ReadSkips(self.reporter, publish=shm_counter(store.shm))
+        self.consume_counts = ConsumeCounts.attach(store.names.consume_counts, Role.CONSUMER)
+        """Messages received per queue slot, summed per topic by the metrics (rmq_topic_consumed)."""
+        self._consumed: dict[int, int] = {}
+        """Received but not yet added to `consume_counts` (its lock was busy)."""
         self._waiter_slot = self._claim_waiter_slot()
         self._waiter_sem = store.shm.waiter(self._waiter_slot)
         self.rebalance = Rebalance(
@@ -293,6 +299,9 @@ class Consumer:
         self._waiter_slot = -1
         for cq in self._cqs.values():
             cq.close()
+        with contextlib.suppress(ShmAttachError):  # a dead holder kept the flags lock: counts lost
+            self._publish_consumed(wait=True)
+        self.consume_counts.close()
         self.store.close()
 
     def __enter__(self) -> Consumer:
@@ -411,15 +420,42 @@ class Consumer:
                 first = cq.get_entry(offset) if min_offset <= offset < max_offset else None
                 with self.hold_from(first[0] if first else -1):
                     self.store.sync_log(keep_from=min(self._holds, default=-1))
-                    return read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
-                                      max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
-                                      skips=self.skips, tags=tags)  # fmt: skip
+                    result = read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
+                                        max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
+                                        skips=self.skips, tags=tags)  # fmt: skip
+                if result.messages:
+                    self._consumed[slot] = self._consumed.get(slot, 0) + len(result.messages)
+                    self._publish_consumed(wait=False)
+                return result
             except FileNotFoundError:
                 # The cleaner deleted a queue or log file between our reading the minimum offsets
                 # and mapping it: read the new minimum and try again.
                 if attempt == READ_ATTEMPTS - 1:
                     raise
         raise AssertionError("unreachable")
+
+    def _publish_consumed(self, *, wait: bool) -> None:
+        """Add what this consumer received to the shared per-queue counts, under the flags lock:
+        without waiting on a pull (a busy lock, the supervisor persisting offsets, leaves them
+        for the next pull), waiting at close."""
+        if not self._consumed:
+            return
+        if wait:
+            with self.store.shm.flags_lock("count consumed messages"):
+                self._add_consumed()
+            return
+        lock = self.store.shm.semaphore(self.store.names.flags_lock)
+        if try_acquire(lock):
+            try:
+                self._add_consumed()
+            finally:
+                lock.release()
+
+    def _add_consumed(self) -> None:
+        """Caller holds the flags lock."""
+        for slot, messages in self._consumed.items():
+            self.consume_counts.add(slot, messages)
+        self._consumed.clear()
 
     def hold_from(self, phy_offset: int) -> _Hold:
         """Keep the commit-log files from ``phy_offset`` on disk while this block reads them

@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import Any, get_type_hints
 
+from rmq_mp.config.live import LIVE_SUPERVISOR_KEYS, PUBLISHED_KEYS
 from rmq_mp.config.store_config import (
     IGNORED_PROPERTIES,
     PROPERTY_NAMES,
@@ -25,6 +26,7 @@ from rmq_mp.config.store_config import (
     MessageStoreConfig,
     camel_to_snake,
     parse_properties,
+    snake_to_camel,
 )
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -73,6 +75,15 @@ def _text(value: Any) -> str:
     if text.startswith(home):
         text = "~" + text[len(home) :]
     return f"`{text}`" if text else "(empty)"
+
+
+def _live_user(name: str) -> str:
+    """The worker that reads a live key."""
+    if name.startswith("flush_"):
+        return "flusher"
+    if name.startswith("commit_"):
+        return "committer"
+    return "cleaner"
 
 
 def render() -> str:
@@ -124,6 +135,23 @@ def render() -> str:
         if key == keys[-1] or sections.get(keys[keys.index(key) + 1], "other") != section:
             out.append("")
     out += [
+        "## Live reload",
+        "",
+        "`rmq-mp reload` (or SIGHUP to the supervisor: systemd's `ExecReload`, conf/rmq-mp.service)",
+        "re-reads broker.conf and, when only the keys below changed, applies them to the running",
+        "store at once, all of them or none (each worker takes them at its next pass). Any other",
+        "changed key needs a restart: the reload is refused with one line naming it",
+        "(`<store>/logs/supervisor.log`, and `rmq-mp reload`'s stderr with exit code 2), and nothing",
+        "changes; so is a file that does not load. Keys that size shared memory or files, paths,",
+        "names, the flush mode and the metrics endpoint are fixed until the next start.",
+        "",
+        "| key | used by |",
+        "|---|---|",
+        *(
+            f"| `{snake_to_camel(k)}` | {'supervisor' if k in LIVE_SUPERVISOR_KEYS else _live_user(k)} |"
+            for k in PUBLISHED_KEYS
+        ),
+        "",
         "## Accepted and ignored",
         "",
         "Keys a RocketMQ broker.conf often carries for broker parts rmq-mp does not have: accepted",

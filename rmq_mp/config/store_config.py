@@ -417,8 +417,12 @@ class MessageStoreConfig:
     # than last persisted while the commit log holds messages, with the offsets salvaged (the
     # damaged file kept as .damaged-<time>); false = refuse to start and say what was salvaged.
     accept_consumer_offset_loss: bool = False
-    # rmq-mp addition: port of the supervisor's Prometheus endpoint on 127.0.0.1; 0 = off.
+    # rmq-mp addition: port of the supervisor's Prometheus endpoint on `metricsAddress`; 0 = off.
     metrics_port: int = _prop(0, ge=0, le=65535)
+    # rmq-mp addition: the IP address the Prometheus endpoint listens on: 127.0.0.1 (this host
+    # only), an interface's address, or 0.0.0.0 / :: for every interface (the endpoint has no
+    # authentication: expose it only to a network that may read the store's metrics).
+    metrics_address: str = "127.0.0.1"
     # rmq-mp addition: bytes the commit log may run ahead of dispatch before puts wait for reput
     # (and are refused OS_PAGECACHE_BUSY if it does not catch up); 0 = no limit.
     max_dispatch_lag_bytes: int = _prop(64 << 20, ge=0, java_long=True)
@@ -869,6 +873,13 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
         ipaddress.ip_address(values["broker_ip1"])
     except ValueError:
         problems.append(f"brokerIP1 = {values['broker_ip1']!r}: must be an IPv4 or IPv6 address (store host)")
+    try:
+        ipaddress.ip_address(values["metrics_address"])
+    except ValueError:
+        problems.append(
+            f"metricsAddress = {values['metrics_address']!r}: must be an IPv4 or IPv6 address "
+            f"(127.0.0.1, 0.0.0.0, ::)"
+        )
     if not values["store_path_root_dir"]:
         problems.append("storePathRootDir is empty")
     for name, key in (("broker_name", "brokerName"), ("broker_cluster_name", "brokerClusterName")):

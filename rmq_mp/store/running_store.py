@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from rmq_mp.config import live
 from rmq_mp.config.store_config import FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, ShmAttachError, StoreNotRunningError
 from rmq_mp.paths import StorePaths
@@ -115,6 +116,16 @@ def wait_until_started(names: ShmNames, timeout_s: float, shown: str) -> None:
         time.sleep(START_POLL_S)
 
 
+def live_settings(config: MessageStoreConfig, table: PointerTable) -> MessageStoreConfig:
+    """``config`` (the descriptor's, as the store started) with the live settings a reload has
+    applied since (rmq_mp/config/live.py); itself until the first reload."""
+    if not table.get(layout.LIVE_SETTINGS_GENERATION):
+        return config
+    return live.with_words(
+        config, [table.get(layout.live_setting(i)) for i in range(len(live.PUBLISHED_KEYS))]
+    )
+
+
 @dataclass
 class RunningStore:
     names: ShmNames
@@ -151,6 +162,7 @@ class RunningStore:
             )
             raise StoreNotRunningError(f"store {os.fspath(name)} is not running ({exc}){hint}") from exc
         config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
+        config = live_settings(config, shm.table)
         paths = StorePaths.of(descriptor["root"], config.commit_log_dir)
         commit_log = SharedCommitLog(
             paths.commit_log,

@@ -1,7 +1,7 @@
 """Operator side of the supervisor: the Prometheus endpoint and the store's event log lines.
 
 Runs in the supervisor process. The endpoint (``metricsPort`` in broker.conf, 0 = off) is
-prometheus-client's HTTP server thread on 127.0.0.1 with a collector that reads shared memory on
+prometheus-client's HTTP server thread on ``metricsAddress`` (127.0.0.1 by default) with a collector that reads shared memory on
 every scrape (the pointer table, the queue and group tables, the producers' metrics segment), so
 nothing is sampled or cached and an idle store costs nothing. `OpsMonitor.tick`, called from the
 supervisor's watch loop, writes the lines RocketMQ users search for when something is slow (a
@@ -27,12 +27,15 @@ from prometheus_client.registry import Collector
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreError
 from rmq_mp.outcomes import RunningFlags
-from rmq_mp.tools.status_report import collect_status
+from rmq_mp.tools.status_report import collect_status, host_port
 from shm import layout
+from shm import queue_offsets as qo
+from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ShmNames
 from shm.pointer_table import PointerTable, now_ms
+from shm.queue_offsets import QueueOffsetTable
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -57,6 +60,7 @@ class StoreCollector(Collector):
         finally:
             table.close()
         yield from _store_metrics(status)
+        yield from self._topic_metrics()
         yield _counter(
             "rmq_put_failures", "Puts answered with a status other than PUT_OK", totals.put_failures
         )
@@ -67,6 +71,42 @@ class StoreCollector(Collector):
             family = HistogramMetricFamily(name, doc)
             family.add_metric([], hist.cumulative(), hist.sum_us / 1e6)
             yield family
+
+    def _topic_metrics(self) -> Iterator[Metric]:
+        """Per topic: messages put (reput's dispatch writes each queue's ConsumeQueue max offset,
+        once per record, so the sum over a topic's queues counts every record once, since the
+        store's first message) and messages consumers received (`ConsumeCounts`, since start)."""
+        try:
+            queues = QueueOffsetTable.attach(self.names.queue_offsets, Role.SUPERVISOR)
+        except ShmAttachError:
+            return
+        try:
+            counts = ConsumeCounts.attach(self.names.consume_counts, Role.SUPERVISOR)
+        except ShmAttachError:
+            queues.close()
+            return
+        put: dict[str, int] = {}
+        consumed: dict[str, int] = {}
+        try:
+            for topic, _queue_id, slot in queues.queues():  # the directory: untouched slots stay unread
+                put[topic] = put.get(topic, 0) + queues.get(slot, qo.DISPATCHED)
+                consumed[topic] = consumed.get(topic, 0) + counts.count(slot)
+        finally:
+            counts.close()
+            queues.close()
+        put_family = CounterMetricFamily(
+            "rmq_topic_put_messages", "Messages put to a topic (dispatched to its queues)", labels=["topic"]
+        )
+        consumed_family = CounterMetricFamily(
+            "rmq_topic_consumed_messages",
+            "Messages consumers received from a topic since start",
+            labels=["topic"],
+        )
+        for topic in sorted(put):
+            put_family.add_metric([topic], put[topic])
+            consumed_family.add_metric([topic], consumed[topic])
+        yield put_family
+        yield consumed_family
 
 
 def _counter(name: str, doc: str, value: float, labels: dict[str, str] | None = None) -> CounterMetricFamily:
@@ -220,16 +260,17 @@ class OpsMonitor:
             return
         registry = CollectorRegistry(auto_describe=False)
         registry.register(StoreCollector(self.config))
+        address = self.config.metrics_address
         try:
             self.server, _thread = start_http_server(
-                self.config.metrics_port, addr="127.0.0.1", registry=registry
+                self.config.metrics_port, addr=address, registry=registry
             )
         except OSError as exc:
             raise ConfigError(
-                f"metricsPort={self.config.metrics_port}: cannot listen on 127.0.0.1: {exc.strerror or exc}"
+                f"metricsPort={self.config.metrics_port}: cannot listen on {address}: {exc.strerror or exc}"
             ) from exc
         self.table.set(layout.METRICS_PORT, self.server.server_port)
-        log.info("metrics on http://127.0.0.1:%d/metrics", self.server.server_port)
+        log.info("metrics on http://%s/metrics", host_port(address, self.server.server_port))
 
     def tick(self) -> None:
         """At most once a second: log put-lock holds over 500 ms (RocketMQ's "putMessage in lock

@@ -16,6 +16,11 @@ from rmq_mp.tools.store_status import (
 __all__ = ["collect_status", "print_status"]
 
 
+def host_port(address: str, port: int) -> str:
+    """``host:port`` as a URL names it (an IPv6 address in brackets)."""
+    return f"[{address}]:{port}" if ":" in address else f"{address}:{port}"
+
+
 def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     status = collect_status(config)
     access = config.store_group_access
@@ -72,6 +77,6 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     port = status["metrics_port"]
     print(
         f"recovery {status['recovery_ms']} ms   metrics "
-        + (f"http://127.0.0.1:{port}/metrics" if port else "off (metricsPort=0)")
+        + (f"http://{host_port(config.metrics_address, port)}/metrics" if port else "off (metricsPort=0)")
     )
     return 0

@@ -1,5 +1,5 @@
 """The README's quick start, run as written (its install line aside: this test runs inside that
-environment, linked in as ./.venv)."""
+environment, stood in for by ./.venv; tests/integration/test_install.py does the real install)."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import psutil
@@ -24,11 +25,50 @@ def quick_start_commands() -> list[str]:
     return [line for line in block.group(1).splitlines() if line.strip()]
 
 
+def console_scripts() -> dict[str, str]:
+    """pyproject's [project.scripts]: command -> "module:function"."""
+    return tomllib.loads((ROOT / "pyproject.toml").read_text(encoding="utf-8"))["project"]["scripts"]
+
+
+def stand_in_venv(venv: Path) -> None:
+    """``venv/bin``: this interpreter, and each console script pyproject declares written as pip
+    writes it (the environment running the tests may have been installed before a script was
+    declared; test_install.py checks that pip installs them)."""
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    for command, target in console_scripts().items():
+        module, function = target.split(":")
+        script = venv / "bin" / command
+        script.write_text(
+            f"#!{sys.executable}\nimport sys\nfrom {module} import {function}\nsys.exit({function}())\n",
+            encoding="utf-8",
+        )
+        script.chmod(0o755)
+
+
+def test_readme_commands_are_installed_ones() -> None:
+    """Every `.venv/bin/<command>` the README runs is the interpreter or a declared console script
+    (`rmq-mp` for the supervisor: start, stop, status, demo), and run.py still runs the same program."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    used = set(re.findall(r"\.venv/bin/([\w-]+)", text))
+    assert used <= {"python", "pip", *console_scripts()}, used - {"python", "pip", *console_scripts()}
+    assert console_scripts()["rmq-mp"] == "workers.cli:installed_main"
+    assert ".venv/bin/rmq-mp demo" in text.split("## Two commands", 1)[1].split("```", 2)[1]
+    for command in ("start", "stop", "status", "demo"):
+        result = subprocess.run(
+            [sys.executable, str(ROOT / "run.py"), command, "--help"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert result.returncode == 0, result
+        assert result.stdout.startswith(f"usage: run.py {command}"), result.stdout
+
+
 def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
     commands = quick_start_commands()
     assert commands[0].startswith("python3 -m venv .venv && .venv/bin/pip install")
-    (tmp_path / ".venv").symlink_to(Path(sys.prefix))
-    (tmp_path / "run.py").symlink_to(ROOT / "run.py")
+    stand_in_venv(tmp_path / ".venv")
     names = ShmNames.for_store(str(tmp_path / "store"))
     env = {k: v for k, v in os.environ.items() if k not in ("RMQ_PROGRESS", "VIRTUAL_ENV")}
     outputs = []
@@ -43,7 +83,7 @@ def test_readme_quick_start_runs_as_written(tmp_path: Path) -> None:
         killed = False
         for proc in psutil.process_iter(["cmdline"]):
             cmd = " ".join(proc.info["cmdline"] or [])
-            if names.base in cmd or (f"{tmp_path}" in cmd and "run.py" in cmd):
+            if names.base in cmd or (f"{tmp_path}" in cmd and "workers.cli" in cmd):
                 proc.kill()
                 killed = True
         if killed or len(outputs) < len(commands) - 1:  # a command failed: what the store left
