@@ -349,10 +349,15 @@ class Supervisor:
         assert self.offsets is not None
         self.last_persist = time.monotonic()
         table: dict[str, dict[int, int]] = {}
-        for key, queue_id, slot in self.shm.groups.queues():
-            committed = self.shm.groups.get(slot, qo.COMMITTED)
-            if committed >= 0:  # -1: a queue a group member holds but never committed
-                table.setdefault(key, {})[queue_id] = committed
+        try:  # a snapshot rmq-admin's deleteSubGroup never splits (flags lock)
+            with self.shm.flags_lock("persist consumerOffset.json"):
+                for key, queue_id, slot in self.shm.groups.queues():
+                    committed = self.shm.groups.get(slot, qo.COMMITTED)
+                    if committed >= 0:  # -1: held, never committed; -2 (DELETED): deleted
+                        table.setdefault(key, {})[queue_id] = committed
+        except ShmAttachError as exc:
+            log.warning("%s; postponed", exc)
+            return False
         ok = True
         if table != self.offsets.table:
             previous, self.offsets.table = self.offsets.table, table

@@ -15,6 +15,13 @@
     rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
     rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
+    rmq-admin deleteSubGroup   -g G [--force]                        a group's offsets; refused while a member is attached
+    rmq-admin skipAccumulatedMessage -g G -t T                       a group's offsets to the queues' ends
+    rmq-admin cloneGroupOffset -s SRC -d DEST -t T                   copy a group's offsets
+    rmq-admin printMsgByQueue  -t T -i QUEUE [-b MS] [-e MS] [-s TAGS] [-d]
+    rmq-admin queryMsgByUniqueKey -i UNIQ_KEY -t T
+    rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
+    (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
@@ -100,10 +107,13 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
 
+    from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS
 
     if args.command in COMMANDS:
         return COMMANDS[args.command](args)
+    if args.command in admin_groups.COMMANDS:
+        return admin_groups.COMMANDS[args.command](args)
     with open_store(args) as store:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
@@ -248,8 +258,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def canonical_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """mqadmin's command names are case-insensitive (``rmq-admin topiclist`` is topicList): the
+    first argument, when it names a subcommand in another case, in the parser's spelling."""
+    if not argv:
+        return argv
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if isinstance(action, argparse._SubParsersAction):
+            names = {name.lower(): name for name in action.choices}
+            return [names.get(argv[0].lower(), argv[0]), *argv[1:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(canonical_command(parser, list(sys.argv[1:] if argv is None else argv)))
     _utf8_stdout(machine=args.json)
     try:
         code = run(args)
