@@ -291,8 +291,8 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     """SIGTERM the store's supervisor and wait for it to finish its clean shutdown; if it is
     already dead, clean up what it left."""
     names, table = attach_table(config, conf)
-    pid = table.get(layout.SUPERVISOR_PID)
-    if not pid or not pid_alive(pid):
+    pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
+    if not pid_alive(pid, start_ms):  # a pid another process took since is not our supervisor
         return clean_after_dead_supervisor(config, names, table)
     table.close()
     try:
@@ -302,7 +302,7 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
             config, names, PointerTable.attach(names.pointer_table, Role.CONSUMER)
         )
     deadline = time.monotonic() + timeout_s
-    while pid_alive(pid):
+    while pid_alive(pid, start_ms):
         if time.monotonic() > deadline:
             print(f"run.py: supervisor {pid} still running after {timeout_s:.0f} s", file=sys.stderr)
             return 1
@@ -314,10 +314,10 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
 def status(config: MessageStoreConfig, args: argparse.Namespace) -> int:
     _names, table = attach_table(config, args.conf)
     try:
-        pid = table.get(layout.SUPERVISOR_PID)
+        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
     finally:
         table.close()
-    if not pid or not pid_alive(pid):
+    if not pid_alive(pid, start_ms):
         print(
             f"run.py: store {config.store_path_root_dir}: supervisor {pid} is gone, its shared memory "
             f"remains; `run.py stop` cleans it up, `run.py start` recovers the store",

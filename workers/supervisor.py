@@ -49,7 +49,7 @@ from shm import schedule_offsets as so
 from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import PointerTable, now_ms, pid_alive
+from shm.pointer_table import PointerTable, now_ms, pid_alive, process_start_ms
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
@@ -83,7 +83,7 @@ def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:
         return 0
     saved = 0
     try:
-        if table.get(layout.SUPERVISOR_PID) and pid_alive(table.get(layout.SUPERVISOR_PID)):
+        if pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)):
             raise StoreLockedError(
                 f"store {config.store_path_root_dir} is already running (supervisor pid {table.get(layout.SUPERVISOR_PID)})"
             )
@@ -198,6 +198,7 @@ class Supervisor:
         t.set(layout.GENERATION, now_ms())
         self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION), cfg.max_producer_num)
         t.set(layout.SUPERVISOR_PID, os.getpid())
+        t.set(layout.SUPERVISOR_START_MS, process_start_ms(os.getpid()))
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
         t.set(layout.PUT_LOCK_KIND, native.store_lock_kind())

@@ -253,7 +253,7 @@ class Consumer:
         table = self.store.table
         if table.get(layout.STATE) != layout.RUNNING or (
             now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
-            and not pid_alive(table.get(layout.SUPERVISOR_PID))
+            and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
         ):
             self._reattach()
 

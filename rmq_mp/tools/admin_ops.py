@@ -117,10 +117,10 @@ def _refuse_if_running(store: MessageStore) -> None:
     except StoreError:
         return
     try:
-        pid = table.get(layout.SUPERVISOR_PID)
+        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
     finally:
         table.close()
-    if pid and pid_alive(pid):
+    if pid_alive(pid, start_ms):
         raise StoreError(
             f"store is running (supervisor pid {pid}): use --name {names.base} to change it live"
         )
