@@ -93,7 +93,12 @@ class ConsumeFromWhere(enum.Enum):
     queue's end when the member first reads it (what is sent from then on), except on a retry
     topic (from its start). TIMESTAMP: the message stored nearest ``consume_timestamp_ms``
     (`Consumer.search_offset`), except on a retry topic (its end). As RebalancePushImpl's
-    computePullFromWhere; rmq-mp's default stays FIRST (RocketMQ's is LAST), as before."""
+    computePullFromWhere; rmq-mp's default stays FIRST (RocketMQ's is LAST), as before.
+
+    Deviation: RocketMQ 4.9's broker answers a new group's offset query with 0 while the queue's
+    minimum is 0 and its first message is still within memory (ConsumerManageProcessor,
+    checkInDiskByConsumeOffset), so LAST reads a young queue from its start there; rmq-mp keeps
+    the client's rule alone: LAST means what is sent from now on."""
 
     CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
     CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"

@@ -181,13 +181,18 @@ def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> in
                 )
             )
         return 0
-    width = max([len("Topic"), *(len(q.topic) for q in rows)])
-    print(f"{'Topic':<{width}}  {'QueueId':>7}  {'MinOffset':>10}  {'MaxOffset':>10}  LastUpdate")
-    for q in rows:
-        print(
-            f"{q.topic:<{width}}  {q.queue_id:>7}  {q.min_offset:>10}  {q.max_offset:>10}  "
-            f"{iso(q.last_update_timestamp)}"
-        )
+    from rmq_mp.tools.admin_ops import emit
+
+    emit(
+        [
+            {"topic": q.topic, "queueId": q.queue_id, "minOffset": q.min_offset, "maxOffset": q.max_offset,
+             "lastUpdate": iso(q.last_update_timestamp)}
+            for q in rows
+        ],
+        as_json=False,
+        columns={"topic": "Topic", "queueId": "QueueId", "minOffset": "MinOffset", "maxOffset": "MaxOffset",
+                 "lastUpdate": "LastUpdate"},
+    )  # fmt: skip
     return 0
 
 
