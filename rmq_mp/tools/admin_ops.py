@@ -11,6 +11,7 @@ back). Human tables by default, ``--json`` one object per line.
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -69,10 +70,13 @@ def emit(rows: list[dict[str, Any]], *, as_json: bool, columns: dict[str, str], 
         table.add_column(heading, justify="right" if numeric else "left", no_wrap=True)
     for c in cells:
         table.add_row(*c)
-    console = Console(file=sys.stdout, width=1_000_000, color_system=None, highlight=False, emoji=False)
-    with console.capture() as captured:
-        console.print(table, crop=False)
-    for line in captured.get().splitlines():
+    # Rendered into a string, printed here: rich never touches stdout (its own flush turns a
+    # closed pipe into SystemExit(1); rmq-admin's main ends quietly on one instead).
+    out = io.StringIO()
+    Console(file=out, width=1_000_000, color_system=None, highlight=False, emoji=False).print(
+        table, crop=False
+    )
+    for line in out.getvalue().splitlines():
         print(line.rstrip())
     if footer:
         print(footer)
