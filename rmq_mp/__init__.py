@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from rmq_mp.client.consumer import Consumer, GetResult
+    from rmq_mp.client.consumer import ConsumeFromWhere, Consumer, GetResult, QueueNotAssignedError
     from rmq_mp.client.push_consumer import ConsumerStateError, PushConsumer
     from rmq_mp.client.rebalance import MessageModel
     from rmq_mp.config.store_config import BrokerRole, FlushDiskType, MessageStoreConfig
@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         InvalidMessageIdError,
         MessageNotFoundError,
         OffsetTableFullError,
+        SendRefusedError,
         ShmAttachError,
         StoreError,
         StoreLockedError,
@@ -52,12 +53,13 @@ if TYPE_CHECKING:
         PutMessageResult,
         PutMessageStatus,
     )
+    from rmq_mp.put.locked import ThreadSafeProducer
     from rmq_mp.put.producer import Producer
     from rmq_mp.put.results import SendBatchResult, SendResult
     from rmq_mp.store.message_store import MessageStore, QueueStatus
 
 _HOMES = {
-    "rmq_mp.client.consumer": ("Consumer", "GetResult"),
+    "rmq_mp.client.consumer": ("ConsumeFromWhere", "Consumer", "GetResult", "QueueNotAssignedError"),
     "rmq_mp.client.push_consumer": ("ConsumerStateError", "PushConsumer"),
     "rmq_mp.client.rebalance": ("MessageModel",),
     "rmq_mp.config.store_config": ("BrokerRole", "FlushDiskType", "MessageStoreConfig"),
@@ -73,6 +75,7 @@ _HOMES = {
         "InvalidMessageIdError",
         "MessageNotFoundError",
         "OffsetTableFullError",
+        "SendRefusedError",
         "ShmAttachError",
         "StoreError",
         "StoreLockedError",
@@ -90,6 +93,7 @@ _HOMES = {
         "PutMessageResult",
         "PutMessageStatus",
     ),
+    "rmq_mp.put.locked": ("ThreadSafeProducer",),
     "rmq_mp.put.producer": ("Producer",),
     "rmq_mp.put.results": ("SendBatchResult", "SendResult"),
     "rmq_mp.store.message_store": ("MessageStore", "QueueStatus"),
@@ -113,6 +117,7 @@ __all__ = [
     "ConfigError",
     "ConfigFileError",
     "ConsumeConcurrentlyStatus",
+    "ConsumeFromWhere",
     "ConsumeOrderlyStatus",
     "Consumer",
     "ConsumerOffsetLossError",
@@ -138,12 +143,15 @@ __all__ = [
     "PushConsumer",
     "PutMessageResult",
     "PutMessageStatus",
+    "QueueNotAssignedError",
     "QueueStatus",
     "SendBatchResult",
+    "SendRefusedError",
     "SendResult",
     "ShmAttachError",
     "StoreError",
     "StoreLockedError",
     "StorePathError",
     "StoreReadOnlyError",
+    "ThreadSafeProducer",
 ]

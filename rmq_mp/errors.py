@@ -121,3 +121,16 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """An argument of the wrong type (a str body, a float queue id, a None topic), where Java's
     signatures would not compile: raised by every public call, sends included, before anything
     is read or written, naming the argument and the type it needs."""
+
+
+class SendRefusedError(StoreError):
+    """`SendResult.raise_for_status` / `SendBatchResult.raise_for_status`: a send was not ok
+    (its PutMessageStatus is not PUT_OK). ``status`` and ``reason`` say why; ``stored`` whether
+    the message is in the log all the same (FLUSH_DISK_TIMEOUT and the like: retrying it stores
+    it twice)."""
+
+    def __init__(self, message: str, status: object, reason: str, stored: bool) -> None:
+        super().__init__(message)
+        self.status = status
+        self.reason = reason
+        self.stored = stored

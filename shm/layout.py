@@ -292,6 +292,12 @@ def lock_owner(word: int) -> int:
     return word & LOCK_OWNER_MASK
 
 
+# Slots 448..463: process identity.
+SUPERVISOR_START_MS = _f(
+    "supervisor_start_ms", 448, S,
+    doc="the supervisor's process start time (psutil): with supervisor_pid, who it is; a reused pid is not it",
+)  # fmt: skip
+
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 
 POOL_BASE = 64

@@ -6,8 +6,9 @@ Every process opens the table with its `Role`; `set` refuses a field this role d
 
 from __future__ import annotations
 
-import os
 import time
+
+import psutil
 
 from shm import layout
 from shm.layout import Field, Role
@@ -108,16 +109,30 @@ class PointerTable:
         self.segment.close()
 
 
-def pid_alive(pid: int) -> bool:
-    """Whether a process exists (a zombie counts as dead)."""
+def process_start_ms(pid: int) -> int:
+    """The start time of process ``pid`` in ms since the epoch (psutil's create_time), 0 when
+    there is no such process: recorded beside a pid, it tells that process from a later one the
+    kernel gave the same pid."""
+    if pid <= 0:
+        return 0
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
+        return int(psutil.Process(pid).create_time() * 1000)
+    except (psutil.NoSuchProcess, psutil.AccessDenied):
+        return 0
+
+
+def pid_alive(pid: int, start_ms: int = 0) -> bool:
+    """Whether a process exists (a zombie counts as dead) and, when its ``start_ms`` was
+    recorded (`process_start_ms`), is still that process: a pid reused by another process is
+    dead to its old holder's readers (/proc parsing alone took it for alive)."""
+    if pid <= 0:
         return False
-    except PermissionError:
+    try:
+        process = psutil.Process(pid)
+        if start_ms and int(process.create_time() * 1000) != start_ms:
+            return False
+        return process.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+    except psutil.AccessDenied:  # another user's process: it exists
         return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            return f.read().split(b") ", 1)[1][:1] != b"Z"
-    except (FileNotFoundError, IndexError):
-        return False

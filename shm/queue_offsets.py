@@ -29,12 +29,15 @@ Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
       0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
      16  committed_offset      the consumer that commits (any writer of the group's queue); -1 set
                                by a clustering member that claimed a queue the group never
-                               committed (the entry then holds only its owner: not persisted)
+                               committed (the entry then holds only its owner: not persisted);
+                               `DELETED` (-2) set by rmq-admin deleteSubGroup under the flags lock
+                               (not persisted, not shown; a later commit revives it)
      24  key_length            as ``used``
      32  owner                 clustering members of the group, under the flags lock: 0 free, else
                                `owner_word` (pid, member slot) of the one member reading the queue
                                (rmq_mp/client/rebalance.py); a claimer takes it only when free or when its
-                               owner's pid is dead; the supervisor's fresh table starts it at 0
+                               owner's pid is dead; the supervisor's fresh table starts it at 0;
+                               rmq-admin deleteSubGroup clears it with the entry
      40  topic@group           UTF-8, <= 127 + 1 + 255 bytes (test_shared_tables checks the longest fits)
 Before the slots, the header (capacity; entries used, by the inserter under the table's lock)
 and the directory of used slots in insertion order (the same writer, before it counts the
@@ -60,6 +63,9 @@ NEXT_OFFSET, DISPATCHED, MIN_OFFSET, LAST_STORE_TS = 16, 24, 32, 40
 DISPATCH_ERROR = 56
 COMMITTED = 16
 """In the group-offset table, the field holding the group's committed (next) offset."""
+DELETED = -2
+"""A committed offset rmq-admin deleted (deleteSubGroup): no offset, and no entry
+to persist or report; the slot is freed at the store's next start."""
 OWNER = 32
 """In the group-offset table, the clustering owner of the queue (0: none): `owner_word`."""
 

@@ -10,7 +10,7 @@ its own layer and those below, never above:
     3  rmq_mp.store                      the store directory's files, dispatch, recovery
     4  rmq_mp.put                        a producer appends to a running store
     5  rmq_mp.client                     consumers of a running store
-    6  rmq_mp.tools, rmq_mp.spark        operators' and Spark's entry points
+    6  rmq_mp.tools, rmq_mp.spark, aio  operators', Spark's and asyncio's entry points
     7  workers, run, bench               processes
 """
 
@@ -39,7 +39,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("rmq_mp.store",),
     ("rmq_mp.put",),
     ("rmq_mp.client",),
-    ("rmq_mp.tools", "rmq_mp.spark"),
+    ("rmq_mp.tools", "rmq_mp.spark", "rmq_mp.aio"),
     ("workers", "run", "bench"),
 )
 

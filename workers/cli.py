@@ -312,8 +312,8 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     """SIGTERM the store's supervisor and wait for it to finish its clean shutdown; if it is
     already dead, clean up what it left."""
     names, table = attach_table(config, conf)
-    pid = table.get(layout.SUPERVISOR_PID)
-    if not pid or not pid_alive(pid):
+    pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
+    if not pid_alive(pid, start_ms):  # a pid another process took since is not our supervisor
         table.close()
         return clean_after_dead_supervisor(config, names)
     found = lock_findings(table)
@@ -323,7 +323,7 @@ def stop(config: MessageStoreConfig, timeout_s: float = 60.0, conf: Path | None 
     except ProcessLookupError:  # it died between the check and the signal
         return clean_after_dead_supervisor(config, names)
     deadline = time.monotonic() + timeout_s
-    while pid_alive(pid):
+    while pid_alive(pid, start_ms):
         if time.monotonic() > deadline:
             print(f"{PROG}: supervisor {pid} still running after {timeout_s:.0f} s", file=sys.stderr)
             return 1
@@ -384,10 +384,10 @@ def reload_store(config: MessageStoreConfig, conf: Path | None = None, timeout_s
 def status(config: MessageStoreConfig, args: argparse.Namespace) -> int:
     _names, table = attach_table(config, args.conf)
     try:
-        pid = table.get(layout.SUPERVISOR_PID)
+        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
     finally:
         table.close()
-    if not pid or not pid_alive(pid):
+    if not pid_alive(pid, start_ms):
         print(
             f"{PROG}: store {config.store_path_root_dir}: supervisor {pid} is gone, its shared memory "
             f"remains; `{PROG} stop` cleans it up, `{PROG} start` recovers the store",

@@ -55,7 +55,7 @@ from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.metrics import MetricsTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import PointerTable, now_ms, pid_alive
+from shm.pointer_table import PointerTable, now_ms, pid_alive, process_start_ms
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
@@ -89,7 +89,7 @@ def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:
         return 0
     saved = 0
     try:
-        if table.get(layout.SUPERVISOR_PID) and pid_alive(table.get(layout.SUPERVISOR_PID)):
+        if pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)):
             raise StoreLockedError(
                 f"store {config.store_path_root_dir} is already running (supervisor pid {table.get(layout.SUPERVISOR_PID)})"
             )
@@ -294,6 +294,7 @@ class Supervisor:
         self.metrics = MetricsTable.create(self.names.metrics, t.get(layout.GENERATION), cfg.max_producer_num)
         self.consume_counts = ConsumeCounts.create(self.names.consume_counts, shm.queues.slots)
         t.set(layout.SUPERVISOR_PID, os.getpid())
+        t.set(layout.SUPERVISOR_START_MS, process_start_ms(os.getpid()))
         t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
         t.set(layout.FILE_SIZE, cfg.mapped_file_size_commit_log)
         t.set(layout.PUT_LOCK_KIND, native.store_lock_kind())
@@ -487,10 +488,15 @@ class Supervisor:
         assert self.offsets is not None
         self.last_persist = time.monotonic()
         table: dict[str, dict[int, int]] = {}
-        for key, queue_id, slot in self.shm.groups.queues():
-            committed = self.shm.groups.get(slot, qo.COMMITTED)
-            if committed >= 0:  # -1: a queue a group member holds but never committed
-                table.setdefault(key, {})[queue_id] = committed
+        try:  # a snapshot rmq-admin's deleteSubGroup never splits (flags lock)
+            with self.shm.flags_lock("persist consumerOffset.json"):
+                for key, queue_id, slot in self.shm.groups.queues():
+                    committed = self.shm.groups.get(slot, qo.COMMITTED)
+                    if committed >= 0:  # -1: held, never committed; -2 (DELETED): deleted
+                        table.setdefault(key, {})[queue_id] = committed
+        except ShmAttachError as exc:
+            log.warning("%s; postponed", exc)
+            return False
         ok = True
         if table != self.offsets.table:
             previous, self.offsets.table = self.offsets.table, table

@@ -19,12 +19,13 @@ the group's rebalancing (RocketMQ's pull/assign consumer).
 from __future__ import annotations
 
 import contextlib
+import enum
 import itertools
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 
 from rmq_mp import validators as v
@@ -38,8 +39,10 @@ from rmq_mp.errors import (
     StoreError,
     StoreNotRunningError,
 )
-from rmq_mp.format.message import MessageExt
+from rmq_mp.format.message import RETRY_GROUP_TOPIC_PREFIX, MessageExt
+from rmq_mp.format.queue_entry import PRE_BLANK_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
+from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.message_store import offset_status, read_queue
@@ -87,6 +90,34 @@ def parse_tag_expression(expression: str) -> frozenset[str] | None:
     return frozenset(t.strip() for t in expression.split("||") if t.strip())
 
 
+class ConsumeFromWhere(enum.Enum):
+    """RocketMQ's ConsumeFromWhere: where a queue starts for a group that never committed an
+    offset for it (a committed offset always wins). FIRST: the queue's first message. LAST: the
+    queue's end when the member first reads it (what is sent from then on), except on a retry
+    topic (from its start). TIMESTAMP: the message stored nearest ``consume_timestamp_ms``
+    (`Consumer.search_offset`), except on a retry topic (its end). As RebalancePushImpl's
+    computePullFromWhere; rmq-mp's default stays FIRST (RocketMQ's is LAST), as before.
+
+    Deviation: RocketMQ 4.9's broker answers a new group's offset query with 0 while the queue's
+    minimum is 0 and its first message is still within memory (ConsumerManageProcessor,
+    checkInDiskByConsumeOffset), so LAST reads a young queue from its start there; rmq-mp keeps
+    the client's rule alone: LAST means what is sent from now on."""
+
+    CONSUME_FROM_LAST_OFFSET = "CONSUME_FROM_LAST_OFFSET"
+    CONSUME_FROM_FIRST_OFFSET = "CONSUME_FROM_FIRST_OFFSET"
+    CONSUME_FROM_TIMESTAMP = "CONSUME_FROM_TIMESTAMP"
+
+
+CONSUME_TIMESTAMP_AGO_MS = 30 * 60 * 1000
+"""RocketMQ's default consumeTimestamp: half an hour before the consumer was made."""
+
+
+class QueueNotAssignedError(StoreError):
+    """A seek or position of a queue this member does not read now (RocketMQ's lite pull
+    consumer: "The message queue is not in assigned list, may be rebalancing"; Kafka's
+    IllegalStateException): under CLUSTERING only the queues in `Consumer.assignment`."""
+
+
 @dataclass
 class Subscription:
     topic: str
@@ -125,8 +156,14 @@ class Consumer:
     def __init__(
         self, store: RunningStore, group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
         client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_timestamp_ms: int | None = None,
     ) -> None:  # fmt: skip
         v.check_group(group)
+        self.consume_from_where, self.consume_timestamp_ms = check_consume_from_where(
+            consume_from_where, consume_timestamp_ms
+        )
+        self._paused: set[tuple[str, int]] = set()
         if not isinstance(message_model, MessageModel):
             raise InvalidArgumentTypeError(
                 f"message_model must be a MessageModel, not {type(message_model).__name__}"
@@ -193,6 +230,8 @@ class Consumer:
         cls, name: str | os.PathLike[str], group: str, *, message_model: MessageModel = MessageModel.CLUSTERING,
         client_id: str | None = None, rebalance_interval_ms: int = REBALANCE_INTERVAL_MS,
         start_timeout_s: float = START_TIMEOUT_S,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_timestamp_ms: int | None = None,
     ) -> Consumer:  # fmt: skip
         """Attach to the running store ``name`` (shm name or store directory) as ``group``, a
         name `Validators.checkGroup` accepts (checked first: a refused group attaches nothing).
@@ -212,7 +251,8 @@ class Consumer:
         try:
             return cls(
                 store, group, message_model=message_model, client_id=client_id,
-                rebalance_interval_ms=rebalance_interval_ms,
+                rebalance_interval_ms=rebalance_interval_ms, consume_from_where=consume_from_where,
+                consume_timestamp_ms=consume_timestamp_ms,
             )  # fmt: skip
         except InvalidArgumentError:
             store.close()
@@ -225,7 +265,7 @@ class Consumer:
         table = self.store.table
         if table.get(layout.STATE) != layout.RUNNING or (
             now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
-            and not pid_alive(table.get(layout.SUPERVISOR_PID))
+            and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
         ):
             self._reattach()
 
@@ -560,6 +600,202 @@ class Consumer:
             return topic in self.subscriptions
         return queue_id in self.rebalance.owned.get(topic, {})
 
+    # ------------------------------------------------------------------ positions
+
+    def _start_offset(self, topic: str, queue_id: int) -> int:
+        """Where a queue the group never committed starts (`ConsumeFromWhere`)."""
+        where = self.consume_from_where
+        if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+            return 0
+        retry = topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
+        end = self._offsets(topic, queue_id)[2]
+        if where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
+            return 0 if retry else end
+        return end if retry else self.search_offset(topic, queue_id, self.consume_timestamp_ms)
+
+    def min_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's first offset still stored (MQAdmin.minOffset; 0 for an unknown queue)."""
+        topic, queue_id = v.check_topic(topic), v.check_queue_id(queue_id)
+        self._check_running()
+        return self._offsets(topic, queue_id)[1]
+
+    def max_offset(self, topic: str, queue_id: int) -> int:
+        """The queue's end: one past its last dispatched message, what a pull can reach
+        (MQAdmin.maxOffset; 0 for an unknown queue)."""
+        topic, queue_id = v.check_topic(topic), v.check_queue_id(queue_id)
+        self._check_running()
+        return self._offsets(topic, queue_id)[2]
+
+    def _queues_or_assignment(self, queues: Iterable[tuple[str, int]] | None) -> list[tuple[str, int]]:
+        if queues is None:
+            return [(t, q) for t, ids in self.assignment().items() for q in ids]
+        return [_queue_key(key) for key in queues]
+
+    def beginning_offsets(
+        self, queues: Iterable[tuple[str, int]] | None = None
+    ) -> dict[tuple[str, int], int]:
+        """`min_offset` of each ``(topic, queue_id)`` (default: the queues this member reads)."""
+        return {(t, q): self.min_offset(t, q) for t, q in self._queues_or_assignment(queues)}
+
+    def end_offsets(self, queues: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        """`max_offset` of each ``(topic, queue_id)`` (default: the queues this member reads):
+        Kafka's end_offsets."""
+        return {(t, q): self.max_offset(t, q) for t, q in self._queues_or_assignment(queues)}
+
+    def _timed_search(self, topic: str, queue_id: int, timestamp_ms: int, nearest: bool) -> int | None:
+        """`search_offset` (``nearest``) or `offsets_for_times`' search, over the files as they
+        are, each read under a hold (the cleaner may delete a file under it: read again)."""
+        for attempt in range(READ_ATTEMPTS):
+            slot, low, high = self._offsets(topic, queue_id)
+            if slot < 0 or low >= high:
+                return 0 if nearest else None
+            try:
+                cq = self._queue_view(topic, queue_id, low, high)
+                first = cq.get_entry(low)
+                with self.hold_from(first[0] if first else -1):
+                    self.store.sync_log(keep_from=min(self._holds, default=-1))
+                    log = self.store.commit_log
+                    if nearest:
+                        return cq.offset_in_queue_by_time(timestamp_ms, log)
+
+                    return _first_at_or_after(cq, log, low, high, timestamp_ms)
+            except FileNotFoundError:
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
+
+    def search_offset(self, topic: str, queue_id: int, timestamp_ms: int) -> int:
+        """RocketMQ's MQAdmin.searchOffset (the store's getOffsetInQueueByTime): the offset of
+        the message stored nearest ``timestamp_ms`` (ms since the epoch; the later of two equally
+        near), 0 for an empty queue. CONSUME_FROM_TIMESTAMP starts there."""
+        topic, queue_id = v.check_topic(topic), v.check_queue_id(queue_id)
+        timestamp_ms = v.check_offset(timestamp_ms, "timestamp_ms")
+        self._check_running()
+        found = self._timed_search(topic, queue_id, timestamp_ms, nearest=True)
+        assert found is not None
+        return found
+
+    def offsets_for_times(
+        self, timestamps: Mapping[tuple[str, int], int]
+    ) -> dict[tuple[str, int], int | None]:
+        """Kafka's offsets_for_times: for each ``(topic, queue_id): timestamp_ms``, the first
+        offset whose message was stored at or after that time, None where every stored message
+        is older (or the queue is empty)."""
+        if not isinstance(timestamps, Mapping):
+            raise InvalidArgumentTypeError(
+                f"offsets_for_times takes a dict of (topic, queue_id) to ms, not {type(timestamps).__name__}"
+            )
+        checked = {_queue_key(k): v.check_offset(t, f"timestamp of {k!r}") for k, t in timestamps.items()}
+        self._check_running()
+        return {key: self._timed_search(key[0], key[1], t, nearest=False) for key, t in checked.items()}
+
+    def _read_queue_key(self, topic: object, queue_id: object) -> tuple[Subscription, int]:
+        """A queue this member reads now (`assignment`), or `QueueNotAssignedError`."""
+        topic = v.check_topic(topic, with_offsets=True)
+        queue_id = v.check_queue_id(queue_id)
+        sub = self.subscriptions.get(topic)
+        if sub is None or queue_id not in self.assignment().get(topic, []):
+            raise QueueNotAssignedError(
+                f"{topic!r} queue {queue_id} is not among the queues this member reads now "
+                f"({self.assignment()}): subscribe first, and under CLUSTERING wait for a poll "
+                f"to claim it (or the group gave it to another member)"
+            )
+        return sub, queue_id
+
+    def position(self, topic: str, queue_id: int) -> int:
+        """The offset the next `poll` reads from this queue (Kafka's position): after a `seek`
+        the offset sought, else where polls got to, else the group's committed offset, else
+        where `consume_from_where` starts it. The queue must be one this member reads."""
+        sub, queue_id = self._read_queue_key(topic, queue_id)
+        with self._lock:
+            offset = sub.next_offsets.get(queue_id)
+            if offset is not None:
+                return offset
+            start = self._start_offset(sub.topic, queue_id)
+            if self.consume_from_where is not ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+                sub.next_offsets[queue_id] = start  # what the next poll reads, as reported
+            return start
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> None:
+        """The next `poll` reads this queue from ``offset`` (RocketMQ's lite pull consumer
+        seek; Kafka's seek). Nothing is committed until `commit`. The queue must be one this
+        member reads now (`QueueNotAssignedError`), the offset within its stored range
+        ``min_offset..max_offset`` (`InvalidArgumentError`, as RocketMQ's "Seek offset
+        illegal"). A rebalance that takes the queue away drops the seek with it."""
+        sub, queue_id = self._read_queue_key(topic, queue_id)
+        offset = v.check_offset(offset, "offset")
+        self._check_running()
+        _slot, low, high = self._offsets(sub.topic, queue_id)
+        if not low <= offset <= high:
+            raise InvalidArgumentError(
+                f"seek offset {offset} of {sub.topic!r} queue {queue_id} is outside its stored "
+                f"range {low}..{high}"
+            )
+        with self._lock:
+            sub.next_offsets[queue_id] = offset
+
+    def _sought_queues(self, topic: str, queue_id: int | None) -> list[int]:
+        if queue_id is not None:
+            return [self._read_queue_key(topic, queue_id)[1]]
+        if v.check_topic(topic, with_offsets=True) not in self.subscriptions:
+            raise QueueNotAssignedError(f"topic {topic!r} is not subscribed")
+        return self.assignment().get(topic, [])
+
+    def seek_to_begin(self, topic: str, queue_id: int | None = None) -> None:
+        """`seek` the queue (default: every queue of ``topic`` this member reads) to its
+        `min_offset` (RocketMQ's seekToBegin; Kafka's seek_to_beginning)."""
+        for q in self._sought_queues(topic, queue_id):
+            self.seek(topic, q, self.min_offset(topic, q))
+
+    seek_to_beginning = seek_to_begin
+
+    def seek_to_end(self, topic: str, queue_id: int | None = None) -> None:
+        """`seek` to the queue's `max_offset`: only what is sent from now on is read."""
+        for q in self._sought_queues(topic, queue_id):
+            self.seek(topic, q, self.max_offset(topic, q))
+
+    def seek_to_time(self, topic: str, timestamp_ms: int, queue_id: int | None = None) -> None:
+        """`seek` to the first message stored at or after ``timestamp_ms`` (ms since the
+        epoch; `offsets_for_times`), or to the end where every message is older: replaying from
+        a time without stopping the group (no `resetOffsetByTime`)."""
+        timestamp_ms = v.check_offset(timestamp_ms, "timestamp_ms")
+        queues = self._sought_queues(topic, queue_id)
+        found = self.offsets_for_times({(topic, q): timestamp_ms for q in queues})
+        for q in queues:
+            offset = found[(topic, q)]
+            self.seek(topic, q, self.max_offset(topic, q) if offset is None else offset)
+
+    def lag(self, queues: Iterable[tuple[str, int]] | None = None) -> dict[tuple[str, int], int]:
+        """Messages not yet read by this member, per queue (default: the queues it reads):
+        `max_offset` less `position` (Kafka's consumer lag; rmq-admin consumerProgress gives the
+        group's, from the committed offsets)."""
+        out = {}
+        for t, q in self._queues_or_assignment(queues):
+            out[(t, q)] = max(0, self.max_offset(t, q) - self.position(t, q))
+        return out
+
+    def pause(self, queues: Iterable[tuple[str, int]]) -> None:
+        """`poll` reads nothing from these ``(topic, queue_id)`` until `resume` (RocketMQ's lite
+        pull and Kafka's pause). A paused queue stays this member's: under CLUSTERING nobody
+        else reads it meanwhile. Any queue may be named, held or not (a rebalance keeps the
+        pause)."""
+        keys = [_queue_key(key) for key in queues]
+        with self._lock:
+            self._paused.update(keys)
+
+    def resume(self, queues: Iterable[tuple[str, int]] | None = None) -> None:
+        """Undo `pause` for these queues (default: all)."""
+        with self._lock:
+            if queues is None:
+                self._paused.clear()
+            else:
+                self._paused.difference_update(_queue_key(key) for key in queues)
+
+    def paused(self) -> set[tuple[str, int]]:
+        """The queues `pause` holds back (Kafka's paused)."""
+        with self._lock:
+            return set(self._paused)
+
     def _topic_queues(self, topic: str) -> list[int]:
         return [queue_id for queue_id, _slot in self.queues.queues_of(topic)]
 
@@ -650,7 +886,13 @@ class Consumer:
             pairs = self._polled_queues()
             start = self._rr % len(pairs) if pairs else 0
             for sub, queue_id in pairs[start:] + pairs[:start]:
-                offset = sub.next_offsets.get(queue_id, 0)
+                if (sub.topic, queue_id) in self._paused:
+                    continue
+                offset = sub.next_offsets.get(queue_id)
+                if offset is None:  # never committed, no start given: consume_from_where
+                    offset = self._start_offset(sub.topic, queue_id)
+                    if self.consume_from_where is not ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
+                        sub.next_offsets[queue_id] = offset  # the end or a time: fixed once read
                 result = self._read(sub.topic, queue_id, offset, max_msgs - len(batch), sub.tags)
                 if result.status in (GetMessageStatus.FOUND, GetMessageStatus.NO_MATCHED_MESSAGE,
                                      GetMessageStatus.OFFSET_TOO_SMALL, GetMessageStatus.OFFSET_OVERFLOW_BADLY,
@@ -770,6 +1012,48 @@ def _queue_offsets(offsets: object, what: str) -> dict[int, int]:
         v.check_queue_id(queue_id, f"{what} queue id"): v.check_offset(offset, f"{what}[{queue_id!r}]")
         for queue_id, offset in offsets.items()
     }
+
+
+def _first_at_or_after(
+    cq: ConsumeQueue, log: CommitLog, low: int, high: int, timestamp_ms: int
+) -> int | None:
+    """The first offset in ``[low, high)`` whose message was stored at or after ``timestamp_ms``
+    (store times grow along a queue), None when none was; an entry whose record is gone counts
+    as older."""
+
+    def time_at(offset: int) -> int:
+        entry = cq.get_entry(offset)
+        if entry is None or not 0 < entry[1] < PRE_BLANK_SIZE:
+            return -1
+        return log.store_timestamp_at(entry[0], entry[1])
+
+    if time_at(high - 1) < timestamp_ms:
+        return None
+    while low < high:
+        mid = (low + high) // 2
+        if time_at(mid) >= timestamp_ms:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def _queue_key(key: object) -> tuple[str, int]:
+    """A ``(topic, queue_id)`` argument, checked."""
+    if not isinstance(key, tuple) or len(key) != 2:
+        raise InvalidArgumentTypeError(f"a queue is a (topic, queue_id) pair, not {key!r}")
+    return v.check_topic(key[0], with_offsets=True), v.check_queue_id(key[1])
+
+
+def check_consume_from_where(where: object, timestamp_ms: object) -> tuple[ConsumeFromWhere, int]:
+    """``consume_from_where`` and ``consume_timestamp_ms`` (None: half an hour ago), checked."""
+    if not isinstance(where, ConsumeFromWhere):
+        raise InvalidArgumentTypeError(
+            f"consume_from_where must be a ConsumeFromWhere, not {type(where).__name__}"
+        )
+    if timestamp_ms is None:
+        return where, max(0, int(time.time() * 1000) - CONSUME_TIMESTAMP_AGO_MS)
+    return where, v.check_offset(timestamp_ms, "consume_timestamp_ms")
 
 
 def _commit_offsets(offsets: object) -> dict[tuple[str, int], int]:

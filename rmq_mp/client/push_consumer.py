@@ -40,13 +40,18 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Sequence
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
 from rmq_mp import validators as v
 from rmq_mp.client import send_back
-from rmq_mp.client.consumer import Consumer, parse_tag_expression
+from rmq_mp.client.consumer import (
+    ConsumeFromWhere,
+    Consumer,
+    check_consume_from_where,
+    parse_tag_expression,
+)
 from rmq_mp.client.process_queue import MessageQueue, ProcessQueue
 from rmq_mp.client.rebalance import REBALANCE_INTERVAL_MS, MessageModel
 from rmq_mp.config.topics import is_dlq_topic
@@ -137,8 +142,15 @@ class PushConsumer:
         suspend_current_queue_time_ms: int = 1000,
         persist_consumer_offset_interval_ms: int = 5000,
         start_timeout_s: float = START_TIMEOUT_S,
+        consume_from_where: ConsumeFromWhere = ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET,
+        consume_timestamp_ms: int | None = None,
     ) -> None:
         self.store = store
+        self.consume_from_where, self.consume_timestamp_ms = check_consume_from_where(
+            consume_from_where, consume_timestamp_ms
+        )
+        self._suspended = threading.Event()
+        """`suspend`: the pull thread pulls nothing (in-flight messages are still consumed)."""
         self.group = v.check_group(group)
         if not isinstance(message_model, MessageModel):
             raise InvalidArgumentTypeError(
@@ -233,6 +245,7 @@ class PushConsumer:
         consumer = Consumer.attach(
             self.store, self.group, message_model=self.message_model, client_id=self.client_id,
             rebalance_interval_ms=self.rebalance_interval_ms, start_timeout_s=self.start_timeout_s,
+            consume_from_where=self.consume_from_where, consume_timestamp_ms=self.consume_timestamp_ms,
         )  # fmt: skip
         try:
             producer = Producer.attach(self.store, start_timeout_s=self.start_timeout_s)
@@ -294,6 +307,75 @@ class PushConsumer:
         """What this consumer committed last, by queue (for operators and tests)."""
         return dict(self._committed)
 
+    # ------------------------------------------------------------------ positions
+
+    def suspend(self) -> None:
+        """Stop pulling (RocketMQ's DefaultMQPushConsumer.suspend): messages already fetched are
+        still consumed and committed; this member keeps its queues (under CLUSTERING nobody
+        else reads them meanwhile). Callable from any thread, a listener's included."""
+        self._suspended.set()
+
+    def resume(self) -> None:
+        """Pull again after `suspend`."""
+        self._suspended.clear()
+        self._wake.set()
+
+    pause = suspend
+    """Kafka's name (for the whole consumer: `Consumer.pause` takes queues)."""
+
+    @property
+    def suspended(self) -> bool:
+        return self._suspended.is_set()
+
+    def seek(self, topic: str, queue_id: int, offset: int) -> Future[None]:
+        """Consume this queue from ``offset`` on: done by the pull thread at its next turn (the
+        returned future says when, or raises what `Consumer.seek` refused: the queue must be one
+        this member holds, the offset within the queue's range). Messages of the queue still in
+        flight are dropped (their results ignored) and the offset is committed at once, so a
+        restart resumes there too. RocketMQ's push consumer has no seek (an operator's
+        resetOffset does this); this is its client-side form."""
+        self._require(ServiceState.RUNNING, "seek")
+        done: Future[None] = Future()
+
+        def apply() -> None:
+            try:
+                consumer = self._consumer
+                assert consumer is not None
+                consumer.seek(topic, queue_id, offset)
+                mq = MessageQueue(topic, queue_id)
+                pq = self._pqs.pop(mq, None)
+                if pq is not None:
+                    pq.dropped = True
+                consumer.commit({(topic, queue_id): offset})
+                self._committed[mq] = offset
+            except BaseException as exc:
+                done.set_exception(exc)
+            else:
+                done.set_result(None)
+
+        self._later_run(0.0, apply)
+        return done
+
+    def end_offsets(self) -> dict[MessageQueue, int]:
+        """Each queue this member holds: one past its last dispatched message (none unless
+        running)."""
+        consumer = self._consumer
+        if consumer is None or self.state is not ServiceState.RUNNING:
+            return {}
+        return {mq: consumer._offsets(mq.topic, mq.queue_id)[2] for mq in list(self._pqs)}
+
+    def lag(self) -> dict[MessageQueue, int]:
+        """Messages not yet consumed, per queue this member holds: the queue's end less its
+        lowest offset still in flight (what a restart would consume again from); none unless
+        running."""
+        consumer = self._consumer
+        if consumer is None or self.state is not ServiceState.RUNNING:
+            return {}
+        return {
+            mq: max(0, consumer._offsets(mq.topic, mq.queue_id)[2] - pq.commit_offset())
+            for mq, pq in list(self._pqs.items())
+        }
+
     # ------------------------------------------------------------------ pull thread
 
     def _run(self) -> None:
@@ -302,6 +384,9 @@ class PushConsumer:
         while not self._stop.is_set():
             try:
                 self._housekeeping()
+                if self._suspended.is_set():
+                    self._wait_resumed()
+                    continue
                 if self._in_flight() >= self.pull_threshold_for_queue * max(1, len(self._pqs)):
                     self._wake.wait(POLL_WAIT_S)  # flow control: consume threads set it as they finish
                     self._wake.clear()
@@ -315,6 +400,11 @@ class PushConsumer:
                 log.exception("consumer group %s: pull thread stopped", self.group)
                 self.failure = exc
                 return
+
+    def _wait_resumed(self) -> None:
+        """Suspended: wait for `resume` (or a due retry, a persist, a stop) instead of pulling."""
+        self._wake.wait(POLL_WAIT_S)
+        self._wake.clear()
 
     def _poll_wait_s(self) -> float:
         with self._later_lock:

@@ -139,7 +139,10 @@ _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
 
 
 class Producer:
-    """Attach with `Producer.attach(name)`; one instance per process (not thread-safe).
+    """Attach with `Producer.attach(name)`. One thread sends through an instance at a time: a
+    process may hold several (one per thread), and threads share one through
+    `rmq_mp.put.locked.ThreadSafeProducer` (why: that module). A refused send is a result, not
+    an exception: `SendResult.raise_for_status` makes it one.
 
     A producer outlives a restart of its store: a send that finds its store stopping, stopped,
     fenced (`rmq_mp.put.fence`) or its supervisor dead looks whether a newer start of the store runs under the same shm name

@@ -13,6 +13,7 @@ from typing import overload
 
 import numpy as np
 
+from rmq_mp.errors import SendRefusedError
 from rmq_mp.format.message_batch import EncodedRun, Placement
 from rmq_mp.outcomes import PutMessageStatus
 
@@ -42,6 +43,17 @@ class SendResult:
     def stored(self) -> bool:
         """`PutMessageStatus.stored`: in the log, maybe not flushed (FLUSH_DISK_TIMEOUT...)."""
         return self.status.stored
+
+    def raise_for_status(self) -> SendResult:
+        """This result if ok, else `SendRefusedError` with its status and reason: a refused send
+        that cannot be dropped silently (``producer.send(...).raise_for_status()``)."""
+        if self.status is not _PUT_OK:
+            what = "stored, but not acknowledged" if self.status.stored else "not stored"
+            raise SendRefusedError(
+                f"send {what}: {self.status.name}{': ' + self.reason if self.reason else ''}",
+                self.status, self.reason, self.status.stored,
+            )  # fmt: skip
+        return self
 
     @property
     def msg_id(self) -> str:
@@ -82,6 +94,19 @@ class SendBatchResult(Sequence[SendResult]):
     def ok(self) -> bool:
         """Every message is ok (`PutMessageStatus.ok`: PUT_OK; under SYNC_FLUSH, flushed)."""
         return self.failures == 0
+
+    def raise_for_status(self) -> SendBatchResult:
+        """This result if every message is ok, else `SendRefusedError` for the first that is
+        not (the message names how many failed; the rest of the result stays readable)."""
+        if self.failures:
+            first = next(r for r in self if r.status is not _PUT_OK)
+            what = "stored, but not acknowledged" if first.status.stored else "not stored"
+            raise SendRefusedError(
+                f"{self.failures} of {self._count} messages not ok; the first {what}: "
+                f"{first.status.name}{': ' + first.reason if first.reason else ''}",
+                first.status, first.reason, first.status.stored,
+            )  # fmt: skip
+        return self
 
     def __len__(self) -> int:
         return self._count

@@ -15,6 +15,13 @@
     rmq-admin sendMessage      -t T -p TEXT|--body-file F [-k K] [-c TAGS] [--count N]   (running store)
     rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
+    rmq-admin deleteSubGroup   -g G [--force]                        a group's offsets; refused while a member is attached
+    rmq-admin skipAccumulatedMessage -g G -t T                       a group's offsets to the queues' ends
+    rmq-admin cloneGroupOffset -s SRC -d DEST -t T                   copy a group's offsets
+    rmq-admin printMsgByQueue  -t T -i QUEUE [-b MS] [-e MS] [-s TAGS] [-d]
+    rmq-admin queryMsgByUniqueKey -i UNIQ_KEY -t T
+    rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
+    (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
 Each takes ``--store DIR`` (a store directory, opened read-only: safe on a crashed or copied
@@ -101,10 +108,15 @@ def run(args: argparse.Namespace) -> int:
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
 
+    from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS
 
+    if args.command == "consumeMessage" and args.group is None:
+        return admin_groups.peek_messages(args)  # mqadmin's peek: no group, nothing committed
     if args.command in COMMANDS:
         return COMMANDS[args.command](args)
+    if args.command in admin_groups.COMMANDS:
+        return admin_groups.COMMANDS[args.command](args)
     with open_store(args) as store:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
@@ -172,13 +184,18 @@ def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> in
                 )
             )
         return 0
-    width = max([len("Topic"), *(len(q.topic) for q in rows)])
-    print(f"{'Topic':<{width}}  {'QueueId':>7}  {'MinOffset':>10}  {'MaxOffset':>10}  LastUpdate")
-    for q in rows:
-        print(
-            f"{q.topic:<{width}}  {q.queue_id:>7}  {q.min_offset:>10}  {q.max_offset:>10}  "
-            f"{iso(q.last_update_timestamp)}"
-        )
+    from rmq_mp.tools.admin_ops import emit
+
+    emit(
+        [
+            {"topic": q.topic, "queueId": q.queue_id, "minOffset": q.min_offset, "maxOffset": q.max_offset,
+             "lastUpdate": iso(q.last_update_timestamp)}
+            for q in rows
+        ],
+        as_json=False,
+        columns={"topic": "Topic", "queueId": "QueueId", "minOffset": "MinOffset", "maxOffset": "MaxOffset",
+                 "lastUpdate": "LastUpdate"},
+    )  # fmt: skip
     return 0
 
 
@@ -243,14 +260,30 @@ def build_parser() -> argparse.ArgumentParser:
         help="running store: let the cleaner delete expired commit-log files now, whatever the hour",
     )
     p.add_argument("--wait", type=float, default=30.0, help="seconds to wait for the cleaner's run")
+    from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import add_parsers
 
     add_parsers(sub, common)
+    admin_groups.add_peek_arguments(sub.choices["consumeMessage"])
+    admin_groups.add_parsers(sub, common)
     return parser
 
 
+def canonical_command(parser: argparse.ArgumentParser, argv: list[str]) -> list[str]:
+    """mqadmin's command names are case-insensitive (``rmq-admin topiclist`` is topicList): the
+    first argument, when it names a subcommand in another case, in the parser's spelling."""
+    if not argv:
+        return argv
+    for action in parser._subparsers._group_actions if parser._subparsers else []:
+        if isinstance(action, argparse._SubParsersAction):
+            names = {name.lower(): name for name in action.choices}
+            return [names.get(argv[0].lower(), argv[0]), *argv[1:]]
+    return argv
+
+
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(canonical_command(parser, list(sys.argv[1:] if argv is None else argv)))
     file_modes.apply("none")  # until a store's config says otherwise (MessageStore.open)
     _utf8_stdout(machine=args.json)
     try:

@@ -11,6 +11,7 @@ back). Human tables by default, ``--json`` one object per line.
 from __future__ import annotations
 
 import argparse
+import io
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -47,20 +48,36 @@ FLAGS_LOCK_TIMEOUT_S = 5.0
 
 
 def emit(rows: list[dict[str, Any]], *, as_json: bool, columns: dict[str, str], footer: str = "") -> None:
-    """Rows as JSON lines, or as an aligned table with ``columns`` {key: heading}."""
+    """Rows as JSON lines, or as a rich table with ``columns`` {key: heading} (numbers to the
+    right; never wrapped or cut, whatever the terminal's width: a row stays one line to grep)."""
     if as_json:
         for row in rows:
             print(to_json_line(row))
         return
+    import sys
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
     cells = [[_cell(row[k]) for k in columns] for row in rows]
-    widths = [max([len(h), *(len(c[i]) for c in cells)]) for i, h in enumerate(columns.values())]
-    print("  ".join(h.ljust(w) for h, w in zip(columns.values(), widths, strict=True)).rstrip())
+    utf8 = (getattr(sys.stdout, "encoding", "") or "").lower().replace("-", "") == "utf8"
+    table = Table(
+        box=box.SIMPLE_HEAD if utf8 else box.ASCII2, pad_edge=False, show_edge=False, highlight=False
+    )  # (a locale that cannot spell the rule gets ASCII)
+    for i, heading in enumerate(columns.values()):
+        numeric = bool(cells) and all(_numeric(c[i]) or c[i] == "-" for c in cells)
+        table.add_column(heading, justify="right" if numeric else "left", no_wrap=True)
     for c in cells:
-        print(
-            "  ".join(
-                v.rjust(w) if _numeric(v) else v.ljust(w) for v, w in zip(c, widths, strict=True)
-            ).rstrip()
-        )
+        table.add_row(*c)
+    # Rendered into a string, printed here: rich never touches stdout (its own flush turns a
+    # closed pipe into SystemExit(1); rmq-admin's main ends quietly on one instead).
+    out = io.StringIO()
+    Console(file=out, width=1_000_000, color_system=None, highlight=False, emoji=False).print(
+        table, crop=False
+    )
+    for line in out.getvalue().splitlines():
+        print(line.rstrip())
     if footer:
         print(footer)
 
@@ -104,10 +121,10 @@ def _refuse_if_running(store: MessageStore) -> None:
     except StoreError:
         return
     try:
-        pid = table.get(layout.SUPERVISOR_PID)
+        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
     finally:
         table.close()
-    if pid and pid_alive(pid):
+    if pid_alive(pid, start_ms):
         raise StoreError(
             f"store is running (supervisor pid {pid}): use --name {names.base} to change it live"
         )
@@ -221,7 +238,10 @@ def consumer_progress(args: argparse.Namespace) -> int:
             shm = running.shm
             for key, queue_id, slot in shm.groups.queues():
                 topic, _, group = key.partition("@")
-                committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+                offset = shm.groups.get(slot, qo.COMMITTED)
+                if offset == qo.DELETED:  # deleteSubGroup
+                    continue
+                committed.setdefault((group, topic), {})[queue_id] = offset
                 clients[(group, topic, queue_id)] = _owner_client(running, shm.groups.get(slot, qo.OWNER))
             for topic, queue_id, slot in shm.queues.queues():
                 queues.setdefault(topic, {})[queue_id] = (
@@ -544,10 +564,15 @@ def send_message(args: argparse.Namespace) -> int:
 
 
 def consume_message(args: argparse.Namespace) -> int:
-    """mqadmin consumeMessage: long-poll up to ``--count`` messages of a topic for a group from
-    its committed offsets (0 for a new group), then commit how far it read."""
+    """mqadmin consumeMessage. With ``-g``: long-poll up to ``--count`` messages of a topic for
+    the group from its committed offsets (0 for a new group), then commit how far it read.
+    Without: mqadmin's peek by queue (``-i``) and offset (``-o``), no group, nothing committed
+    (`rmq_mp.tools.admin_groups.peek_messages`, which rmq-admin runs instead when no group is
+    given)."""
     from rmq_mp.client.consumer import Consumer
 
+    if args.queue is not None or args.offset is not None:
+        raise StoreError("consumeMessage: -i/-o peek without a group; drop -g, or drop -i/-o")
     _need_running(args, "consumeMessage")
     with Consumer.attach(args.name, args.group) as consumer:
         consumer.subscribe(args.topic, args.tags or "*")
@@ -791,9 +816,13 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     p.add_argument("--keys", "--key", "-k", dest="keys")
     p.add_argument("--tags", "-c")
     p.add_argument("--count", type=_queue_count, default=1, help="copies to send (1..1024)")
-    p = sub.add_parser("consumeMessage", parents=[common], help="read a topic as a consumer group, commit")
+    p = sub.add_parser(
+        "consumeMessage",
+        parents=[common],
+        help="peek by queue and offset; with -g, read as a group and commit",
+    )
     p.add_argument("--topic", "-t", required=True)
-    p.add_argument("--group", "-g", default="rmq-admin")
+    p.add_argument("--group", "-g", help="read as this group from its offsets, and commit (default: peek)")
     p.add_argument("--tags", help="tag expression, e.g. 'TagA || TagB'")
     p.add_argument(
         "--count", "--MessageNumber", "-c", type=positive_int, default=32, help="most messages to read"

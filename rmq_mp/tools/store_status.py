@@ -253,7 +253,9 @@ def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
     committed: dict[tuple[str, str], dict[int, int]] = {}
     for key, queue_id, slot in shm.groups.queues():
         topic, _, group = key.partition("@")
-        committed.setdefault((group, topic), {})[queue_id] = shm.groups.get(slot, qo.COMMITTED)
+        offset = shm.groups.get(slot, qo.COMMITTED)
+        if offset != qo.DELETED:
+            committed.setdefault((group, topic), {})[queue_id] = offset
     members = Counter(m.group for m in shm.members.members(pid_alive))
     rows = []
     for (group, topic), offsets in sorted(committed.items()):

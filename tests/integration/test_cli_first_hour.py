@@ -39,6 +39,14 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "sendMessage": ["-t", "Orders", "-p", "x"],
     "consumeMessage": ["-t", "Orders", "-g", "g1", "-c", "1", "--timeout", "0"],
     "deleteExpiredCommitLog": ["--wait", "5"],
+    "printMsgByQueue": ["-t", "Orders", "-i", "0"],
+    "queryMsgByUniqueKey": ["-t", "Orders", "-i", "0" * 32],
+    "getBrokerConfig": [],
+    "brokerStatus": [],
+    "statsAll": [],
+    "skipAccumulatedMessage": ["-g", "g2", "-t", "Orders"],
+    "cloneGroupOffset": ["-s", "g1", "-d", "g3", "-t", "Orders"],
+    "deleteSubGroup": ["-g", "g1"],  # after every command that needs g1
 }
 RUN_PY = ("start", "stop", "status", "demo")
 
@@ -173,6 +181,8 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService)
     for command, args in ADMIN_ARGS.items():
         if command == "queryMsgById":
             args = ["-i", msg_id_of(name, 0)]
+        if command == "queryMsgByUniqueKey":
+            args = ["-t", "Orders", "-i", uniq_key_of(name, 0)]
         result = closed_pipe([sys.executable, "-m", "rmq_mp.tools.admin", command, "-n", name, *args])
         assert result.returncode == 0, (command, result.stderr)
         assert result.stderr == b"", (command, result.stderr)
@@ -207,6 +217,11 @@ def test_demo_into_a_closed_pipe_still_runs_the_store(tmp_path: Path) -> None:
 def msg_id_of(name: str, queue_offset: int) -> str:
     result = admin_json("queryMsgByOffset", "-n", name, "-t", "Orders", "-i", "0", "-o", str(queue_offset))
     return str(result[0]["msgId"])
+
+
+def uniq_key_of(name: str, queue_offset: int) -> str:
+    result = admin_json("queryMsgByOffset", "-n", name, "-t", "Orders", "-i", "0", "-o", str(queue_offset))
+    return str(result[0]["properties"]["UNIQ_KEY"])
 
 
 def admin_json(*args: str) -> list[dict]:
