@@ -406,7 +406,7 @@ def read_slice(
             if len(size) and int(size.sum()) > BATCH_BYTES:
                 cut = max(1, int(np.searchsorted(np.cumsum(size), BATCH_BYTES)))
                 upto = int(queue_offsets[cut - 1]) + 1
-                phy, size = phy[:cut], size[:cut]
+                phy, size, queue_offsets = phy[:cut], size[:cut], queue_offsets[:cut]
             offset = upto
             if not len(phy):
                 continue

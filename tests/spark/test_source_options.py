@@ -269,3 +269,32 @@ def test_min_offsets_per_trigger_waits_for_rows_or_the_trigger_delay(tmp_path: P
     for bad in ({"maxTriggerDelay": "soon"}, {"minOffsetsPerTrigger": "0"}, {"endingTimestamp": "5"}):
         with pytest.raises(ConfigError):
             ReadOptions.parse({"store": str(root), **bad}, streaming=True)
+
+
+def test_a_read_cut_by_bytes_serves_every_row_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """More than BATCH_BYTES of records in BATCH_ROWS entries: the batch is cut at the byte limit
+    and the read goes on from there (the cut once left the queue offsets uncut and failed)."""
+    from rmq_mp.spark import source
+
+    root = tmp_path / "store"
+    _put(root, 0, 300)
+    monkeypatch.setattr(source, "BATCH_BYTES", 4000)
+    opts = source.ReadOptions.parse({"store": str(root)}, streaming=False)
+    batches = [
+        b for part in source.plan_batch(opts) for b in source.read_slice(part, include_properties=False)
+    ]
+    assert len(batches) > 2
+    got = sorted(
+        (q, o)
+        for b in batches
+        for q, o in zip(b["queue_id"].to_pylist(), b["queue_offset"].to_pylist(), strict=True)
+    )
+    assert got == sorted((i % 2, i // 2) for i in range(300))
+    tagged = [
+        b
+        for part in source.plan_batch(opts)
+        for b in source.read_slice(part, include_properties=False, tags=frozenset({"T4"}))
+    ]
+    assert sorted(o for b in tagged for o in b["queue_offset"].to_pylist()) == sorted(
+        i // 2 for i in range(4, 300, 10)
+    )
