@@ -507,7 +507,7 @@ class RmqBatchReader(DataSourceReader):
     """No `pushFilters`: PySpark 4.3 keeps the read plan of the last query that pushed a filter
     on the DataFrame's source (`PythonDataSourceV2.readInfo`) and reuses it for a later query
     on that DataFrame that pushes none, so pushed filters would leak into it (issue 19). Spark
-    applies every `where` itself; narrow a read with the offsets and topics options. The same
+    applies every `where` itself; narrow a read with the offsets, topics and tags options. The same
     cache makes a DataFrame read the queue ends its first query planned, whatever it filters."""
 
     def __init__(self, opts: ReadOptions) -> None:
