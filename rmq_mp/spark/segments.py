@@ -6,7 +6,10 @@ A walk follows the record chain from the segment's first byte (TOTALSIZE to TOTA
 end-of-file BLANK record, as RocketMQ's recovery does (`checkMessageAndReturnSize`, docs/format.md §2.10).
 On a running store the walk stops at the store's readable end (`RunningStore.readable_end`):
 the bytes after it are the file being written (zeros until the next put) and files allocated
-ahead, which hold nothing yet and are not damage.
+ahead, which hold nothing yet and are not damage. A store read offline (or one whose readable end
+is not known, such as a running store attached by a directory whose shm name differs) ends where
+the zeros begin, as RocketMQ's recovery ends there: zeros at a record boundary are damage only when
+some record lies after them, in the rest of the file or in a later one (`Segment.data_after`).
 """
 
 from __future__ import annotations
@@ -43,20 +46,32 @@ class Segment:
     readable_bytes: int | None = None
     """On a running store: the bytes of this file below the store's readable end (0 for a file
     allocated ahead); None offline, where the whole file is read."""
+    data_after: bool = True
+    """Whether a later file begins with something other than zeros (a record or damage): then
+    zeros in this one are a hole, not the log's end."""
 
 
 def list_segments(commit_log_dir: str | os.PathLike[str], readable_end: int | None = None) -> list[Segment]:
     """The CommitLog files in offset order; ``readable_end`` (a running store's) bounds each."""
     paths = sorted(p for p in Path(commit_log_dir).iterdir() if p.name.isdigit() and len(p.name) == 20)
+    begins_with_data = [_begins_with_data(p) for p in paths]
     return [
         Segment(
             str(p),
             int(p.name),
             i == len(paths) - 1,
             None if readable_end is None else max(0, readable_end - int(p.name)),
+            any(begins_with_data[i + 1 :]),
         )
         for i, p in enumerate(paths)
     ]
+
+
+def _begins_with_data(path: Path) -> bool:
+    """Whether a file's first record header (TOTALSIZE, MAGICCODE) is not all zeros: a file the
+    log has reached begins with a record or an end-of-file blank; one allocated ahead with zeros."""
+    with path.open("rb") as f:
+        return any(f.read(_SIZE_MAGIC.size))
 
 
 @dataclass
@@ -91,7 +106,9 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
                 audit.errors.append((phy, f"end-of-file blank of {total} bytes does not reach the file end"))
             return
         if total == 0 and magic == 0:
-            if running or not seg.is_last:  # a running store wrote every byte below its readable end
+            # A running store wrote every byte below its readable end; offline, zeros followed by
+            # nothing but zeros are where the log ends (the file being written, or one ahead).
+            if running or seg.data_after or _any_nonzero(buf, pos, limit):
                 audit.errors.append((phy, "zero bytes where a record or the end-of-file blank should be"))
             return
         req = record.check_record(buf, pos, limit, check_crc=True)
@@ -122,8 +139,15 @@ def _walk(seg: Segment, buf: mmap.mmap, audit: SegmentAudit) -> Iterator[tuple[i
                     f"the store's readable end {seg.file_offset + limit} is inside a record",
                 )
             )
-    elif running or not seg.is_last:
+    elif running or seg.data_after:
         audit.errors.append((seg.file_offset + pos, "segment ends without an end-of-file blank"))
+
+
+def _any_nonzero(buf: mmap.mmap, start: int, end: int) -> bool:
+    """Whether ``buf[start:end]`` holds a non-zero byte (checked 16 MiB at a time)."""
+    step = 16 << 20
+    view = np.frombuffer(buf, dtype=np.uint8)
+    return any(view[p : min(end, p + step)].any() for p in range(start, end, step))
 
 
 def _map(seg: Segment) -> mmap.mmap | None:

@@ -198,17 +198,21 @@ class SegmentReader:
     def __init__(self, store: StoreRef) -> None:
         self.store = store
         self._maps: dict[int, np.memmap] = {}
+        self._views: dict[int, np.ndarray] = {}
 
-    def segment(self, file_offset: int) -> np.memmap:
-        mm = self._maps.get(file_offset)
-        if mm is None:
+    def segment(self, file_offset: int) -> np.ndarray:
+        """The segment's bytes: a plain array over its mapping (a `np.memmap` slice costs a few
+        microseconds more, which a read of scattered records, one tag in ten, pays per record)."""
+        view = self._views.get(file_offset)
+        if view is None:
             path = Path(self.store.commit_log_dir) / offset_to_file_name(file_offset)
             try:
                 mm = np.memmap(path, dtype=np.uint8, mode="r")
             except FileNotFoundError as exc:
                 raise DataLossError(f"commit-log segment {path} is gone (deleted by the cleaner)") from exc
             self._maps[file_offset] = mm
-        return mm
+            view = self._views[file_offset] = mm.view(np.ndarray)
+        return view
 
     def gather(self, phy: np.ndarray, size: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """(buffer holding the records back to back, each record's start in it). ``phy`` ascends."""
@@ -232,6 +236,7 @@ class SegmentReader:
         return out, starts
 
     def close(self) -> None:
+        self._views.clear()
         for mm in self._maps.values():
             mm._mmap.close()  # type: ignore[attr-defined]
         self._maps.clear()

@@ -175,6 +175,89 @@ def test_audit_and_rebuild_index_of_a_healthy_running_store_find_nothing_wrong(s
         assert rebuild_ok(report), report
 
 
+FLUSH_MODES = {
+    "async": {"flushDiskType": "ASYNC_FLUSH"},
+    "sync": {"flushDiskType": "SYNC_FLUSH"},
+    "async-pool": {"flushDiskType": "ASYNC_FLUSH", "transientStorePoolEnable": "true"},
+}
+
+
+@pytest.mark.parametrize("mode", sorted(FLUSH_MODES))
+def test_audit_is_quiet_on_a_healthy_store_in_every_flush_mode_while_files_roll(
+    spark, tmp_path: Path, mode: str
+) -> None:
+    """Issue 34: audits while a producer rolls 1 MiB files, knowing the readable end and not
+    knowing it (a store attached by a directory whose shm name is another), then offline: no
+    problem each time; the files ahead of the write position are not damage."""
+    import threading
+
+    from rmq_mp.put.producer import Producer
+    from rmq_mp.spark.jobs import audit, running_readable_end, store_config
+    from tests.service import running_service
+
+    stop = threading.Event()
+    sent: list[int] = []
+
+    def produce(root: Path) -> None:
+        with Producer.attach(root) as producer:
+            while not stop.is_set():
+                result = producer.send("Orders", f"order {len(sent)} ".encode() * 40, tags="TagA")
+                assert result.ok, result
+                sent.append(1)
+
+    with running_service(tmp_path, **FLUSH_MODES[mode]) as service:
+        log_dir = service.root / "commitlog"
+        config = store_config(service.names.base, None, [])
+        thread = threading.Thread(target=produce, args=(service.root,))
+        thread.start()
+        try:
+            for files in (1, 2):  # each audit once another file has rolled, the producer still sending
+                _wait_end_past(service.names.base, files * 2**20)
+                end = running_readable_end(service.names.base)
+                assert end is not None
+                reports = audit(spark, config, readable_end=end)
+                assert [e for r in reports for e in r.errors] == [], (mode, files)
+                assert sum(r.records for r in reports) > 0
+        finally:
+            stop.set()
+            thread.join(60)
+        assert not thread.is_alive()
+        # The producer has stopped: what the files hold is whole records, read with no readable
+        # end (a directory whose store runs under another shm name is read this way).
+        reports = audit(spark, config)
+        assert [e for r in reports for e in r.errors] == []
+        assert sum(r.records for r in reports) == len(sent)
+    reports = audit(spark, config)  # stopped: the last file and those allocated ahead are zeros
+    assert [e for r in reports for e in r.errors] == []
+    assert sum(r.records for r in reports) == len(sent)
+    # Still loud on damage: a zeroed record inside the written range, and a file's zeroed tail
+    # with records after it in the next file.
+    segments = sorted(p for p in log_dir.iterdir() if p.name.isdigit())
+    _zero_from_record(segments[0], 2048, 4096)
+    _zero_from_record(segments[1], 2**20 - 64 * 1024, 2**20)
+    errors = {(r.file_offset, problem) for r in audit(spark, config) for _phy, problem in r.errors}
+    zeros = "zero bytes where a record or the end-of-file blank should be"
+    assert errors == {(0, zeros), (2**20, zeros)}, errors
+
+
+def _wait_end_past(store: str, offset: int) -> None:
+    from rmq_mp.spark.jobs import running_readable_end
+    from tests.service import wait_until
+
+    wait_until(lambda: (running_readable_end(store) or 0) > offset, 60, f"the readable end past {offset}")
+
+
+def _zero_from_record(segment: Path, after: int, length: int) -> None:
+    """Zero ``length`` bytes of a CommitLog file from its first record boundary at or after
+    ``after`` (following TOTALSIZE from the file's start)."""
+    data = bytearray(segment.read_bytes())
+    pos = 0
+    while pos < after:
+        pos += int.from_bytes(data[pos : pos + 4], "big")
+    data[pos : pos + length] = bytes(min(length, len(data) - pos))
+    segment.write_bytes(data)
+
+
 def test_a_store_that_does_not_exist_is_one_line_and_exit_2(tmp_path: Path) -> None:
     result = subprocess.run(
         [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(tmp_path / "stor")],

@@ -109,3 +109,56 @@ def test_a_write_to_a_store_that_is_not_running_fails_clearly(spark, tmp_path: P
         df.write.format("rmq").option("store", "rmq_not_running_here").mode("append").save()
     with pytest.raises(PySparkException, match="needs a 'body' column"):
         df.drop("body").write.format("rmq").option("store", "rmq_x").mode("append").save()
+
+
+def test_a_kafka_shaped_dataframe_is_written_and_the_topic_option_overrides_the_column(
+    spark, tmp_path: Path
+) -> None:
+    """Issue 34: ``value``, ``key``, ``headers`` and ``partition`` as Kafka's sink takes them;
+    the ``topic`` option wins over a ``topic`` column (as Kafka's), rows arrive as Arrow batches."""
+    kafka_schema = "topic string, key binary, value binary, headers array<struct<key:string,value:binary>>, partition int"
+    rows = [
+        (
+            "Ignored",
+            None if i % 3 == 0 else f"k{i}".encode(),
+            f"value {i}".encode() * (1 + i % 5),
+            [] if i % 4 == 0 else [("seq", str(i).encode()), ("city", "São Paulo".encode())],
+            None if i % 2 else i % 4,
+        )
+        for i in range(400)
+    ]
+    with running_service(tmp_path) as service:
+        df = spark.createDataFrame(rows, kafka_schema).repartition(2)
+        df.write.format("rmq").option("store", service.names.base).option("topic", "Orders").mode(
+            "append"
+        ).save()
+        strings = spark.createDataFrame([("Audit", "plain text value")], "topic string, value string")
+        strings.write.format("rmq").option("store", service.names.base).mode("append").save()
+        _wait_dispatched(service, len(rows) + 1)
+        back = spark.read.format("rmq").option("store", str(service.root)).load().collect()
+    got = {
+        bytes(r.body): (
+            r.topic,
+            list(r.keys or []),
+            {k: v for k, v in (r.properties or {}).items() if k in ("seq", "city")},
+        )
+        for r in back
+    }
+    assert len(back) == len(rows) + 1
+    assert got[b"plain text value"] == ("Audit", [], {})
+    for i, (_topic, key, value, headers, partition) in enumerate(rows):
+        assert got[value] == (
+            "Orders",
+            [] if key is None else [key.decode()],
+            {k: v.decode() for k, v in headers},
+        ), i
+        if partition is not None:
+            assert next(r.queue_id for r in back if bytes(r.body) == value) == partition
+
+
+def test_a_dataframe_with_both_kafka_and_rmq_columns_is_refused(spark) -> None:
+    from pyspark.errors import PySparkException
+
+    both = spark.createDataFrame([("T", b"a", b"b")], "topic string, body binary, value binary")
+    with pytest.raises(PySparkException, match="columns body and value both give the body"):
+        both.write.format("rmq").option("store", "rmq_x").mode("append").save()
