@@ -505,6 +505,10 @@ MAGIC_CODE_BYTES = _INT.pack(MESSAGE_MAGIC_CODE)
 """MAGICCODE of a v1 record as it lies in the file (a walk searches for it)."""
 
 
+SIZE_MAGIC_LENGTH = _SIZE_MAGIC.size
+"""Bytes of TOTALSIZE and MAGICCODE, the head every record and blank begins with."""
+
+
 def peek_size_magic(buf: Any, pos: int) -> tuple[int, int]:
     """(TOTALSIZE, MAGICCODE): all a walk needs to step over a record or a file's blank."""
     total, magic = _SIZE_MAGIC.unpack_from(buf, pos)

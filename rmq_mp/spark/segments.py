@@ -71,7 +71,7 @@ def _begins_with_data(path: Path) -> bool:
     """Whether a file's first record header (TOTALSIZE, MAGICCODE) is not all zeros: a file the
     log has reached begins with a record or an end-of-file blank; one allocated ahead with zeros."""
     with path.open("rb") as f:
-        return any(f.read(_SIZE_MAGIC.size))
+        return any(f.read(record.SIZE_MAGIC_LENGTH))
 
 
 @dataclass
