@@ -110,3 +110,9 @@ class InvalidArgumentTypeError(InvalidArgumentError, TypeError):
     """An argument of the wrong type (a str body, a float queue id, a None topic), where Java's
     signatures would not compile: raised by every public call, sends included, before anything
     is read or written, naming the argument and the type it needs."""
+
+
+class HaProtocolError(StoreError):
+    """A replication peer sent bytes RocketMQ's HA protocol does not allow (a frame longer than a
+    batch can be, a negative length or offset, a frame not at the slave's end, a report beyond
+    the master's end): the connection is closed and nothing of it is written."""
