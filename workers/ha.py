@@ -39,10 +39,11 @@ import time
 from dataclasses import dataclass, field
 
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
-from rmq_mp.errors import HaProtocolError
+from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record
 from rmq_mp.store.running_store import resolve_names
 from shm import layout
+from shm import queue_offsets as qo
 from shm.pointer_table import now_ms
 from shm.store_shm import read_descriptor
 from workers.service import ServiceLoop, main
@@ -465,8 +466,10 @@ class HaSlave(ServiceLoop):
         return True
 
     def _advance_wrote(self) -> None:
-        """WROTE_POSITION to the last whole record at or below the received end."""
+        """WROTE_POSITION to the last whole record at or below the received end, each record's
+        queue in the queue-offset table first (as a producer's put does on a master)."""
         pos = self.wrote
+        queue_ends: dict[tuple[str, int], int] = {}
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -483,18 +486,35 @@ class HaSlave(ServiceLoop):
                 if self.received_end < file_end:
                     break
                 pos = file_end
-            elif magic == record.MESSAGE_MAGIC_CODE and 0 < total <= self.file_size - at:
-                if pos + total > self.received_end:
-                    break
-                pos += total
-            else:
-                log.error("ha: no record at %d of the master's bytes (size %d, magic %#x)", pos, total, magic)
+                continue
+            if pos + max(total, 8) > self.received_end:
                 break
+            found = record.check_record(mf.buf, at, at + total, check_crc=False)
+            if not found.success or found.size != total:
+                log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
+                break
+            key = (found.topic, found.queue_id)
+            queue_ends[key] = max(queue_ends.get(key, 0), found.queue_offset + 1)
+            pos += total
         if pos != self.wrote:
+            self._learn_queues(queue_ends)
             self.wrote = pos
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
+
+    def _learn_queues(self, queue_ends: dict[tuple[str, int], int]) -> None:
+        """The queues' next offsets, which consumers and status read (the slave's one writer of
+        them: producers are refused). A full table is logged; reput still dispatches."""
+        queues = self.store.shm.queues
+        for (topic, queue_id), end in queue_ends.items():
+            try:
+                slot = queues.find_or_insert(topic, queue_id)
+            except (OffsetTableFullError, ValueError) as exc:
+                log.error("ha: queue %s/%d not in the queue-offset table: %s", topic, queue_id, exc)
+                continue
+            if end > queues.get(slot, qo.NEXT_OFFSET):
+                queues.set(slot, qo.NEXT_OFFSET, end)
 
     def on_exit(self) -> None:
         if self.sock is not None:
