@@ -124,12 +124,18 @@ def test_slave_worker_killed_at_seeded_points_resumes(tmp_path: Path, seed: int)
     for _ in range(3):
         end = put(master, rng.randrange(200, 2000), body_bytes=rng.randrange(50, 2000))
         target = rng.randrange(end // 2, end)
-        wait_until(
-            lambda t=target: slave.read(layout.HA_SLAVE_RECEIVED_END) >= t, 60, "the slave to get going"
-        )
+
+        def got_to(target: int = target) -> bool:
+            return slave.read(layout.HA_SLAVE_RECEIVED_END) >= target
+
+        wait_until(got_to, 60, "the slave to get going")
         pid = slave.worker_pid("ha")
         os.kill(pid, signal.SIGKILL)
-        wait_until(lambda p=pid: slave.worker_pid("ha") not in (0, p), 30, "the ha worker to be restarted")
+
+        def restarted(pid: int = pid) -> bool:
+            return slave.worker_pid("ha") not in (0, pid)
+
+        wait_until(restarted, 30, "the ha worker to be restarted")
     wait_caught_up(slave, end)
     assert_same_log(master, slave, end)
     assert slave.read(layout.worker_field("ha", "restarts")) == 3
