@@ -259,6 +259,19 @@ HA_SLAVE_LAST_HEARD_MS = _f("ha_slave_last_heard_ms", 407, Role.HA, doc="SLAVE: 
 HA_DROPPED = _f(
     "ha_dropped", 408, Role.HA, doc="connections closed for silence, a report beyond the end or a bad frame"
 )
+HA_REQUEST_SEQ = _f(
+    "ha_request_seq",
+    409,
+    P,
+    lock=Lock.PUT,
+    doc="SYNC_MASTER: next replica-request ticket (shm/replica_requests.py)",
+)
+HA_SLAVE_NOT_AVAILABLE = _f(
+    "ha_slave_not_available", 410, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE"
+)
+HA_FLUSH_SLAVE_TIMEOUT = _f(
+    "ha_flush_slave_timeout", 411, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT"
+)
 HA_CONN_BASE = 412
 HA_CONN_SLOTS = 4
 HA_CONN_FIELDS = ("peer", "acked", "last_heard_ms", "caught_up_ms", "state")

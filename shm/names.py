@@ -102,6 +102,13 @@ class ShmNames:
     def ready(self, role: str) -> str:
         return self._name(f"ready_{role}")
 
+    @property
+    def replica_requests(self) -> str:
+        return self._name("hrq")
+
+    def replica_done(self, slot: int) -> str:
+        return self._name(f"hdone{slot}")
+
     def flush_done(self, slot: int) -> str:
         return self._name(f"fdone{slot}")
 

@@ -54,6 +54,8 @@ PASS_S = 0.1
 """Longest wait of one pass in select (RocketMQ's sender sleeps up to 100 ms when idle)."""
 IDLE_SEND_POLL_S = 0.01
 """Wait while a slave is caught up: new commit-log bytes leave within this (no put wakes a select)."""
+WAITING_PUT_POLL_S = 0.001
+"""Wait while a SYNC_MASTER put waits: its bytes leave, and its answer comes, within this."""
 SEND_PER_PASS_BYTES = 4 << 20
 """Bytes one connection may send in one pass before the others get their turn."""
 READ_BYTES = 256 << 10
@@ -114,6 +116,9 @@ class HaMaster(ServiceLoop):
         self.heartbeat_s = cfg.ha_send_heartbeat_interval / 1000
         self.housekeeping_s = cfg.ha_housekeeping_interval / 1000
         self.connections: dict[int, _Connection] = {}
+        self.replicas = self.store.shm.replicas
+        self.answered_through = 0
+        """SYNC_MASTER: every replica-request ticket up to this one is answered."""
         self.listener = self._listen(cfg)
         self.table.set(layout.HA_LISTEN_PORT, self.listener.getsockname()[1])
         for slot in range(layout.HA_CONN_SLOTS):
@@ -153,6 +158,8 @@ class HaMaster(ServiceLoop):
         waiting = [c.sock for c in conns if len(c.out)]
         caught_up = any(c.next_offset >= 0 and not len(c.out) for c in conns)
         timeout = IDLE_SEND_POLL_S if caught_up else PASS_S
+        if self._requests_open():
+            timeout = min(timeout, WAITING_PUT_POLL_S)
         readable, _, _ = select.select([self.listener, *(c.sock for c in conns)], waiting, [], timeout)
         if self.listener in readable:
             self._accept()
@@ -167,6 +174,27 @@ class HaMaster(ServiceLoop):
                 except (OSError, HaProtocolError) as exc:
                     self._close(conn, str(exc))
         self.table.set(layout.HA_CONNECTIONS, len(self.connections))
+        self._answer()
+
+    # -- SYNC_MASTER (GroupTransferService)
+
+    def _requests_open(self) -> bool:
+        return self.replicas is not None and self.table.get(layout.HA_REQUEST_SEQ) > self.answered_through
+
+    def _answer(self) -> None:
+        """Complete the waiting puts a slave acknowledged, time out those past their deadline
+        (the put's time + slaveTimeout), and wake each one answered."""
+        if not self._requests_open():
+            return
+        assert self.replicas is not None
+        self.answered_through, completed = self.replicas.answer(
+            self.answered_through,
+            self.table.get(layout.HA_REQUEST_SEQ),
+            self.table.get(layout.HA_ACKED_OFFSET),
+            now_ms(),
+        )
+        for slot in completed:
+            self.store.shm.replica_done(slot).release()
 
     # -- connections
 

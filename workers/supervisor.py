@@ -596,4 +596,5 @@ def shm_sizes(config: MessageStoreConfig) -> ShmSizes:
         queues=config.max_consume_queue_num,
         groups=config.max_consumer_offset_num,
         delay_levels=len(config.delay_levels_ms),
+        replica_ring=config.max_sync_flush_request_num if config.broker_role is BrokerRole.SYNC_MASTER else 0,
     )
