@@ -79,13 +79,6 @@ def _peer_word(address: tuple[str, int] | tuple[str, int, int, int]) -> int:
     return int(ip) << 16 | address[1] if isinstance(ip, ipaddress.IPv4Address) else 0
 
 
-def peer_text(word: int) -> str:
-    """A connection slot's peer word as `a.b.c.d:port` (status, metrics)."""
-    if word <= 0:
-        return "?"
-    return f"{ipaddress.IPv4Address(word >> 16)}:{word & 0xFFFF}"
-
-
 # ---------------------------------------------------------------------------------------- master
 
 

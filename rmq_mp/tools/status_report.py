@@ -10,6 +10,7 @@ from rmq_mp.tools.store_status import (
     format_delay_levels,
     format_dispatch_faults,
     format_table_levels,
+    replication_summary,
 )
 
 __all__ = ["collect_status", "print_status"]
@@ -37,6 +38,8 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
         f"disk     {status['disk_used_ratio']:.0%} used   flags {' '.join(status['running_flags']) or 'none'}"
     )
     print(f"cleaner  {status['cleaner']['summary']}")
+    for line in replication_summary(status["replication"]):
+        print(line)
     print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
     for role, w in status["workers"].items():
         print(
