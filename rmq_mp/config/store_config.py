@@ -64,9 +64,9 @@ class FlushDiskType(enum.Enum):
 
 
 class BrokerRole(enum.Enum):
-    """`BrokerRole`: SLAVE refuses puts (SERVICE_NOT_AVAILABLE); SYNC_MASTER stores them but, having
-    no slave (replication is out of rmq-mp's scope), answers puts that wait for the store
-    SLAVE_NOT_AVAILABLE, as RocketMQ does with no slave connected."""
+    """`BrokerRole`: SLAVE refuses puts (SERVICE_NOT_AVAILABLE) and replicates its master's
+    commit log; SYNC_MASTER answers a put that waits for the store once a slave acknowledged it
+    (docs/replication.md)."""
 
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
