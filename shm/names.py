@@ -106,6 +106,12 @@ class ShmNames:
     def replica_requests(self) -> str:
         return self._name("hrq")
 
+    @property
+    def ha_wake(self) -> bytes:
+        """The master's ha worker's wake-up socket (a Linux abstract UNIX address): a SYNC_MASTER
+        put pokes it so the worker's select, which waits on sockets, sends at once."""
+        return f"\0{self.base}_hawake".encode()
+
     def replica_done(self, slot: int) -> str:
         return self._name(f"hdone{slot}")
 

@@ -29,6 +29,7 @@ Both exit with the supervisor (`ServiceLoop.stopping`): a dead or fenced master 
 
 from __future__ import annotations
 
+import contextlib
 import ipaddress
 import logging
 import select
@@ -113,6 +114,9 @@ class HaMaster(ServiceLoop):
         self.answered_through = 0
         """SYNC_MASTER: every replica-request ticket up to this one is answered."""
         self.listener = self._listen(cfg)
+        self.poked = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.poked.setblocking(False)
+        self.poked.bind(self.store.names.ha_wake)  # an abstract address: gone with the process
         self.table.set(layout.HA_LISTEN_PORT, self.listener.getsockname()[1])
         for slot in range(layout.HA_CONN_SLOTS):
             self._clear_slot(slot)
@@ -153,7 +157,11 @@ class HaMaster(ServiceLoop):
         timeout = IDLE_SEND_POLL_S if caught_up else PASS_S
         if self._requests_open():
             timeout = min(timeout, WAITING_PUT_POLL_S)
-        readable, _, _ = select.select([self.listener, *(c.sock for c in conns)], waiting, [], timeout)
+        readable, _, _ = select.select(
+            [self.listener, self.poked, *(c.sock for c in conns)], waiting, [], timeout
+        )
+        if self.poked in readable:
+            self._drain_pokes()
         if self.listener in readable:
             self._accept()
         now = time.monotonic()
@@ -188,6 +196,12 @@ class HaMaster(ServiceLoop):
         )
         for slot in completed:
             self.store.shm.replica_done(slot).release()
+
+    def _drain_pokes(self) -> None:
+        """SYNC_MASTER puts' pokes (`ReplicaRequests.wake`): each only says "look now"."""
+        with contextlib.suppress(BlockingIOError):
+            while self.poked.recv(64):
+                pass
 
     # -- connections
 
@@ -348,6 +362,7 @@ class HaMaster(ServiceLoop):
             self._close(conn, "")
         if hasattr(self, "listener"):
             self.listener.close()
+            self.poked.close()
             self.table.set(layout.HA_LISTEN_PORT, 0)
             self.table.set(layout.HA_CONNECTIONS, 0)
 

@@ -347,6 +347,8 @@ class Producer:
         """Detach (again: a no-op). The compiled send goes first: it holds views of the shared
         segments, and nothing may reach it once closed."""
         self.appender.set_file(None)
+        if self.replicas is not None:
+            self.replicas.close()
         if self._native is not None:
             self._native.close()
             self._native = self.appender.native = self.router.native = None
