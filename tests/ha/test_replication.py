@@ -159,3 +159,23 @@ def test_slave_tree_killed_then_restarted_resumes_from_its_own_end(tmp_path: Pat
     slave = start_slave(tmp_path, port, **HB)
     wait_caught_up(slave, end)
     assert_same_log(master, slave, end)
+
+
+def test_a_dead_masters_ha_worker_stops_serving(tmp_path: Path) -> None:
+    """kill -9 of the master's supervisor: its ha worker exits (as every worker does), so a dead
+    or fenced master neither serves nor acknowledges; the slave keeps what it has and retries."""
+    import psutil
+
+    master = start_master(tmp_path, **HB)
+    port = master.read(layout.HA_LISTEN_PORT)
+    slave = start_slave(tmp_path, port, **HB)
+    end = put(master, 500)
+    wait_caught_up(slave, end)
+    ha = psutil.Process(master.worker_pid("ha"))
+    os.kill(master.process.pid, signal.SIGKILL)
+    master.process.wait(10)
+    ha.wait(10)  # psutil.TimeoutExpired: a clear failure if it goes on serving
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", port), timeout=5).close()
+    wait_until(lambda: slave.read(layout.HA_SLAVE_STATE) != layout.SLAVE_CONNECTED, 20, "the slave to notice")
+    assert slave.read(layout.WROTE_POSITION) == end
