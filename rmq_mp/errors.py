@@ -134,3 +134,9 @@ class SendRefusedError(StoreError):
         self.status = status
         self.reason = reason
         self.stored = stored
+
+
+class HaProtocolError(StoreError):
+    """A replication peer sent bytes RocketMQ's HA protocol does not allow (a frame longer than a
+    batch can be, a negative length or offset, a frame not at the slave's end, a report beyond
+    the master's end): the connection is closed and nothing of it is written."""

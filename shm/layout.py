@@ -13,9 +13,10 @@ Slot map (index x 8 = byte offset):
     32..36   put journal (undo record for a put interrupted by its producer's death)
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
-    96..191  per worker: WORKER_FIELDS for each role in shm.names.ROLES (six roles)
+    96..207  per worker: WORKER_FIELDS for each role in shm.names.ROLES (seven roles)
     208..223 the fence (a start stopped or started over takes no put)
     272..399 operator fields (recovery time, metrics port, records readers skipped)
+    400..431 replication (the ha worker): listener, acknowledged offset, connection slots
 """
 
 from __future__ import annotations
@@ -35,6 +36,7 @@ class Role(enum.Enum):
     REPUT = "reput"
     CLEANER = "cleaner"
     SCHEDULER = "scheduler"
+    HA = "ha"
     CONSUMER = "consumer"
 
 
@@ -86,7 +88,14 @@ FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
 MIN_OFFSET = _f(
     "min_offset", 7, CL, doc="first readable commit-log byte; a file being deleted is already below it"
 )
-WROTE_POSITION = _f("wrote_position", 8, P, lock=Lock.PUT, doc="end of appended records")
+WROTE_POSITION = _f(
+    "wrote_position",
+    8,
+    P,
+    Role.HA,
+    lock=Lock.PUT,
+    doc="end of appended records; on a SLAVE (producers refused) the ha worker is its one writer",
+)
 COMMITTED_POSITION = _f("committed_position", 9, C, doc="end of bytes copied from pool buffers to files")
 FLUSHED_POSITION = _f(
     "flushed_position", 10, F, doc="end of bytes known durable; never advanced on a failed fsync"
@@ -278,6 +287,63 @@ def live_setting(index: int) -> Field:
     return _f(f"live_setting{index}", LIVE_BASE + index, S)
 
 
+# Replication (workers/ha.py, docs/replication.md). On a master: the listener, the best offset any
+# slave acknowledged, and one slot per connection; on a SLAVE: where its own log stands.
+HA_LISTEN_PORT = _f("ha_listen_port", 400, Role.HA, doc="port the HA listener is bound to, 0 = none")
+HA_ACKED_OFFSET = _f(
+    "ha_acked_offset",
+    401,
+    Role.HA,
+    doc="highest commit-log end any slave acknowledged (RocketMQ's push2SlaveMaxOffset); never decreases",
+)
+HA_CONNECTIONS = _f("ha_connections", 402, Role.HA, doc="slave connections open now")
+HA_REFUSED_PEERS = _f("ha_refused_peers", 403, Role.HA, doc="connections refused by haAllowedSlaves")
+HA_SLAVE_RECEIVED_END = _f(
+    "ha_slave_received_end",
+    404,
+    Role.HA,
+    doc="SLAVE: end of the master's bytes written to its files (what it reports); WROTE_POSITION "
+    "stops at the last whole record below it",
+)
+HA_SLAVE_CONNECTS = _f("ha_slave_connects", 405, Role.HA, doc="SLAVE: connections made to its master")
+HA_SLAVE_STATE = _f("ha_slave_state", 406, Role.HA, doc="SLAVE: SLAVE_* below")
+HA_SLAVE_LAST_HEARD_MS = _f("ha_slave_last_heard_ms", 407, Role.HA, doc="SLAVE: last bytes from its master")
+HA_DROPPED = _f(
+    "ha_dropped", 408, Role.HA, doc="connections closed for silence, a report beyond the end or a bad frame"
+)
+HA_REQUEST_SEQ = _f(
+    "ha_request_seq",
+    409,
+    P,
+    lock=Lock.PUT,
+    doc="SYNC_MASTER: next replica-request ticket (shm/replica_requests.py)",
+)
+HA_SLAVE_NOT_AVAILABLE = _f(
+    "ha_slave_not_available", 410, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE"
+)
+HA_FLUSH_SLAVE_TIMEOUT = _f(
+    "ha_flush_slave_timeout", 411, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT"
+)
+HA_CONN_BASE = 412
+HA_CONN_SLOTS = 4
+HA_CONN_FIELDS = ("peer", "acked", "last_heard_ms", "caught_up_ms", "state")
+# HA_SLAVE_STATE values, and a connection slot's state on a master.
+SLAVE_IDLE, SLAVE_CONNECTING, SLAVE_CONNECTED, SLAVE_BACKOFF = 0, 1, 2, 3
+CONN_FREE, CONN_WAITING_REPORT, CONN_TRANSFERRING, CONN_BEHIND_MIN_OFFSET = 0, 1, 2, 3
+
+
+def ha_connection_field(slot: int, name: str) -> Field:
+    """A master's connection slot (the ha worker): peer (IPv4 address << 16 | port, 0 other), the
+    slave's last acknowledged offset (-1: none yet), when it was last heard and last caught up
+    with the master's end (ms), and its CONN_* state."""
+    assert 0 <= slot < HA_CONN_SLOTS
+    return _f(
+        f"ha_conn{slot}.{name}",
+        HA_CONN_BASE + slot * len(HA_CONN_FIELDS) + HA_CONN_FIELDS.index(name),
+        Role.HA,
+    )
+
+
 # PUT_LOCK_KIND values. LOCK_SEMAPHORE: a POSIX semaphore, the owner's pid written after taking it
 # (shm/semaphores.py `PutLock`, the pure-Python reference). LOCK_ATOMIC: the low 32 bits of
 # PUT_LOCK_OWNER_PID are the lock, compare-and-swapped from 0 to the owner's pid, bit 30 set while
@@ -345,17 +411,22 @@ def worker_field(role: str, name: str) -> Field:
 W_STOPPED, W_STARTING, W_READY, W_STOPPING = 0, 1, 2, 3
 
 TABLE_SLOTS = max(
-    WORKER_BASE + len(ROLES) * WORKER_STRIDE, LIVE_BASE + LIVE_SLOTS, *(f.index + 1 for f in FIELDS)
+    WORKER_BASE + len(ROLES) * WORKER_STRIDE,
+    HA_CONN_BASE + HA_CONN_SLOTS * len(HA_CONN_FIELDS),
+    LIVE_BASE + LIVE_SLOTS,
+    *(f.index + 1 for f in FIELDS),
 )
 TABLE_SIZE = ((TABLE_SLOTS * 8 + 4095) // 4096) * 4096
 
 
 def all_fields() -> list[Field]:
-    """Every field of the table: the named ones, the pool slots and each worker's."""
+    """Every field of the table: the named ones, the pool slots, each worker's, each replication
+    connection's and the live settings."""
     pool = [pool_file_offset(i) for i in range(POOL_SLOTS)]
     workers = [worker_field(role, name) for role in ROLES for name in WORKER_FIELDS]
+    ha = [ha_connection_field(slot, name) for slot in range(HA_CONN_SLOTS) for name in HA_CONN_FIELDS]
     live = [live_setting(i) for i in range(LIVE_SLOTS)]
-    return [*FIELDS, *pool, *workers, *live]
+    return [*FIELDS, *pool, *workers, *ha, *live]
 
 
 def check_layout() -> None:

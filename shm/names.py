@@ -17,8 +17,9 @@ from rmq_mp.errors import ConfigError
 
 _VALID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-ROLES = ("allocator", "committer", "flusher", "reput", "cleaner", "scheduler")
-"""Worker roles, in start order (each depends only on those before it)."""
+ROLES = ("allocator", "committer", "flusher", "reput", "cleaner", "scheduler", "ha")
+"""Worker roles, in start order (each depends only on those before it). `ha` (replication) runs
+only on a master with haListenPort set or a SLAVE with haMasterAddress."""
 
 
 def valid_base(name: str) -> bool:
@@ -108,6 +109,19 @@ class ShmNames:
 
     def ready(self, role: str) -> str:
         return self._name(f"ready_{role}")
+
+    @property
+    def replica_requests(self) -> str:
+        return self._name("hrq")
+
+    @property
+    def ha_wake(self) -> bytes:
+        """The master's ha worker's wake-up socket (a Linux abstract UNIX address): a SYNC_MASTER
+        put pokes it so the worker's select, which waits on sockets, sends at once."""
+        return f"\0{self.base}_hawake".encode()
+
+    def replica_done(self, slot: int) -> str:
+        return self._name(f"hdone{slot}")
 
     def flush_done(self, slot: int) -> str:
         return self._name(f"fdone{slot}")

@@ -244,13 +244,15 @@ class QueueOffsetTable(KeyedOffsetTable):
         "dispatch_error": DISPATCH_ERROR,
     }
     WRITERS: ClassVar[dict[str, Writers]] = {
-        "used": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
-        "queue_id": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
-        "next_queue_offset": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        # Producers under the put lock; on a SLAVE (producers refused) the ha worker, as it
+        # appends the master's records (workers/ha.py).
+        "used": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
+        "queue_id": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
+        "next_queue_offset": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
         "dispatched_offset": Writers(Role.REPUT, Role.SUPERVISOR),
         "min_offset": Writers(Role.CLEANER, Role.SUPERVISOR),
         "last_store_timestamp": Writers(Role.REPUT),
-        "key_length": Writers(Role.PRODUCER, Role.SUPERVISOR, lock=Lock.PUT),
+        "key_length": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
         "dispatch_error": Writers(Role.REPUT),
     }
     HEADER_WRITERS: ClassVar[dict[int, Writers]] = {H_USED: WRITERS["used"]}

@@ -7,6 +7,7 @@ also how a restarted supervisor clears a crashed run's leftovers.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -26,6 +27,7 @@ from shm.members import MemberTable
 from shm.names import ROLES, ShmNames
 from shm.pointer_table import PointerTable, now_ms, pid_alive
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
+from shm.replica_requests import ReplicaRequestRing
 from shm.schedule_offsets import ScheduleOffsetTable
 from shm.segment import SharedSegment
 from shm.semaphores import (
@@ -63,6 +65,8 @@ class ShmSizes:
     """maxConsumerOffsetNum"""
     delay_levels: int
     """messageDelayLevel entries"""
+    replica_ring: int = 0
+    """SYNC_MASTER: maxSyncFlushRequestNum (0: no replica-request ring)"""
 
 
 class StoreShm:
@@ -93,6 +97,9 @@ class StoreShm:
         self.pool = pool
         self._sems: dict[str, posix_ipc.Semaphore] = {}
         self._flush_done: list[posix_ipc.Semaphore | None] = [None] * ring.capacity
+        self.replicas: ReplicaRequestRing | None = None
+        """SYNC_MASTER's replica-request ring (shm/replica_requests.py); None for other roles."""
+        self._replica_done: list[posix_ipc.Semaphore | None] = []
         self._wakeups: dict[str, Wakeup] = {}
 
     # ------------------------------------------------------------------ create / attach
@@ -127,15 +134,29 @@ class StoreShm:
             members,
             schedule,
         )
+        if sizes.replica_ring:
+            shm._set_replicas(ReplicaRequestRing.create(names.replica_requests, sizes.replica_ring))
         for name, initial in shm._semaphore_specs(sizes):
             shm._sems[name] = create_semaphore(name, initial)
         return shm
+
+    def _set_replicas(self, ring: ReplicaRequestRing) -> None:
+        self.replicas = ring
+        self._replica_done = [None] * ring.capacity
+
+    def replica_done(self, slot: int) -> posix_ipc.Semaphore:
+        """The completion semaphore of replica-request ring slot ``slot``."""
+        sem = self._replica_done[slot]
+        if sem is None:
+            sem = self._replica_done[slot] = self.semaphore(self.names.replica_done(slot))
+        return sem
 
     def _semaphore_specs(self, sizes: ShmSizes) -> list[tuple[str, int]]:
         n = self.names
         specs = [(n.put_lock, 1), (n.put_lock_takeover, 1), (n.flags_lock, 1), (n.flags_lock_takeover, 1)]
         specs += [(n.wakeup(r), 0) for r in ROLES] + [(n.ready(r), 0) for r in ROLES]
         specs += [(n.flush_done(i), 0) for i in range(sizes.flush_ring)]
+        specs += [(n.replica_done(i), 0) for i in range(sizes.replica_ring)]
         specs += [(n.waiter(i), 0) for i in range(sizes.waiters)]
         return specs
 
@@ -153,7 +174,7 @@ class StoreShm:
         except ShmAttachError:
             table.close()
             raise
-        return cls(
+        shm = cls(
             names,
             role,
             table,
@@ -165,6 +186,9 @@ class StoreShm:
             members,
             schedule,
         )
+        with contextlib.suppress(ShmAttachError):  # absent but for a SYNC_MASTER
+            shm._set_replicas(ReplicaRequestRing.attach(names.replica_requests, role))
+        return shm
 
     def semaphore(self, name: str) -> posix_ipc.Semaphore:
         sem = self._sems.get(name)
@@ -291,6 +315,8 @@ class StoreShm:
             self.schedule,
         ):
             table.close()
+        if self.replicas is not None:
+            self.replicas.close()
         for buf in self.pool.buffers:
             buf.close()
 

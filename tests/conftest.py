@@ -16,6 +16,7 @@ import pytest
 from rmq_mp.config.store_config import MessageStoreConfig
 
 FIXTURE_TARBALL = Path(__file__).parent / "fixtures" / "rocketmq-4.9.8.tar.xz"
+HA_FIXTURE_TARBALL = Path(__file__).parent / "fixtures" / "rocketmq-4.9.8-ha.tar.xz"
 
 # Settings the fixture stores were written with (their README).
 FIXTURE_SETTINGS = {
@@ -70,6 +71,16 @@ def rocketmq_fixtures(tmp_path_factory: pytest.TempPathFactory) -> Path:
     with tarfile.open(FIXTURE_TARBALL) as tar:
         tar.extractall(target, filter="data")
     return target / "rocketmq-4.9.8"
+
+
+@pytest.fixture(scope="session")
+def ha_fixture(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The recorded RocketMQ 4.9.8 replication exchange (transcript.jsonl, master-store,
+    slave-store; its README), extracted once per worker. Read only."""
+    target = tmp_path_factory.mktemp("rocketmq-ha-fixture")
+    with tarfile.open(HA_FIXTURE_TARBALL) as tar:
+        tar.extractall(target, filter="data")
+    return target / "rocketmq-4.9.8-ha"
 
 
 @pytest.fixture

@@ -4,8 +4,8 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
         buffers hold into the files, then remove it; recover (`MessageStore.open`, which
         writes `abort`); create the pointer table, queue-offset table, flush-request ring,
         waiter table, mlocked pool buffers and every semaphore; publish the descriptor;
-        start allocator, committer (pool only), flusher, reput, cleaner, scheduler in that
-        order, each with a ready handshake; state RUNNING. Delay-level progress comes from
+        start allocator, committer (pool only), flusher, reput, cleaner, scheduler, ha
+        (replication only) in that order, each with a ready handshake; state RUNNING. Delay-level progress comes from
         config/delayOffset.json into the schedule table (`shm.schedule_offsets`).
 watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
         persist consumer offsets and topics every flushConsumerOffsetInterval, delay-level
@@ -13,9 +13,10 @@ watch:  heartbeat; restart a dead worker within a second (bounded back-off, coun
         CONFIG_PERSIST_FAILURES and retried; the last good file stays).
 stop:   (SIGTERM/SIGINT or `run.py stop`) state STOPPING, so producers are refused and parked
         consumers are woken (both attach to the store's next start by themselves); stop
-        workers one by one in dependency order (the scheduler, whose puts the others must
-        still flush and dispatch; then the start is fenced, so no put lands after the final
-        passes; committer, flusher, reput, then the rest),
+        workers one by one in dependency order (ha first, so a slave's last bytes are still
+        flushed and dispatched; the scheduler, whose puts the others must still flush and
+        dispatch; then the start is fenced, so no put lands after the final passes; committer,
+        flusher, reput, then the rest),
         each running its final pass, escalating to SIGTERM then SIGKILL if one hangs;
         remove `abort` only if dispatch caught up; persist the config files; unlink every
         segment and semaphore and release the lock, even if a step before failed.
@@ -39,7 +40,7 @@ from types import FrameType
 from rmq_mp import file_modes
 from rmq_mp.config import live
 from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
-from rmq_mp.config.store_config import IGNORED_PROPERTIES, FlushDiskType, MessageStoreConfig
+from rmq_mp.config.store_config import IGNORED_PROPERTIES, BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreError, StoreLockedError
 from rmq_mp.put import native
@@ -64,9 +65,17 @@ log = logging.getLogger("rmq_mp.supervisor")
 
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
-STOP_ORDER = ("scheduler", "committer", "flusher", "reput", "cleaner", "allocator")
+STOP_ORDER = ("ha", "scheduler", "committer", "flusher", "reput", "cleaner", "allocator")
 RESTART_BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0)
 """Delay before the n-th consecutive restart of a worker; never more than a second."""
+
+
+def replicates(config: MessageStoreConfig) -> bool:
+    """Whether the store runs the ha worker: a master with haListenPort set (RocketMQ always
+    listens; rmq-mp where asked), or a SLAVE with haMasterAddress."""
+    if config.broker_role is BrokerRole.SLAVE:
+        return bool(config.ha_master_address)
+    return config.ha_listen_port >= 0
 
 
 @dataclass
@@ -231,7 +240,7 @@ class Supervisor:
 
     def roles(self) -> list[str]:
         pool = self.config.transient_store_pool_enable
-        return [r for r in ROLES if r != "committer" or pool]
+        return [r for r in ROLES if (r != "committer" or pool) and (r != "ha" or replicates(self.config))]
 
     # ------------------------------------------------------------------ start
 
@@ -752,4 +761,5 @@ def shm_sizes(config: MessageStoreConfig) -> ShmSizes:
         queues=config.max_consume_queue_num,
         groups=config.max_consumer_offset_num,
         delay_levels=len(config.delay_levels_ms),
+        replica_ring=config.max_sync_flush_request_num if config.broker_role is BrokerRole.SYNC_MASTER else 0,
     )

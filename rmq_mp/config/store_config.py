@@ -67,9 +67,9 @@ class FlushDiskType(enum.Enum):
 
 
 class BrokerRole(enum.Enum):
-    """`BrokerRole`: SLAVE refuses puts (SERVICE_NOT_AVAILABLE); SYNC_MASTER stores them but, having
-    no slave (replication is out of rmq-mp's scope), answers puts that wait for the store
-    SLAVE_NOT_AVAILABLE, as RocketMQ does with no slave connected."""
+    """`BrokerRole`: SLAVE refuses puts (SERVICE_NOT_AVAILABLE) and replicates its master's
+    commit log; SYNC_MASTER answers a put that waits for the store once a slave acknowledged it
+    (docs/replication.md)."""
 
     ASYNC_MASTER = "ASYNC_MASTER"
     SYNC_MASTER = "SYNC_MASTER"
@@ -384,7 +384,9 @@ class MessageStoreConfig:
     access_message_in_memory_max_ratio: int = _prop(40, ge=0, le=100)
 
     # -- role, delay, dispatch ------------------------------------------------------------------
-    # SLAVE refuses puts; SYNC_MASTER answers waiting puts SLAVE_NOT_AVAILABLE (no replication).
+    # ASYNC_MASTER or SYNC_MASTER (a put that waits for the store is answered once a slave
+    # acknowledged it, docs/replication.md), or SLAVE (puts refused; the commit log is the
+    # master's at haMasterAddress, replicated by the ha worker).
     broker_role: BrokerRole = BrokerRole.ASYNC_MASTER
     # Delay levels (space-separated `<n>s|m|h|d`), level 1 first: a put with DELAY=<level> is
     # delivered that long after it was stored (the scheduler worker); the level count is the
@@ -393,6 +395,35 @@ class MessageStoreConfig:
     # How often the supervisor persists the delay levels' progress to config/delayOffset.json
     # (also at stop); a crash delivers what was delivered since again.
     flush_delay_offset_interval: int = _prop(10000, ge=0, java_long=True)
+
+    # -- replication (RocketMQ's store/ha; docs/replication.md) ---------------------------------
+    # Port a master's ha worker serves slaves on. RocketMQ always listens, on listenPort + 1
+    # (10912); rmq-mp only where this is set: -1 = no HA listener, 0 = an ephemeral port (shown by
+    # `run.py status`).
+    ha_listen_port: int = _prop(-1, ge=-1, le=65535)
+    # rmq-mp addition: address the HA listener binds; "" = every interface, as RocketMQ.
+    ha_listen_address: str = ""
+    # rmq-mp addition: slaves a master serves, `,`-separated addresses or CIDRs (IPv4/IPv6); ""
+    # = any, as RocketMQ. A refused peer is logged and closed before it is sent anything.
+    ha_allowed_slaves: str = ""
+    # A SLAVE's master, `host:port` of its haListenPort; "" = no replication (a SLAVE then only
+    # serves what its files hold).
+    ha_master_address: str = ""
+    # A slave reports its end at least this often, ms, and a master sends a heartbeat frame
+    # after this long without a write.
+    ha_send_heartbeat_interval: int = _prop(5000, ge=1)
+    # A master drops a slave it has heard nothing from for this long, ms.
+    ha_housekeeping_interval: int = _prop(20000, ge=1)
+    # Most commit-log bytes in one frame (a frame never crosses a file). At most 4 MiB - 12: a
+    # RocketMQ slave reads into a 4 MiB buffer (rmq-mp addition: refused above, as no Java slave
+    # could take it in).
+    ha_transfer_batch_size: int = _prop(32768, ge=1, le=4 * 1024 * 1024 - 12)
+    # SYNC_MASTER: a waiting put is answered SLAVE_NOT_AVAILABLE at once when the best slave is
+    # this many bytes or more behind the master's end.
+    ha_slave_fallbehind_max: int = _prop(268435456, ge=0)
+    # SYNC_MASTER: how long a put waits for a slave's acknowledgement, ms from the put, before
+    # FLUSH_SLAVE_TIMEOUT (the message is stored either way).
+    slave_timeout: int = _prop(3000, ge=0)
 
     # -- broker identity (BrokerConfig / NettyServerConfig keys the store reads) ----------------
     broker_cluster_name: str = "DefaultCluster"
@@ -679,11 +710,10 @@ class MessageStoreConfig:
 #: not have. Accepted (any value) so such a file loads; recorded in `ignored_properties`.
 IGNORED_PROPERTIES: Final[Mapping[str, str]] = MappingProxyType(
     {
-        "brokerId": "master/slave id; rmq-mp has no replication (brokerRole decides if puts are accepted)",
+        "brokerId": "master/slave id for name-server routing; brokerRole decides the store's role",
         "namesrvAddr": "name-server registration; rmq-mp has no remoting or routing",
-        "brokerIP2": "HA replication address; replication is out of scope",
-        "haListenPort": "HA replication port; replication is out of scope",
-        "haMasterAddress": "HA replication master; replication is out of scope",
+        "brokerIP2": "the address a broker tells its slaves through the name server; a slave of rmq-mp names "
+        "its master in haMasterAddress",
         "autoCreateTopicEnable": "broker topic routing, above the store",
         "autoCreateSubscriptionGroup": "broker consumer-group management, above the store",
         "sendMessageThreadPoolNums": "broker send-processor threads; rmq-mp producers are processes",
@@ -882,6 +912,7 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
         )
     if not values["store_path_root_dir"]:
         problems.append("storePathRootDir is empty")
+    problems += _ha_problems(values)
     for name, key in (("broker_name", "brokerName"), ("broker_cluster_name", "brokerClusterName")):
         # RocketMQ's broker creates a topic of each name (TopicConfigManager): a topic's limit.
         if not 0 < len(values[name]) <= TOPIC_NAME_MAX_LENGTH or not values[name].isprintable():
@@ -899,6 +930,48 @@ def _rule_problems(values: Mapping[str, Any]) -> list[str]:
             f"maxHashSlotNum * 4 + maxIndexNum * 20 + 40 = {index_size}: an index file must be "
             f"< 2 GiB (Java int size)"
         )
+    return problems
+
+
+def parse_allowed_slaves(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]:
+    """`haAllowedSlaves`: `,`-separated addresses or CIDRs (empty: any peer). ValueError names a bad one."""
+    networks = []
+    for item in (part.strip() for part in text.split(",")):
+        if item:
+            try:
+                networks.append(ipaddress.ip_network(item, strict=False))
+            except ValueError as exc:
+                raise ValueError(f"{item!r} is not an address or CIDR ({exc})") from None
+    return tuple(networks)
+
+
+def parse_host_port(text: str) -> tuple[str, int]:
+    """`haMasterAddress` = host:port ([v6]:port for IPv6). ValueError when it is not one."""
+    host, sep, port = text.strip().rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port.isdigit() or not 0 < int(port) <= 65535:
+        raise ValueError(f"{text!r} is not host:port")
+    return host, int(port)
+
+
+def _ha_problems(values: Mapping[str, Any]) -> list[str]:
+    problems = []
+    try:
+        parse_allowed_slaves(values["ha_allowed_slaves"])
+    except ValueError as exc:
+        problems.append(f"haAllowedSlaves = {values['ha_allowed_slaves']!r}: {exc}")
+    if values["ha_master_address"]:
+        try:
+            parse_host_port(values["ha_master_address"])
+        except ValueError as exc:
+            problems.append(f"haMasterAddress: {exc}")
+    if values["ha_listen_address"]:
+        try:
+            ipaddress.ip_address(values["ha_listen_address"])
+        except ValueError:
+            problems.append(
+                f"haListenAddress = {values['ha_listen_address']!r}: must be an IPv4 or IPv6 address"
+            )
     return problems
 
 

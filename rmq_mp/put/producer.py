@@ -10,8 +10,9 @@ under SYNC_FLUSH, the put waits for the flusher to complete its flush request
 (FLUSH_DISK_TIMEOUT after `syncFlushTimeout`). A put waits first while dispatch is more than
 `maxDispatchLagBytes` behind (back-pressure: reput must keep up). Before the lock, RocketMQ's
 checks: a SLAVE refuses puts, and a put lock held over `osPageCacheBusyTimeOutMills` by a live
-put answers OS_PAGECACHE_BUSY at once; a SYNC_MASTER, having no slave, answers puts that wait
-for the store SLAVE_NOT_AVAILABLE once stored.
+put answers OS_PAGECACHE_BUSY at once. A SYNC_MASTER put that waits for the store is answered
+once a slave acknowledged it (rmq_mp/put/replica_wait.py: PUT_OK, FLUSH_SLAVE_TIMEOUT,
+SLAVE_NOT_AVAILABLE; the Python path: the compiled send is not used by a SYNC_MASTER).
 
 - `send`: one message, one run of one record.
 - `send_batch(MessageBatch)`: RocketMQ's batch, one run encoded column-wise with numpy and
@@ -73,6 +74,7 @@ from rmq_mp.put.encoding import (
 )
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL
 from rmq_mp.put.metrics import PutRecorder
+from rmq_mp.put.replica_wait import NOT_REQUESTED, ReplicaRequests
 from rmq_mp.put.results import SendBatchResult, SendResult
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
@@ -133,7 +135,6 @@ _NATIVE_WORDS = (
 """The pointer-table fields the compiled send reads or writes (their indices go to it by name)."""
 _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
-_NO_SLAVE = "stored, but no slave has it: rmq-mp has no replication (brokerRole=SYNC_MASTER)"
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
 
@@ -195,6 +196,21 @@ class Producer:
         self._sync_master = self.config.broker_role is BrokerRole.SYNC_MASTER
         self._sync = store.sync_flush
         self._acks = self._sync or self._sync_master
+        self.replicas = (
+            ReplicaRequests(
+                store.shm,
+                self._words,
+                self.config.slave_timeout,
+                self.config.ha_slave_fallbehind_max,
+                os.getpid(),
+            )
+            if self._sync_master
+            else None
+        )
+        """SYNC_MASTER: the replica-request ring (rmq_mp/put/replica_wait.py)."""
+        self._replica_slot = NOT_REQUESTED
+        """The last put's replica request (taken under its lock hold)."""
+        self._replica_put_ms = 0
         """A put that waits for the store is answered after more than its append."""
         self._pool = store.pool_enabled
         wake_after_put = self._pool or self._sync or not self.config.flush_commit_log_timed
@@ -350,6 +366,8 @@ class Producer:
         """Detach (again: a no-op). The compiled send goes first: it holds views of the shared
         segments, and nothing may reach it once closed."""
         self.appender.set_file(None)
+        if self.replicas is not None:
+            self.replicas.close()
         if self._native is not None:
             self._native.close()
             self._native = self.appender.native = self.router.native = None
@@ -595,6 +613,7 @@ class Producer:
 
     def _put(self, runs: Sequence[EncodedRun], now: int) -> None:
         """Append ``runs`` in one lock hold; each run records its placements."""
+        self._replica_slot = NOT_REQUESTED
         refusal = self._refusal(now)
         if refusal is None and not self.lock.acquire(LOCK_TIMEOUT_S):
             refusal = PutMessageStatus.OS_PAGECACHE_BUSY, self.lock.refusal
@@ -606,10 +625,18 @@ class Producer:
             return
         try:
             self.appender.append(runs, self.lock.acquired_ms)
+            if self.replicas is not None and any(run.wait_flush for run in runs):
+                self._request_replica()
         finally:
             self.lock.release()
         self._wake_workers()
         self.appender.prefault_ahead()
+
+    def _request_replica(self) -> None:
+        """SYNC_MASTER, put lock held: a replica request for everything this hold wrote."""
+        assert self.replicas is not None
+        self._replica_put_ms = self.lock.acquired_ms
+        self._replica_slot = self.replicas.request(self._words[_WROTE], self._replica_put_ms)
 
     def _wake_workers(self) -> None:
         """After a put: the committer or flusher (if it waits for puts) and reput (ASYNC)."""
@@ -630,6 +657,7 @@ class Producer:
             return SendResult(PutMessageStatus.OS_PAGECACHE_BUSY, queue_id, -1, -1, uniq, self.lock.refusal)
         if (fenced := self._fenced_under_lock()) is not None:
             return SendResult(fenced[0], queue_id, -1, -1, uniq, fenced[1], self._msg_id_prefix)
+        self._replica_slot = NOT_REQUESTED
         run = None
         try:
             put = self.appender.append_one(topic, queue_id, data, wait, self.lock.acquired_ms)
@@ -638,6 +666,8 @@ class Producer:
                     topic, queue_id, data, count=1, record_size=len(data), uniq_keys=(uniq,), wait_flush=wait
                 )
                 self.appender.append((run,), self.lock.acquired_ms)
+            if self.replicas is not None and wait:
+                self._request_replica()
         except OffsetTableFullError as exc:  # raised before anything changed
             return SendResult(_QUEUES_EXCEEDED, queue_id, -1, -1, uniq, str(exc), self._msg_id_prefix)
         finally:
@@ -667,14 +697,16 @@ class Producer:
 
     def _acknowledge(self, runs: Sequence[EncodedRun]) -> None:
         """After the put: what the runs that wait for the store were promised. Under SYNC_FLUSH
-        their flush; as SYNC_MASTER a slave's copy, which rmq-mp never has (RocketMQ with no
-        slave connected answers SLAVE_NOT_AVAILABLE; a flush failure is reported first)."""
+        their flush; as SYNC_MASTER a slave's acknowledgement (a flush failure is reported
+        first, as RocketMQ's handleDiskFlush before handleHA)."""
         if self._sync:
             self._await_flush(runs)
-        if self._sync_master:
-            for run in runs:
-                if run.wait_flush:
-                    run.answer_stored(PutMessageStatus.SLAVE_NOT_AVAILABLE, _NO_SLAVE)
+        if self.replicas is not None and any(run.wait_flush for run in runs):
+            status, reason = self.replicas.outcome(self._replica_slot, self._replica_put_ms)
+            if status is not _PUT_OK:
+                for run in runs:
+                    if run.wait_flush:
+                        run.answer_stored(status, reason)
 
     def _acknowledge_one(self, result: SendResult, put: OnePut) -> None:
         """`_acknowledge` for the one record of `_put_one`, by the same rules."""
@@ -685,9 +717,10 @@ class Producer:
         elif self._sync:
             flushed = self._words[_FLUSHED]
             assert flushed >= put.end_offset, f"acknowledged {put.end_offset} above flushed {flushed}"
-        if self._sync_master and result.status is _PUT_OK:
-            result.status = PutMessageStatus.SLAVE_NOT_AVAILABLE
-            result.reason = _NO_SLAVE
+        if self.replicas is not None:
+            status, reason = self.replicas.outcome(self._replica_slot, self._replica_put_ms)
+            if result.status is _PUT_OK and status is not _PUT_OK:
+                result.status, result.reason = status, reason
 
     def _await_flush(self, runs: Sequence[EncodedRun]) -> None:
         """Wait for the request of this lock hold; its runs' stored chunks become

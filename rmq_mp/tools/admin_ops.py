@@ -33,6 +33,7 @@ from rmq_mp.tools.store_status import (
     disk_used_ratio,
     format_dispatch_faults,
     format_table_levels,
+    replication_summary,
 )
 from shm import layout
 from shm import members as mb
@@ -524,6 +525,8 @@ def print_store_status(status: dict[str, Any]) -> None:
     for line in format_dispatch_faults(status["dispatch_faults"]):
         print(f"{'dispatch:':<22}{line}")
     print(f"{'recovery:':<22}{status['recovery_ms']} ms")
+    for line in replication_summary(status["replication"]):
+        print(f"{'replication:':<22}{line.strip().removeprefix('replica').strip()}")
 
 
 # ---------------------------------------------------------------------------- produce / consume

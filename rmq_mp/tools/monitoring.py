@@ -119,8 +119,48 @@ def _gauge(name: str, doc: str, value: float) -> GaugeMetricFamily:
     return GaugeMetricFamily(name, doc, value=value)
 
 
+def _replication_metrics(r: dict[str, Any]) -> Iterator[Metric]:
+    """The ha worker's state (store_status.replication_status)."""
+    if r["role"] == "SLAVE":
+        yield _gauge(
+            "rmq_ha_slave_received_end_bytes", "A slave's end of the master's bytes", r["received_end"]
+        )
+        yield _counter("rmq_ha_slave_connects", "Connections a slave made to its master", r["connects"])
+        return
+    yield _gauge(
+        "rmq_ha_acked_offset_bytes", "Highest commit-log end any slave acknowledged", r["acked_offset"]
+    )
+    yield _gauge("rmq_ha_connections", "Slave connections open", r["connection_count"])
+    yield _counter("rmq_ha_refused_peers", "HA connections refused by haAllowedSlaves", r["refused_peers"])
+    yield _counter("rmq_ha_dropped", "HA connections closed for silence or a bad report", r["dropped"])
+    yield _counter(
+        "rmq_ha_slave_not_available",
+        "SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE",
+        r["slave_not_available"],
+    )
+    yield _counter(
+        "rmq_ha_flush_slave_timeout",
+        "SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT",
+        r["flush_slave_timeout"],
+    )
+    lag = GaugeMetricFamily(
+        "rmq_ha_slave_lag_bytes", "Master's end minus a slave's acknowledged offset", labels=["peer"]
+    )
+    lag_ms = GaugeMetricFamily(
+        "rmq_ha_slave_lag_ms", "How long a slave has been behind the master's end", labels=["peer"]
+    )
+    for c in r["connections"]:
+        if c["lag_bytes"] is not None:
+            lag.add_metric([c["peer"]], c["lag_bytes"])
+        if c["lag_ms"] is not None:
+            lag_ms.add_metric([c["peer"]], c["lag_ms"])
+    yield lag
+    yield lag_ms
+
+
 def _store_metrics(status: dict[str, Any]) -> Iterator[Metric]:
     c, lags, pool = status["counters"], status["lags"], status["pool"]
+    yield from _replication_metrics(status["replication"])
     yield _counter("rmq_put_messages", "Messages appended to the commit log", c["put_count"])
     yield _counter("rmq_put_bytes", "Bytes appended to the commit log", c["put_bytes"])
     yield _counter("rmq_commit", "Pool-to-file commits", c["commit_count"])

@@ -11,6 +11,7 @@ from rmq_mp.tools.store_status import (
     format_delay_levels,
     format_dispatch_faults,
     format_table_levels,
+    replication_summary,
 )
 
 __all__ = ["collect_status", "print_status"]
@@ -49,6 +50,8 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
     )
     print(f"cleaner  {status['cleaner']['summary']}")
     print(f"files    {status['files']['looser'] or f'private as storeGroupAccess={access} says'}")
+    for line in replication_summary(status["replication"]):
+        print(line)
     print(f"{'worker':<10} {'pid':>8} {'state':<9} {'restarts':>8} {'heartbeat':>10} {'errors':>6}")
     for role, w in status["workers"].items():
         print(

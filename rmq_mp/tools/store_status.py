@@ -8,11 +8,12 @@ segment; nothing is written. `collect_status` attaches in the CONSUMER role and 
 from __future__ import annotations
 
 import errno
+import ipaddress
 import os
 from collections import Counter
 from typing import Any
 
-from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, tags_code_of
 from rmq_mp.outcomes import RunningFlags
@@ -103,6 +104,7 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
             "dispatch_faults": dispatch_faults(shm, snap),
             "cleaner": cleaner.as_dict() | {"summary": cleaner.summary()},
             "workers": workers,
+            "replication": replication_status(shm, config),
             "counters": {
                 k: snap[k]
                 for k in (
@@ -121,6 +123,102 @@ def collect_status(config: MessageStoreConfig) -> dict[str, Any]:
         }
     finally:
         shm.close()
+
+
+SLAVE_STATES = {
+    layout.SLAVE_IDLE: "idle",
+    layout.SLAVE_CONNECTING: "connecting",
+    layout.SLAVE_CONNECTED: "connected",
+    layout.SLAVE_BACKOFF: "backing off",
+}
+CONNECTION_STATES = {
+    layout.CONN_WAITING_REPORT: "waiting for its first report",
+    layout.CONN_TRANSFERRING: "transferring",
+    layout.CONN_BEHIND_MIN_OFFSET: "needs deleted files (heartbeats only)",
+}
+
+
+def peer_text(word: int) -> str:
+    """A connection slot's peer word (IPv4 << 16 | port) as `a.b.c.d:port`; '?' for others."""
+    if word <= 0:
+        return "?"
+    return f"{ipaddress.IPv4Address(word >> 16)}:{word & 0xFFFF}"
+
+
+def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, Any]:
+    """The ha worker's shared state (workers/ha.py): a SLAVE's master and progress, or a
+    master's listener, connections (peer, acknowledged offset, lag in bytes and ms, last
+    heard) and SYNC_MASTER outcome counts."""
+    t = shm.table
+    now = now_ms()
+    role = config.broker_role.value
+    if config.broker_role is BrokerRole.SLAVE:
+        heard = t.get(layout.HA_SLAVE_LAST_HEARD_MS)
+        return {
+            "role": role,
+            "master": config.ha_master_address,
+            "state": SLAVE_STATES.get(t.get(layout.HA_SLAVE_STATE), "?"),
+            "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
+            "connects": t.get(layout.HA_SLAVE_CONNECTS),
+            "last_heard_age_ms": now - heard if heard else None,
+        }
+    end = t.written_end()
+    connections = []
+    for slot in range(layout.HA_CONN_SLOTS):
+        state = t.get(layout.ha_connection_field(slot, "state"))
+        if state == layout.CONN_FREE:
+            continue
+        acked = t.get(layout.ha_connection_field(slot, "acked"))
+        caught_up = t.get(layout.ha_connection_field(slot, "caught_up_ms"))
+        lag_bytes = max(end - acked, 0) if acked >= 0 else None
+        connections.append(
+            {
+                "peer": peer_text(t.get(layout.ha_connection_field(slot, "peer"))),
+                "state": CONNECTION_STATES.get(state, "?"),
+                "acked_offset": acked,
+                "lag_bytes": lag_bytes,
+                "lag_ms": (now - caught_up if caught_up else None) if lag_bytes else 0,
+                "last_heard_age_ms": now - t.get(layout.ha_connection_field(slot, "last_heard_ms")),
+            }
+        )
+    return {
+        "role": role,
+        "listen_port": t.get(layout.HA_LISTEN_PORT) or None,
+        "acked_offset": t.get(layout.HA_ACKED_OFFSET),
+        "connection_count": t.get(layout.HA_CONNECTIONS),
+        "connections": connections,
+        "refused_peers": t.get(layout.HA_REFUSED_PEERS),
+        "dropped": t.get(layout.HA_DROPPED),
+        "slave_not_available": t.get(layout.HA_SLAVE_NOT_AVAILABLE),
+        "flush_slave_timeout": t.get(layout.HA_FLUSH_SLAVE_TIMEOUT),
+    }
+
+
+def replication_summary(r: dict[str, Any]) -> list[str]:
+    """`replication_status` as the text status's lines."""
+    if r["role"] == "SLAVE":
+        heard = r["last_heard_age_ms"]
+        return [
+            f"replica  SLAVE of {r['master'] or '(no haMasterAddress)'}  {r['state']}  received "
+            f"{r['received_end']}  connects {r['connects']}  last heard "
+            f"{'never' if heard is None else f'{heard} ms ago'}"
+        ]
+    lines = [
+        f"replica  {r['role']}  ha port {r['listen_port'] or 'off'}  acked {r['acked_offset']}  "
+        f"slaves {r['connection_count']}  refused {r['refused_peers']}  dropped {r['dropped']}  "
+        f"SLAVE_NOT_AVAILABLE {r['slave_not_available']}  FLUSH_SLAVE_TIMEOUT {r['flush_slave_timeout']}"
+    ]
+    for c in r["connections"]:
+        lag = (
+            "-"
+            if c["lag_bytes"] is None
+            else f"{c['lag_bytes']} B / {c['lag_ms'] if c['lag_ms'] is not None else '?'} ms"
+        )
+        lines.append(
+            f"  slave {c['peer']}  {c['state']}  acked {c['acked_offset']}  lag {lag}  "
+            f"heard {c['last_heard_age_ms']} ms ago"
+        )
+    return lines
 
 
 MAX_LISTED_QUEUES = 100

@@ -22,7 +22,7 @@ from rich.text import Text
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ShmAttachError, StoreError
-from rmq_mp.tools.store_status import collect_status
+from rmq_mp.tools.store_status import collect_status, replication_summary
 
 
 def _rate(now: dict[str, Any], before: dict[str, Any] | None, key: str, seconds: float) -> float:
@@ -107,7 +107,11 @@ def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float
     gauges.add_row("disk", ProgressBar(total=100, completed=max(disk, 0) * 100, width=30), f"{disk:.0%} used")
     flags = " ".join(status["running_flags"]) or "none"
     gauges.add_row("flags", Text(flags, style="red" if status["running_flags"] else ""), "")
-    return Group(Panel(header), rates, offsets, workers, groups, delays, gauges)
+    replication = Table(title="replication", expand=True)
+    replication.add_column("", no_wrap=False)
+    for line in replication_summary(status["replication"]):
+        replication.add_row(line.strip())
+    return Group(Panel(header), rates, offsets, workers, replication, groups, delays, gauges)
 
 
 def watch(

@@ -28,8 +28,8 @@ def test_a_slave_refuses_puts(tmp_path: Path) -> None:
 
 
 def test_a_sync_master_stores_but_answers_slave_not_available(tmp_path: Path) -> None:
-    """rmq-mp has no slave, so a put that waits for the store is answered SLAVE_NOT_AVAILABLE as
-    RocketMQ answers it with no slave connected: stored and readable, but not replicated. A put
+    """With no slave connected (no haListenPort here), a put that waits for the store is answered
+    SLAVE_NOT_AVAILABLE as RocketMQ answers it: stored and readable, but not replicated. A put
     with WAIT=false is answered at once, PUT_OK."""
     with (
         running_service(tmp_path, brokerRole="SYNC_MASTER") as service,

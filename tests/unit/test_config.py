@@ -153,7 +153,7 @@ def test_rocketmq_distribution_broker_conf_loads():
     assert c.file_reserved_time == 48
     assert c.broker_role is BrokerRole.ASYNC_MASTER
     assert c.ignored_properties == ("brokerId=0", "namesrvAddr=127.0.0.1:9876", "autoCreateTopicEnable=true")
-    assert set(IGNORED_PROPERTIES) >= {"brokerId", "namesrvAddr", "haListenPort", "sendMessageThreadPoolNums"}
+    assert set(IGNORED_PROPERTIES) >= {"brokerId", "namesrvAddr", "sendMessageThreadPoolNums"}
 
 
 # ----------------------------------------------------------------------------- Java properties syntax

@@ -20,6 +20,7 @@ ROLE_WORDS = {
     "reput": Role.REPUT,
     "cleaner": Role.CLEANER,
     "scheduler": Role.SCHEDULER,
+    "ha": Role.HA,
     "supervisor": Role.SUPERVISOR,
     "reader": Role.CONSUMER,
     "consumer": Role.CONSUMER,
