@@ -182,7 +182,7 @@ def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) 
     if table is not None:
         try:
             pid = table.get(layout.SUPERVISOR_PID)
-            if pid and pid_alive(pid):
+            if pid_alive(pid, table.get(layout.SUPERVISOR_START_MS)):  # not a pid reused since
                 raise StoreLockedError(
                     f"store {config.store_path_root_dir} is already running (supervisor pid {pid})"
                 )
