@@ -141,6 +141,21 @@ def _set_group_offsets(
     return old
 
 
+def _move_group_offsets(
+    args: argparse.Namespace, group: str, topic: str, targets: dict[int, int], footer: str = ""
+) -> int:
+    """Set ``group``'s offsets of ``topic`` to ``targets`` (queue -> offset) and print each queue's
+    old and new offset: what skipAccumulatedMessage and cloneGroupOffset answer."""
+    old = _set_group_offsets(args, group, topic, targets)
+    rows = [
+        {"group": group, "topic": topic, "queueId": q, "oldOffset": old[q], "newOffset": targets[q]}
+        for q in sorted(targets)
+    ]
+    columns = {"group": "Group", "topic": "Topic", "queueId": "QID", "oldOffset": "Old", "newOffset": "New"}
+    emit(rows, as_json=args.json, columns=columns, footer=footer)
+    return 0
+
+
 def skip_accumulated_message(args: argparse.Namespace) -> int:
     """mqadmin skipAccumulatedMessage: the group's offsets of the topic to each queue's end (a
     live member picks them up when it next claims the queue, as after resetOffsetByTime)."""
@@ -150,23 +165,7 @@ def skip_accumulated_message(args: argparse.Namespace) -> int:
         targets = {q.queue_id: q.max_offset for q in store.queue_status(topic)}
     if not targets:
         raise StoreError(f"topic {topic!r} has no queue in this store")
-    old = _set_group_offsets(args, group, topic, targets)
-    rows = [
-        {"group": group, "topic": topic, "queueId": q, "oldOffset": old[q], "newOffset": targets[q]}
-        for q in sorted(targets)
-    ]
-    emit(
-        rows,
-        as_json=args.json,
-        columns={
-            "group": "Group",
-            "topic": "Topic",
-            "queueId": "QID",
-            "oldOffset": "Old",
-            "newOffset": "New",
-        },
-    )
-    return 0
+    return _move_group_offsets(args, group, topic, targets)
 
 
 def clone_group_offset(args: argparse.Namespace) -> int:
@@ -189,24 +188,9 @@ def clone_group_offset(args: argparse.Namespace) -> int:
     targets = {q: o for q, o in found.items() if o >= 0}
     if not targets:
         raise StoreError(f"consumer group {source!r} has no offsets of topic {topic!r}")
-    old = _set_group_offsets(args, dest, topic, targets)
-    rows = [
-        {"group": dest, "topic": topic, "queueId": q, "oldOffset": old[q], "newOffset": targets[q]}
-        for q in sorted(targets)
-    ]
-    emit(
-        rows,
-        as_json=args.json,
-        columns={
-            "group": "Group",
-            "topic": "Topic",
-            "queueId": "QID",
-            "oldOffset": "Old",
-            "newOffset": "New",
-        },
-        footer=f"clone group offset of {source} to {dest} for {topic} success",
+    return _move_group_offsets(
+        args, dest, topic, targets, footer=f"clone group offset of {source} to {dest} for {topic} success"
     )
-    return 0
 
 
 # ---------------------------------------------------------------------------- reads
