@@ -37,7 +37,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any
 
 from rmq_mp import validators as v
@@ -67,7 +67,7 @@ from rmq_mp.put.encoding import (
 )
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL
 from rmq_mp.put.metrics import PutRecorder
-from rmq_mp.put.results import SendBatchResult, SendResult
+from rmq_mp.put.results import SendBatchResult, SendResult, SendResultList
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
 from rmq_mp.store.disk import not_writeable_reason
@@ -81,6 +81,7 @@ from rmq_mp.store.running_store import (
 from shm import flush_requests as fr
 from shm import layout
 from shm.layout import Role
+from shm.metrics import REFERENCE_REASONS
 from shm.pointer_table import pid_alive
 from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock, HeldPutLock
 from shm.semaphores import PutLock
@@ -124,6 +125,8 @@ _PUT_OK = PutMessageStatus.PUT_OK
 _NO_SLAVE = "stored, but no slave has it: rmq-mp has no replication (brokerRole=SYNC_MASTER)"
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
+_NO_CORE = REFERENCE_REASONS.index("no_core")
+_ITEM = REFERENCE_REASONS.index("item")
 
 
 class Producer:
@@ -266,6 +269,9 @@ class Producer:
             "msg_id_prefix": self._msg_id_prefix,
             "ring_full_reason": RING_FULL,
             "not_flushed_reason": NOT_FLUSHED,
+            "max_delay_level": len(self.config.delay_levels_ms),
+            "reference_word": self._metrics.reference_word,
+            "reference_reasons": len(REFERENCE_REASONS),
         }
         if self._sync:
             ring = self.ring
@@ -365,6 +371,7 @@ class Producer:
         With the compiled core (`rmq_mp.put.native`), a producer's ``send`` is the core's own,
         bound in `_bind`: it sends the common message in one call and hands anything else to
         `_send`, the reference, which is all this method does."""
+        self._metrics.reference(_NO_CORE)
         return self._send(topic, body, tags, keys, properties, queue_id, flag, queue_id is not None)
 
     def _send(
@@ -425,9 +432,12 @@ class Producer:
         return result
 
     def send_batch(self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]) -> SendBatchResult:
-        """Store many messages under one put-lock hold: a `MessageBatch` (RocketMQ's batch: one
-        topic and queue, whole in one file), or any `Message`s and ``send`` keyword dicts, each
-        with its own queue offset. Results come in the order given."""
+        """Store many messages: a `MessageBatch` (RocketMQ's batch: one topic and queue, whole in
+        one file, one put-lock hold), or any `Message`s and ``send`` keyword dicts, each with its
+        own queue offset. Results come in the order given. With the compiled core, keyword dicts
+        are each stored as `send` stores them (a lock hold each, as RocketMQ's producer sends
+        them); the reference holds the lock once for the whole call."""
+        why = _ITEM
         if (
             type(messages) is MessageBatch
             and self._native is not None
@@ -441,8 +451,28 @@ class Producer:
             result = self._send_batch_natively(messages, queue_id)
             if result is not None:
                 return result
+            why = self._native.why
             if messages.queue_id is None:  # rotated once: the reference stores it on that queue
                 messages = dataclasses.replace(messages, queue_id=queue_id)
+        elif (
+            self._native is not None
+            and not isinstance(messages, (MessageBatch, str, bytes, Mapping))
+            and isinstance(messages, Iterable)
+        ):
+            items = messages if type(messages) is list else list(messages)
+            if not items:
+                return SendResultList([])
+            return self._send_items_natively(items)
+        if isinstance(messages, MessageBatch) and isinstance(messages.bodies, Sized):
+            self._metrics.reference(_NO_CORE if self._native is None else why, len(messages.bodies))
+        elif self._native is None and isinstance(messages, Sized):
+            self._metrics.reference(_NO_CORE, len(messages))
+        return self._send_batch_reference(messages)
+
+    def _send_batch_reference(
+        self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]
+    ) -> SendBatchResult:
+        """`send_batch` in Python: the reference."""
         started_ns = time.perf_counter_ns()
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
@@ -462,6 +492,18 @@ class Producer:
         result = SendBatchResult(runs, self._msg_id_prefix)
         self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
         return result
+
+    def _send_items_natively(self, items: list[Any]) -> SendBatchResult:
+        """`send_batch` of a list: the compiled core sends its keyword dicts one by one (each
+        as `send`, on its own queue) up to the first it does not take; the reference the rest."""
+        assert self._native is not None
+        done = self._native.send_items(items)
+        if len(done) == len(items):
+            return SendResultList(done)
+        rest = items[len(done) :]
+        self._metrics.reference(self._native.why, len(rest))
+        tail = self._send_batch_reference(rest)
+        return tail if not done else SendResultList(done + list(tail))
 
     def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
         """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes
