@@ -12,8 +12,11 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import struct
+import subprocess
+import sys
 from collections import UserList
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,10 +32,11 @@ from rmq_mp.format.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_O
 from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendResult
+from rmq_mp.tools.monitoring import StoreCollector
 from shm import layout
 from shm.layout import Role
 from shm.metrics import MetricsTable
-from tests.service import RunningService, running_service
+from tests.service import ROOT, RunningService, running_service
 
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"no compiled core: {native.why_reference}")
 
@@ -351,3 +355,25 @@ def test_every_documented_send_shape_is_sent_by_the_core(store: tuple[RunningSer
     ).ok  # a Sequence, no list: the reference's
     after = _reference_sends(producer)
     assert after["argument"] == before["argument"] + 1, after
+
+
+def test_status_and_metrics_count_the_reference_sends(store: tuple[RunningService, Producer]) -> None:
+    """`run.py status` (JSON and text) and the metrics endpoint's collector show reference sends."""
+    service, producer = store
+    producer.send("Counted", b"x", queue_id=0)  # the queue's first send: the reference's (new_queue)
+    producer.send("Counted", b"x", queue_id=0, keys=UserList(["k"]))  # argument
+    run = [sys.executable, str(ROOT / "run.py"), "status", "--conf", str(service.conf)]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    sends = json.loads(out.stdout)["producer_metrics"]["reference_sends"]
+    assert sends["new_queue"] >= 1
+    assert sends["argument"] == 1
+    text = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, timeout=60, check=True).stdout
+    assert "reference sends (not the compiled core)" in text
+    assert "argument 1" in text
+    collected = {
+        sample.labels["reason"]: sample.value
+        for family in StoreCollector(service.config).collect()
+        if family.name == "rmq_put_reference_sends"
+        for sample in family.samples
+    }
+    assert collected["argument"] == 1
