@@ -1702,6 +1702,60 @@ fail:
     return NULL;
 }
 
+/* put_encoded(topic, queue_id, record, wait) -> (status, reason, queue_offset, phy_offset) | None:
+ * one record the reference encoded (a `Message` as given: its own born host and time, sys flag,
+ * reconsume times), stored by the core's put (lock, journal, copy, queue offset, flush wait).
+ * Only a dispatchable record born at an IPv4 host (its store time where the core patches it);
+ * None before anything shared changed (s->why): the reference's. */
+static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "put_encoded takes 4 arguments");
+    s->why = REF_STORE;
+    if (s->closed) Py_RETURN_NONE;
+    int64_t started_ns = mono_ns();
+    PyObject *topic = args[0], *qid_obj = args[1], *data = args[2];
+    int wait = PyObject_IsTrue(args[3]);
+    long long queue_id, flag;
+    s->why = REF_ARGUMENT;
+    if (wait < 0 || !PyUnicode_CheckExact(topic) || !plain_ids(qid_obj, qid_obj, &queue_id, &flag))
+        return wait < 0 ? NULL : Py_NewRef(Py_None);
+    s->why = REF_NEW_QUEUE;
+    if (started_ns >= s->fresh_until_ns) Py_RETURN_NONE;
+    PyObject *topic_field;
+    int64_t slot;
+    Py_ssize_t next_word;
+    int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
+    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t size = view.len;
+    int32_t sys_flag = size >= POS_SYS_FLAG + 4 ? (int32_t)__builtin_bswap32(*(uint32_t *)((uint8_t *)view.buf + POS_SYS_FLAG)) : -1;
+    s->why = REF_ITEM;
+    /* transaction type bits (PREPARED 0x4, ROLLBACK 0x8): not dispatched, no queue offset */
+    if (sys_flag < 0 || (sys_flag & (BORNHOST_V6_FLAG | 0xC)) || size < fixed_size(&s->hosts) ||
+        grow_scratch(s, size) < 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    memcpy(s->scratch, view.buf, (size_t)size);
+    PyBuffer_Release(&view);
+    int64_t now_ms = real_ns() / 1000000;
+    s->why = REF_STORE;
+    if (!may_put(s, now_ms)) Py_RETURN_NONE;
+    Placed placed;
+    s->why = REF_NEW_FILE;
+    s->put_waits = wait;
+    int put = append_locked(s, size, 1, NULL, slot, next_word, now_ms, &placed);
+    s->put_waits = 1;
+    PyObject *status = s->put_ok, *reason = s->empty;
+    if (put < 0 || (put && wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
+        return NULL;
+    if (!put) Py_RETURN_NONE;
+    int64_t latency_ns = (s->sync && wait ? mono_ns() : placed.released_ns) - started_ns;
+    record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    s->sent += 1;
+    return Py_BuildValue("OOLL", status, reason, (long long)placed.queue_offset, (long long)placed.wrote);
+}
+
 static PyObject *Sender_count_reference(Sender *s, PyObject *args) {
     int why;
     Py_ssize_t n;
@@ -1868,6 +1922,9 @@ static PyMethodDef Sender_methods[] = {
     {"send_items", (PyCFunction)Sender_send_items, METH_O,
      "send_items(items: list[dict]) -> list[SendResult]: send_batch's keyword dicts, each as send, up to the "
      "first the core does not take (`why` says why)"},
+    {"put_encoded", (PyCFunction)(void (*)(void))Sender_put_encoded, METH_FASTCALL,
+     "put_encoded(topic, queue_id, record, wait) -> (status, reason, queue_offset, phy_offset) | None: a record "
+     "the reference encoded, put by the core"},
     {"count_reference", (PyCFunction)Sender_count_reference, METH_VARARGS,
      "count_reference(why, n): n sends the reference served, for reason why (REF_*)"},
     {"bind", (PyCFunction)Sender_bind, METH_VARARGS,

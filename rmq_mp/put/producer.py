@@ -498,12 +498,34 @@ class Producer:
         as `send`, on its own queue) up to the first it does not take; the reference the rest."""
         assert self._native is not None
         done = self._native.send_items(items)
+        while len(done) < len(items) and self._native.why == _ITEM and isinstance(items[len(done)], m.Message):
+            sent = self._put_message_natively(items[len(done)])
+            if sent is None:
+                break
+            done.append(sent)
+            if len(done) < len(items):
+                done += self._native.send_items(items[len(done) :])
         if len(done) == len(items):
             return SendResultList(done)
         rest = items[len(done) :]
         self._metrics.reference(self._native.why, len(rest))
         tail = self._send_batch_reference(rest)
         return tail if not done else SendResultList(done + list(tail))
+
+    def _put_message_natively(self, message: m.Message) -> SendResult | None:
+        """A `Message` (as given: its born host and time, flags, properties; a DELAY rewritten)
+        encoded by the reference's encoder and put by the compiled core; a refusal answered as
+        the reference answers it; None, nothing stored, for what the core's put does not take."""
+        assert self._native is not None
+        run = self.encoding.message(message)
+        uniq = run.uniq_keys[0] if run.uniq_keys else ""
+        if not run.pending:
+            return SendBatchResult((run,), self._msg_id_prefix)[0]
+        got = self._native.put_encoded(run.topic, run.queue_id, run.data, run.wait_flush)
+        if got is None:
+            return None
+        status, reason, queue_offset, phy_offset = got
+        return SendResult(status, run.queue_id, queue_offset, phy_offset, uniq, reason, self._msg_id_prefix)
 
     def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
         """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes

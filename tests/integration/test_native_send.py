@@ -27,8 +27,15 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rmq_mp.format import message as m
 from rmq_mp.format.message_batch import MessageBatch
-from rmq_mp.format.record import POS_BORN_TIMESTAMP, POS_PHY_OFFSET, POS_QUEUE_OFFSET
+from rmq_mp.format.record import (
+    POS_BORN_TIMESTAMP,
+    POS_PHY_OFFSET,
+    POS_QUEUE_OFFSET,
+    store_timestamp_position,
+    sys_flag_of,
+)
 from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendResult
@@ -66,7 +73,8 @@ def _comparable(raw: bytes, *, ours: bool = True) -> bytes:
     data = bytearray(raw)
     data[POS_QUEUE_OFFSET : POS_PHY_OFFSET + 8] = bytes(16)
     data[POS_BORN_TIMESTAMP : POS_BORN_TIMESTAMP + 8] = bytes(8)
-    data[56:64] = bytes(8)  # STORETIMESTAMP (IPv4 born host)
+    at = store_timestamp_position(sys_flag_of(raw))  # after the born host, IPv4 or IPv6
+    data[at : at + 8] = bytes(8)
     at = data.rfind(b"UNIQ_KEY\x01")
     if at < 0 and not ours:
         return bytes(data)
@@ -377,3 +385,67 @@ def test_status_and_metrics_count_the_reference_sends(store: tuple[RunningServic
         for sample in family.samples
     }
     assert collected["argument"] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=6),
+    delay=st.sampled_from([None, "0", "2", "99", "x"]),
+    reconsume_times=st.integers(0, 16),
+    sys_flag=st.sampled_from([0, 0x4]),  # 0x4: a PREPARED transaction half, not dispatched
+    born_host=st.sampled_from([("10.1.2.3", 4567), ("::1", 80)]),
+)
+def test_messages_are_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    bodies: list[bytes],
+    delay: str | None,
+    reconsume_times: int,
+    sys_flag: int,
+    born_host: tuple[str, int],
+) -> None:
+    """`send_batch` of `Message`s (the push consumer's send-back, the scheduler's re-put): the
+    core puts what the reference's encoder made, the same bytes and results."""
+    service, producer = store
+    properties = {"KEYS": "a b", "UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF"}
+    if delay is not None:
+        properties["DELAY"] = delay
+    messages = [
+        m.Message(
+            topic="%RETRY%g",
+            body=body,
+            queue_id=0,
+            properties=properties,
+            reconsume_times=reconsume_times,
+            sys_flag=sys_flag,
+            born_timestamp=1_700_000_000_000,
+            born_host=born_host,
+        )
+        for body in bodies
+    ]
+    fast = producer.send_batch(messages)
+    with _reference_only(producer):
+        slow = producer.send_batch(messages)
+    assert [(r.status, r.reason, r.queue_id, r.uniq_key) for r in fast] == [
+        (r.status, r.reason, r.queue_id, r.uniq_key) for r in slow
+    ]
+    for a, b in zip(fast, slow, strict=True):
+        if a.ok:
+            fast_raw, slow_raw = _record(service, a.commit_log_offset), _record(service, b.commit_log_offset)
+            assert _comparable(fast_raw, ours=False) == _comparable(slow_raw, ours=False)
+            assert struct.unpack_from(">q", fast_raw, POS_QUEUE_OFFSET)[0] == a.queue_offset
+
+
+def test_messages_are_put_by_the_core(store: tuple[RunningService, Producer]) -> None:
+    """A send-back to a retry topic, delayed and not, after each queue's first put."""
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    back = [
+        m.Message(topic="%RETRY%g", body=b"b", properties={"DELAY": level, "WAIT": "false"}, born_timestamp=1)
+        for level in ("0", "3")
+    ]
+    producer.send_batch(back)  # the queues' first: the reference's
+    sent, before = core.sent, _reference_sends(producer)
+    assert producer.send_batch(back * 10).ok
+    assert core.sent == sent + 20
+    assert _reference_sends(producer) == before
