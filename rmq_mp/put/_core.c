@@ -567,6 +567,7 @@ typedef struct {
     Py_ssize_t m_reference; /* metrics word of reference_sends[0]; -1: none */
     int why;                /* why the last send went to the reference (REF_* below) */
     int put_waits;          /* the put at hand waits for its flush (WAIT absent or "true") */
+    PyObject *schedule_topic; /* "SCHEDULE_TOPIC_XXXX": a delayed send's topic */
     Py_ssize_t *starts; /* a batch's record starts in scratch */
     size_t starts_len;
     int closed;
@@ -650,6 +651,7 @@ static void Sender_dealloc(Sender *s) {
     Py_XDECREF(s->flush_timeout);
     Py_XDECREF(s->msg_id_prefix);
     Py_XDECREF(s->empty);
+    Py_XDECREF(s->schedule_topic);
     Py_XDECREF(s->ring_full_reason);
     Py_XDECREF(s->not_flushed_reason);
     PyMem_Free(s->scratch);
@@ -864,6 +866,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     s->not_flushed_reason = Py_NewRef(dict_obj(d, "not_flushed_reason", &ok));
     if (!ok) return -1;
     s->empty = PyUnicode_FromString("");
+    s->schedule_topic = PyUnicode_InternFromString("SCHEDULE_TOPIC_XXXX");
+    if (!s->schedule_topic) return -1;
     s->topics = PyDict_New();
     s->dest = Py_NewRef(Py_None);
     s->fd = -1;
@@ -1495,12 +1499,9 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     if (body_len > s->max_message_size || pr.len > MAX_PROPERTIES_BYTES) goto hand_back;
     long long record_queue_id = queue_id;
     if (pr.level) { /* `CommitLog.asyncPutMessage`'s delay rewrite: SCHEDULE_TOPIC_XXXX, level - 1 */
-        PyObject *schedule = PyUnicode_InternFromString("SCHEDULE_TOPIC_XXXX");
-        if (!schedule) goto done;
         record_queue_id = pr.level - 1;
         s->why = REF_NEW_QUEUE;
-        found = find_queue(s, schedule, record_queue_id, &topic_field, &slot, &next_word);
-        Py_DECREF(schedule);
+        found = find_queue(s, s->schedule_topic, record_queue_id, &topic_field, &slot, &next_word);
         if (found < 0) goto done;
         if (!found) goto hand_back;
     }
