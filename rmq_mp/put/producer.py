@@ -498,7 +498,9 @@ class Producer:
         as `send`, on its own queue) up to the first it does not take; the reference the rest."""
         assert self._native is not None
         done = self._native.send_items(items)
-        while len(done) < len(items) and self._native.why == _ITEM and isinstance(items[len(done)], m.Message):
+        while (
+            len(done) < len(items) and self._native.why == _ITEM and isinstance(items[len(done)], m.Message)
+        ):
             sent = self._put_message_natively(items[len(done)])
             if sent is None:
                 break
