@@ -568,6 +568,10 @@ typedef struct {
     int why;                /* why the last send went to the reference (REF_* below) */
     int put_waits;          /* the put at hand waits for its flush (WAIT absent or "true") */
     PyObject *schedule_topic; /* "SCHEDULE_TOPIC_XXXX": a delayed send's topic */
+    PyObject *rotated;        /* send_items: the queue id rotated for the item handed back, or None */
+    int batching;             /* send_items: metrics once for the call, summed here */
+    Py_ssize_t batch_failed;
+    int64_t batch_hold_ns;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
     size_t starts_len;
     int closed;
@@ -652,6 +656,7 @@ static void Sender_dealloc(Sender *s) {
     Py_XDECREF(s->msg_id_prefix);
     Py_XDECREF(s->empty);
     Py_XDECREF(s->schedule_topic);
+    Py_XDECREF(s->rotated);
     Py_XDECREF(s->ring_full_reason);
     Py_XDECREF(s->not_flushed_reason);
     PyMem_Free(s->scratch);
@@ -1542,7 +1547,12 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         Py_RETURN_NONE;
     }
     int64_t latency_ns = (s->sync && pr.wait ? mono_ns() : placed.released_ns) - started_ns;
-    record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    if (s->batching) { /* send_items records the whole call once */
+        s->batch_failed += status != s->put_ok;
+        s->batch_hold_ns += placed.hold_ns;
+    } else {
+        record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    }
     s->sent += 1;
     PyObject *qoff = PyLong_FromLongLong(placed.queue_offset), *phy = PyLong_FromLongLong(placed.wrote);
     if (!qoff || !phy) {
@@ -1662,6 +1672,12 @@ static const char *const ITEM_FIELDS[7] = {"topic", "body", "tags", "keys", "pro
 static PyObject *Sender_send_items(Sender *s, PyObject *items) {
     if (!PyList_CheckExact(items)) return PyErr_Format(PyExc_TypeError, "send_items takes a list");
     PyObject *results = PyList_New(0), *zero = PyLong_FromLong(0);
+    int64_t started_ns = mono_ns();
+    int handed_back = 0;
+    Py_CLEAR(s->rotated);
+    s->batching = 1;
+    s->batch_failed = 0;
+    s->batch_hold_ns = 0;
     if (!results || !zero) goto fail;
     for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
         PyObject *item = PyList_GET_ITEM(items, i);
@@ -1685,19 +1701,30 @@ static PyObject *Sender_send_items(Sender *s, PyObject *items) {
             given[5] = rotated;
         }
         PyObject *result = Sender_send(s, given, 7);
-        Py_XDECREF(rotated);
-        if (!result) goto fail;
-        if (result == Py_None) {
+        if (!result) {
+            Py_XDECREF(rotated);
+            goto fail;
+        }
+        if (result == Py_None) { /* the reference sends it on the queue rotated for it */
             Py_DECREF(result);
+            s->rotated = rotated;
+            handed_back = 1;
             break;
         }
+        Py_XDECREF(rotated);
         int appended = PyList_Append(results, result);
         Py_DECREF(result);
         if (appended < 0) goto fail;
     }
     Py_DECREF(zero);
+    s->batching = 0;
+    Py_ssize_t n = PyList_GET_SIZE(results);
+    handed_back |= n < PyList_GET_SIZE(items);
+    /* one observation a call: handed back, the reference records the call with these in it */
+    if (n && !handed_back) record_metrics(s, mono_ns() - started_ns, n, s->batch_failed, s->batch_hold_ns);
     return results;
 fail:
+    s->batching = 0;
     Py_XDECREF(results);
     Py_XDECREF(zero);
     return NULL;
@@ -1946,6 +1973,8 @@ static PyMemberDef Sender_members[] = {
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
     {"why", T_INT, offsetof(Sender, why), READONLY, "why the last send went to the reference (REF_*)"},
+    {"rotated", T_OBJECT, offsetof(Sender, rotated), READONLY,
+     "send_items: the queue id rotated for the item it handed back (None: none rotated)"},
     {NULL}};
 
 static PyTypeObject SenderType = {

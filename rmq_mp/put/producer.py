@@ -470,10 +470,15 @@ class Producer:
         return self._send_batch_reference(messages)
 
     def _send_batch_reference(
-        self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]
+        self,
+        messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]],
+        *,
+        started_ns: int = 0,
+        done: Sequence[SendResult] = (),
     ) -> SendBatchResult:
-        """`send_batch` in Python: the reference."""
-        started_ns = time.perf_counter_ns()
+        """`send_batch` in Python: the reference. ``done``: results of the call's messages the
+        core sent first (since ``started_ns``), counted in this call's one metrics observation."""
+        started_ns = started_ns or time.perf_counter_ns()
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
             runs = [self.encoding.batch(messages, born_ms)] if messages.bodies else []
@@ -490,13 +495,15 @@ class Producer:
             self._put(pending, born_ms)
             self._acknowledge(pending)
         result = SendBatchResult(runs, self._msg_id_prefix)
-        self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
+        failures = result.failures + sum(1 for r in done if r.status is not _PUT_OK)
+        self._metrics.record(started_ns, len(result) + len(done), failures, self.lock.last_hold_ns)
         return result
 
     def _send_items_natively(self, items: list[Any]) -> SendBatchResult:
         """`send_batch` of a list: the compiled core sends its keyword dicts one by one (each
         as `send`, on its own queue) up to the first it does not take; the reference the rest."""
         assert self._native is not None
+        started_ns = time.perf_counter_ns()
         done = self._native.send_items(items)
         while (
             len(done) < len(items) and self._native.why == _ITEM and isinstance(items[len(done)], m.Message)
@@ -510,8 +517,11 @@ class Producer:
         if len(done) == len(items):
             return SendResultList(done)
         rest = items[len(done) :]
+        rotated = self._native.rotated
+        if rotated is not None and isinstance(rest[0], dict):  # the round robin moved on for it
+            rest[0] = {**rest[0], "queue_id": rotated}
         self._metrics.reference(self._native.why, len(rest))
-        tail = self._send_batch_reference(rest)
+        tail = self._send_batch_reference(rest, started_ns=started_ns, done=done)
         return tail if not done else SendResultList(done + list(tail))
 
     def _put_message_natively(self, message: m.Message) -> SendResult | None:
