@@ -26,6 +26,8 @@ Slot ``i`` at ``HEADER_SIZE + i * SLOT_SIZE`` (native int64):
                                       the last bucket is +Inf)
      .. lock_hold_sum_us              owner: time the put lock was held, per hold
      .. lock_hold_bucket[0..N]        owner: as latency_bucket
+     .. reference_sends[0..R]         owner: messages the pure-Python reference sent instead of
+                                      the compiled core, per REFERENCE_REASONS
 """
 
 from __future__ import annotations
@@ -54,7 +56,16 @@ OWNER_PID, PUTS, PUT_FAILURES, LATENCY_SUM_US = 0, 8, 16, 24
 LATENCY_BUCKETS = 32
 LOCK_HOLD_SUM_US = LATENCY_BUCKETS + BUCKETS * 8
 LOCK_HOLD_BUCKETS = LOCK_HOLD_SUM_US + 8
-SLOT_SIZE = LOCK_HOLD_BUCKETS + BUCKETS * 8
+REFERENCE_REASONS: tuple[str, ...] = (
+    "argument", "refused", "new_queue", "new_file", "store_busy", "month", "item", "no_core",
+)  # fmt: skip
+"""Why a send went to the reference, in the order of rmq_mp/put/_core.c's REF_* (its Sender checks
+the count): an argument type the core does not take; a message the store refuses (the reference
+words why); a queue the producer has not placed yet (or topics.json to read again); a new file
+or reservation first; the store refusing puts or the lock busy past a slice; the UNIQ_KEY month
+rolling over; a send_batch item the core does not encode; a producer without the core."""
+REFERENCE_SENDS = LOCK_HOLD_BUCKETS + BUCKETS * 8
+SLOT_SIZE = REFERENCE_SENDS + len(REFERENCE_REASONS) * 8
 DEFAULT_SLOTS = 256
 
 _Q = struct.Struct("=q")
@@ -96,6 +107,8 @@ class MetricsTotals:
     producers: int
     latency: Histogram
     lock_hold: Histogram
+    reference_sends: dict[str, int]
+    """Per REFERENCE_REASONS: messages the pure-Python reference sent."""
 
 
 WRITERS: dict[str, Writers] = {
@@ -196,6 +209,7 @@ class MetricsTable:
         puts = failures = producers = lat_sum = hold_sum = 0
         lat = [0] * BUCKETS
         hold = [0] * BUCKETS
+        reference = [0] * len(REFERENCE_REASONS)
         for slot in range(self.slots):
             base = self._base(slot)
             if not self._get(base + OWNER_PID):
@@ -208,8 +222,15 @@ class MetricsTable:
             for k in range(BUCKETS):
                 lat[k] += self._get(base + LATENCY_BUCKETS + k * 8)
                 hold[k] += self._get(base + LOCK_HOLD_BUCKETS + k * 8)
+            for k in range(len(REFERENCE_REASONS)):
+                reference[k] += self._get(base + REFERENCE_SENDS + k * 8)
         return MetricsTotals(
-            puts, failures, producers, Histogram(tuple(lat), lat_sum), Histogram(tuple(hold), hold_sum)
+            puts,
+            failures,
+            producers,
+            Histogram(tuple(lat), lat_sum),
+            Histogram(tuple(hold), hold_sum),
+            dict(zip(REFERENCE_REASONS, reference, strict=True)),
         )
 
     def close(self) -> None:

@@ -500,6 +500,20 @@ static int pause_at = PAUSE_NONE;
         if (pause_at == (p)) kill(getpid(), SIGSTOP); \
     } while (0)
 
+/* Why a send went to the reference, counted per reason in the producer's metrics slot
+ * (`shm.metrics.REFERENCE_REASONS` names them, in this order; the Sender checks the count). */
+enum {
+    REF_ARGUMENT,  /* an argument of a type the core does not take (docs/architecture.md lists them) */
+    REF_REFUSED,   /* a message the store refuses: the reference words the reason */
+    REF_NEW_QUEUE, /* a queue this producer has not placed yet, or topics.json to be read again */
+    REF_NEW_FILE,  /* the records need a new file or a reservation first */
+    REF_STORE,     /* the store refuses puts now, lags in dispatch, or the lock was not had in a slice */
+    REF_MONTH,     /* the UNIQ_KEY's month rolls over */
+    REF_ITEM,      /* a send_batch item the core does not encode (a Message) */
+    REF_NO_CORE,   /* counted by Python: a producer without the core (a slave, SYNC_MASTER, pure) */
+    REF_COUNT
+};
+
 typedef struct {
     PyObject_HEAD
     Held table, queues, ring, metrics, uniq_state;
@@ -550,6 +564,19 @@ typedef struct {
     long long prefault_at;
     uint8_t *scratch;
     Py_ssize_t scratch_len;
+    uint8_t *pbuf; /* a send's properties string (`build_props`), then copied into its record */
+    Py_ssize_t pbuf_len;
+    uint8_t *kbuf; /* keys given as a sequence, joined */
+    Py_ssize_t kbuf_len;
+    int64_t max_delay_level;
+    Py_ssize_t m_reference; /* metrics word of reference_sends[0]; -1: none */
+    int why;                /* why the last send went to the reference (REF_* below) */
+    int put_waits;          /* the put at hand waits for its flush (WAIT absent or "true") */
+    PyObject *schedule_topic; /* "SCHEDULE_TOPIC_XXXX": a delayed send's topic */
+    PyObject *rotated;        /* send_items: the queue id rotated for the item handed back, or None */
+    int batching;             /* send_items: metrics once for the call, summed here */
+    Py_ssize_t batch_failed;
+    int64_t batch_hold_ns;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
     size_t starts_len;
     int closed;
@@ -633,9 +660,13 @@ static void Sender_dealloc(Sender *s) {
     Py_XDECREF(s->flush_timeout);
     Py_XDECREF(s->msg_id_prefix);
     Py_XDECREF(s->empty);
+    Py_XDECREF(s->schedule_topic);
+    Py_XDECREF(s->rotated);
     Py_XDECREF(s->ring_full_reason);
     Py_XDECREF(s->not_flushed_reason);
     PyMem_Free(s->scratch);
+    PyMem_Free(s->pbuf);
+    PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -746,8 +777,15 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     s->max_message_size = dict_i64(d, "max_message_size", &ok);
     if (crc_tail_init(s, dict_obj(d, "crc_placeholder", &ok)) < 0) return -1;
     s->prefault_at = LLONG_MAX; /* until the appender tells of a pool buffer */
+    s->put_waits = 1;
     s->sync = (int)dict_i64(d, "sync", &ok);
+    s->max_delay_level = dict_i64(d, "max_delay_level", &ok);
+    s->m_reference = (Py_ssize_t)dict_i64(d, "reference_word", &ok);
     if (!ok) return -1;
+    if (dict_i64(d, "reference_reasons", &ok) != REF_COUNT) {
+        if (ok) PyErr_SetString(PyExc_ValueError, "reference_reasons disagree with the core's REF_* reasons");
+        return -1;
+    }
     if (hold(&s->table, dict_obj(d, "table", &ok), 1) < 0) return -1;
     if (hold(&s->queues, dict_obj(d, "queues", &ok), 1) < 0) return -1;
     if (hold(&s->uniq_state, dict_obj(d, "uniq_state", &ok), 1) < 0) return -1;
@@ -861,7 +899,12 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
             return -1;
         }
         s->has_metrics = 1;
+        if (s->m_reference >= 0 && (s->m_reference + REF_COUNT) * 8 > s->metrics.view.len) {
+            PyErr_SetString(PyExc_ValueError, "reference_sends outside the metrics segment");
+            return -1;
+        }
     }
+    if (!s->has_metrics) s->m_reference = -1;
     s->result_type = Py_NewRef(dict_obj(d, "result_type", &ok));
     if (!ok) return -1;
     if (find_result_slots(s) < 0) return -1;
@@ -876,6 +919,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
     s->not_flushed_reason = Py_NewRef(dict_obj(d, "not_flushed_reason", &ok));
     if (!ok) return -1;
     s->empty = PyUnicode_FromString("");
+    s->schedule_topic = PyUnicode_InternFromString("SCHEDULE_TOPIC_XXXX");
+    if (!s->schedule_topic) return -1;
     s->topics = PyDict_New();
     s->dest = Py_NewRef(Py_None);
     s->fd = -1;
@@ -1095,6 +1140,7 @@ static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
  * `Appender._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
  * (nothing changed: the records do not fit the cached file, or the lock was not had within a
  * slice), -1 with an exception. */
+/* (s->why says why when this hands back; s->put_waits whether a SYNC flush request is made.) */
 static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts, int64_t slot,
                          Py_ssize_t next_word, int64_t born_ms, Placed *out) {
     int64_t *w = words_of(&s->table);
@@ -1108,7 +1154,10 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         int64_t deadline = mono_ns() + s->spin_ns + s->slice_ms * 1000000;
         Py_BEGIN_ALLOW_THREADS got = lock_wait(lock, pid, s->spin_ns, deadline);
         Py_END_ALLOW_THREADS
-        if (!got) return 0; /* a long hold, a dead owner, a busy lock: the reference decides */
+        if (!got) { /* a long hold, a dead owner, a busy lock: the reference decides */
+            s->why = REF_STORE;
+            return 0;
+        }
         store_ts = real_ms();
     }
     if (fenced(s, w, lock)) return 0;
@@ -1178,7 +1227,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
     w[s->w[W_LAST_STORE_TS]] = store_ts;
     w[s->w[W_PUT_COUNT]] += n;
     w[s->w[W_PUT_BYTES]] += size;
-    out->ring_slot = s->sync ? take_ring_slot(s, end, store_ts) : -1;
+    out->ring_slot = s->sync && s->put_waits ? take_ring_slot(s, end, store_ts) : -1;
     w[s->w[W_LOCK_SINCE]] = 0;
     lock_release(lock);
     out->released_ns = mono_ns();
@@ -1241,58 +1290,338 @@ static int plain_ids(PyObject *qid_obj, PyObject *flag_obj, long long *queue_id,
     return !overflow && *flag >= INT32_MIN && *flag <= INT32_MAX;
 }
 
-/* The common message (topic, body, tags, keys, properties, queue_id, flag), or None before
- * anything shared changed: the reference's. Sender_send_kw's fast path. */
+/* ------------------------------------------------------------------ a send's properties
+ *
+ * `properties_text` and `schedule.delayed_put` in C: the properties string a send stores, built
+ * in s->pbuf entry by entry (`props_put`), so that one more property is one more call. */
+
+static inline void count_reference(Sender *s, int why, Py_ssize_t n) {
+    if (s->m_reference >= 0) words_of(&s->metrics)[s->m_reference + why] += n;
+}
+
+static int grow_buffer(uint8_t **buf, Py_ssize_t *cap, Py_ssize_t n) {
+    if (n <= *cap) return 0;
+    Py_ssize_t want = n < 1024 ? 1024 : n * 2;
+    uint8_t *p = PyMem_Realloc(*buf, (size_t)want);
+    if (!p) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    *buf = p;
+    *cap = want;
+    return 0;
+}
+
+typedef struct {
+    Py_ssize_t len;       /* bytes of s->pbuf used */
+    Py_ssize_t id_at;     /* where our UNIQ_KEY's 32 characters go; -1: the properties gave one */
+    PyObject *uniq_given; /* borrowed: the UNIQ_KEY the properties gave */
+    int wait;             /* WAIT absent or "true" (`waits_for_store`) */
+    int32_t level;        /* > 0: delayed, at this (clamped) level */
+} Props;
+
+/* Append `name\x01value`, after a \x02 unless it is the first (`messageProperties2String`). */
+static int props_put(Sender *s, Props *pr, const char *name, Py_ssize_t nn, const char *value, Py_ssize_t vn) {
+    if (grow_buffer(&s->pbuf, &s->pbuf_len, pr->len + nn + vn + 2) < 0) return -1;
+    uint8_t *q = s->pbuf + pr->len;
+    if (pr->len) *q++ = 2;
+    memcpy(q, name, (size_t)nn);
+    q[nn] = 1;
+    memcpy(q + nn + 1, value, (size_t)vn);
+    pr->len = (q + nn + 1 + vn) - s->pbuf;
+    return 0;
+}
+
+/* Our UNIQ_KEY entry, its 32 characters written once the counter is taken (`write_uniq`). */
+static int props_put_uniq(Sender *s, Props *pr) {
+    static const char blank[UNIQ_KEY_LEN] = {0};
+    if (props_put(s, pr, "UNIQ_KEY", 8, blank, UNIQ_KEY_LEN) < 0) return -1;
+    pr->id_at = pr->len - UNIQ_KEY_LEN;
+    return 0;
+}
+
+/* The 32-character id of `counter` at `born_ms` (`UniqueIdGenerator.next_id`) at `id`. */
+static void write_uniq(Sender *s, uint8_t *id, int64_t born_ms, int64_t counter) {
+    int64_t *uniq = words_of(&s->uniq_state);
+    memcpy(id, s->uniq_prefix, 20);
+    uint32_t month_ms = (uint32_t)(born_ms - uniq[1]);
+    for (int i = 0; i < 8; i++) id[20 + i] = (uint8_t)HEX[(month_ms >> (28 - 4 * i)) & 0xF];
+    for (int i = 0; i < 4; i++) id[28 + i] = (uint8_t)HEX[((uint32_t)counter >> (12 - 4 * i)) & 0xF];
+}
+
+/* A str's UTF-8: 1, or 0 (s->why set) when it is not an exact str or has no UTF-8 (a lone surrogate). */
+static int utf8_of(Sender *s, PyObject *text, const char **p, Py_ssize_t *n) {
+    if (!PyUnicode_CheckExact(text)) {
+        s->why = REF_ARGUMENT;
+        return 0;
+    }
+    *p = PyUnicode_AsUTF8AndSize(text, n);
+    if (*p) return 1;
+    PyErr_Clear();
+    s->why = REF_REFUSED;
+    return 0;
+}
+
+/* `schedule.parse_level`: the DELAY value as a Java int (`Integer.parseInt`); 0 when it is none. */
+static int parse_level(const char *p, Py_ssize_t n, int64_t *level) {
+    Py_ssize_t i = 0;
+    int negative = 0;
+    if (n && (p[0] == '+' || p[0] == '-')) {
+        negative = p[0] == '-';
+        i = 1;
+    }
+    if (i == n) return 0;
+    int64_t v = 0;
+    for (; i < n; i++) {
+        if (p[i] < '0' || p[i] > '9') return 0;
+        v = v * 10 + (p[i] - '0');
+        if (v > ((int64_t)1 << 31)) return 0;
+    }
+    v = negative ? -v : v;
+    if (v < INT32_MIN || v > INT32_MAX) return 0;
+    *level = v;
+    return 1;
+}
+
+/* Keys (None, a str, or a list or tuple of str joined by spaces: `keys_text`) as UTF-8, in
+ * s->kbuf when joined. *present: `if keys` (a non-empty sequence counts even if its text is ''). */
+static int keys_of(Sender *s, PyObject *keys, const char **p, Py_ssize_t *n, int *present) {
+    *p = "";
+    *n = 0;
+    *present = 0;
+    if (keys == Py_None) return 1;
+    if (PyUnicode_CheckExact(keys)) {
+        if (!utf8_of(s, keys, p, n)) return 0;
+        *present = *n > 0;
+        return 1;
+    }
+    if (!PyList_CheckExact(keys) && !PyTuple_CheckExact(keys)) {
+        s->why = REF_ARGUMENT;
+        return 0;
+    }
+    Py_ssize_t count = PySequence_Fast_GET_SIZE(keys), at = 0;
+    PyObject **items = PySequence_Fast_ITEMS(keys);
+    for (Py_ssize_t i = 0; i < count; i++) {
+        const char *k;
+        Py_ssize_t kn;
+        if (!utf8_of(s, items[i], &k, &kn)) return 0;
+        if (grow_buffer(&s->kbuf, &s->kbuf_len, at + kn + 1) < 0) return -1;
+        if (i) s->kbuf[at++] = ' ';
+        memcpy(s->kbuf + at, k, (size_t)kn);
+        at += kn;
+    }
+    *p = (const char *)s->kbuf;
+    *n = at;
+    *present = count > 0;
+    return 1;
+}
+
+static inline int is_name(const char *p, Py_ssize_t n, const char *name) {
+    return (Py_ssize_t)strlen(name) == n && memcmp(p, name, (size_t)n) == 0;
+}
+
+/* The properties string of a send (`properties_text`, then `schedule.delayed_put` when its DELAY
+ * is a level above 0): 1 built in s->pbuf, 0 the reference's (s->why), -1 with an exception.
+ * `topic` and `queue_id` are the real ones (REAL_TOPIC, REAL_QID of a delayed put). */
+static int build_props(Sender *s, PyObject *tags, PyObject *keys, PyObject *props, PyObject *topic,
+                       long long queue_id, Props *pr) {
+    pr->len = 0;
+    pr->id_at = -1;
+    pr->uniq_given = NULL;
+    pr->wait = 1;
+    pr->level = 0;
+    const char *tags_p = "", *keys_p;
+    Py_ssize_t tags_n = 0, keys_n;
+    int keys_present, rc;
+    if (tags != Py_None && !utf8_of(s, tags, &tags_p, &tags_n)) return 0;
+    if ((rc = keys_of(s, keys, &keys_p, &keys_n, &keys_present)) <= 0) return rc;
+    s->why = REF_REFUSED; /* for every refusal below */
+    if (has_separator(tags_p, tags_n) || has_separator(keys_p, keys_n)) return 0;
+    Py_ssize_t entries = 0;
+    if (props != Py_None) {
+        if (!PyDict_CheckExact(props)) {
+            s->why = REF_ARGUMENT;
+            return 0;
+        }
+        entries = PyDict_GET_SIZE(props);
+    }
+    if (!entries) { /* the common shape: TAGS, KEYS, UNIQ_KEY */
+        if (tags_n && props_put(s, pr, "TAGS", 4, tags_p, tags_n) < 0) return -1;
+        if (keys_present && props_put(s, pr, "KEYS", 4, keys_p, keys_n) < 0) return -1;
+        if (props_put_uniq(s, pr) < 0) return -1;
+        return 1;
+    }
+    /* DELAY first: whether the entries are rewritten (clamped DELAY, REAL_TOPIC, REAL_QID) */
+    char level_text[16], qid_text[16];
+    Py_ssize_t level_n = 0, qid_n = 0, topic_n = 0;
+    const char *topic_p = "";
+    int clamped = 0;
+    PyObject *delay = PyDict_GetItemString(props, "DELAY");
+    if (delay) {
+        const char *d;
+        Py_ssize_t dn;
+        int64_t level;
+        if (!utf8_of(s, delay, &d, &dn)) return 0;
+        if (!parse_level(d, dn, &level)) {
+            s->why = REF_REFUSED;
+            return 0;
+        }
+        if (level > 0) {
+            clamped = level > s->max_delay_level;
+            pr->level = (int32_t)(clamped ? s->max_delay_level : level);
+            level_n = snprintf(level_text, sizeof level_text, "%d", (int)pr->level);
+            qid_n = snprintf(qid_text, sizeof qid_text, "%lld", queue_id);
+            if (!utf8_of(s, topic, &topic_p, &topic_n)) return 0;
+        }
+    }
+    int tags_done = 0, keys_done = 0, topic_done = 0, qid_done = 0;
+    Py_ssize_t pos = 0;
+    PyObject *name_o, *value_o;
+    while (PyDict_Next(props, &pos, &name_o, &value_o)) {
+        const char *name, *value;
+        Py_ssize_t nn, vn;
+        if (!utf8_of(s, name_o, &name, &nn) || !utf8_of(s, value_o, &value, &vn)) return 0;
+        s->why = REF_REFUSED;
+        if (has_separator(name, nn)) return 0;
+        if (tags_n && is_name(name, nn, "TAGS")) { /* props[TAGS] = tags: the given value is not stored */
+            value = tags_p, vn = tags_n, tags_done = 1;
+        } else if (keys_present && is_name(name, nn, "KEYS")) {
+            value = keys_p, vn = keys_n, keys_done = 1;
+        } else {
+            if (has_separator(value, vn)) return 0;
+            if (is_name(name, nn, "UNIQ_KEY")) pr->uniq_given = value_o;
+            if (is_name(name, nn, "WAIT")) pr->wait = vn == 4 && memcmp(value, "true", 4) == 0;
+            if (pr->level) {
+                if (clamped && is_name(name, nn, "DELAY")) value = level_text, vn = level_n;
+                if (is_name(name, nn, "REAL_TOPIC")) value = topic_p, vn = topic_n, topic_done = 1;
+                if (is_name(name, nn, "REAL_QID")) value = qid_text, vn = qid_n, qid_done = 1;
+            }
+        }
+        if (pr->level && (!nn || !vn)) continue; /* delayed: the string went through string2messageProperties */
+        if (props_put(s, pr, name, nn, value, vn) < 0) return -1;
+    }
+    if (tags_n && !tags_done && props_put(s, pr, "TAGS", 4, tags_p, tags_n) < 0) return -1;
+    if (keys_present && !keys_done && !(pr->level && !keys_n) && props_put(s, pr, "KEYS", 4, keys_p, keys_n) < 0)
+        return -1;
+    if (!pr->uniq_given && props_put_uniq(s, pr) < 0) return -1;
+    if (pr->level) {
+        if (!topic_done && props_put(s, pr, "REAL_TOPIC", 10, topic_p, topic_n) < 0) return -1;
+        if (!qid_done && props_put(s, pr, "REAL_QID", 8, qid_text, qid_n) < 0) return -1;
+    }
+    return 1;
+}
+
+/* The reserved CRC tail after the properties built in s->pbuf (`crc_reserve`), in pr->len. */
+static int props_put_crc(Sender *s, Props *pr) {
+    if (!s->crc_tail_len) return 0;
+    if (grow_buffer(&s->pbuf, &s->pbuf_len, pr->len + crc_extra(s)) < 0) return -1;
+    crc_reserve(s, s->pbuf + pr->len);
+    pr->len += crc_extra(s);
+    return 0;
+}
+
+/* A body: bytes, or any C-contiguous buffer (bytearray, memoryview, numpy array) held in `view`
+ * until the record is encoded. 1, or 0 (s->why) when it is none of them. */
+static int body_of(Sender *s, PyObject *body, Py_buffer *view, const uint8_t **p, Py_ssize_t *n) {
+    view->obj = NULL;
+    if (PyBytes_CheckExact(body)) {
+        *p = (const uint8_t *)PyBytes_AS_STRING(body);
+        *n = PyBytes_GET_SIZE(body);
+        return 1;
+    }
+    s->why = REF_ARGUMENT;
+    if (PyUnicode_Check(body) || PyLong_Check(body) || !PyObject_CheckBuffer(body)) return 0;
+    if (PyObject_GetBuffer(body, view, PyBUF_SIMPLE) < 0) { /* not contiguous: memoryview().tobytes() */
+        PyErr_Clear();
+        view->obj = NULL;
+        return 0;
+    }
+    *p = view->buf;
+    *n = view->len;
+    return 1;
+}
+
+/* One message (topic, body, tags, keys, properties, queue_id, flag) stored, or None before
+ * anything shared changed (s->why says why): the reference's. Sender_send_kw's fast path. */
 static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
     if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send takes 7 arguments");
+    s->why = REF_STORE;
     if (s->closed) Py_RETURN_NONE;
     int64_t started_ns = mono_ns();
     PyObject *topic = args[0], *body = args[1], *tags = args[2], *keys = args[3], *props = args[4],
              *qid_obj = args[5], *flag_obj = args[6];
-    /* ---- eligibility: anything unusual is the reference's (nothing shared changed yet) */
     long long queue_id, flag;
-    if (!PyBytes_CheckExact(body) || !PyUnicode_CheckExact(topic) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
-        Py_RETURN_NONE;
-    if (props != Py_None && !(PyDict_CheckExact(props) && PyDict_GET_SIZE(props) == 0)) Py_RETURN_NONE;
+    s->why = REF_ARGUMENT;
+    if (!PyUnicode_CheckExact(topic) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag)) Py_RETURN_NONE;
+    s->why = REF_NEW_QUEUE;
     if (started_ns >= s->fresh_until_ns) Py_RETURN_NONE; /* topics.json to be looked at again */
     PyObject *topic_field;
     int64_t slot;
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
     if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
-    const char *tags_p, *keys_p;
-    Py_ssize_t tags_n, keys_n;
-    if (!plain_text(tags, &tags_p, &tags_n) || !plain_text(keys, &keys_p, &keys_n)) Py_RETURN_NONE;
-    Py_ssize_t body_len = PyBytes_GET_SIZE(body);
-    if (body_len > s->max_message_size) Py_RETURN_NONE;
+    Py_buffer view;
+    const uint8_t *body_p;
+    Py_ssize_t body_len;
+    if (!body_of(s, body, &view, &body_p, &body_len)) Py_RETURN_NONE;
+    PyObject *result = NULL, *uniq_str = NULL;
+    Props pr;
+    int built = build_props(s, tags, keys, props, topic, queue_id, &pr);
+    if (built < 0 || (built && props_put_crc(s, &pr) < 0)) goto done;
+    if (!built) goto hand_back;
+    s->why = REF_REFUSED;
+    if (body_len > s->max_message_size || pr.len > MAX_PROPERTIES_BYTES) goto hand_back;
+    long long record_queue_id = queue_id;
+    if (pr.level) { /* `CommitLog.asyncPutMessage`'s delay rewrite: SCHEDULE_TOPIC_XXXX, level - 1 */
+        record_queue_id = pr.level - 1;
+        s->why = REF_NEW_QUEUE;
+        found = find_queue(s, s->schedule_topic, record_queue_id, &topic_field, &slot, &next_word);
+        if (found < 0) goto done;
+        if (!found) goto hand_back;
+    }
     int64_t born_ms = real_ns() / 1000000;
     int64_t *uniq = words_of(&s->uniq_state); /* counter, month start ms, next month ms */
-    if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE; /* the month rolls: Python's */
-    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + (keys_n ? 6 + keys_n : 0) + 9 + UNIQ_KEY_LEN + crc_extra(s);
-    if (props_len > MAX_PROPERTIES_BYTES || !may_put(s, born_ms)) Py_RETURN_NONE;
+    s->why = REF_MONTH;
+    if (born_ms >= uniq[2] || born_ms < uniq[1]) goto hand_back;
+    s->why = REF_STORE;
+    if (!may_put(s, born_ms)) goto hand_back;
     Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
-    Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + props_len;
-    if (grow_scratch(s, size + props_len) < 0) return NULL;
-    uint8_t *pb = s->scratch + size; /* the properties are built past the record, then encoded */
+    Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + pr.len;
+    if (grow_scratch(s, size) < 0) goto done;
     int64_t counter = uniq[0];
     uniq[0] = counter + 1;
-    uint8_t *id = write_properties(s, pb, tags_p, tags_n, keys_p, keys_n, born_ms, counter);
-    crc_reserve(s, id + UNIQ_KEY_LEN);
-    PyObject *uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, id, UNIQ_KEY_LEN);
-    if (!uniq_str) return NULL;
-    encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
-                (const uint8_t *)PyBytes_AS_STRING(body), body_len, (int32_t)queue_id, (int32_t)flag, born_ms,
-                pb, props_len);
+    if (pr.id_at >= 0) {
+        write_uniq(s, s->pbuf + pr.id_at, born_ms, counter);
+        uniq_str = PyUnicode_FromKindAndData(PyUnicode_1BYTE_KIND, s->pbuf + pr.id_at, UNIQ_KEY_LEN);
+    } else {
+        uniq_str = Py_NewRef(pr.uniq_given);
+    }
+    if (!uniq_str) goto done;
+    encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len, body_p,
+                body_len, (int32_t)record_queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len);
+    if (view.obj) PyBuffer_Release(&view); /* the body is in the record now */
     /* ---- the put */
     Placed placed;
-    int done = append_locked(s, size, 1, NULL, slot, next_word, born_ms, &placed);
-    PyObject *status, *reason;
-    if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0) {
+    s->why = REF_NEW_FILE;
+    s->put_waits = pr.wait;
+    int put = append_locked(s, size, 1, NULL, slot, next_word, born_ms, &placed);
+    s->put_waits = 1;
+    PyObject *status = s->put_ok, *reason = s->empty;
+    if (put < 0 || (put && pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)) {
         Py_DECREF(uniq_str);
-        return done == 0 ? Py_NewRef(Py_None) : NULL;
+        return NULL;
     }
-    int64_t latency_ns = (s->sync ? mono_ns() : placed.released_ns) - started_ns;
-    record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    if (!put) {
+        Py_DECREF(uniq_str);
+        Py_RETURN_NONE;
+    }
+    int64_t latency_ns = (s->sync && pr.wait ? mono_ns() : placed.released_ns) - started_ns;
+    if (s->batching) { /* send_items records the whole call once */
+        s->batch_failed += status != s->put_ok;
+        s->batch_hold_ns += placed.hold_ns;
+    } else {
+        record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    }
     s->sent += 1;
     PyObject *qoff = PyLong_FromLongLong(placed.queue_offset), *phy = PyLong_FromLongLong(placed.wrote);
     if (!qoff || !phy) {
@@ -1304,6 +1633,12 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     PyObject *values[7] = {Py_NewRef(status), Py_NewRef(qid_obj), qoff,          phy,
                            uniq_str,          Py_NewRef(reason),  Py_NewRef(s->msg_id_prefix)};
     return new_result(s, values);
+hand_back:
+    result = Py_NewRef(Py_None);
+done:
+    if (view.obj) PyBuffer_Release(&view);
+    Py_XDECREF(uniq_str);
+    return result;
 }
 
 #define MAX_BATCH 65536
@@ -1318,9 +1653,11 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     int64_t started_ns = mono_ns();
     PyObject *topic = args[0], *bodies = args[1], *tags = args[2], *qid_obj = args[3], *flag_obj = args[4];
     long long queue_id, flag;
+    s->why = REF_ARGUMENT;
     if (!PyUnicode_CheckExact(topic) || !PyList_CheckExact(bodies) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
         Py_RETURN_NONE;
     Py_ssize_t n = PyList_GET_SIZE(bodies);
+    s->why = REF_NEW_QUEUE;
     if (n < 1 || n > MAX_BATCH || started_ns >= s->fresh_until_ns) Py_RETURN_NONE;
     PyObject *topic_field;
     int64_t slot;
@@ -1368,6 +1705,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     }
     assert(at == size);
     Placed placed;
+    s->why = REF_NEW_FILE;
     int done = append_locked(s, size, n, s->starts, slot, next_word, born_ms, &placed);
     PyObject *status, *reason;
     if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)
@@ -1392,6 +1730,137 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     }
     return Py_BuildValue("OOLLLLnN", status, reason, (long long)placed.queue_offset, (long long)placed.wrote,
                          (long long)born_ms, (long long)first, uniform ? size / n : (Py_ssize_t)-1, ends);
+}
+
+static const char *const ITEM_FIELDS[7] = {"topic", "body", "tags", "keys", "properties", "queue_id", "flag"};
+
+/* send_items(items: list) -> list[SendResult]: `send_batch` of send keyword dicts, each stored
+ * as `send` stores it (its own queue, keys, tags and properties; a lock hold each), in order,
+ * up to the first the core does not take (a Message, an unknown field, whatever `Sender_send`
+ * hands back): the results of those before it, and s->why says why (the reference sends the
+ * rest). */
+static PyObject *Sender_send_items(Sender *s, PyObject *items) {
+    if (!PyList_CheckExact(items)) return PyErr_Format(PyExc_TypeError, "send_items takes a list");
+    PyObject *results = PyList_New(0), *zero = PyLong_FromLong(0);
+    int64_t started_ns = mono_ns();
+    int handed_back = 0;
+    Py_CLEAR(s->rotated);
+    s->batching = 1;
+    s->batch_failed = 0;
+    s->batch_hold_ns = 0;
+    if (!results || !zero) goto fail;
+    for (Py_ssize_t i = 0; i < PyList_GET_SIZE(items); i++) {
+        PyObject *item = PyList_GET_ITEM(items, i);
+        s->why = REF_ITEM;
+        if (!PyDict_CheckExact(item)) break;
+        PyObject *given[7];
+        Py_ssize_t known = 0;
+        for (int k = 0; k < 7; k++) {
+            given[k] = PyDict_GetItemString(item, ITEM_FIELDS[k]); /* borrowed (NULL: absent) */
+            known += given[k] != NULL;
+        }
+        s->why = REF_ARGUMENT;
+        if (known != PyDict_GET_SIZE(item) || !given[0] || !given[1] || !PyUnicode_CheckExact(given[0])) break;
+        for (int k = 2; k < 6; k++)
+            if (!given[k]) given[k] = Py_None;
+        if (!given[6]) given[6] = zero;
+        PyObject *rotated = NULL;
+        if (given[5] == Py_None) {
+            PyObject *call[2] = {given[0], Py_None};
+            if (!(rotated = PyObject_Vectorcall(s->rotate, call, 2, NULL))) goto fail;
+            given[5] = rotated;
+        }
+        PyObject *result = Sender_send(s, given, 7);
+        if (!result) {
+            Py_XDECREF(rotated);
+            goto fail;
+        }
+        if (result == Py_None) { /* the reference sends it on the queue rotated for it */
+            Py_DECREF(result);
+            s->rotated = rotated;
+            handed_back = 1;
+            break;
+        }
+        Py_XDECREF(rotated);
+        int appended = PyList_Append(results, result);
+        Py_DECREF(result);
+        if (appended < 0) goto fail;
+    }
+    Py_DECREF(zero);
+    s->batching = 0;
+    Py_ssize_t n = PyList_GET_SIZE(results);
+    handed_back |= n < PyList_GET_SIZE(items);
+    /* one observation a call: handed back, the reference records the call with these in it */
+    if (n && !handed_back) record_metrics(s, mono_ns() - started_ns, n, s->batch_failed, s->batch_hold_ns);
+    return results;
+fail:
+    s->batching = 0;
+    Py_XDECREF(results);
+    Py_XDECREF(zero);
+    return NULL;
+}
+
+/* put_encoded(topic, queue_id, record, wait) -> (status, reason, queue_offset, phy_offset) | None:
+ * one record the reference encoded (a `Message` as given: its own born host and time, sys flag,
+ * reconsume times), stored by the core's put (lock, journal, copy, queue offset, flush wait).
+ * Only a dispatchable record born at an IPv4 host (its store time where the core patches it);
+ * None before anything shared changed (s->why): the reference's. */
+static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
+    if (nargs != 4) return PyErr_Format(PyExc_TypeError, "put_encoded takes 4 arguments");
+    s->why = REF_STORE;
+    if (s->closed) Py_RETURN_NONE;
+    int64_t started_ns = mono_ns();
+    PyObject *topic = args[0], *qid_obj = args[1], *data = args[2];
+    int wait = PyObject_IsTrue(args[3]);
+    long long queue_id, flag;
+    s->why = REF_ARGUMENT;
+    if (wait < 0 || !PyUnicode_CheckExact(topic) || !plain_ids(qid_obj, qid_obj, &queue_id, &flag))
+        return wait < 0 ? NULL : Py_NewRef(Py_None);
+    s->why = REF_NEW_QUEUE;
+    if (started_ns >= s->fresh_until_ns) Py_RETURN_NONE;
+    PyObject *topic_field;
+    int64_t slot;
+    Py_ssize_t next_word;
+    int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
+    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    Py_buffer view;
+    if (PyObject_GetBuffer(data, &view, PyBUF_SIMPLE) < 0) return NULL;
+    Py_ssize_t size = view.len;
+    int32_t sys_flag = size >= POS_SYS_FLAG + 4 ? (int32_t)__builtin_bswap32(*(uint32_t *)((uint8_t *)view.buf + POS_SYS_FLAG)) : -1;
+    s->why = REF_ITEM;
+    /* transaction type bits (PREPARED 0x4, ROLLBACK 0x8): not dispatched, no queue offset */
+    if (sys_flag < 0 || (sys_flag & (BORNHOST_V6_FLAG | 0xC)) || size < fixed_size(&s->hosts) ||
+        grow_scratch(s, size) < 0) {
+        PyBuffer_Release(&view);
+        return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+    }
+    memcpy(s->scratch, view.buf, (size_t)size);
+    PyBuffer_Release(&view);
+    int64_t now_ms = real_ns() / 1000000;
+    s->why = REF_STORE;
+    if (!may_put(s, now_ms)) Py_RETURN_NONE;
+    Placed placed;
+    s->why = REF_NEW_FILE;
+    s->put_waits = wait;
+    int put = append_locked(s, size, 1, NULL, slot, next_word, now_ms, &placed);
+    s->put_waits = 1;
+    PyObject *status = s->put_ok, *reason = s->empty;
+    if (put < 0 || (put && wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
+        return NULL;
+    if (!put) Py_RETURN_NONE;
+    int64_t latency_ns = (s->sync && wait ? mono_ns() : placed.released_ns) - started_ns;
+    record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
+    s->sent += 1;
+    return Py_BuildValue("OOLL", status, reason, (long long)placed.queue_offset, (long long)placed.wrote);
+}
+
+static PyObject *Sender_count_reference(Sender *s, PyObject *args) {
+    int why;
+    Py_ssize_t n;
+    if (!PyArg_ParseTuple(args, "in", &why, &n)) return NULL;
+    if (why < 0 || why >= REF_COUNT) return PyErr_Format(PyExc_ValueError, "no reason %d", why);
+    if (!s->closed) count_reference(s, why, n);
+    Py_RETURN_NONE;
 }
 
 static PyObject *KW_NAMES[5]; /* tags, keys, properties, queue_id, flag (interned at import) */
@@ -1446,12 +1915,14 @@ static PyObject *Sender_send_kw(Sender *s, PyObject *const *args, size_t nargsf,
         if (!rotated) goto done;
         queue_id = rotated;
     }
+    s->why = REF_ARGUMENT;
     if (PyUnicode_CheckExact(given[0]) && queue_id != Py_None) {
         PyObject *fast[7] = {given[0], given[1], given[2], given[3], given[4], queue_id, flag};
         result = Sender_send(s, fast, 7);
         if (result != Py_None) goto done;
         Py_CLEAR(result);
     }
+    count_reference(s, s->why, 1);
     {
         PyObject *call[8] = {given[0], given[1], given[2], given[3], given[4], queue_id, flag,
                              named ? Py_True : Py_False};
@@ -1546,6 +2017,14 @@ static PyMethodDef Sender_methods[] = {
     {"send_kw", (PyCFunction)(void (*)(void))Sender_send_kw, METH_FASTCALL | METH_KEYWORDS,
      "send(topic, body, *, tags=None, keys=None, properties=None, queue_id=None, flag=0) -> SendResult: "
      "Producer.send, bound on the producer; the compiled core first, else the reference"},
+    {"send_items", (PyCFunction)Sender_send_items, METH_O,
+     "send_items(items: list[dict]) -> list[SendResult]: send_batch's keyword dicts, each as send, up to the "
+     "first the core does not take (`why` says why)"},
+    {"put_encoded", (PyCFunction)(void (*)(void))Sender_put_encoded, METH_FASTCALL,
+     "put_encoded(topic, queue_id, record, wait) -> (status, reason, queue_offset, phy_offset) | None: a record "
+     "the reference encoded, put by the core"},
+    {"count_reference", (PyCFunction)Sender_count_reference, METH_VARARGS,
+     "count_reference(why, n): n sends the reference served, for reason why (REF_*)"},
     {"bind", (PyCFunction)Sender_bind, METH_VARARGS,
      "bind(reference, rotate, prefault): the producer's send, round robin and pool-buffer prefault"},
     {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
@@ -1563,6 +2042,9 @@ static PyMemberDef Sender_members[] = {
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
+    {"why", T_INT, offsetof(Sender, why), READONLY, "why the last send went to the reference (REF_*)"},
+    {"rotated", T_OBJECT, offsetof(Sender, rotated), READONLY,
+     "send_items: the queue id rotated for the item it handed back (None: none rotated)"},
     {NULL}};
 
 static PyTypeObject SenderType = {

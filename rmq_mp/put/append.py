@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any, NamedTuple
 
 from rmq_mp.errors import OffsetTableFullError
+from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.format.message_batch import EncodedRun, Placement
 from rmq_mp.outcomes import PutMessageStatus
@@ -266,6 +267,8 @@ class Appender:
             found = self._slots[key] = (slot, self.queues.word_index(slot, qo.NEXT_OFFSET))
         if self.native is not None:
             limit = self.router.limits.get(topic)
+            if limit is None and topic == m.SCHEDULE_TOPIC:  # a delayed send's queue: one per level
+                limit = len(self.config.delay_levels_ms)
             if limit is not None and queue_id < limit:  # a queue the compiled send may put to
                 self.native.learn(topic, self.encoder.topic_field(topic), limit, queue_id, *found)
         return found

@@ -47,6 +47,8 @@ class PutRecorder:
         self._latency_buckets = base + metrics.LATENCY_BUCKETS // 8
         self._hold_sum = base + metrics.LOCK_HOLD_SUM_US // 8
         self._hold_buckets = base + metrics.LOCK_HOLD_BUCKETS // 8
+        self.reference_word = base + metrics.REFERENCE_SENDS // 8 if self._words is not None else -1
+        """Word of reference_sends[0] (the compiled core counts there too); -1 without a slot."""
 
     def native_view(self) -> tuple[Any, ...] | None:
         """What the compiled send records into (rmq_mp/put/_core.c `record_metrics`): the words,
@@ -63,6 +65,11 @@ class PutRecorder:
             self._hold_buckets,
             _BOUNDS,
         )
+
+    def reference(self, why: int, messages: int = 1) -> None:
+        """``messages`` sent by the reference for reason ``why`` (an index of REFERENCE_REASONS)."""
+        if self._words is not None:
+            self._words[self.reference_word + why] += messages
 
     def record(self, started_ns: int, puts: int, failures: int, lock_hold_ns: int) -> None:
         """One call that began at ``started_ns`` (perf_counter_ns) and ends now;

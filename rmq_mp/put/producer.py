@@ -38,7 +38,7 @@ import logging
 import os
 import struct
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence, Sized
 from typing import Any
 
 from rmq_mp import validators as v
@@ -75,7 +75,7 @@ from rmq_mp.put.encoding import (
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL
 from rmq_mp.put.metrics import PutRecorder
 from rmq_mp.put.replica_wait import NOT_REQUESTED, ReplicaRequests
-from rmq_mp.put.results import SendBatchResult, SendResult
+from rmq_mp.put.results import SendBatchResult, SendResult, SendResultList
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
 from rmq_mp.store.disk import not_writeable_reason
@@ -89,6 +89,7 @@ from rmq_mp.store.running_store import (
 from shm import flush_requests as fr
 from shm import layout
 from shm.layout import Role
+from shm.metrics import REFERENCE_REASONS
 from shm.pointer_table import pid_alive
 from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock, HeldPutLock
 from shm.semaphores import PutLock
@@ -137,6 +138,8 @@ _PUT_BLOCKERS = int(RunningFlags.put_blockers())
 _PUT_OK = PutMessageStatus.PUT_OK
 _ILLEGAL = PutMessageStatus.MESSAGE_ILLEGAL
 _QUEUES_EXCEEDED = PutMessageStatus.LMQ_CONSUME_QUEUE_NUM_EXCEEDED
+_NO_CORE = REFERENCE_REASONS.index("no_core")
+_ITEM = REFERENCE_REASONS.index("item")
 
 
 class Producer:
@@ -301,6 +304,9 @@ class Producer:
             "msg_id_prefix": self._msg_id_prefix,
             "ring_full_reason": RING_FULL,
             "not_flushed_reason": NOT_FLUSHED,
+            "max_delay_level": len(self.config.delay_levels_ms),
+            "reference_word": self._metrics.reference_word,
+            "reference_reasons": len(REFERENCE_REASONS),
         }
         if self._sync:
             ring = self.ring
@@ -402,6 +408,7 @@ class Producer:
         With the compiled core (`rmq_mp.put.native`), a producer's ``send`` is the core's own,
         bound in `_bind`: it sends the common message in one call and hands anything else to
         `_send`, the reference, which is all this method does."""
+        self._metrics.reference(_NO_CORE)
         return self._send(topic, body, tags, keys, properties, queue_id, flag, queue_id is not None)
 
     def _send(
@@ -462,9 +469,12 @@ class Producer:
         return result
 
     def send_batch(self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]) -> SendBatchResult:
-        """Store many messages under one put-lock hold: a `MessageBatch` (RocketMQ's batch: one
-        topic and queue, whole in one file), or any `Message`s and ``send`` keyword dicts, each
-        with its own queue offset. Results come in the order given."""
+        """Store many messages: a `MessageBatch` (RocketMQ's batch: one topic and queue, whole in
+        one file, one put-lock hold), or any `Message`s and ``send`` keyword dicts, each with its
+        own queue offset. Results come in the order given. With the compiled core, keyword dicts
+        are each stored as `send` stores them (a lock hold each, as RocketMQ's producer sends
+        them); the reference holds the lock once for the whole call."""
+        why = _ITEM
         if (
             type(messages) is MessageBatch
             and self._native is not None
@@ -478,9 +488,34 @@ class Producer:
             result = self._send_batch_natively(messages, queue_id)
             if result is not None:
                 return result
+            why = self._native.why
             if messages.queue_id is None:  # rotated once: the reference stores it on that queue
                 messages = dataclasses.replace(messages, queue_id=queue_id)
-        started_ns = time.perf_counter_ns()
+        elif (
+            self._native is not None
+            and not isinstance(messages, (MessageBatch, str, bytes, Mapping))
+            and isinstance(messages, Iterable)
+        ):
+            items = messages if type(messages) is list else list(messages)
+            if not items:
+                return SendResultList([])
+            return self._send_items_natively(items)
+        if isinstance(messages, MessageBatch) and isinstance(messages.bodies, Sized):
+            self._metrics.reference(_NO_CORE if self._native is None else why, len(messages.bodies))
+        elif self._native is None and isinstance(messages, Sized):
+            self._metrics.reference(_NO_CORE, len(messages))
+        return self._send_batch_reference(messages)
+
+    def _send_batch_reference(
+        self,
+        messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]],
+        *,
+        started_ns: int = 0,
+        done: Sequence[SendResult] = (),
+    ) -> SendBatchResult:
+        """`send_batch` in Python: the reference. ``done``: results of the call's messages the
+        core sent first (since ``started_ns``), counted in this call's one metrics observation."""
+        started_ns = started_ns or time.perf_counter_ns()
         born_ms = int(time.time() * 1000)
         if isinstance(messages, MessageBatch):
             runs = [self.encoding.batch(messages, born_ms)] if messages.bodies else []
@@ -497,8 +532,49 @@ class Producer:
             self._put(pending, born_ms)
             self._acknowledge(pending)
         result = SendBatchResult(runs, self._msg_id_prefix)
-        self._metrics.record(started_ns, len(result), result.failures, self.lock.last_hold_ns)
+        failures = result.failures + sum(1 for r in done if r.status is not _PUT_OK)
+        self._metrics.record(started_ns, len(result) + len(done), failures, self.lock.last_hold_ns)
         return result
+
+    def _send_items_natively(self, items: list[Any]) -> SendBatchResult:
+        """`send_batch` of a list: the compiled core sends its keyword dicts one by one (each
+        as `send`, on its own queue) up to the first it does not take; the reference the rest."""
+        assert self._native is not None
+        started_ns = time.perf_counter_ns()
+        done = self._native.send_items(items)
+        while (
+            len(done) < len(items) and self._native.why == _ITEM and isinstance(items[len(done)], m.Message)
+        ):
+            sent = self._put_message_natively(items[len(done)])
+            if sent is None:
+                break
+            done.append(sent)
+            if len(done) < len(items):
+                done += self._native.send_items(items[len(done) :])
+        if len(done) == len(items):
+            return SendResultList(done)
+        rest = items[len(done) :]
+        rotated = self._native.rotated
+        if rotated is not None and isinstance(rest[0], dict):  # the round robin moved on for it
+            rest[0] = {**rest[0], "queue_id": rotated}
+        self._metrics.reference(self._native.why, len(rest))
+        tail = self._send_batch_reference(rest, started_ns=started_ns, done=done)
+        return tail if not done else SendResultList(done + list(tail))
+
+    def _put_message_natively(self, message: m.Message) -> SendResult | None:
+        """A `Message` (as given: its born host and time, flags, properties; a DELAY rewritten)
+        encoded by the reference's encoder and put by the compiled core; a refusal answered as
+        the reference answers it; None, nothing stored, for what the core's put does not take."""
+        assert self._native is not None
+        run = self.encoding.message(message)
+        uniq = run.uniq_keys[0] if run.uniq_keys else ""
+        if not run.pending:
+            return SendBatchResult((run,), self._msg_id_prefix)[0]
+        got = self._native.put_encoded(run.topic, run.queue_id, run.data, run.wait_flush)
+        if got is None:
+            return None
+        status, reason, queue_offset, phy_offset = got
+        return SendResult(status, run.queue_id, queue_offset, phy_offset, uniq, reason, self._msg_id_prefix)
 
     def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
         """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes

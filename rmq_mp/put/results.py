@@ -172,3 +172,29 @@ class SendBatchResult(Sequence[SendResult]):
 
     def __repr__(self) -> str:
         return f"SendBatchResult({self._count} messages, {self.failures} failed)"
+
+
+class SendResultList(SendBatchResult):
+    """`SendBatchResult` of messages sent one by one (the compiled core's `send_batch` of keyword
+    dicts: a `SendResult` each, already built), with the same answers."""
+
+    def __init__(self, results: list[SendResult]) -> None:
+        self._results = results
+        self._count = len(results)
+        self.failures = sum(1 for r in results if r.status is not _PUT_OK)
+
+    @overload
+    def __getitem__(self, index: int) -> SendResult: ...
+    @overload
+    def __getitem__(self, index: slice) -> list[SendResult]: ...
+    def __getitem__(self, index: int | slice) -> SendResult | list[SendResult]:
+        return self._results[index]
+
+    def __iter__(self) -> Iterator[SendResult]:
+        return iter(self._results)
+
+    def commit_log_offsets(self) -> np.ndarray:
+        return np.array([r.commit_log_offset for r in self._results], dtype=np.int64)
+
+    def queue_offsets(self) -> np.ndarray:
+        return np.array([r.queue_offset for r in self._results], dtype=np.int64)

@@ -64,6 +64,14 @@ class StoreCollector(Collector):
         yield _counter(
             "rmq_put_failures", "Puts answered with a status other than PUT_OK", totals.put_failures
         )
+        reference = CounterMetricFamily(
+            "rmq_put_reference_sends",
+            "Messages the pure-Python reference sent instead of the compiled core, per reason",
+            labels=["reason"],
+        )
+        for why, count in totals.reference_sends.items():
+            reference.add_metric([why], count)
+        yield reference
         for name, doc, hist in (
             ("rmq_put_latency_seconds", "Producer send/send_batch call latency", totals.latency),
             ("rmq_put_lock_hold_seconds", "How long a put held the commit-log put lock", totals.lock_hold),

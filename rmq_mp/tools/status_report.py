@@ -70,6 +70,11 @@ def print_status(config: MessageStoreConfig, *, as_json: bool) -> int:
             f"lock hold avg {m['lock_hold_avg_us']:,} us a call  holds over 500 ms {m['lock_holds_over_500ms']}  "
             f"failures {m['put_failures']}"
         )
+        reference = {why: n for why, n in m.get("reference_sends", {}).items() if n}
+        print(
+            "reference sends (not the compiled core) "
+            + ("  ".join(f"{why} {n:,}" for why, n in reference.items()) if reference else "none")
+        )
     for g in status["consumer_groups"]:
         print(
             f"group    {g['group']} on {g['topic']}: {g['queues']} queue(s), lag {g['lag']} message(s), "

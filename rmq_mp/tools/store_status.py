@@ -327,6 +327,8 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int], config: MessageStoreConfi
             "lock_holds_over_500ms": totals.lock_hold.over(LOCK_HELD_TOO_LONG_US),
             "producers": totals.producers,
             "producer_slots": table.slots,
+            # Messages the pure-Python reference sent instead of the compiled core, per reason:
+            "reference_sends": totals.reference_sends,
         }
     return {
         "generation": snap["generation"],

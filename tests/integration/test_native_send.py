@@ -13,16 +13,23 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import os
 import struct
+import subprocess
+import sys
 import zlib
+from collections import UserList
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from rmq_mp.format import message as m
 from rmq_mp.format.message_batch import MessageBatch
 from rmq_mp.format.record import (
     CRC32_RESERVED_LEN,
@@ -31,12 +38,17 @@ from rmq_mp.format.record import (
     POS_PHY_OFFSET,
     POS_QUEUE_OFFSET,
     crc_digits,
+    peek_sys_flag,
+    store_timestamp_position,
 )
 from rmq_mp.put import native
 from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendResult
+from rmq_mp.tools.monitoring import StoreCollector
 from shm import layout
-from tests.service import RunningService, running_service
+from shm.layout import Role
+from shm.metrics import MetricsTable
+from tests.service import ROOT, RunningService, running_service
 
 pytestmark = pytest.mark.skipif(native.core is None, reason=f"no compiled core: {native.why_reference}")
 
@@ -71,15 +83,19 @@ def _checked(raw: bytes) -> bytes:
     return raw[: -CRC32_RESERVED_LEN - 1]
 
 
-def _comparable(raw: bytes) -> bytes:
-    """``raw`` with the fields two sends of one message differ in zeroed (the CRC digits too)."""
+def _comparable(raw: bytes, *, ours: bool = True) -> bytes:
+    """``raw`` with the fields two sends of one message differ in zeroed (the CRC digits too;
+    ``ours``: it has a UNIQ_KEY, the producer's)."""
     _checked(raw)
     data = bytearray(raw)
     data[-11:-1] = bytes(10)
     data[POS_QUEUE_OFFSET : POS_PHY_OFFSET + 8] = bytes(16)
     data[POS_BORN_TIMESTAMP : POS_BORN_TIMESTAMP + 8] = bytes(8)
-    data[56:64] = bytes(8)  # STORETIMESTAMP (IPv4 born host)
+    at = store_timestamp_position(peek_sys_flag(raw, 0))  # after the born host, IPv4 or IPv6
+    data[at : at + 8] = bytes(8)
     at = data.rfind(b"UNIQ_KEY\x01")
+    if at < 0 and not ours:
+        return bytes(data)
     assert at > 0
     data[at + 9 + 20 : at + 9 + 32] = b"T" * 12  # time since the month began, counter
     return bytes(data)
@@ -235,3 +251,219 @@ def test_batches_are_taken_by_the_core(store: tuple[RunningService, Producer]) -
         assert result.ok
         assert len(result) == size
     assert core.sent - before == 401
+
+
+PROPERTY_NAMES = st.sampled_from(
+    ["a", "TAGS", "KEYS", "WAIT", "DELAY", "REAL_TOPIC", "REAL_QID", "UNIQ_KEY", "x\x01y", ""]
+)
+PROPERTY_VALUES = st.sampled_from(["true", "false", "0", "3", "+2", "99", "-1", "abc", "", "v\x02w"]) | TEXT
+BODY_TYPES = st.sampled_from([bytes, bytearray, memoryview, lambda b: np.frombuffer(b, dtype=np.uint8)])
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    body=st.binary(max_size=400),
+    body_type=BODY_TYPES,
+    tags=st.none() | TEXT,
+    keys=st.none() | TEXT | st.lists(TEXT, max_size=3) | st.lists(TEXT, max_size=3).map(tuple),
+    properties=st.none() | st.dictionaries(PROPERTY_NAMES | TEXT, PROPERTY_VALUES, max_size=4),
+    queue_id=st.none() | st.integers(0, QUEUES - 1),
+    flag=st.integers(-(2**31), 2**31 - 1),
+)
+def test_every_send_shape_is_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    body: bytes,
+    body_type: Any,
+    tags: str | None,
+    keys: str | list[str] | tuple[str, ...] | None,
+    properties: dict[str, str] | None,
+    queue_id: int | None,
+    flag: int,
+) -> None:
+    """Keys as a sequence, user properties (WAIT, UNIQ_KEY, TAGS and KEYS given twice, DELAY with
+    its schedule rewrite, separators refused), buffer bodies: the same bytes and results."""
+    service, producer = store
+    core = producer._native
+    assert core is not None
+    given_body = body_type(body)
+    fast = producer.send(
+        "Shapes", given_body, tags=tags, keys=keys, properties=properties, queue_id=queue_id, flag=flag
+    )
+    qid = fast.queue_id if queue_id is None else queue_id
+    slow = producer._send("Shapes", body_type(body), tags, keys, properties, qid, flag, queue_id is not None)
+    assert (fast.status, fast.reason, fast.queue_id) == (slow.status, slow.reason, slow.queue_id)
+    if not fast.ok:
+        assert fast.commit_log_offset == slow.commit_log_offset == -1
+        return
+    if properties and "UNIQ_KEY" in properties:
+        assert fast.uniq_key == slow.uniq_key == properties["UNIQ_KEY"]
+    assert slow.queue_offset == fast.queue_offset + 1
+    fast_raw, slow_raw = _record(service, fast.commit_log_offset), _record(service, slow.commit_log_offset)
+    given_uniq = properties is not None and "UNIQ_KEY" in properties
+    assert _comparable(fast_raw, ours=not given_uniq) == _comparable(slow_raw, ours=not given_uniq)
+    assert fast.uniq_key.encode() in fast_raw, "the UNIQ_KEY result is the one stored"
+
+
+def _reference_sends(producer: Producer) -> dict[str, int]:
+    table = MetricsTable.attach(producer.store.names.metrics, Role.CONSUMER)
+    try:
+        return table.totals().reference_sends
+    finally:
+        table.close()
+
+
+SHAPES: list[tuple[str, dict[str, Any]]] = [
+    ("plain", {}),
+    ("tags", {"tags": "TagA"}),
+    ("tags and a key", {"tags": "TagA", "keys": "k1"}),
+    ("a key as a list", {"tags": "TagA", "keys": ["k1"]}),
+    ("keys as a tuple", {"keys": ("k1", "x")}),
+    ("a user property", {"properties": {"a": "1"}}),
+    (
+        "properties with tags, keys, WAIT",
+        {"tags": "T", "keys": ["a", "b"], "properties": {"a": "1", "WAIT": "false"}},
+    ),
+    ("a given UNIQ_KEY", {"properties": {"UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF"}}),
+    ("a flag", {"flag": 7}),
+    ("a delay", {"properties": {"DELAY": "2"}}),
+    ("a delay past the last level", {"properties": {"DELAY": "99"}}),
+]
+BODIES: list[tuple[str, Any]] = [
+    ("bytes", lambda b: b),
+    ("bytearray", bytearray),
+    ("memoryview", memoryview),
+    ("numpy", lambda b: np.frombuffer(b, dtype=np.uint8)),
+]
+
+
+def test_every_documented_send_shape_is_sent_by_the_core(store: tuple[RunningService, Producer]) -> None:
+    """README's send shapes, each after its queue's first send: none is served by the reference,
+    by the core's own count and by the reference_sends metric (per reason, all zero)."""
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    for queue_id in range(8):  # a queue's first send is the reference's, by design (8: rotated over)
+        producer.send("Shape", b"w", queue_id=queue_id)
+    for level in (2, 18):
+        producer.send("Shape", b"w", queue_id=0, properties={"DELAY": str(level)})
+    producer.send_batch(MessageBatch("Shape", [b"w"], queue_id=0))
+    before, sent = _reference_sends(producer), core.sent
+    expected = 0
+    for name, shape in SHAPES:
+        for body_name, make in BODIES:
+            for qid in (0, None):
+                result = producer.send("Shape", make(os.urandom(128)), queue_id=qid, **shape)
+                assert result.ok, (name, body_name, result)
+                expected += 1
+                assert core.sent == sent + expected, f"{name} with a {body_name} body went to the reference"
+    items = [
+        {
+            "topic": "Shape",
+            "body": os.urandom(64),
+            "tags": f"T{i % 3}",
+            "keys": [f"k{i}", "x"],
+            "properties": {"i": str(i)},
+        }
+        for i in range(100)
+    ]
+    batch = producer.send_batch(items)
+    assert batch.ok
+    assert len(batch) == 100
+    batch = producer.send_batch(dict(item, queue_id=i % QUEUES) for i, item in enumerate(items))
+    assert batch.ok
+    assert [r.queue_id for r in batch] == [i % QUEUES for i in range(100)]
+    assert producer.send_batch(MessageBatch("Shape", [os.urandom(128)] * 10, queue_id=0, tags="TagA")).ok
+    expected += 210
+    assert core.sent == sent + expected, "a send_batch went to the reference"
+    assert _reference_sends(producer) == before, "no send of these shapes is served by the reference"
+    assert producer.send(
+        "Shape", b"x", queue_id=1, keys=UserList(["a"])
+    ).ok  # a Sequence, no list: the reference's
+    after = _reference_sends(producer)
+    assert after["argument"] == before["argument"] + 1, after
+
+
+def test_status_and_metrics_count_the_reference_sends(store: tuple[RunningService, Producer]) -> None:
+    """`run.py status` (JSON and text) and the metrics endpoint's collector show reference sends."""
+    service, producer = store
+    producer.send("Counted", b"x", queue_id=0)  # the queue's first send: the reference's (new_queue)
+    producer.send("Counted", b"x", queue_id=0, keys=UserList(["k"]))  # argument
+    run = [sys.executable, str(ROOT / "run.py"), "status", "--conf", str(service.conf)]
+    out = subprocess.run([*run, "--json"], capture_output=True, text=True, cwd=ROOT, timeout=60, check=True)
+    sends = json.loads(out.stdout)["producer_metrics"]["reference_sends"]
+    assert sends["new_queue"] >= 1
+    assert sends["argument"] == 1
+    text = subprocess.run(run, capture_output=True, text=True, cwd=ROOT, timeout=60, check=True).stdout
+    assert "reference sends (not the compiled core)" in text
+    assert "argument 1" in text
+    collected = {
+        sample.labels["reason"]: sample.value
+        for family in StoreCollector(service.config).collect()
+        if family.name == "rmq_put_reference_sends"
+        for sample in family.samples
+    }
+    assert collected["argument"] == 1
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=6),
+    delay=st.sampled_from([None, "0", "2", "99", "x"]),
+    reconsume_times=st.integers(0, 16),
+    sys_flag=st.sampled_from([0, 0x4]),  # 0x4: a PREPARED transaction half, not dispatched
+    born_host=st.sampled_from([("10.1.2.3", 4567), ("::1", 80)]),
+)
+def test_messages_are_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    bodies: list[bytes],
+    delay: str | None,
+    reconsume_times: int,
+    sys_flag: int,
+    born_host: tuple[str, int],
+) -> None:
+    """`send_batch` of `Message`s (the push consumer's send-back, the scheduler's re-put): the
+    core puts what the reference's encoder made, the same bytes and results."""
+    service, producer = store
+    properties = {"KEYS": "a b", "UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF"}
+    if delay is not None:
+        properties["DELAY"] = delay
+    messages = [
+        m.Message(
+            topic="%RETRY%g",
+            body=body,
+            queue_id=0,
+            properties=properties,
+            reconsume_times=reconsume_times,
+            sys_flag=sys_flag,
+            born_timestamp=1_700_000_000_000,
+            born_host=born_host,
+        )
+        for body in bodies
+    ]
+    fast = producer.send_batch(messages)
+    with _reference_only(producer):
+        slow = producer.send_batch(messages)
+    assert [(r.status, r.reason, r.queue_id, r.uniq_key) for r in fast] == [
+        (r.status, r.reason, r.queue_id, r.uniq_key) for r in slow
+    ]
+    for a, b in zip(fast, slow, strict=True):
+        if a.ok:
+            fast_raw, slow_raw = _record(service, a.commit_log_offset), _record(service, b.commit_log_offset)
+            assert _comparable(fast_raw, ours=False) == _comparable(slow_raw, ours=False)
+            assert struct.unpack_from(">q", fast_raw, POS_QUEUE_OFFSET)[0] == a.queue_offset
+
+
+def test_messages_are_put_by_the_core(store: tuple[RunningService, Producer]) -> None:
+    """A send-back to a retry topic, delayed and not, after each queue's first put."""
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    back = [
+        m.Message(topic="%RETRY%g", body=b"b", properties={"DELAY": level, "WAIT": "false"}, born_timestamp=1)
+        for level in ("0", "3")
+    ]
+    producer.send_batch(back)  # the queues' first: the reference's
+    sent, before = core.sent, _reference_sends(producer)
+    assert producer.send_batch(back * 10).ok
+    assert core.sent == sent + 20
+    assert _reference_sends(producer) == before
