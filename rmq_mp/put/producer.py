@@ -574,7 +574,9 @@ class Producer:
         if got is None:
             return None
         status, reason, queue_offset, phy_offset = got
-        return SendResult(status, run.queue_id, queue_offset, phy_offset, uniq, reason, self._msg_id_prefix)
+        return SendResult(
+            status, run.answer_queue_id, queue_offset, phy_offset, uniq, reason, self._msg_id_prefix
+        )
 
     def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
         """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes
