@@ -14,7 +14,7 @@ Slot map (index x 8 = byte offset):
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
     96..207  per worker: WORKER_FIELDS for each role in shm.names.ROLES (seven roles)
-    208..223 the fence (a start stopped or started over takes no put)
+    208..223 the fence (a start stopped or started over takes no put), the flags lock's owner
     272..399 operator fields (recovery time, metrics port, records readers skipped)
     400..431 replication (the ha worker): listener, acknowledged offset, connection slots
 """

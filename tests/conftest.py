@@ -38,6 +38,7 @@ PUT_PATH_TESTS = (
     "tests/integration/test_native_send.py",
     "tests/integration/test_producer_threads.py",
     "tests/crash/test_kill_matrix.py",
+    "tests/crash/test_fence.py",
     "tests/crash/test_power_loss.py",
     "tests/crash/test_fsync_failure.py",
     "tests/crash/test_slow_flush.py",

@@ -18,6 +18,7 @@ import time
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.client.rebalance import MessageModel
+from rmq_mp.errors import StoreNotRunningError
 
 
 def main() -> int:
@@ -30,6 +31,12 @@ def main() -> int:
     parser.add_argument("--interval-ms", type=int, default=1000)
     parser.add_argument("--max", type=int, default=32)
     parser.add_argument("--quiet", action="store_true", help="count only (the bench)")
+    parser.add_argument(
+        "--across-restarts",
+        action="store_true",
+        help="a poll or commit refused while the store is down (StoreNotRunningError) is tried again, "
+        "as an application riding a restart would; the consumer attaches to the next start by itself",
+    )
     args = parser.parse_args()
     model = MessageModel.BROADCASTING if args.broadcasting else MessageModel.CLUSTERING
     count = 0
@@ -45,7 +52,13 @@ def main() -> int:
         consumer.subscribe(args.topic)
         assigned: list[int] = []
         while True:
-            batch = consumer.poll(args.poll_s, args.max)
+            try:
+                batch = consumer.poll(args.poll_s, args.max)
+            except StoreNotRunningError:
+                if not args.across_restarts or leaving:
+                    raise
+                time.sleep(args.poll_s)  # the store is down: look again, as an application would
+                continue
             now = consumer.assignment().get(args.topic, [])
             if now != assigned:
                 assigned = now
@@ -67,7 +80,12 @@ def main() -> int:
                     )
                 )
                 out.flush()
-            consumer.commit()
+            try:
+                consumer.commit()
+            except StoreNotRunningError:  # the reads stand; the next start serves them again
+                if not args.across_restarts:
+                    raise
+                continue
             if not args.quiet:
                 out.write('{"e": "commit"}\n')
         out.write(json.dumps({"e": "done", "n": count}) + "\n")

@@ -16,7 +16,8 @@
  *   finds the owner gone takes the lock over with one CAS (Python runs the journal undo).
  * - Sender.send_kw (bound as a producer's `send`): `Producer.send` for the common case (explicit queue id, no user properties,
  *   a known topic and queue, the record fitting the current file): encode, refusal checks,
- *   lock, journal, copy, queue offset, write position (the commit point), counters, flush
+ *   lock, the fence (a fenced start: unlock, the reference's), journal, copy, queue offset,
+ *   write position (the commit point), counters, flush
  *   request, unlock, worker wake-ups, the pool-buffer prefault's call (off the lock, once a put
  *   passes `prefault_at`), the SYNC flush wait with the GIL released, metrics and the SendResult.
  *   Anything else returns None *before changing anything shared*, and the Python reference

@@ -32,6 +32,7 @@ from rmq_mp.store.running_store import RunningStore
 from shm import layout, transient_pool
 from shm import put_journal as journal
 from shm import queue_offsets as qo
+from shm.pointer_table import pid_alive
 
 log = logging.getLogger("rmq_mp")
 
@@ -384,6 +385,8 @@ class Appender:
             index = self.pool.borrow(file_offset)
             if index >= 0 or self.config.fast_fail_if_no_buffer_in_store_pool or time.monotonic() >= deadline:
                 return index
+            if not pid_alive(self.table.get(layout.SUPERVISOR_PID)):
+                return -1  # no committer will return one: hold the lock no longer (a fencer waits for it)
             self.store.shm.wake("committer")
             time.sleep(0.005)
 

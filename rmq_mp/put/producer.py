@@ -608,11 +608,6 @@ class Producer:
         that stopped or lost its supervisor is replaced by a newer start of it when there is one
         (`_reattach`), and the checks run again there."""
         w = self._words
-        if w[_FENCE]:
-            why = fenced_reason(self.table)
-            if reattach and not (why := self._reattach(why)):
-                return self._refusal(now, reattach=False)
-            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
             if self._slave and w[_STATE] == layout.RUNNING:
                 return (
@@ -620,6 +615,11 @@ class Producer:
                     "message store is in slave mode (brokerRole=SLAVE)",
                 )
             why = f"store is not running ({self.store.instance.state_name})"
+            if reattach and not (why := self._reattach(why)):
+                return self._refusal(now, reattach=False)
+            return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
+        if w[_FENCE]:  # a dead supervisor's start, fenced by a stop or start (state still RUNNING)
+            why = fenced_reason(self.table)
             if reattach and not (why := self._reattach(why)):
                 return self._refusal(now, reattach=False)
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, why

@@ -13,6 +13,7 @@ with no queue offset served by two messages. Every flush mode, the pool on and o
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -24,6 +25,7 @@ import psutil
 import pytest
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
 from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.put import native
 from rmq_mp.put.fence import fence_start
@@ -97,12 +99,13 @@ def stored_records(service: RunningService) -> dict[tuple[int, int], dict[str, A
     slots: dict[tuple[str, int, int], tuple[int, int]] = {}
     for rec in records:
         props = dict(kv.split("\x01", 1) for kv in rec["props"].split("\x02")) if rec["props"] else {}
-        key = (int(props["producer"]), int(props["seq"]))
-        assert key not in stored, f"{key} stored twice"
-        stored[key] = rec
         slot = (rec["topic"], rec["queue_id"], rec["queue_offset"])
+        key = (int(props["producer"]), int(props["seq"])) if "producer" in props else (-1, rec["phy"])
         assert slot not in slots, f"queue offset {slot} holds {slots[slot]} and {key}"
         slots[slot] = key
+        if "producer" in props:  # a tests.load message
+            assert key not in stored, f"{key} stored twice"
+            stored[key] = rec
     return stored
 
 
@@ -270,3 +273,156 @@ def test_a_killed_supervisors_workers_are_gone_before_the_new_start_recovers(tmp
             with contextlib.suppress(Exception):
                 producer.close()
             assert again.stop() == 0, again.log.read_text()
+
+
+TEXT_PRODUCER = (
+    "import json, sys\n"
+    "from rmq_mp.put.producer import Producer\n"
+    "with Producer.attach(sys.argv[1]) as p, open(sys.argv[2], 'w') as f:\n"
+    "    n = 0\n"
+    "    while True:\n"
+    "        topic = ('GroupT', 'PushT')[n % 2]\n"
+    "        r = p.send(topic, f'{topic}-{n}'.encode())\n"
+    "        f.write(json.dumps({'t': topic, 'n': n, 's': r.status.name, 'q': r.queue_id,\n"
+    "                            'o': r.queue_offset, 'phy': r.commit_log_offset}) + '\\n')\n"
+    "        f.flush()\n"
+    "        n += 1\n"
+)
+"""Sends text messages (the consumers decode bodies) to GroupT and PushT until killed."""
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a killed writer
+            break
+    return out
+
+
+def _text_lines(path: Path) -> list[str]:
+    return path.read_text().splitlines() if path.exists() else []
+
+
+@pytest.mark.parametrize("restart", ["stop-start", "start"])
+@pytest.mark.parametrize("mode", sorted(MODES))
+def test_supervisor_killed_with_every_kind_of_client_attached(
+    tmp_path: Path, mode: str, restart: str
+) -> None:
+    """Issue 29 point 5: producers, a consumer-group member and a push consumer stay attached
+    and keep working across a supervisor's SIGKILL and an immediate stop+start (or a start
+    alone). Afterwards every PUT_OK is in the files where its result said, every message a
+    consumer read is the one stored at that queue offset (no offset served one message and
+    later another), the group's committed offsets lie within its queues, and both consumers
+    went on reading on the new start."""
+    service = start_service(tmp_path, **MODES[mode])
+    (loader,), (load_out,) = start_producers(service, tmp_path, [ENDLESS], batch=4)
+    text_out, group_out, push_out, stop_file = (
+        tmp_path / "text.jsonl",
+        tmp_path / "group.jsonl",
+        tmp_path / "push.txt",
+        tmp_path / "stop",
+    )
+    base = service.names.base
+    clients = [
+        subprocess.Popen([sys.executable, "-c", TEXT_PRODUCER, base, str(text_out)], cwd=ROOT),
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "tests.group_member",
+                base,
+                "m1",
+                "c1",
+                str(group_out),
+                str(stop_file),
+                "--topic",
+                "GroupT",
+                "--interval-ms",
+                "200",
+                "--across-restarts",
+            ],
+            cwd=ROOT,
+        ),
+        subprocess.Popen(
+            [sys.executable, "-m", "tests.push_member", base, "pushers", "PushT", str(push_out)], cwd=ROOT
+        ),
+    ]
+    text_producer, member, pusher = clients
+    try:
+        wait_until(
+            lambda: (
+                len(acknowledged(load_out)) > 200
+                and any(e["e"] == "read" for e in _lines(group_out))
+                and len(_text_lines(push_out)) > 10
+            ),
+            90,
+            "producers, the group member and the push consumer at work",
+        )
+        stop = armed_run_py(service, "stop") if restart == "stop-start" else None
+        workers = kill_supervisor(service)
+        if stop is not None:
+            out_text, err_text = stop.communicate("go\n", timeout=120)
+            assert stop.returncode == 1, out_text + err_text
+        service = start_service(tmp_path, **MODES[mode])
+        wait_processes_gone(workers)
+        marks = (len(_lines(text_out)), len(_lines(group_out)), len(_text_lines(push_out)))
+        behind = ["the producer", "the group member", "the push consumer"]
+
+        def every_client_at_work() -> bool:
+            at_work = (
+                any(a["s"] == "PUT_OK" for a in _lines(text_out)[marks[0] :]),
+                any(e["e"] == "read" for e in _lines(group_out)[marks[1] :]),
+                len(_text_lines(push_out)) > marks[2],
+            )
+            behind[:] = [
+                who
+                for who, ok in zip(
+                    ("the producer", "the group member", "the push consumer"), at_work, strict=True
+                )
+                if not ok
+            ]
+            return all(at_work)
+
+        try:
+            wait_until(every_client_at_work, 90, "every client at work on the new start")
+        except AssertionError as exc:
+            raise AssertionError(f"{exc}: not yet {behind}") from None
+    finally:
+        for proc in (loader, text_producer):
+            proc.kill()
+        stop_file.touch()
+        for proc in (member, pusher):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (loader, *clients):
+            try:
+                proc.wait(60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(10)
+    assert service.stop() == 0, service.log.read_text()
+    check_acknowledged(service, acknowledged(load_out))
+    records = independent_records(service.root / "commitlog", service.config.mapped_file_size_commit_log)
+    by_slot = {(r["topic"], r["queue_id"], r["queue_offset"]): r for r in records}
+    for a in _lines(text_out):
+        if a["s"] == "PUT_OK":
+            rec = by_slot.get((a["t"], a["q"], a["o"]))
+            assert rec is not None, f"acknowledged {a} lost"
+            assert (rec["body"], rec["phy"]) == (f"{a['t']}-{a['n']}".encode(), a["phy"]), a
+    for e in _lines(group_out):
+        if e["e"] == "read":
+            rec = by_slot.get(("GroupT", e["q"], e["o"]))
+            assert rec is not None, f"read {e}, not stored"
+            assert rec["body"].decode() == e["b"], f"read {e}, stored {rec}"
+    pushed = {r["body"].decode() for r in records if r["topic"] == "PushT"}
+    assert set(_text_lines(push_out)) <= pushed, "the push consumer consumed only stored messages"
+    ends: dict[int, int] = {}
+    for topic, queue_id, offset in by_slot:
+        if topic == "GroupT":
+            ends[queue_id] = max(ends.get(queue_id, 0), offset + 1)
+    offsets = loads((service.root / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    committed = offsets.get("GroupT@m1", {})
+    assert committed, "the group committed"
+    for queue_id, offset in committed.items():
+        assert 0 <= offset <= ends.get(int(queue_id), 0), (queue_id, offset, ends)
