@@ -17,6 +17,8 @@ Slot map (index x 8 = byte offset):
     208..223 the fence (a start stopped or started over takes no put), the flags lock's owner
     272..399 operator fields (recovery time, metrics port, records readers skipped)
     400..431 replication (the ha worker): listener, acknowledged offset, connection slots
+    448      the supervisor's process start time (a reused pid is not the supervisor)
+    464..479 live settings: what a reload applies to the workers
 """
 
 from __future__ import annotations
