@@ -1,0 +1,266 @@
+"""The chaos soak (issue 29 point 6): every feature at once on one store while seeded faults hit
+random processes at random times, then one clean stop and the promises checked on the files.
+
+At work: two `tests.load` batch producers (properties, every queue of three topics), a
+`tests.chaos_clients` producer (tags, keys as a list, user properties, a delay level, batches of
+dicts) feeding a consumer-group member (`tests.group_member`, riding restarts) and a push
+consumer that fails every fifth message until it is dead-lettered (`tests.chaos_clients
+pusher`, one retry). Faults, one every 0.3-1.5 s: kill -9 of a worker (the supervisor restarts
+it), SIGSTOP of a worker or a client for up to a second, kill -9 of the supervisor followed by
+`run.py stop` and `run.py start` or by a start alone, kill -9 of the group member (a new one
+takes its queues).
+
+Checked after the clean stop, from the files by an independent decoder: every PUT_OK at its
+commit-log and queue offset with its bytes; no queue offset holding two records; every message
+a consumer read is the one stored at its queue offset; each committed group offset within its
+queue and at most one past what the group read there; every delayed message delivered on its
+real topic, not before its delay; every message the push consumer failed dead-lettered, every
+other PushT message it saw consumed.
+
+``RMQ_CHAOS_SEED`` replays a seed (the failure message names it), ``RMQ_CHAOS_SECONDS`` sets the
+faults' duration (CI: 20 s), ``RMQ_CHAOS_SEEDS`` runs that many seeds from the given one.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.config_manager import loads
+from rmq_mp.outcomes import GetMessageStatus
+from shm.names import ROLES
+from tests.chaos_clients import FAIL_EVERY, body_of
+from tests.crash.test_fence import MODES, armed_run_py, check_acknowledged, kill_supervisor, stored_records
+from tests.integration.test_round_trip import independent_records
+from tests.service import ROOT, acknowledged, start_producers, start_service, wait_until
+
+SECONDS = float(os.environ.get("RMQ_CHAOS_SECONDS", "20"))
+FIRST_SEED = int(os.environ.get("RMQ_CHAOS_SEED", str(random.SystemRandom().randrange(1 << 30))))
+SEEDS = [FIRST_SEED + i for i in range(int(os.environ.get("RMQ_CHAOS_SEEDS", "1")))]
+ENDLESS = 10**9
+SETTINGS = {
+    "messageDelayLevel": " ".join(["1s"] * 18),  # retries (level 3 + times) and delays come in 1 s
+    "flushConsumerOffsetInterval": "200",
+}
+WORKER_ROLES = [r for r in ROLES if r != "ha"]  # no replication in this store
+
+
+def _numbers(consumer: Consumer, topic: str) -> set[int]:
+    """The message numbers (``<topic>-<n>`` bodies) in every queue of ``topic``."""
+    found: set[int] = set()
+    for queue_topic, queue_id, _slot in list(consumer.queues.queues()):
+        if queue_topic != topic:
+            continue
+        offset = 0
+        while (result := consumer.pull(topic, queue_id, offset, 32)).status is GetMessageStatus.FOUND:
+            found.update(int(m.body.decode().rsplit("-", 1)[1]) for m in result.messages)
+            offset = result.next_begin_offset
+    return found
+
+
+def _lines(path: Path) -> list[dict[str, Any]]:
+    out = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:  # a torn last line of a killed writer
+            break
+    return out
+
+
+class Soak:
+    """The store and its clients, restarted as faults take them down."""
+
+    def __init__(self, tmp_path: Path, seed: int, mode: str) -> None:
+        self.tmp_path, self.rnd, self.mode = tmp_path, random.Random(seed), mode
+        self.settings = {**MODES[mode], **SETTINGS}
+        self.service = start_service(tmp_path, **self.settings)
+        self.stop_file = tmp_path / "stop"
+        self.chaos_out, self.push_out = tmp_path / "chaos.jsonl", tmp_path / "push.jsonl"
+        self.group_outs: list[Path] = []
+        self.loaders, self.load_outs = start_producers(
+            self.service, tmp_path, [ENDLESS, ENDLESS], batch=[1, 8]
+        )
+        base = self.service.names.base
+        self.chaos = self._spawn(
+            "-m", "tests.chaos_clients", "producer", base, str(seed), str(self.chaos_out)
+        )
+        self.pusher = self._spawn("-m", "tests.chaos_clients", "pusher", base, str(self.push_out))
+        self.member = self._new_member()
+        self.log: list[str] = []
+
+    def _spawn(self, *args: str) -> subprocess.Popen[bytes]:
+        return subprocess.Popen([sys.executable, *args], cwd=ROOT)
+
+    def _new_member(self) -> subprocess.Popen[bytes]:
+        out = self.tmp_path / f"group{len(self.group_outs)}.jsonl"
+        self.group_outs.append(out)
+        return self._spawn(
+            "-m", "tests.group_member", self.service.names.base, "members", f"m{len(self.group_outs)}",
+            str(out), str(self.stop_file), "--topic", "GroupT", "--interval-ms", "200", "--across-restarts",
+        )  # fmt: skip
+
+    def clients(self) -> list[subprocess.Popen[bytes]]:
+        return [*self.loaders, self.chaos, self.pusher, self.member]
+
+    def fault(self) -> None:
+        kind = self.rnd.choices(["kill-worker", "stop-cont", "supervisor", "member"], [4, 4, 1, 1])[0]
+        if kind == "kill-worker":
+            role = self.rnd.choice(WORKER_ROLES)
+            pid = self.service.worker_pid(role)
+            if pid:
+                self.log.append(f"kill -9 {role}")
+                os.kill(pid, signal.SIGKILL)
+        elif kind == "stop-cont":
+            roles = [r for r in WORKER_ROLES if self.service.worker_pid(r)]
+            pids = [self.service.worker_pid(r) for r in roles] + [p.pid for p in self.clients()]
+            pid, pause_s = self.rnd.choice(pids), self.rnd.uniform(0.05, 1.0)
+            self.log.append(f"SIGSTOP {pid} for {pause_s:.2f} s")
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(pause_s)
+            os.kill(pid, signal.SIGCONT)
+        elif kind == "supervisor":
+            with_stop = self.rnd.random() < 0.5
+            self.log.append(f"kill -9 supervisor, then {'stop and start' if with_stop else 'start'}")
+            stop = armed_run_py(self.service, "stop") if with_stop else None
+            kill_supervisor(self.service)
+            if stop is not None:
+                out_text, err_text = stop.communicate("go\n", timeout=120)
+                assert stop.returncode in (1, 2), out_text + err_text  # 2: a live producer mid-put
+            self.service = start_service(self.tmp_path, **self.settings)
+        else:
+            self.log.append("kill -9 the group member; a new one joins")
+            self.member.kill()
+            self.member.wait(30)
+            self.member = self._new_member()
+
+    def run(self, seconds: float) -> None:
+        wait_until(lambda: len(_lines(self.chaos_out)) > 20, 90, "the chaos producer at work")
+        deadline = time.monotonic() + seconds
+        while time.monotonic() < deadline:
+            time.sleep(self.rnd.uniform(0.3, 1.5))
+            self.fault()
+
+    def settle(self) -> None:
+        """Producers stopped; the consumers given time to read what is left (delays, retries)."""
+        for proc in (*self.loaders, self.chaos):
+            proc.kill()
+            proc.wait(30)
+        chaos = _lines(self.chaos_out)
+        failing = {
+            a["n"] for a in chaos if a["t"] == "PushT" and a["s"] == "PUT_OK" and a["n"] % FAIL_EVERY == 0
+        }
+        pushed_ok = {a["n"] for a in chaos if a["t"] == "PushT" and a["s"] == "PUT_OK"} - failing
+
+        def pushed_all() -> bool:
+            seen = {int(p["b"].rsplit("-", 1)[1]) for p in _lines(self.push_out)}
+            return pushed_ok <= seen
+
+        wait_until(pushed_all, 120, "the push consumer through every PushT message")
+        self.stop_file.touch()
+        for proc in (self.member, self.pusher):
+            proc.send_signal(signal.SIGTERM)
+        for proc in (self.member, self.pusher):
+            proc.wait(60)
+        # Dead letters and delayed messages arrive after their delay levels: the stores' own
+        # clock decides, so wait for the scheduler to have moved every one (bounded).
+        wait_until(
+            lambda: self._dead_and_delayed_done(chaos, failing), 60, "retries dead-lettered, delays delivered"
+        )
+
+    def _dead_and_delayed_done(self, chaos: list[dict[str, Any]], failing: set[int]) -> bool:
+        want_delayed = {a["n"] for a in chaos if a["t"] == "DelayT" and a["s"] == "PUT_OK"}
+        with Consumer.attach(self.service.names.base, "soak-check") as c:
+            dlq = _numbers(c, "%DLQ%pushers")
+            delayed = _numbers(c, "DelayT")
+        return failing <= dlq and want_delayed <= delayed
+
+    def close(self) -> None:
+        self.stop_file.touch()
+        for proc in self.clients():
+            if proc.poll() is None:
+                proc.kill()
+            proc.wait(30)
+        if self.service.process.poll() is None:
+            self.service.stop()
+
+
+def _check(soak: Soak) -> None:
+    service = soak.service
+    for i, out in enumerate(soak.load_outs):
+        check_acknowledged(service, acknowledged(out), producer=i)
+    stored_records(service)  # no (topic, queue, queue offset) held by two records
+    records = independent_records(service.root / "commitlog", service.config.mapped_file_size_commit_log)
+    by_slot = {(r["topic"], r["queue_id"], r["queue_offset"]): r for r in records}
+    by_body: dict[bytes, list[dict[str, Any]]] = {}
+    for r in records:
+        by_body.setdefault(r["body"], []).append(r)
+    scheduled = {r["body"]: r for r in records if r["topic"] == "SCHEDULE_TOPIC_XXXX"}
+    for a in _lines(soak.chaos_out):
+        if a["s"] != "PUT_OK":
+            continue
+        body = body_of(a["t"], a["n"])
+        if a["kind"] == "delay":
+            sched = scheduled.get(body)
+            assert sched is not None, f"acknowledged delayed {a} lost"
+            assert sched["phy"] == a["phy"], f"delayed {a} is not where its result said: {sched}"
+            delivered = [r for r in by_body.get(body, []) if r["topic"] == "DelayT"]
+            assert delivered, f"delayed {a} never delivered on DelayT"
+            for r in delivered:
+                assert r["store_ts"] >= sched["store_ts"] + 1000, f"delayed {a} delivered early: {r}"
+            continue
+        rec = by_slot.get((a["t"], a["q"], a["o"]))
+        assert rec is not None, f"acknowledged {a} lost"
+        assert (rec["body"], rec["phy"]) == (body, a["phy"]), f"{a} at its offsets holds {rec}"
+    read: dict[int, int] = {}
+    for out in soak.group_outs:
+        for e in _lines(out):
+            if e["e"] == "read":
+                rec = by_slot.get(("GroupT", e["q"], e["o"]))
+                assert rec is not None, f"read {e}, not stored"
+                assert rec["body"].decode() == e["b"], f"read {e}, stored {rec}"
+                read[e["q"]] = max(read.get(e["q"], -1), e["o"])
+    offsets = loads((service.root / "config" / "consumerOffset.json").read_text())["offsetTable"]
+    ends: dict[int, int] = {}
+    for r in records:
+        if r["topic"] == "GroupT":
+            ends[r["queue_id"]] = max(ends.get(r["queue_id"], 0), r["queue_offset"] + 1)
+    for q, committed in offsets.get("GroupT@members", {}).items():
+        assert committed <= ends.get(int(q), 0), f"GroupT queue {q}: committed {committed} past its end"
+        assert committed <= read.get(int(q), -1) + 1, f"GroupT queue {q}: committed {committed}, read {read}"
+    pushed = [p["b"] for p in _lines(soak.push_out)]
+    assert all(b.encode() in by_body for b in pushed), "the push consumer consumed only stored messages"
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_chaos_soak(tmp_path: Path, seed: int) -> None:
+    mode = sorted(MODES)[seed % len(MODES)]
+    print(f"chaos soak seed {seed} ({mode}, {SECONDS:.0f} s): replay with RMQ_CHAOS_SEED={seed}")
+    soak = Soak(tmp_path, seed, mode)
+    try:
+        try:
+            soak.run(SECONDS)
+            soak.settle()
+        except BaseException as exc:
+            raise AssertionError(f"seed {seed} ({mode}): {exc}; faults: {soak.log}") from exc
+        assert soak.service.stop() == 0, soak.service.log.read_text()[-4000:]
+        try:
+            _check(soak)
+        except AssertionError as exc:
+            raise AssertionError(f"seed {seed} ({mode}): {exc}; faults: {soak.log}") from exc
+    finally:
+        soak.close()
+    assert not [
+        p for p in psutil.process_iter(["cmdline"]) if soak.service.names.base in (p.info["cmdline"] or [])
+    ]
