@@ -57,7 +57,8 @@ def assert_stored_as_encoded(
                 born_host=stored.born_host,
                 sys_flag=stored.sys_flag,
             )
-            expected = record.encode_record(message, stored.store_host)
+            crc = service.config.enabled_append_prop_crc  # the whole-record CRC tail, on by default
+            expected = record.encode_record(message, stored.store_host, append_crc=crc)
             record.patch_record(
                 expected,
                 0,
@@ -65,6 +66,7 @@ def assert_stored_as_encoded(
                 phy_offset=result.commit_log_offset,
                 store_timestamp=stored.store_timestamp,
                 sys_flag=stored.sys_flag,
+                crc=crc,
             )
             mf = log.mfq.find_mapped_file_by_offset(result.commit_log_offset)
             assert mf is not None
