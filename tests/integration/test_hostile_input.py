@@ -373,7 +373,7 @@ def test_rmq_admin_answers_hostile_arguments_with_one_line(
             (["resetOffsetByTime", "--name", name, "-g", "g", "-t", "T@x", "-s", "now"], 2),
             (["resetOffsetByTime", "--name", name, "-g", "g", "-t", "T", "-s", "²"], 2),
             (["resetOffsetByTime", "--name", name, "-g", "g", "-t", "T", "-s", "9" * 30], 2),
-            (["consumeMessage", "--name", name, "-t", "T@x"], 2),
+            (["consumeMessage", "--name", name, "-g", "g", "-t", "T@x"], 2),  # a group: its offsets key
             (["queryMsgByOffset", "--store", name, "--topic", "T", "--queue", "-1", "--offset", "0"], 2),
             (
                 ["queryMsgByOffset", "--store", name, "--topic", "T", "--queue", "0", "--offset", str(2**63)],
