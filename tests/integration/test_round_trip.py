@@ -60,6 +60,8 @@ def independent_records(commitlog: Path, file_size: int) -> list[dict]:
     files = sorted(commitlog.iterdir())
     for i, path in enumerate(files):
         data = path.read_bytes()
+        if not data and i == len(files) - 1:
+            break  # a last file created but never sized (its allocator killed): recovery's too
         assert len(data) == file_size
         assert int(path.name) == i * file_size
         assert len(path.name) == 20
