@@ -24,7 +24,6 @@ faults' duration (CI: 20 s), ``RMQ_CHAOS_SEEDS`` runs that many seeds from the g
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import random
 import signal
@@ -42,7 +41,14 @@ from rmq_mp.config.config_manager import loads
 from rmq_mp.outcomes import GetMessageStatus
 from shm.names import ROLES
 from tests.chaos_clients import FAIL_EVERY, body_of
-from tests.crash.test_fence import MODES, armed_run_py, check_acknowledged, kill_supervisor, stored_records
+from tests.crash.test_fence import (
+    MODES,
+    _lines,
+    armed_run_py,
+    check_acknowledged,
+    kill_supervisor,
+    stored_records,
+)
 from tests.integration.test_round_trip import independent_records
 from tests.service import ROOT, acknowledged, start_producers, start_service, wait_until
 
@@ -82,16 +88,6 @@ def _numbers(consumer: Consumer, topic: str) -> set[int]:
             found.update(int(m.body.decode().rsplit("-", 1)[1]) for m in result.messages)
             offset = result.next_begin_offset
     return found
-
-
-def _lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed writer
-            break
-    return out
 
 
 class Soak:
