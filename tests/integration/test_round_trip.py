@@ -55,15 +55,18 @@ def _record_crc(raw: bytes, rec: dict) -> bool:
 
 
 def independent_records(commitlog: Path, file_size: int) -> list[dict]:
-    """Walk every commit-log file by the spec: records, then a blank at each file's end."""
+    """Walk every commit-log file by the spec: records, then a blank at each file's end. The
+    first file may start past 0 (the cleaner deleted the ones before it); none may be missing after it."""
     records = []
     files = sorted(commitlog.iterdir())
+    first = int(files[0].name) if files else 0
+    assert first % file_size == 0, f"first commit-log file {first} is not at a file boundary"
     for i, path in enumerate(files):
         data = path.read_bytes()
         if not data and i == len(files) - 1:
             break  # a last file created but never sized (its allocator killed): recovery's too
         assert len(data) == file_size
-        assert int(path.name) == i * file_size
+        assert int(path.name) == first + i * file_size
         assert len(path.name) == 20
         pos = 0
         while pos + 8 <= len(data):
