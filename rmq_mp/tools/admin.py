@@ -184,7 +184,7 @@ def topic_status(store: MessageStore, topic: str | None, *, as_json: bool) -> in
                 )
             )
         return 0
-    from rmq_mp.tools.admin_ops import emit
+    from rmq_mp.tools.admin_common import emit
 
     emit(
         [

@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import io
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -21,6 +23,11 @@ from rmq_mp.format.index_layout import slots_and_entries
 from rmq_mp.format.message import MessageExt, format_host
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.running_store import RunningStore
+from shm import layout
+from shm.layout import Role
+from shm.names import ShmNames
+from shm.pointer_table import PointerTable, pid_alive
 
 
 def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
@@ -223,3 +230,97 @@ def positive_int(text: str) -> int:
     if value < 1:
         raise argparse.ArgumentTypeError(f"must be at least 1, got {value}")
     return value
+
+
+# ---------------------------------------------------------------------------- output
+
+
+def emit(rows: list[dict[str, Any]], *, as_json: bool, columns: dict[str, str], footer: str = "") -> None:
+    """Rows as JSON lines, or as a rich table with ``columns`` {key: heading} (numbers to the
+    right; never wrapped or cut, whatever the terminal's width: a row stays one line to grep)."""
+    if as_json:
+        for row in rows:
+            print(to_json_line(row))
+        return
+    import sys
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    cells = [[_cell(row[k]) for k in columns] for row in rows]
+    utf8 = (getattr(sys.stdout, "encoding", "") or "").lower().replace("-", "") == "utf8"
+    table = Table(
+        box=box.SIMPLE_HEAD if utf8 else box.ASCII2, pad_edge=False, show_edge=False, highlight=False
+    )  # (a locale that cannot spell the rule gets ASCII)
+    for i, heading in enumerate(columns.values()):
+        numeric = bool(cells) and all(_numeric(c[i]) or c[i] == "-" for c in cells)
+        table.add_column(heading, justify="right" if numeric else "left", no_wrap=True)
+    for c in cells:
+        table.add_row(*c)
+    # Rendered into a string, printed here: rich never touches stdout (its own flush turns a
+    # closed pipe into SystemExit(1); rmq-admin's main ends quietly on one instead).
+    out = io.StringIO()
+    Console(file=out, width=1_000_000, color_system=None, highlight=False, emoji=False).print(
+        table, crop=False
+    )
+    for line in out.getvalue().splitlines():
+        print(line.rstrip())
+    if footer:
+        print(footer)
+
+
+def _cell(value: Any) -> str:
+    return "-" if value is None else str(value)
+
+
+def _numeric(text: str) -> bool:
+    return text.lstrip("-").isdigit()
+
+
+# ---------------------------------------------------------------------------- where
+
+
+def is_running(args: argparse.Namespace) -> bool:
+    """Whether the arguments name a running store (``--name``) rather than a directory (``--store``)."""
+    return bool(args.name)
+
+
+@contextmanager
+def attach_running(args: argparse.Namespace) -> Iterator[RunningStore]:
+    """The running store ``--name`` names, attached as a consumer for the command's length."""
+    store = RunningStore.attach(args.name, Role.CONSUMER)
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+@contextmanager
+def flags_lock(store: RunningStore) -> Iterator[None]:
+    """The lock consumers insert group offsets under and the supervisor persists config under."""
+    with store.shm.flags_lock("change the store's offsets or topics; try again"):
+        yield
+
+
+def refuse_if_running(store: MessageStore) -> None:
+    """Offline changes to a running store's config files would be overwritten by its supervisor."""
+    names = ShmNames.for_store(store.config.store_path_root_dir, store.config.shm_name)
+    try:
+        table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    except StoreError:
+        return
+    try:
+        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
+    finally:
+        table.close()
+    if pid_alive(pid, start_ms):
+        raise StoreError(
+            f"store is running (supervisor pid {pid}): use --name {names.base} to change it live"
+        )
+
+
+def need_running(args: argparse.Namespace, command: str) -> None:
+    """Refuse a command only a running store can do, naming the option that gives one."""
+    if not is_running(args):
+        raise StoreError(f"{command} needs a running store: --name <shm name or store directory>")

@@ -27,14 +27,16 @@ from rmq_mp.errors import StoreError
 from rmq_mp.format.message import MessageExt
 from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.store.message_store import MAX_TIMESTAMP, MessageStore
-from rmq_mp.tools.admin_common import open_store, print_messages, to_json_line
-from rmq_mp.tools.admin_ops import (
-    _attach,
-    _flags_lock,
-    _need_running,
-    _refuse_if_running,
-    _running,
+from rmq_mp.tools.admin_common import (
+    attach_running,
     emit,
+    flags_lock,
+    is_running,
+    need_running,
+    open_store,
+    print_messages,
+    refuse_if_running,
+    to_json_line,
 )
 from shm import queue_offsets as qo
 from shm.pointer_table import pid_alive
@@ -45,7 +47,7 @@ from shm.pointer_table import pid_alive
 def _offline_offsets(store: MessageStore) -> ConsumerOffsetManager:
     """A stopped store's consumerOffset.json, loaded; refused when damaged (writing it now would
     make the loss final behind the store's back, as resetOffsetByTime refuses)."""
-    _refuse_if_running(store)
+    refuse_if_running(store)
     offsets = ConsumerOffsetManager(store.paths.consumer_offset)
     if not offsets.load():
         raise StoreError(
@@ -80,10 +82,10 @@ def delete_sub_group(args: argparse.Namespace) -> int:
     group = v.check_group(args.group)
     suffix = "@" + group
     removed: dict[str, int] = {}
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             root = running.paths.root
-            with _flags_lock(running):
+            with flags_lock(running):
                 shm = running.shm
                 _refuse_attached(shm.members.members(pid_alive, group), group, args.force, "delete it")
                 for key, _queue_id, slot in list(shm.groups.queues()):
@@ -122,8 +124,8 @@ def _set_group_offsets(
     none). Running: under the flags lock, all or nothing; stopped: consumerOffset.json."""
     old: dict[int, int] = {}
     key = ConsumerOffsetManager.key(group, topic)
-    if _running(args):
-        with _attach(args) as running, _flags_lock(running):
+    if is_running(args):
+        with attach_running(args) as running, flags_lock(running):
             groups = running.shm.groups
             known = {q for q in targets if groups.find(key, q) >= 0}
             slots = groups.find_or_insert_all([(key, q) for q in targets])
@@ -173,8 +175,8 @@ def clone_group_offset(args: argparse.Namespace) -> int:
     group's (queues the source never committed are left as they are)."""
     source, dest = v.check_group(args.src_group), v.check_group(args.dest_group)
     topic = v.check_topic(args.topic, "--topic", with_offsets=True)
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             groups = running.shm.groups
             found = {
                 q: groups.get(slot, qo.COMMITTED)
@@ -243,8 +245,8 @@ def query_msg_by_unique_key(args: argparse.Namespace) -> int:
 def get_broker_config(args: argparse.Namespace) -> int:
     """mqadmin getBrokerConfig: every setting in effect, ``key = value`` (a running store's from
     its shared memory, else broker.conf/--set over the defaults)."""
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             properties = running.config.to_properties()
     else:
         with open_store(args) as store:
@@ -262,7 +264,7 @@ def broker_status(args: argparse.Namespace) -> int:
     `collect_status` (running store)."""
     from rmq_mp.tools.store_status import collect_status
 
-    _need_running(args, "brokerStatus")
+    need_running(args, "brokerStatus")
     with open_store(args) as store:
         status = collect_status(store.config)
     offsets, lags = status["offsets"], status["lags"]
@@ -293,8 +295,8 @@ def stats_all(args: argparse.Namespace) -> int:
     with open_store(args) as store:
         topics = {t: store.queue_status(t) for t in store.topics()}
     lags: dict[tuple[str, str], int] = {}
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             groups = running.shm.groups
             committed: dict[tuple[str, str], dict[int, int]] = {}
             for key, queue_id, slot in groups.queues():

@@ -11,11 +11,9 @@ back). Human tables by default, ``--json`` one object per line.
 from __future__ import annotations
 
 import argparse
-import io
 import math
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -27,7 +25,19 @@ from rmq_mp.errors import StoreError
 from rmq_mp.format.message import MessageExt
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.running_store import RunningStore
-from rmq_mp.tools.admin_common import iso, open_store, positive_int, print_messages, to_json_line
+from rmq_mp.tools.admin_common import (
+    attach_running,
+    emit,
+    flags_lock,
+    is_running,
+    iso,
+    need_running,
+    open_store,
+    positive_int,
+    print_messages,
+    refuse_if_running,
+    to_json_line,
+)
 from rmq_mp.tools.store_status import (
     collect_status,
     disk_used_ratio,
@@ -35,100 +45,11 @@ from rmq_mp.tools.store_status import (
     format_table_levels,
     replication_summary,
 )
-from shm import layout
 from shm import members as mb
 from shm import queue_offsets as qo
-from shm.layout import Role
-from shm.names import ShmNames
-from shm.pointer_table import PointerTable, pid_alive
+from shm.pointer_table import pid_alive
 
 FLAGS_LOCK_TIMEOUT_S = 5.0
-
-
-# ---------------------------------------------------------------------------- output
-
-
-def emit(rows: list[dict[str, Any]], *, as_json: bool, columns: dict[str, str], footer: str = "") -> None:
-    """Rows as JSON lines, or as a rich table with ``columns`` {key: heading} (numbers to the
-    right; never wrapped or cut, whatever the terminal's width: a row stays one line to grep)."""
-    if as_json:
-        for row in rows:
-            print(to_json_line(row))
-        return
-    import sys
-
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-
-    cells = [[_cell(row[k]) for k in columns] for row in rows]
-    utf8 = (getattr(sys.stdout, "encoding", "") or "").lower().replace("-", "") == "utf8"
-    table = Table(
-        box=box.SIMPLE_HEAD if utf8 else box.ASCII2, pad_edge=False, show_edge=False, highlight=False
-    )  # (a locale that cannot spell the rule gets ASCII)
-    for i, heading in enumerate(columns.values()):
-        numeric = bool(cells) and all(_numeric(c[i]) or c[i] == "-" for c in cells)
-        table.add_column(heading, justify="right" if numeric else "left", no_wrap=True)
-    for c in cells:
-        table.add_row(*c)
-    # Rendered into a string, printed here: rich never touches stdout (its own flush turns a
-    # closed pipe into SystemExit(1); rmq-admin's main ends quietly on one instead).
-    out = io.StringIO()
-    Console(file=out, width=1_000_000, color_system=None, highlight=False, emoji=False).print(
-        table, crop=False
-    )
-    for line in out.getvalue().splitlines():
-        print(line.rstrip())
-    if footer:
-        print(footer)
-
-
-def _cell(value: Any) -> str:
-    return "-" if value is None else str(value)
-
-
-def _numeric(text: str) -> bool:
-    return text.lstrip("-").isdigit()
-
-
-# ---------------------------------------------------------------------------- where
-
-
-def _running(args: argparse.Namespace) -> bool:
-    return bool(args.name)
-
-
-@contextmanager
-def _attach(args: argparse.Namespace) -> Iterator[RunningStore]:
-    store = RunningStore.attach(args.name, Role.CONSUMER)
-    try:
-        yield store
-    finally:
-        store.close()
-
-
-@contextmanager
-def _flags_lock(store: RunningStore) -> Iterator[None]:
-    """The lock consumers insert group offsets under and the supervisor persists config under."""
-    with store.shm.flags_lock("change the store's offsets or topics; try again"):
-        yield
-
-
-def _refuse_if_running(store: MessageStore) -> None:
-    """Offline changes to a running store's config files would be overwritten by its supervisor."""
-    names = ShmNames.for_store(store.config.store_path_root_dir, store.config.shm_name)
-    try:
-        table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
-    except StoreError:
-        return
-    try:
-        pid, start_ms = table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS)
-    finally:
-        table.close()
-    if pid_alive(pid, start_ms):
-        raise StoreError(
-            f"store is running (supervisor pid {pid}): use --name {names.base} to change it live"
-        )
 
 
 # ---------------------------------------------------------------------------- topics
@@ -193,12 +114,12 @@ def update_topic(args: argparse.Namespace) -> int:
             "changed": changed,
         }
 
-    if _running(args):
-        with _attach(args) as running, _flags_lock(running):
+    if is_running(args):
+        with attach_running(args) as running, flags_lock(running):
             row = update(running.paths.topics, running.config.default_topic_queue_nums)
     else:
         with open_store(args) as store:
-            _refuse_if_running(store)
+            refuse_if_running(store)
             row = update(store.paths.topics, store.config.default_topic_queue_nums)
     emit(
         [row],
@@ -234,8 +155,8 @@ def consumer_progress(args: argparse.Namespace) -> int:
     committed: dict[tuple[str, str], dict[int, int]] = {}  # (group, topic) -> queue -> offset
     queues: dict[str, dict[int, tuple[int, int, int]]] = {}  # topic -> queue -> (min, max, last ms)
     clients: dict[tuple[str, str, int], str] = {}  # (group, topic, queue) -> owner's client id
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             shm = running.shm
             for key, queue_id, slot in shm.groups.queues():
                 topic, _, group = key.partition("@")
@@ -281,7 +202,7 @@ def consumer_progress(args: argparse.Namespace) -> int:
                     "consumerOffset": consumer,
                     "diff": max(max_offset - max(consumer, min_offset), 0),
                     "lastTimestamp": last_ms,
-                    **({"clientId": clients.get((group, topic, queue_id), "")} if _running(args) else {}),
+                    **({"clientId": clients.get((group, topic, queue_id), "")} if is_running(args) else {}),
                 }
             )
     for row in rows:
@@ -297,7 +218,7 @@ def consumer_progress(args: argparse.Namespace) -> int:
             "consumerOffset": "ConsumerOffset",
             "diff": "Diff",
             "lastTime": "LastTime",
-            **({"clientId": "ClientId"} if _running(args) else {}),
+            **({"clientId": "ClientId"} if is_running(args) else {}),
         },
         footer=f"Diff Total: {sum(r['diff'] for r in rows)}",
     )
@@ -309,8 +230,8 @@ def consumer_connection(args: argparse.Namespace) -> int:
     its client id, pid, message model, last heartbeat (its last poll) and the queues it holds
     now, from the member table and the owner words (rmq_mp/client/rebalance.py)."""
     v.check_group(args.group)
-    _need_running(args, "consumerConnection")
-    with _attach(args) as running:
+    need_running(args, "consumerConnection")
+    with attach_running(args) as running:
         shm = running.shm
         members = shm.members.members(pid_alive, args.group)
         held: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (pid, member slot) -> queues
@@ -385,8 +306,8 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
             raise StoreError(f"topic {args.topic!r} has no queue in this store")
         key = ConsumerOffsetManager.key(args.group, args.topic)
         old: dict[int, int] = {}
-        if _running(args):
-            with _attach(args) as running, _flags_lock(running):
+        if is_running(args):
+            with attach_running(args) as running, flags_lock(running):
                 groups = running.shm.groups
                 known = {k.partition("@")[2] for k, _queue_id, _slot in groups.queues()}
                 _refuse_unknown_group(args, known)
@@ -395,7 +316,7 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
                     old[queue_id] = groups.get(slot, qo.COMMITTED)
                     groups.set(slot, qo.COMMITTED, offset)
         else:
-            _refuse_if_running(store)
+            refuse_if_running(store)
             offsets = ConsumerOffsetManager(store.paths.consumer_offset)
             if not offsets.load():  # writing now would make the loss final behind the store's back
                 raise StoreError(
@@ -449,8 +370,8 @@ def _refuse_unknown_group(args: argparse.Namespace, known: set[str]) -> None:
 def store_status(args: argparse.Namespace) -> int:
     """Flush progress (RocketMQ's printFlushProgress: how far flush and dispatch fall behind),
     commit-log pointers, pool, disk and running flags."""
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             status = collect_status(running.config)
         o, lags = status["offsets"], status["lags"]
         status["flush_progress"] = {
@@ -536,7 +457,7 @@ def send_message(args: argparse.Namespace) -> int:
     """mqadmin sendMessage: put ``--count`` copies of a text body from this process."""
     from rmq_mp.put.producer import Producer
 
-    _need_running(args, "sendMessage")
+    need_running(args, "sendMessage")
     body = _body(args.body) if args.body is not None else _body_file(args.body_file)
     with Producer.attach(args.name) as producer:
         results = producer.send_batch(
@@ -576,7 +497,7 @@ def consume_message(args: argparse.Namespace) -> int:
 
     if args.queue is not None or args.offset is not None:
         raise StoreError("consumeMessage: -i/-o peek without a group; drop -g, or drop -i/-o")
-    _need_running(args, "consumeMessage")
+    need_running(args, "consumeMessage")
     with Consumer.attach(args.name, args.group) as consumer:
         consumer.subscribe(args.topic, args.tags or "*")
         messages: list[MessageExt] = []
@@ -597,8 +518,8 @@ def schedule_status(args: argparse.Namespace) -> int:
 
     rows: list[dict[str, Any]] = []
     entries: list[dict[str, Any]] = []
-    if _running(args):
-        with _attach(args) as running:
+    if is_running(args):
+        with attach_running(args) as running:
             status = collect_status(running.config)
         levels = status["delay_levels"]
     else:
@@ -624,7 +545,7 @@ def schedule_status(args: argparse.Namespace) -> int:
                 entries = _schedule_entries_offline(store, levels, args.level, args.count)
     if args.level and not 1 <= args.level <= len(levels):
         raise StoreError(f"delay level {args.level}: messageDelayLevel has levels 1..{len(levels)}")
-    if args.level and _running(args):
+    if args.level and is_running(args):
         entries = _schedule_entries_running(args, levels[args.level - 1], args.count)
     for d in levels:
         if args.level and d["level"] != args.level:
@@ -739,11 +660,6 @@ def _body_file(path: str) -> bytes:
         return Path(path).read_bytes()
     except OSError as exc:
         raise StoreError(f"--body-file {path}: {exc.strerror or exc}") from None
-
-
-def _need_running(args: argparse.Namespace, command: str) -> None:
-    if not _running(args):
-        raise StoreError(f"{command} needs a running store: --name <shm name or store directory>")
 
 
 # ---------------------------------------------------------------------------- parsers
