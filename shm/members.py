@@ -140,21 +140,27 @@ class MemberTable(SlotTable):
         )  # fmt: skip
         return found if self.get(slot, PID) == pid else None
 
-    def members(self, alive: Callable[[int], bool], group: str | None = None) -> list[Member]:
-        """Live members (of ``group``, or all), by slot; a dead pid's member is left out."""
+    def members(self, alive: Callable[[int, int], bool], group: str | None = None) -> list[Member]:
+        """Live members (of ``group``, or all), by slot; a dead pid's member is left out.
+        ``alive(pid, joined_ms)``: `shm.pointer_table.pid_alive_since` (a pid reused by a process
+        started after the member joined is not that member)."""
         found = []
         for slot in range(min(self.high_water, self.slots)):
             member = self.member(slot)
-            if member is not None and (group is None or member.group == group) and alive(member.pid):
+            if (
+                member is not None
+                and (group is None or member.group == group)
+                and alive(member.pid, member.joined_ms)
+            ):
                 found.append(member)
         return found
 
-    def dead(self, alive: Callable[[int], bool]) -> list[Member]:
+    def dead(self, alive: Callable[[int, int], bool]) -> list[Member]:
         """Members whose process is gone without leaving (a reaper clears them)."""
         return [
             m
             for slot in range(min(self.high_water, self.slots))
-            if (m := self.member(slot)) is not None and not alive(m.pid)
+            if (m := self.member(slot)) is not None and not alive(m.pid, m.joined_ms)
         ]
 
 

@@ -136,3 +136,20 @@ def pid_alive(pid: int, start_ms: int = 0) -> bool:
         return False
     except psutil.AccessDenied:  # another user's process: it exists
         return True
+
+
+PID_START_SLACK_MS = 2000
+"""psutil's create_time rests on /proc/stat's whole-second boot time, so a start time read back
+may be off by up to a second from the clock the holder read."""
+
+
+def pid_alive_since(pid: int, since_ms: int) -> bool:
+    """Whether ``pid`` is alive and the process that recorded ``since_ms`` about itself (when it
+    took a lock, when it joined a group): one started later than that (beyond the clock's slack)
+    reuses a dead holder's pid. ``since_ms`` 0 (not recorded) checks the pid alone."""
+    if not pid_alive(pid):
+        return False
+    if since_ms <= 0:
+        return True
+    started_ms = process_start_ms(pid)
+    return not started_ms or started_ms <= since_ms + PID_START_SLACK_MS

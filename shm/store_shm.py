@@ -25,7 +25,7 @@ from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
 from shm.members import MemberTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import PointerTable, now_ms, pid_alive
+from shm.pointer_table import PointerTable, now_ms, pid_alive_since
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
 from shm.replica_requests import ReplicaRequestRing
 from shm.schedule_offsets import ScheduleOffsetTable
@@ -246,14 +246,15 @@ class StoreShm:
     def _flags_lock_contended(self, lock: posix_ipc.Semaphore) -> bool:
         """Wait for the flags lock in slices; between them, a holder found dead (or none written
         for ORPHAN_AFTER_MS: it died between taking the lock and writing its pid) is taken over.
-        True once this process holds it."""
+        True once this process holds it. A holder pid now running a process started after the
+        lock was taken (FLAGS_LOCK_SINCE_MS) is a reused pid: its holder is dead."""
         deadline = time.monotonic() + FLAGS_LOCK_TIMEOUT_S
         orphan_since = 0.0
         while True:
             if acquire(lock, min(0.05, max(deadline - time.monotonic(), 0))):
                 return True
             owner = self.table.get(layout.FLAGS_LOCK_OWNER_PID)
-            if owner and not pid_alive(owner):
+            if owner and not pid_alive_since(owner, self.table.get(layout.FLAGS_LOCK_SINCE_MS)):
                 if self._take_flags_lock_over(lock, owner):
                     return True
             elif not owner:

@@ -44,7 +44,7 @@ from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.errors import InvalidArgumentError
 from shm import members as mb
 from shm import queue_offsets as qo
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import now_ms, pid_alive_since
 from shm.store_shm import StoreShm
 
 REBALANCE_INTERVAL_MS = 1000
@@ -116,7 +116,7 @@ class Rebalance:
         """Register as a live member (flags lock). `InvalidArgumentError` when a live member of
         the group already uses this client id: RocketMQ's allocation needs them distinct."""
         with self.shm.flags_lock("join the consumer group"):
-            for m in self.members.members(pid_alive, self.group):
+            for m in self.members.members(pid_alive_since, self.group):
                 if m.client_id == self.client_id and m.slot != self.slot:
                     raise InvalidArgumentError(
                         f"client id {self.client_id!r} is in use by another live member of group "
@@ -144,7 +144,7 @@ class Rebalance:
 
     def _post_group(self) -> None:
         """Wake every other live member of the group (a parked poll re-reads the version)."""
-        for m in self.members.members(pid_alive, self.group):
+        for m in self.members.members(pid_alive_since, self.group):
             if m.slot != self.slot:
                 self.shm.waiter(m.slot).release()
 
@@ -189,7 +189,9 @@ class Rebalance:
             self._seen_version = version
             return []
         cids = sorted(
-            m.client_id for m in self.members.members(pid_alive, self.group) if m.model == mb.MODEL_CLUSTERING
+            m.client_id
+            for m in self.members.members(pid_alive_since, self.group)
+            if m.model == mb.MODEL_CLUSTERING
         )
         plan = {
             topic: set(allocate_averagely(self.client_id, self.queue_ids(topic), cids)) for topic in topics
@@ -238,19 +240,21 @@ class Rebalance:
         if owner == 0:
             return True
         pid, slot = qo.owner_of(owner)
-        return not pid_alive(pid) or self.members.get(slot, mb.PID) != pid
+        if self.members.get(slot, mb.PID) != pid:
+            return True
+        return not pid_alive_since(pid, self.members.get(slot, mb.JOINED_MS))
 
     def _reap(self) -> bool:
         """Clear the members whose process died without leaving, and post their groups."""
-        dead = self.members.dead(pid_alive)
+        dead = self.members.dead(pid_alive_since)
         if not dead:
             return False
         with self.shm.flags_lock("reap dead consumer-group members"):
             for m in dead:
-                if self.members.get(m.slot, mb.PID) == m.pid and not pid_alive(m.pid):
+                if self.members.get(m.slot, mb.PID) == m.pid and not pid_alive_since(m.pid, m.joined_ms):
                     self.members.leave(m.slot)
         for group in {m.group for m in dead}:
-            for m in self.members.members(pid_alive, group):
+            for m in self.members.members(pid_alive_since, group):
                 if m.slot != self.slot:
                     self.shm.waiter(m.slot).release()
         return True

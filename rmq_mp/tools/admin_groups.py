@@ -39,7 +39,7 @@ from rmq_mp.tools.admin_common import (
     to_json_line,
 )
 from shm import queue_offsets as qo
-from shm.pointer_table import pid_alive
+from shm.pointer_table import pid_alive_since
 
 # ---------------------------------------------------------------------------- groups
 
@@ -87,7 +87,7 @@ def delete_sub_group(args: argparse.Namespace) -> int:
             root = running.paths.root
             with flags_lock(running):
                 shm = running.shm
-                _refuse_attached(shm.members.members(pid_alive, group), group, args.force, "delete it")
+                _refuse_attached(shm.members.members(pid_alive_since, group), group, args.force, "delete it")
                 for key, _queue_id, slot in list(shm.groups.queues()):
                     if key.endswith(suffix) and shm.groups.get(slot, qo.COMMITTED) != qo.DELETED:
                         shm.groups.set(slot, qo.COMMITTED, qo.DELETED)

@@ -47,7 +47,7 @@ from rmq_mp.tools.store_status import (
 )
 from shm import members as mb
 from shm import queue_offsets as qo
-from shm.pointer_table import pid_alive
+from shm.pointer_table import pid_alive, pid_alive_since
 
 FLAGS_LOCK_TIMEOUT_S = 5.0
 
@@ -233,7 +233,7 @@ def consumer_connection(args: argparse.Namespace) -> int:
     need_running(args, "consumerConnection")
     with attach_running(args) as running:
         shm = running.shm
-        members = shm.members.members(pid_alive, args.group)
+        members = shm.members.members(pid_alive_since, args.group)
         held: dict[tuple[int, int], list[tuple[str, int]]] = {}  # (pid, member slot) -> queues
         suffix = "@" + args.group
         for key, queue_id, slot in shm.groups.queues():

@@ -27,7 +27,7 @@ from shm import schedule_offsets as so
 from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
 from shm.names import ROLES, ShmNames
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import now_ms, pid_alive_since
 from shm.store_shm import StoreShm
 
 STATE_NAMES = {
@@ -356,7 +356,7 @@ def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
         offset = shm.groups.get(slot, qo.COMMITTED)
         if offset != qo.DELETED:
             committed.setdefault((group, topic), {})[queue_id] = offset
-    members = Counter(m.group for m in shm.members.members(pid_alive))
+    members = Counter(m.group for m in shm.members.members(pid_alive_since))
     rows = []
     for (group, topic), offsets in sorted(committed.items()):
         queues = by_topic.get(topic, {})

@@ -19,6 +19,8 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.put.producer import Producer
 from shm import layout
+from shm.layout import Role
+from shm.pointer_table import PointerTable, process_start_ms
 from tests.service import ROOT, RunningService, running_service, wait_until
 
 
@@ -98,3 +100,29 @@ def test_a_live_holder_is_named_not_taken_over(tmp_path: Path) -> None:
         finally:
             holder.send_signal(signal.SIGKILL)
             holder.wait(30)
+
+
+def test_a_holder_pid_reused_by_a_later_process_is_taken_over(tmp_path: Path) -> None:
+    """The flags lock's holder died and its pid now runs another process, started after the lock
+    was taken (FLAGS_LOCK_SINCE_MS): that process is not the holder, so the lock is taken over
+    (before the check a live pid alone kept it held for good)."""
+    with running_service(tmp_path) as service:
+        holder = _flags_lock_holder(service)
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(30)
+        later = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+        try:
+            table = PointerTable.attach(service.names.pointer_table, Role.CONSUMER)
+            try:  # what a reused pid looks like: a live process newer than the lock's taking
+                table.set(layout.FLAGS_LOCK_OWNER_PID, later.pid)
+                table.set(layout.FLAGS_LOCK_SINCE_MS, process_start_ms(later.pid) - 60_000)
+            finally:
+                table.close()
+            with Consumer.attach(service.root, "g"):
+                pass
+            assert service.read(layout.FLAGS_LOCK_RECOVERIES) == 1
+            assert service.read(layout.FLAGS_LOCK_LAST_DEAD_PID) == later.pid
+            assert later.poll() is None, "the process that reused the pid is left alone"
+        finally:
+            later.kill()
+            later.wait(30)

@@ -22,7 +22,7 @@ from rmq_mp.put.producer import Producer
 from shm import members as mb
 from shm import queue_offsets as qo
 from shm.layout import Role
-from shm.pointer_table import pid_alive
+from shm.pointer_table import pid_alive, pid_alive_since
 from shm.store_shm import StoreShm
 from tests.service import ROOT, RunningService, running_service, wait_until
 
@@ -118,7 +118,9 @@ def shared(service: RunningService) -> Iterator[StoreShm]:
 def wait_joined(shm: StoreShm, *procs: subprocess.Popen[bytes]) -> None:
     """Until each process is a live member of the group (it has subscribed and polled once)."""
     pids = {p.pid for p in procs}
-    wait_until(lambda: pids <= {m.pid for m in shm.members.members(pid_alive, GROUP)}, 60, "members to join")
+    wait_until(
+        lambda: pids <= {m.pid for m in shm.members.members(pid_alive_since, GROUP)}, 60, "members to join"
+    )
 
 
 def owners(shm: StoreShm) -> dict[int, int]:
@@ -163,7 +165,7 @@ def test_queues_move_on_join_leave_and_death_within_the_bound(tmp_path: Path) ->
         wait_until(lambda: split(shm, {a.pid, b.pid}) == [8, 8], 60, "a and b to hold 8 queues each")
         c = members.start("c", poll_s=30)
         wait_until(
-            lambda: any(m.pid == c.pid for m in shm.members.members(pid_alive, GROUP)), 60, "c to join"
+            lambda: any(m.pid == c.pid for m in shm.members.members(pid_alive_since, GROUP)), 60, "c to join"
         )
         joined = time.monotonic()
         wait_until(lambda: split(shm, {a.pid, b.pid, c.pid}) == [6, 5, 5], 30, "a three-way split")
@@ -182,7 +184,7 @@ def test_queues_move_on_join_leave_and_death_within_the_bound(tmp_path: Path) ->
         left = time.monotonic()
         wait_until(lambda: split(shm, {a.pid}) == [16], 30, "every queue to a")
         assert time.monotonic() - left < SLACK_S, "a clean leave moves queues at once"
-        assert [m.client_id for m in shm.members.members(pid_alive, GROUP)] == ["a"]
+        assert [m.client_id for m in shm.members.members(pid_alive_since, GROUP)] == ["a"]
 
 
 def test_kill_9_of_a_member_loses_nothing_and_repeats_only_uncommitted_reads(tmp_path: Path) -> None:
@@ -224,7 +226,7 @@ def test_members_joining_and_leaving_never_read_one_queue_at_once(tmp_path: Path
         names = ["c0", "c1"]
         for step in range(2, 8):
             wait_until(read_at_least(members, names, 400 * step), 120, "progress")
-            live = {m.pid for m in shm.members.members(pid_alive, GROUP)}
+            live = {m.pid for m in shm.members.members(pid_alive_since, GROUP)}
             assert set(owners(shm).values()) <= live
             if step % 2:
                 leaving = names[step - 2]
