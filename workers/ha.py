@@ -16,7 +16,8 @@ logged, and gets heartbeats only: never a silent gap.
 
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
 once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every frame
-that moved it, and every haSendHeartbeatInterval. It writes each frame at exactly its own end (a
+that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
+frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient. It writes each frame at exactly its own end (a
 non-empty slave receiving any other offset closes and reconnects) and so is the one writer of
 the log on a slave: the bytes go into the files first, HA_SLAVE_RECEIVED_END (what it reports)
 next, and WROTE_POSITION (what flusher and reput see) only up to the last whole record below it,
@@ -377,6 +378,8 @@ class HaSlave(ServiceLoop):
         self.master = parse_host_port(cfg.ha_master_address)
         self.file_size = cfg.mapped_file_size_commit_log
         self.heartbeat_s = cfg.ha_send_heartbeat_interval / 1000
+        self.housekeeping_s = cfg.ha_housekeeping_interval / 1000
+        self.heard_at = 0.0
         self.max_frame = ha_frame.MAX_FRAME_BYTES  # what a Java slave takes in, whatever its batch size
         self.sock: socket.socket | None = None
         self.frames = ha_frame.FrameReader(self.max_frame)
@@ -404,6 +407,8 @@ class HaSlave(ServiceLoop):
             readable, _, _ = select.select([self.sock], [self.sock] if self.unsent else [], [], PASS_S)
             if readable:
                 self._receive()
+            if time.monotonic() - self.heard_at > self.housekeeping_s:  # HAClient's housekeeping
+                raise HaProtocolError(f"master silent for {self.housekeeping_s:g} s (haHousekeepingInterval)")
             if time.monotonic() - self.reported_at >= self.heartbeat_s:
                 self._report()
             self._flush_reports()
@@ -423,6 +428,7 @@ class HaSlave(ServiceLoop):
             return
         sock.setblocking(False)
         self.sock = sock
+        self.heard_at = time.monotonic()
         self.frames = ha_frame.FrameReader(self.max_frame)
         self.unsent.clear()
         self.table.add(layout.HA_SLAVE_CONNECTS, 1)
@@ -468,6 +474,7 @@ class HaSlave(ServiceLoop):
         data = self.sock.recv(min(READ_BYTES, max(self.frames.needed(), 1 << 16)))
         if not data:
             raise HaProtocolError("the master closed the connection")
+        self.heard_at = time.monotonic()
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         moved = False
         for frame in self.frames.feed(data):
