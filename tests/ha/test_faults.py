@@ -1,0 +1,133 @@
+"""Replication through the fault relay (tests/ha/relay.py): a real TCP proxy between a slave and
+its master that cuts, stalls, slows and half-opens the link. After every fault is lifted and the
+slave has caught up, the two commit logs are byte-identical; a stalled or half-open link is
+dropped after haHousekeepingInterval and the slave connects again; a SYNC_MASTER whose slave is
+stalled answers FLUSH_SLAVE_TIMEOUT, never PUT_OK, and PUT_OK again once the link is back."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rmq_mp.outcomes import PutMessageStatus
+from rmq_mp.put.producer import Producer
+from shm import layout
+from tests.ha.pair import assert_same_log, commit_log, put, start_master, start_slave, wait_caught_up
+from tests.ha.relay import Relay
+from tests.service import RunningService, wait_until
+
+LINK = {"haSendHeartbeatInterval": "200", "haHousekeepingInterval": "1500"}
+"""Heartbeats every 200 ms; a link silent for 1.5 s is dropped (RocketMQ: 5 s and 20 s)."""
+
+
+def _more(service: RunningService, field: layout.Field, than: int, what: str, timeout_s: float = 30) -> None:
+    wait_until(lambda: service.read(field) > than, timeout_s, what)
+
+
+def _in_force(master: RunningService, slave: RunningService, fault: str, dropped: int, connects: int) -> None:
+    """What each fault must visibly do to the two stores while it lasts (``dropped`` and
+    ``connects``: the counts before it)."""
+    if fault in ("stall", "half_open_up", "vanish_slave"):  # the master hears nothing: it drops the link
+        _more(master, layout.HA_DROPPED, dropped, "the master to drop the silent slave")
+    if fault in ("stall", "half_open_down", "half_open_up", "vanish_master", "cut_rst", "cut_fin"):
+        _more(slave, layout.HA_SLAVE_CONNECTS, connects, "the slave to connect again")
+    if fault == "vanish_slave":  # its new connection flows: caught up during the fault
+        wait_caught_up(slave, master.read(layout.WROTE_POSITION))
+
+
+FAULTS = [
+    "cut_rst",
+    "cut_fin",
+    "stall",
+    "slow",
+    "half_open_down",
+    "half_open_up",
+    "vanish_slave",
+    "vanish_master",
+]
+
+
+def _apply(relay: Relay, fault: str) -> None:
+    if fault.startswith("cut_"):
+        relay.cut(fault.removeprefix("cut_"))
+    elif fault == "stall":
+        relay.stall()
+    elif fault == "slow":
+        relay.slow(256 << 10)
+    elif fault.startswith("half_open_"):
+        relay.half_open(fault.removeprefix("half_open_"))
+    else:
+        relay.vanish(fault.removeprefix("vanish_"))
+
+
+@pytest.mark.parametrize("fault", FAULTS)
+def test_logs_identical_after_each_fault(tmp_path: Path, fault: str) -> None:
+    master = start_master(tmp_path, **LINK)
+    with Relay(master.read(layout.HA_LISTEN_PORT)) as relay:
+        slave = start_slave(tmp_path, relay.port, **LINK)
+        end = put(master, 500)
+        wait_caught_up(slave, end)
+        dropped, connects = master.read(layout.HA_DROPPED), slave.read(layout.HA_SLAVE_CONNECTS)
+        _apply(relay, fault)
+        end = put(master, 3000, body_bytes=400)  # 1.3 MiB while the fault lasts: a file roll
+        _in_force(master, slave, fault, dropped, connects)
+        if fault == "slow":  # still follows, at the relay's pace
+            wait_caught_up(slave, end, 60)
+            assert relay.forwarded["down"] >= end - (1 << 20)
+        relay.heal()
+        end = put(master, 300)
+        wait_caught_up(slave, end)
+        wait_until(lambda: master.read(layout.HA_ACKED_OFFSET) == end, 30, "the master to see the ack")
+        assert_same_log(master, slave, end)
+        assert slave.stop() == 0
+        assert master.stop() == 0
+    assert_same_log(master, slave, end)
+
+
+def test_a_stalled_sync_masters_puts_time_out_then_put_ok_again(tmp_path: Path) -> None:
+    sync = {"brokerRole": "SYNC_MASTER", "slaveTimeout": "300", **LINK}
+    master = start_master(tmp_path, **sync)
+    with Relay(master.read(layout.HA_LISTEN_PORT)) as relay:
+        slave = start_slave(tmp_path, relay.port, **LINK)
+        wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 1, 20, "the slave to connect")
+        ok: list[tuple[int, bytes]] = []
+        with Producer.attach(master.names.base) as producer:
+
+            def send(i: int) -> PutMessageStatus:
+                body = b"stall-%06d" % i
+                result = producer.send("T", body)
+                if result.status is PutMessageStatus.PUT_OK:
+                    ok.append((result.commit_log_offset, body))
+                return result.status
+
+            assert [send(i) for i in range(20)] == [PutMessageStatus.PUT_OK] * 20
+            relay.stall()
+            dropped = master.read(layout.HA_DROPPED)
+            connects = slave.read(layout.HA_SLAVE_CONNECTS)
+            during: list[PutMessageStatus] = []
+
+            def dropped_and_back() -> bool:  # puts go on until the link was dropped and remade
+                during.append(send(100 + len(during)))
+                return (
+                    master.read(layout.HA_DROPPED) > dropped
+                    and slave.read(layout.HA_SLAVE_CONNECTS) > connects
+                )
+
+            wait_until(dropped_and_back, 60, "the stalled link to be dropped and the slave to reconnect")
+            assert PutMessageStatus.PUT_OK not in during, during
+            assert during[0] is PutMessageStatus.FLUSH_SLAVE_TIMEOUT
+            assert set(during) <= {PutMessageStatus.FLUSH_SLAVE_TIMEOUT, PutMessageStatus.SLAVE_NOT_AVAILABLE}
+            assert master.read(layout.HA_FLUSH_SLAVE_TIMEOUT) >= 1
+            relay.heal()
+            end = master.read(layout.WROTE_POSITION)
+            wait_until(lambda: master.read(layout.HA_ACKED_OFFSET) >= end, 30, "the slave to catch up")
+            assert [send(1000 + i) for i in range(20)] == [PutMessageStatus.PUT_OK] * 20
+        end = master.read(layout.WROTE_POSITION)
+        wait_caught_up(slave, end)
+        assert_same_log(master, slave, end)
+        log = b"".join(commit_log(slave).values())
+        assert all(body in log for _, body in ok)
+        print(
+            f"{len(during)} puts during the stall: {sorted({s.name for s in during})}; {len(ok)} PUT_OK on the slave"
+        )
