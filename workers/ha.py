@@ -127,6 +127,22 @@ class HaMaster(ServiceLoop):
         )
 
     def _listen(self, cfg: MessageStoreConfig) -> socket.socket:
+        """Bound to haListenPort; with 0, to the port an earlier listener of this store got
+        (HA_BOUND_PORT), so a worker the supervisor restarted is found again by its slaves (a
+        fresh ephemeral port left them knocking on the old one: test_ha_kill's master_ha cases)."""
+        port = cfg.ha_listen_port or self.table.get(layout.HA_BOUND_PORT)
+        try:
+            sock = self._bind(cfg, port)
+        except OSError:
+            if port == cfg.ha_listen_port:
+                raise
+            log.warning("ha: cannot listen on port %d again; taking a new one", port)
+            sock = self._bind(cfg, 0)
+        if not cfg.ha_listen_port:
+            self.table.set(layout.HA_BOUND_PORT, sock.getsockname()[1])
+        return sock
+
+    def _bind(self, cfg: MessageStoreConfig, port: int) -> socket.socket:
         address = cfg.ha_listen_address
         family = socket.AF_INET6 if ":" in address or (not address and socket.has_ipv6) else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -134,11 +150,11 @@ class HaMaster(ServiceLoop):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and not address:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), cfg.ha_listen_port))
+            sock.bind((address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
             sock.listen(64)
         except OSError as exc:
             sock.close()
-            log.error("ha: cannot listen on %s:%d: %s", address or "*", cfg.ha_listen_port, exc)
+            log.error("ha: cannot listen on %s:%d: %s", address or "*", port, exc)
             raise
         sock.setblocking(False)
         return sock
