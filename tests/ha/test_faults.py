@@ -6,6 +6,7 @@ stalled answers FLUSH_SLAVE_TIMEOUT, never PUT_OK, and PUT_OK again once the lin
 
 from __future__ import annotations
 
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,7 @@ from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.ha.pair import assert_same_log, commit_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.relay import Relay
+from tests.ha.sync_load import SyncLoad
 from tests.service import RunningService, wait_until
 
 LINK = {"haSendHeartbeatInterval": "200", "haHousekeepingInterval": "1500"}
@@ -131,3 +133,35 @@ def test_a_stalled_sync_masters_puts_time_out_then_put_ok_again(tmp_path: Path) 
         print(
             f"{len(during)} puts during the stall: {sorted({s.name for s in during})}; {len(ok)} PUT_OK on the slave"
         )
+
+
+def test_two_slaves_under_load_one_cut_the_other_keeps_put_ok(tmp_path: Path) -> None:
+    sync = {"brokerRole": "SYNC_MASTER", "slaveTimeout": "1000", **LINK}
+    master = start_master(tmp_path, **sync)
+    port = master.read(layout.HA_LISTEN_PORT)
+    with Relay(port) as relay_one, Relay(port) as relay_two:
+        one = start_slave(tmp_path, relay_one.port, "one", **LINK)
+        two = start_slave(tmp_path, relay_two.port, "two", **LINK)
+        wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 2, 20, "two slave connections")
+        load = SyncLoad(master, threads=2)
+        try:
+            load.wait_put_ok(200)
+            relay_one.cut("rst", hold=True)  # one is cut off and kept off
+            cut_at = len(load.answers)
+            wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 1, 20, "the master to lose one")
+            load.wait_put_ok(len(load.put_ok()) + 500)
+            during = [status for status, _ in load.answers[cut_at:]]
+            assert set(during) == {PutMessageStatus.PUT_OK}, Counter(during)
+            assert relay_one.accepted > 1, "the cut slave kept trying"
+            relay_one.heal()
+            wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 2, 30, "the cut slave back")
+            load.wait_put_ok(len(load.put_ok()) + 200)
+        finally:
+            load.stop()
+        end = master.read(layout.WROTE_POSITION)
+        for slave in (one, two):
+            wait_caught_up(slave, end)
+            assert_same_log(master, slave, end)
+        for slave in (one, two):
+            assert not load.missing_on(b"".join(commit_log(slave).values()))
+        print(f"{len(during)} puts while one slave was cut: all PUT_OK; {len(load.put_ok())} PUT_OK in all")
