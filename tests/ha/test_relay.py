@@ -57,6 +57,7 @@ def test_flows_both_ways(link: tuple[Relay, socket.socket, socket.socket, socket
     assert _recv_exactly(upstream, 2000) == b"up" * 1000
     upstream.sendall(b"down" * 50_000)
     assert _recv_exactly(client, 200_000) == b"down" * 50_000
+    relay.sync()  # its counting done (the bytes may arrive before the relay's thread counts them)
     assert relay.forwarded == {"up": 2000, "down": 200_000}
 
 
