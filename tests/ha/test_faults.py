@@ -135,7 +135,10 @@ def test_a_stalled_sync_masters_puts_time_out_then_put_ok_again(tmp_path: Path) 
         )
 
 
-def test_two_slaves_under_load_one_cut_the_other_keeps_put_ok(tmp_path: Path) -> None:
+@pytest.mark.parametrize("fault", ["cut", "stall"])
+def test_two_slaves_under_load_one_cut_the_other_keeps_put_ok(tmp_path: Path, fault: str) -> None:
+    """``stall``: the stalled slave's socket fills on the master, which must go on serving the
+    other (one select loop for all) until housekeeping drops the stalled one."""
     sync = {"brokerRole": "SYNC_MASTER", "slaveTimeout": "1000", **LINK}
     master = start_master(tmp_path, **sync)
     port = master.read(layout.HA_LISTEN_PORT)
@@ -146,13 +149,16 @@ def test_two_slaves_under_load_one_cut_the_other_keeps_put_ok(tmp_path: Path) ->
         load = SyncLoad(master, threads=2)
         try:
             load.wait_put_ok(200)
-            relay_one.cut("rst", hold=True)  # one is cut off and kept off
+            if fault == "cut":
+                relay_one.cut("rst", hold=True)  # one is cut off and kept off
+            else:
+                relay_one.stall()
             cut_at = len(load.answers)
             wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 1, 20, "the master to lose one")
             load.wait_put_ok(len(load.put_ok()) + 500)
             during = [status for status, _ in load.answers[cut_at:]]
             assert set(during) == {PutMessageStatus.PUT_OK}, Counter(during)
-            assert relay_one.accepted > 1, "the cut slave kept trying"
+            assert relay_one.accepted > 1, "the slave cut off kept trying"
             relay_one.heal()
             wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 2, 30, "the cut slave back")
             load.wait_put_ok(len(load.put_ok()) + 200)
@@ -164,4 +170,44 @@ def test_two_slaves_under_load_one_cut_the_other_keeps_put_ok(tmp_path: Path) ->
             assert_same_log(master, slave, end)
         for slave in (one, two):
             assert not load.missing_on(b"".join(commit_log(slave).values()))
-        print(f"{len(during)} puts while one slave was cut: all PUT_OK; {len(load.put_ok())} PUT_OK in all")
+        print(
+            f"{len(during)} puts while one slave was {fault}: all PUT_OK; {len(load.put_ok())} PUT_OK in all"
+        )
+
+
+def test_a_cut_in_the_middle_of_big_records(tmp_path: Path) -> None:
+    """A slowed link cut while 2 MiB records are half across: the slave never shows a partial
+    record (WROTE_POSITION stays on a record boundary below what it received), reports its
+    received end mid record, and the master resumes there."""
+    settings = {**LINK, "mappedFileSizeCommitLog": str(16 << 20)}
+    master = start_master(tmp_path, **settings)
+    with Relay(master.read(layout.HA_LISTEN_PORT)) as relay:
+        slave = start_slave(tmp_path, relay.port, **settings)
+        start = put(master, 10)
+        wait_caught_up(slave, start)
+        relay.slow(1 << 20)
+        with Producer.attach(master.names.base) as producer:
+            results = [producer.send("Big", bytes([i + 1]) * (2 << 20)) for i in range(3)]
+        assert all(r.status is PutMessageStatus.PUT_OK for r in results)
+        end = master.read(layout.WROTE_POSITION)
+        boundaries = {start, *(r.commit_log_offset for r in results), end}
+        received = slave.read(layout.HA_SLAVE_RECEIVED_END)
+        wait_until(
+            lambda: slave.read(layout.HA_SLAVE_RECEIVED_END) > start + (512 << 10), 30, "half a record across"
+        )
+        for _ in range(3):  # cut at three points inside the big records
+            received = slave.read(layout.HA_SLAVE_RECEIVED_END)
+            wrote = slave.read(layout.WROTE_POSITION)
+            assert wrote in boundaries, (wrote, sorted(boundaries))
+            assert wrote <= received
+            connects = slave.read(layout.HA_SLAVE_CONNECTS)
+            relay.cut("rst")
+            wait_until(lambda: slave.read(layout.HA_SLAVE_CONNECTS) > connects, 30, "the slave back")  # noqa: B023
+            wait_until(
+                lambda: slave.read(layout.HA_SLAVE_RECEIVED_END) > received + (256 << 10),  # noqa: B023
+                30,
+                "the slave to go on from where it was",
+            )
+        relay.heal()
+        wait_caught_up(slave, end)
+        assert_same_log(master, slave, end)
