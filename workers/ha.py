@@ -17,8 +17,9 @@ logged, and gets heartbeats only: never a silent gap.
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
 once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every frame
 that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
-frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient. It writes each frame at exactly its own end (a
-non-empty slave receiving any other offset closes and reconnects) and so is the one writer of
+frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient.
+It writes each frame at exactly its own end (a non-empty slave receiving any other offset closes
+and reconnects) and so is the one writer of
 the log on a slave: the bytes go into the files first, HA_SLAVE_RECEIVED_END (what it reports)
 next, and WROTE_POSITION (what flusher and reput see) only up to the last whole record below it,
 so no reader ever meets a record cut by a frame. It reads one frame at a time (back-pressure:
