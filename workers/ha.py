@@ -271,6 +271,7 @@ class HaMaster(ServiceLoop):
         conn.sock.close()
         if conn.slot >= 0:
             self._clear_slot(conn.slot)
+        self.table.set(layout.HA_CONNECTIONS, len(self.connections))  # before the drop is counted
         if why:
             self.table.add(layout.HA_DROPPED, 1)
         log.info("ha: slave %s closed%s", conn.peer, f": {why}" if why else "")
