@@ -16,7 +16,7 @@ Slot map (index x 8 = byte offset):
     96..207  per worker: WORKER_FIELDS for each role in shm.names.ROLES (seven roles)
     208..223 the fence (a start stopped or started over takes no put), the flags lock's owner
     272..399 operator fields (recovery time, metrics port, records readers skipped)
-    400..431 replication (the ha worker): listener, acknowledged offset, connection slots
+    400..432 replication (the ha worker): listener, acknowledged offset, connection slots, bound port
     448      the supervisor's process start time (a reused pid is not the supervisor)
     464..479 live settings: what a reload applies to the workers
 """
@@ -325,6 +325,12 @@ HA_SLAVE_NOT_AVAILABLE = _f(
 )
 HA_FLUSH_SLAVE_TIMEOUT = _f(
     "ha_flush_slave_timeout", 411, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT"
+)
+HA_BOUND_PORT = _f(
+    "ha_bound_port",
+    432,
+    Role.HA,
+    doc="haListenPort=0: the port an earlier listener got, bound again by a restarted ha worker",
 )
 HA_CONN_BASE = 412
 HA_CONN_SLOTS = 4

@@ -16,8 +16,10 @@ logged, and gets heartbeats only: never a silent gap.
 
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
 once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every frame
-that moved it, and every haSendHeartbeatInterval. It writes each frame at exactly its own end (a
-non-empty slave receiving any other offset closes and reconnects) and so is the one writer of
+that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
+frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient.
+It writes each frame at exactly its own end (a non-empty slave receiving any other offset closes
+and reconnects) and so is the one writer of
 the log on a slave: the bytes go into the files first, HA_SLAVE_RECEIVED_END (what it reports)
 next, and WROTE_POSITION (what flusher and reput see) only up to the last whole record below it,
 so no reader ever meets a record cut by a frame. It reads one frame at a time (back-pressure:
@@ -126,6 +128,22 @@ class HaMaster(ServiceLoop):
         )
 
     def _listen(self, cfg: MessageStoreConfig) -> socket.socket:
+        """Bound to haListenPort; with 0, to the port an earlier listener of this store got
+        (HA_BOUND_PORT), so a worker the supervisor restarted is found again by its slaves (a
+        fresh ephemeral port left them knocking on the old one: test_ha_kill's master_ha cases)."""
+        port = cfg.ha_listen_port or self.table.get(layout.HA_BOUND_PORT)
+        try:
+            sock = self._bind(cfg, port)
+        except OSError:
+            if port == cfg.ha_listen_port:
+                raise
+            log.warning("ha: cannot listen on port %d again; taking a new one", port)
+            sock = self._bind(cfg, 0)
+        if not cfg.ha_listen_port:
+            self.table.set(layout.HA_BOUND_PORT, sock.getsockname()[1])
+        return sock
+
+    def _bind(self, cfg: MessageStoreConfig, port: int) -> socket.socket:
         address = cfg.ha_listen_address
         family = socket.AF_INET6 if ":" in address or (not address and socket.has_ipv6) else socket.AF_INET
         sock = socket.socket(family, socket.SOCK_STREAM)
@@ -133,11 +151,11 @@ class HaMaster(ServiceLoop):
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6 and not address:
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), cfg.ha_listen_port))
+            sock.bind((address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
             sock.listen(64)
         except OSError as exc:
             sock.close()
-            log.error("ha: cannot listen on %s:%d: %s", address or "*", cfg.ha_listen_port, exc)
+            log.error("ha: cannot listen on %s:%d: %s", address or "*", port, exc)
             raise
         sock.setblocking(False)
         return sock
@@ -253,6 +271,7 @@ class HaMaster(ServiceLoop):
         conn.sock.close()
         if conn.slot >= 0:
             self._clear_slot(conn.slot)
+        self.table.set(layout.HA_CONNECTIONS, len(self.connections))  # before the drop is counted
         if why:
             self.table.add(layout.HA_DROPPED, 1)
         log.info("ha: slave %s closed%s", conn.peer, f": {why}" if why else "")
@@ -377,6 +396,8 @@ class HaSlave(ServiceLoop):
         self.master = parse_host_port(cfg.ha_master_address)
         self.file_size = cfg.mapped_file_size_commit_log
         self.heartbeat_s = cfg.ha_send_heartbeat_interval / 1000
+        self.housekeeping_s = cfg.ha_housekeeping_interval / 1000
+        self.heard_at = 0.0
         self.max_frame = ha_frame.MAX_FRAME_BYTES  # what a Java slave takes in, whatever its batch size
         self.sock: socket.socket | None = None
         self.frames = ha_frame.FrameReader(self.max_frame)
@@ -404,6 +425,8 @@ class HaSlave(ServiceLoop):
             readable, _, _ = select.select([self.sock], [self.sock] if self.unsent else [], [], PASS_S)
             if readable:
                 self._receive()
+            if time.monotonic() - self.heard_at > self.housekeeping_s:  # HAClient's housekeeping
+                raise HaProtocolError(f"master silent for {self.housekeeping_s:g} s (haHousekeepingInterval)")
             if time.monotonic() - self.reported_at >= self.heartbeat_s:
                 self._report()
             self._flush_reports()
@@ -423,6 +446,7 @@ class HaSlave(ServiceLoop):
             return
         sock.setblocking(False)
         self.sock = sock
+        self.heard_at = time.monotonic()
         self.frames = ha_frame.FrameReader(self.max_frame)
         self.unsent.clear()
         self.table.add(layout.HA_SLAVE_CONNECTS, 1)
@@ -468,6 +492,7 @@ class HaSlave(ServiceLoop):
         data = self.sock.recv(min(READ_BYTES, max(self.frames.needed(), 1 << 16)))
         if not data:
             raise HaProtocolError("the master closed the connection")
+        self.heard_at = time.monotonic()
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         moved = False
         for frame in self.frames.feed(data):

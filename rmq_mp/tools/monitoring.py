@@ -28,6 +28,7 @@ from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreError
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.tools.status_report import collect_status, host_port
+from rmq_mp.tools.store_status import CONNECTION_STATES
 from shm import layout
 from shm import queue_offsets as qo
 from shm.consume_counts import ConsumeCounts
@@ -141,6 +142,11 @@ def _replication_metrics(r: dict[str, Any]) -> Iterator[Metric]:
     yield _gauge("rmq_ha_connections", "Slave connections open", r["connection_count"])
     yield _counter("rmq_ha_refused_peers", "HA connections refused by haAllowedSlaves", r["refused_peers"])
     yield _counter("rmq_ha_dropped", "HA connections closed for silence or a bad report", r["dropped"])
+    yield _gauge(
+        "rmq_ha_slaves_behind_min_offset",
+        "Slave connections that need commit-log bytes the cleaner deleted (heartbeats only: rebuild them)",
+        sum(c["state"] == CONNECTION_STATES[layout.CONN_BEHIND_MIN_OFFSET] for c in r["connections"]),
+    )
     yield _counter(
         "rmq_ha_slave_not_available",
         "SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE",
