@@ -298,9 +298,9 @@ class ReputService(ServiceLoop):
     def retry(self, *, final: bool = False) -> None:
         """Catch up each quarantined queue (or the index) whose retry is due; ``final``: all, to
         the end or their fault."""
-        now = time.monotonic()
+        now_s = time.monotonic()
         for q in list(self.quarantine.values()):
-            if final or q.retry_at <= now:
+            if final or q.retry_at <= now_s:
                 while self._catch_up(q) and final:
                     pass
 
@@ -532,13 +532,13 @@ class ReputService(ServiceLoop):
         if self.quarantine:
             self.retry()
         cfg = self.store.config
-        now = time.monotonic()
-        if (now - self.last_cq_flush) * 1000 >= cfg.flush_interval_consume_queue:
-            thorough = (now - self.last_thorough) * 1000 >= cfg.flush_consume_queue_thorough_interval
+        now_s = time.monotonic()
+        if (now_s - self.last_cq_flush) * 1000 >= cfg.flush_interval_consume_queue:
+            thorough = (now_s - self.last_thorough) * 1000 >= cfg.flush_consume_queue_thorough_interval
             self.flush_queues(thorough)
-            self.last_cq_flush = now
+            self.last_cq_flush = now_s
             if thorough:
-                self.last_thorough = now
+                self.last_thorough = now_s
 
     def final_pass(self) -> None:
         while self.dispatch():

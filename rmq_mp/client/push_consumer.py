@@ -479,18 +479,20 @@ class PushConsumer:
                 self._schedule_orderly(pq)
 
     def _housekeeping(self) -> None:
-        now = time.monotonic()
+        now_s = time.monotonic()
         due: list[_Later] = []
         with self._later_lock:
-            while self._later and self._later[0].due_s <= now:
+            while self._later and self._later[0].due_s <= now_s:
                 due.append(heapq.heappop(self._later))
         for item in due:
             item.run()
-        if not self._orderly and now - self._expiry_checked_at_s >= min(1.0, self.consume_timeout_ms / 4000):
-            self._expiry_checked_at_s = now
+        if not self._orderly and now_s - self._expiry_checked_at_s >= min(
+            1.0, self.consume_timeout_ms / 4000
+        ):
+            self._expiry_checked_at_s = now_s
             self._clean_expired()
-        if (now - self._persisted_at_s) * 1000 >= self.persist_consumer_offset_interval_ms:
-            self._persisted_at_s = now
+        if (now_s - self._persisted_at_s) * 1000 >= self.persist_consumer_offset_interval_ms:
+            self._persisted_at_s = now_s
             self._persist_offsets()
 
     def _persist_offsets(self) -> None:

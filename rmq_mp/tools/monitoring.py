@@ -329,10 +329,10 @@ class OpsMonitor:
     def tick(self) -> None:
         """At most once a second: log put-lock holds over 500 ms (RocketMQ's "putMessage in lock
         cost time" line), both those producers finished and one still going on."""
-        now = time.monotonic()
-        if now < self.next_tick or self.metrics is None:
+        now_s = time.monotonic()
+        if now_s < self.next_tick or self.metrics is None:
             return
-        self.next_tick = now + TICK_INTERVAL_S
+        self.next_tick = now_s + TICK_INTERVAL_S
         long_holds = self.metrics.totals().lock_hold.over(LOCK_HELD_TOO_LONG_US)
         if long_holds > self.long_holds:
             log.warning(

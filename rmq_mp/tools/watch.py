@@ -25,10 +25,10 @@ from rmq_mp.errors import ShmAttachError, StoreError
 from rmq_mp.tools.store_status import collect_status, replication_summary
 
 
-def _rate(now: dict[str, Any], before: dict[str, Any] | None, key: str, seconds: float) -> float:
+def _rate(current: dict[str, Any], before: dict[str, Any] | None, key: str, seconds: float) -> float:
     if before is None or seconds <= 0:
         return 0.0
-    return max(now["counters"][key] - before["counters"][key], 0) / seconds
+    return max(current["counters"][key] - before["counters"][key], 0) / seconds
 
 
 def render(status: dict[str, Any], before: dict[str, Any] | None, seconds: float) -> Group:
@@ -136,9 +136,9 @@ def watch(
                     return 0
                 time.sleep(interval_s)
                 before, status = status, collect_status(config)
-                now = time.monotonic()
-                live.update(render(status, before, now - before_at), refresh=True)
-                before_at = now
+                now_s = time.monotonic()
+                live.update(render(status, before, now_s - before_at), refresh=True)
+                before_at = now_s
     except KeyboardInterrupt:
         return 0
     except (ShmAttachError, StoreError):
