@@ -93,16 +93,8 @@ class ShmNames:
         return self._name("putlock")
 
     @property
-    def put_lock_takeover(self) -> str:
-        return self._name("puttakeover")
-
-    @property
     def flags_lock(self) -> str:
         return self._name("flagslock")
-
-    @property
-    def flags_lock_takeover(self) -> str:
-        return self._name("flagstakeover")
 
     def wakeup(self, role: str) -> str:
         return self._name(f"wake_{role}")

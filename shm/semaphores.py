@@ -1,8 +1,10 @@
 """Named POSIX semaphores standing in for RocketMQ's locks and CountDownLatches.
 
 - `PutLock`: the commit-log put lock (a binary semaphore). Its owner's pid is in the pointer
-  table; a waiter that finds the owner dead takes the lock over (under a takeover semaphore so
+  table; a waiter that finds the owner dead takes the lock over (through a `TakeoverGate` so
   only one does), undoes the dead owner's half-done put from the put journal and carries on.
+- `TakeoverGate`: one taker at a time for a lock whose holder died, released by the kernel if
+  that taker dies too (an open-file-description lock, not a semaphore).
 - `Wakeup`: a worker's ServiceThread `wakeup()`/`waitForRunning()` pair: a counting semaphore
   plus the worker's ``notified`` flag so wakers do not pile up posts.
 Created (mode 0600, exclusive) and unlinked only by the supervisor; everyone else attaches.
@@ -10,9 +12,12 @@ Created (mode 0600, exclusive) and unlinked only by the supervisor; everyone els
 
 from __future__ import annotations
 
+import fcntl
 import os
+import struct
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
 import posix_ipc
 
@@ -107,7 +112,7 @@ class PutLock(HeldPutLock):
     def __init__(
         self,
         sem: posix_ipc.Semaphore,
-        takeover: posix_ipc.Semaphore,
+        takeover: TakeoverGate,
         table: PointerTable,
         on_takeover: Callable[[], None],
         *,
@@ -171,17 +176,15 @@ class PutLock(HeldPutLock):
         return super()._owned()
 
     def _take_over(self, dead_owner: int) -> bool:
-        """Inherit a lock whose owner died holding it. One taker wins (takeover semaphore)."""
-        if not try_acquire(self.takeover):
-            return False
-        try:
+        """Inherit a lock whose owner died holding it. One taker wins (the takeover gate)."""
+        with self.takeover.entered() as entered:
+            if not entered:
+                return False
             if try_acquire(self.sem):  # released meanwhile: plain ownership
                 return self._owned()
             if self.table.get(layout.PUT_LOCK_OWNER_PID) != dead_owner:
                 return False  # another waiter took it over first
             return self._taken_over()
-        finally:
-            self.takeover.release()
 
     def release(self) -> None:
         self._words[_OWNER] = 0
@@ -220,3 +223,42 @@ class Wakeup:
         woken = acquire(self.sem, timeout_s)
         words[self._index] = 1
         return woken
+
+
+class TakeoverGate:
+    """One taker at a time for a lock whose holder died (the put lock's semaphore kind, the flags
+    lock): an open-file-description lock (F_OFD_SETLK) on one byte of the pointer table's
+    segment, past its end. The kernel drops it with the taker's descriptor, so a taker killed
+    inside the gate blocks no later one; the POSIX semaphore it replaces stayed taken for good.
+    Entered only on a takeover (rare), so its open/lock/close syscalls cost nothing on puts."""
+
+    PUT, FLAGS = 0, 1
+    """The gates' bytes (offsets past TABLE_SIZE, so no data is ever locked)."""
+
+    def __init__(self, segment_path: str, gate: int) -> None:
+        self.path = segment_path
+        self.offset = layout.TABLE_SIZE + gate
+
+    @contextmanager
+    def entered(self) -> Iterator[bool]:
+        """True inside the gate; False at once if another taker is inside (no waiting: the
+        caller's own loop comes back, as it did for the semaphore's try-acquire)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        except OSError:  # the segment is gone: the store is being removed, nothing to take over
+            yield False
+            return
+        try:
+            try:
+                fcntl.fcntl(fd, fcntl.F_OFD_SETLK, _flock(fcntl.F_WRLCK, self.offset))
+            except OSError:  # EAGAIN/EACCES: held by another open file description
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)  # releases the lock
+
+
+def _flock(kind: int, offset: int) -> bytes:
+    """A ``struct flock`` for one byte at ``offset`` (l_pid 0, as OFD locks require)."""
+    return struct.pack("hhqqi", kind, os.SEEK_SET, offset, 1, 0)

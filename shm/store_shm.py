@@ -32,6 +32,7 @@ from shm.schedule_offsets import ScheduleOffsetTable
 from shm.segment import SharedSegment
 from shm.semaphores import (
     ORPHAN_AFTER_MS,
+    TakeoverGate,
     Wakeup,
     acquire,
     attach_semaphore,
@@ -153,7 +154,7 @@ class StoreShm:
 
     def _semaphore_specs(self, sizes: ShmSizes) -> list[tuple[str, int]]:
         n = self.names
-        specs = [(n.put_lock, 1), (n.put_lock_takeover, 1), (n.flags_lock, 1), (n.flags_lock_takeover, 1)]
+        specs = [(n.put_lock, 1), (n.flags_lock, 1)]
         specs += [(n.wakeup(r), 0) for r in ROLES] + [(n.ready(r), 0) for r in ROLES]
         specs += [(n.flush_done(i), 0) for i in range(sizes.flush_ring)]
         specs += [(n.replica_done(i), 0) for i in range(sizes.replica_ring)]
@@ -269,14 +270,14 @@ class StoreShm:
                 return False
 
     def _take_flags_lock_over(self, lock: posix_ipc.Semaphore, dead_owner: int) -> bool:
-        """Inherit a flags lock whose holder died in it; one taker wins (the takeover semaphore).
-        What it guards needs no undo: each guarded change is one aligned word store (the running
-        flags' read-modify-write, a slot's owner pid, a request counter), or a slot claim whose
-        owner pid is written last and is reaped as dead by the claims' own liveness checks."""
-        takeover = self.semaphore(self.names.flags_lock_takeover)
-        if not try_acquire(takeover):
-            return False
-        try:
+        """Inherit a flags lock whose holder died in it; one taker wins (`TakeoverGate`, itself
+        released by the kernel if that taker dies too). What it guards needs no undo: each guarded
+        change is one aligned word store (the running flags' read-modify-write, a slot's owner
+        pid, a request counter), or a slot claim whose owner pid is written last and is reaped as
+        dead by the claims' own liveness checks."""
+        with self.takeover_gate(TakeoverGate.FLAGS).entered() as entered:
+            if not entered:
+                return False
             if try_acquire(lock):  # released meanwhile: plain ownership
                 return True
             if self.table.get(layout.FLAGS_LOCK_OWNER_PID) != dead_owner:
@@ -285,8 +286,10 @@ class StoreShm:
             self.table.set(layout.FLAGS_LOCK_LAST_DEAD_PID, dead_owner)
             log.warning("flags lock of %s taken over from dead holder pid %d", self.names.base, dead_owner)
             return True
-        finally:
-            takeover.release()
+
+    def takeover_gate(self, gate: int) -> TakeoverGate:
+        """The gate of a lock takeover (`TakeoverGate.PUT` or `.FLAGS`) of this store."""
+        return TakeoverGate("/dev/shm" + self.names.pointer_table, gate)
 
     def update_running_flags(self, *, set_bits: int = 0, clear_bits: int = 0) -> int:
         """RunningFlags read-modify-write under the flags lock (several workers write them).

@@ -92,7 +92,7 @@ from shm.layout import Role
 from shm.metrics import REFERENCE_REASONS
 from shm.pointer_table import pid_alive
 from shm.put_lock import SLICE_MS, SPIN_NS, AtomicPutLock, HeldPutLock
-from shm.semaphores import PutLock
+from shm.semaphores import PutLock, TakeoverGate
 
 log = logging.getLogger("rmq_mp.put.producer")
 
@@ -258,7 +258,7 @@ class Producer:
             )
         return PutLock(
             store.shm.semaphore(store.names.put_lock),
-            store.shm.semaphore(store.names.put_lock_takeover),
+            store.shm.takeover_gate(TakeoverGate.PUT),
             self.table,
             on_takeover=self.appender.undo_interrupted_put,
             spin=spin,
