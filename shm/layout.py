@@ -88,7 +88,13 @@ SUPERVISOR_HEARTBEAT_MS = _f("supervisor_heartbeat_ms", 4, S, doc="workers exit 
 STATE = _f("state", 5, S, doc="STARTING, RUNNING, STOPPING, STOPPED")
 FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
 MIN_OFFSET = _f(
-    "min_offset", 7, CL, doc="first readable commit-log byte; a file being deleted is already below it"
+    "min_offset",
+    7,
+    CL,
+    Role.HA,
+    doc="first readable commit-log byte; a file being deleted is already below it; on an empty SLAVE the "
+    "ha worker sets it once, where its master's first frame starts the log (workers/ha_start.py), "
+    "without a lock: an empty log has nothing the cleaner could delete",
 )
 WROTE_POSITION = _f(
     "wrote_position",

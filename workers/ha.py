@@ -46,6 +46,7 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm.pointer_table import now_ms
 from shm.store_shm import read_descriptor
+from workers import ha_start
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -485,13 +486,9 @@ class HaSlave(ServiceLoop):
         start = frame.phy_offset
         if start // self.file_size != (start + len(frame.data) - 1) // self.file_size:
             raise HaProtocolError(f"frame of {len(frame.data)} bytes at {start} crosses a file")
-        if self.received_end == 0 and start != 0:
-            if start % self.file_size:
-                raise HaProtocolError(f"an empty slave's first frame at {start} is not at a file start")
-            raise HaProtocolError(
-                f"the master starts this empty slave at {start} (it has more than one file); rmq-mp's "
-                f"slave starts only from the master's first byte: give it a copy of the master's store"
-            )
+        if self.received_end == 0 and start != 0 and self.wrote != start:
+            ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
+            self.wrote = start
         mf = self.store.commit_log.file_at(start)
         mf.fill(start - mf.file_from_offset, frame.data)
         self.received_end = start + len(frame.data)
@@ -504,6 +501,7 @@ class HaSlave(ServiceLoop):
         queue in the queue-offset table first (as a producer's put does on a master)."""
         pos = self.wrote
         queue_ends: dict[tuple[str, int], int] = {}
+        queue_starts: dict[tuple[str, int], int] = {}
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -528,18 +526,24 @@ class HaSlave(ServiceLoop):
                 log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
                 break
             key = (found.topic, found.queue_id)
+            if key not in queue_ends:
+                queue_starts[key] = found.queue_offset
             queue_ends[key] = max(queue_ends.get(key, 0), found.queue_offset + 1)
             pos += total
         if pos != self.wrote:
-            self._learn_queues(queue_ends)
+            self._learn_queues(queue_ends, queue_starts)
             self.wrote = pos
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
 
-    def _learn_queues(self, queue_ends: dict[tuple[str, int], int]) -> None:
+    def _learn_queues(
+        self, queue_ends: dict[tuple[str, int], int], queue_starts: dict[tuple[str, int], int]
+    ) -> None:
         """The queues' next offsets, which consumers and status read (the slave's one writer of
-        them: producers are refused). A full table is logged; reput still dispatches."""
+        them: producers are refused). A queue first met above offset 0 (the log began at a master's
+        later file, workers/ha_start.py) starts there, as its ConsumeQueue does (pre-blanks
+        below). A full table is logged; reput still dispatches."""
         queues = self.store.shm.queues
         for (topic, queue_id), end in queue_ends.items():
             try:
@@ -547,6 +551,9 @@ class HaSlave(ServiceLoop):
             except (OffsetTableFullError, ValueError) as exc:
                 log.error("ha: queue %s/%d not in the queue-offset table: %s", topic, queue_id, exc)
                 continue
+            first = queue_starts[(topic, queue_id)]
+            if not queues.get(slot, qo.NEXT_OFFSET) and first > queues.get(slot, qo.MIN_OFFSET):
+                queues.set(slot, qo.MIN_OFFSET, first)
             if end > queues.get(slot, qo.NEXT_OFFSET):
                 queues.set(slot, qo.NEXT_OFFSET, end)
 
