@@ -335,8 +335,19 @@ HA_FLUSH_SLAVE_TIMEOUT = _f(
 HA_CONN_BASE = 412
 HA_CONN_SLOTS = 4
 HA_CONN_FIELDS = ("peer", "acked", "last_heard_ms", "caught_up_ms", "state")
-# HA_SLAVE_STATE values, and a connection slot's state on a master.
+# HA_SLAVE_STATE values, and a connection slot's state on a master. VERIFYING: comparing the
+# master's bytes with its own log's tail; FORKED: its log parts from the master's at
+# HA_SLAVE_FORK_OFFSET (what only it had set aside; a restart truncates there); REFUSED: it cannot
+# tell where the logs part, HA_SLAVE_FORK_OFFSET is where it asked (workers/ha_fork.py).
 SLAVE_IDLE, SLAVE_CONNECTING, SLAVE_CONNECTED, SLAVE_BACKOFF = 0, 1, 2, 3
+SLAVE_VERIFYING, SLAVE_FORKED, SLAVE_REFUSED = 4, 5, 6
+HA_SLAVE_FORK_OFFSET = _f(
+    "ha_slave_fork_offset",
+    224,
+    Role.HA,
+    doc="SLAVE: FORKED, the last offset its log shares with its master's; REFUSED, the offset it "
+    "could not decide at; -1 otherwise",
+)
 CONN_FREE, CONN_WAITING_REPORT, CONN_TRANSFERRING, CONN_BEHIND_MIN_OFFSET = 0, 1, 2, 3
 
 

@@ -41,12 +41,13 @@ from dataclasses import dataclass, field
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record
+from rmq_mp.store import fork
 from rmq_mp.store.running_store import resolve_names
 from shm import layout
 from shm import queue_offsets as qo
 from shm.pointer_table import now_ms
 from shm.store_shm import read_descriptor
-from workers import ha_start
+from workers import ha_fork, ha_start
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -389,15 +390,18 @@ class HaSlave(ServiceLoop):
         self.received_end = self.wrote
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
+        self._fork_start()
         log.info("ha: slave of %s:%d from %d", *self.master, self.received_end)
 
     def interval_s(self) -> float:
         return PASS_S
 
     def has_work(self) -> bool:
-        return True
+        return not self.halted
 
     def do_work(self) -> None:
+        if self.halted:
+            return
         if self.sock is None:
             self._connect()
             return
@@ -410,6 +414,9 @@ class HaSlave(ServiceLoop):
             self._flush_reports()
         except (OSError, HaProtocolError) as exc:
             self._disconnect(str(exc))
+        if self.halted and self.sock is not None:  # a fork found, or a refusal: no more replication
+            self.sock.close()
+            self.sock = None
 
     def _connect(self) -> None:
         now = time.monotonic()
@@ -429,7 +436,8 @@ class HaSlave(ServiceLoop):
         self.table.add(layout.HA_SLAVE_CONNECTS, 1)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
-        log.info("ha: connected to master %s:%d, reporting %d", *self.master, self.received_end)
+        self._start_check()
+        log.info("ha: connected to master %s:%d, reporting %d", *self.master, self._report_offset())
         self._report()
         try:
             self._flush_reports()
@@ -450,7 +458,7 @@ class HaSlave(ServiceLoop):
         self._backoff(f"connection to master closed: {why}")
 
     def _report(self) -> None:
-        self.unsent += ha_frame.encode_report(self.received_end)
+        self.unsent += ha_frame.encode_report(self._report_offset())
         self.reported_at = time.monotonic()
         if len(self.unsent) > MAX_UNSENT_REPORT_BYTES:
             raise HaProtocolError("the master reads none of the reports")
@@ -479,6 +487,13 @@ class HaSlave(ServiceLoop):
 
     def _apply(self, frame: ha_frame.Frame) -> bool:
         """Write one frame at this slave's end. True if the end moved."""
+        if self.halted:
+            return False
+        if self.check is not None:  # comparing the master's bytes with its own first
+            checked = self._check_frame(frame)
+            if checked is None:
+                return False
+            frame = checked
         if self.received_end != 0 and frame.phy_offset != self.received_end:
             raise HaProtocolError(f"frame at {frame.phy_offset}, but this slave's end is {self.received_end}")
         if not frame.data:
@@ -556,6 +571,93 @@ class HaSlave(ServiceLoop):
                 queues.set(slot, qo.MIN_OFFSET, first)
             if end > queues.get(slot, qo.NEXT_OFFSET):
                 queues.set(slot, qo.NEXT_OFFSET, end)
+
+    # -- a log that forks from the master's (workers/ha_fork.py)
+
+    def _fork_start(self) -> None:
+        """No probe yet; a fork found by an earlier run and not yet cut keeps this one halted."""
+        self.check: ha_fork.ForkCheck | None = None
+        self.probe = 0
+        """Which of `ha_fork.probe_starts` the next connection asks from."""
+        cut = fork.pending_cut(self.store.paths.root)
+        self.halted = cut is not None
+        self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
+        if cut is not None:
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
+            log.error(
+                "ha: this slave's log forks from its master's at %d (set aside in %s): restart the "
+                "store to cut it there and catch up",
+                cut.fork_offset,
+                cut.folder,
+            )
+
+    def _start_check(self) -> None:
+        """A non-empty slave first compares its log's tail with the master's."""
+        self.check = None
+        if not self.received_end:
+            return
+        first = max(self.table.get(layout.MIN_OFFSET), 0)
+        starts = ha_fork.probe_starts(self.store.commit_log, first, self.wrote, self.file_size)
+        start = starts[min(self.probe, len(starts) - 1)]
+        self.check = ha_fork.ForkCheck(
+            self.store.commit_log, start, self.received_end, self.file_size, last=start <= first
+        )
+        self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_VERIFYING)
+
+    def _report_offset(self) -> int:
+        return self.check.pos if self.check is not None else self.received_end
+
+    def _check_frame(self, frame: ha_frame.Frame) -> ha_frame.Frame | None:
+        """Feed the probe; the part of a frame left to append once the logs agree."""
+        assert self.check is not None
+        outcome = self.check.feed(frame)
+        verdict = outcome.verdict
+        if verdict is ha_fork.Verdict.PENDING:
+            return None
+        if verdict is ha_fork.Verdict.MATCHED:
+            log.info(
+                "ha: the master's log matches this slave's from %d to its end %d",
+                self.check.start,
+                outcome.offset,
+            )
+            self.check = None
+            self.probe = 0
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
+            return outcome.tail
+        if verdict is ha_fork.Verdict.NEXT_PROBE:
+            self.probe += 1
+            raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
+        self._halt(outcome)
+        return None
+
+    def _halt(self, outcome: ha_fork.Outcome) -> None:
+        """FORKED: set the slave's own bytes aside and stop; REFUSED: stop, saying where."""
+        assert self.check is not None
+        end, master = self.check.end, f"{self.master[0]}:{self.master[1]}"
+        self.check = None
+        self.halted = True
+        self.table.set(layout.HA_SLAVE_FORK_OFFSET, outcome.offset)
+        if outcome.verdict is ha_fork.Verdict.REFUSED:
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
+            log.error(
+                "ha: refusing to replicate from %s: cannot tell where this slave's log and the "
+                "master's part (%s; this slave's log begins at %d): give it a copy of the master's store",
+                master,
+                outcome.why,
+                outcome.offset,
+            )
+        else:
+            folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
+            log.error(
+                "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "
+                "the master's; set aside in %s; restart the store to cut it there and catch up",
+                outcome.offset,
+                outcome.why,
+                outcome.offset,
+                end,
+                folder,
+            )
 
     def on_exit(self) -> None:
         if self.sock is not None:
