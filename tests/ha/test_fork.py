@@ -7,6 +7,8 @@ tell where the logs part refuses with one line and stays refusing."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 from rmq_mp.client.consumer import Consumer
@@ -14,7 +16,7 @@ from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.store import fork
 from shm import layout
 from tests.ha.pair import assert_same_log, commit_log, put, start_master, start_slave, wait_caught_up
-from tests.service import RunningService, wait_until, worker_passes
+from tests.service import ROOT, RunningService, wait_until, worker_passes
 
 HB = {"haSendHeartbeatInterval": "1000"}
 SIZE = 1 << 20
@@ -132,3 +134,30 @@ def test_a_slave_whose_master_has_nothing_where_its_log_begins_refuses(tmp_path:
     assert not (b.root / fork.DIVERGED_DIR).exists()
     assert b.stop() == 0
     assert commit_log(b) == before, "a refusal changes nothing"
+
+
+def test_an_empty_store_refilled_by_copy_log_follows_from_offset_0(tmp_path: Path) -> None:
+    """An empty store refilled from a running one with `rmq-admin copyLog` (its whole log: the
+    HA wire gives an empty slave only the last file), then its slave: byte for byte from 0."""
+    a = start_master(tmp_path, "a", **HB)
+    end = put(a, 9000, body_bytes=300)  # five files
+    copied = _admin("copyLog", "--name", a.names.base, "--to", str(tmp_path / "c"))
+    assert copied.returncode == 0, copied.stderr
+    c = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "c", **HB)
+    end = put(a, 500, body_bytes=300)
+    wait_caught_up(c, end)
+    assert c.read(layout.MIN_OFFSET) == 0
+    assert_same_log(a, c, end)
+    assert _bodies(c, "HaTopic") == _bodies(a, "HaTopic")
+    assert "matches this slave's" in _ha_log(c)
+    assert c.stop() == 0
+    again = _admin("copyLog", "--store", str(a.root), "--to", str(c.root))
+    assert again.returncode == 2
+    assert "already holds commit-log data" in again.stderr
+    assert_same_log(a, c, end)
+
+
+def _admin(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rmq_mp.tools.admin", *argv], cwd=ROOT, capture_output=True, text=True
+    )
