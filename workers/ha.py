@@ -577,6 +577,7 @@ class HaSlave(ServiceLoop):
     def _fork_start(self) -> None:
         """No probe yet; a fork found by an earlier run and not yet cut keeps this one halted."""
         self.check: ha_fork.ForkCheck | None = None
+        self.last_record = ha_fork.LastRecord(self.store.commit_log, self.file_size)
         self.probe = 0
         """Which of `ha_fork.probe_starts` the next connection asks from."""
         cut = fork.pending_cut(self.store.paths.root)
@@ -597,7 +598,9 @@ class HaSlave(ServiceLoop):
         if not self.received_end:
             return
         first = max(self.table.get(layout.MIN_OFFSET), 0)
-        starts = ha_fork.probe_starts(self.store.commit_log, first, self.wrote, self.file_size)
+        starts = ha_fork.probe_starts(
+            self.store.commit_log, first, self.wrote, self.file_size, self.last_record
+        )
         start = starts[min(self.probe, len(starts) - 1)]
         self.check = ha_fork.ForkCheck(
             self.store.commit_log, start, self.received_end, self.file_size, last=start <= first

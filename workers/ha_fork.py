@@ -68,15 +68,36 @@ def next_record(log: SharedCommitLog, pos: int, file_size: int) -> int:
     return pos + total
 
 
-def probe_starts(log: SharedCommitLog, first_byte: int, wrote: int, file_size: int) -> list[int]:
+class LastRecord:
+    """The start of the last whole record below an end, found by walking the end's file from its
+    start once, then from where the last walk stopped (a reconnect walks only what came since)."""
+
+    def __init__(self, log: SharedCommitLog, file_size: int) -> None:
+        self.log = log
+        self.file_size = file_size
+        self.walked = (-1, -1, -1)
+        """(file start, last record start, where the walk stopped)."""
+
+    def below(self, wrote: int, first_byte: int) -> int:
+        file_start = max(first_byte, (wrote - 1) - (wrote - 1) % self.file_size)
+        walked_file, last, pos = self.walked
+        if walked_file != file_start or pos > wrote:
+            last = pos = file_start
+        while pos < wrote:
+            last, pos = pos, next_record(self.log, pos, self.file_size)
+        self.walked = (file_start, last, pos)
+        return last
+
+
+def probe_starts(
+    log: SharedCommitLog, first_byte: int, wrote: int, file_size: int, last_record: LastRecord | None = None
+) -> list[int]:
     """Where to ask the master from, latest first: the start of the last whole record below
     ``wrote``, then each file start down to ``first_byte`` (the log's first byte)."""
     if wrote <= first_byte:
         return [first_byte]
     file_start = max(first_byte, (wrote - 1) - (wrote - 1) % file_size)
-    last = pos = file_start
-    while pos < wrote:
-        last, pos = pos, next_record(log, pos, file_size)
+    last = (last_record or LastRecord(log, file_size)).below(wrote, first_byte)
     starts = [last]
     offset = file_start if file_start < last else file_start - file_size
     while offset >= first_byte:
