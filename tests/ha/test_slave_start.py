@@ -169,3 +169,36 @@ def test_the_slaves_ha_worker_killed_after_the_first_frame_resumes(tmp_path: Pat
     wait_caught_up(slave, end)
     _same_log_from(master, slave, start, end)
     _check_slave_reads(master, slave, start)
+
+
+def test_the_cleaner_of_a_slave_begun_at_a_later_file(tmp_path: Path) -> None:
+    """The slave's cleaner deletes its first file (fileReservedTime 0, a manual run) as on a
+    master: MIN_OFFSET moves past it, the slave follows on, consumers read every message left."""
+    master = start_master(tmp_path, **HB)
+    end = put(master, 9000, body_bytes=300)
+    start = end - end % SIZE
+    slave = start_slave(tmp_path, master.read(layout.HA_LISTEN_PORT), fileReservedTime="0", **HB)
+    wait_caught_up(slave, end)
+    end = put(master, 4000, body_bytes=300)  # past the next roll
+    wait_caught_up(slave, end)
+    assert end - end % SIZE > start
+    admin = subprocess.run(
+        [sys.executable, "-m", "rmq_mp.tools.admin", "deleteExpiredCommitLog", "-n", slave.names.base, "--json"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    ).stdout  # fmt: skip
+    assert json.loads(admin)["min_offset"] >= start + SIZE
+    assert f"{start:020d}" not in commit_log(slave)
+    end = put(master, 300, body_bytes=300)
+    wait_caught_up(slave, end)
+    low = slave.read(layout.MIN_OFFSET)
+    _same_log_from(master, slave, low, end)
+    with Consumer.attach(slave.names.base, "reader") as consumer:
+        served = set()
+        for queue_id in range(8):
+            offset, high = consumer.min_offset("HaTopic", queue_id), consumer.max_offset("HaTopic", queue_id)
+            while offset < high:
+                result = consumer.pull("HaTopic", queue_id, offset, 32)
+                served |= {m.commit_log_offset for m in result.messages}
+                offset = result.next_begin_offset
+    expected = {m[1] for messages in _read_all(master, "HaTopic").values() for m in messages if m[1] >= low}
+    assert expected <= served
