@@ -650,7 +650,21 @@ class HaSlave(ServiceLoop):
                 outcome.offset,
             )
         else:
-            folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
+            try:
+                folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
+            except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
+                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
+                log.error(
+                    "ha: refusing to replicate from %s: this slave's log forks from the master's at "
+                    "%d (%s) but its bytes [%d, %d) could not be set aside: %s",
+                    master,
+                    outcome.offset,
+                    outcome.why,
+                    outcome.offset,
+                    end,
+                    exc,
+                )
+                return
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
                 "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "

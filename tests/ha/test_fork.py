@@ -167,3 +167,26 @@ def _admin(*argv: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "rmq_mp.tools.admin", *argv], cwd=ROOT, capture_output=True, text=True
     )
+
+
+def test_a_fork_that_cannot_be_set_aside_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Its folder cannot be made (a file in its place, as a full disk would fail it): nothing is
+    cut or recorded, the slave refuses with one line naming the fork and why."""
+    a = start_master(tmp_path, "a", **HB)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    shared = put(a, 200)
+    wait_caught_up(b, shared)
+    assert b.stop() == 0
+    b = start_master(tmp_path, "b", **HB)
+    put(b, 50, body_bytes=77)
+    assert b.stop() == 0
+    (b.root / fork.DIVERGED_DIR).write_text("in the way")
+    before = commit_log(b)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_REFUSED, 60, "B to refuse")
+    [line] = [line for line in _ha_log(b).splitlines() if "refusing to replicate" in line]
+    assert f"forks from the master's at {shared}" in line
+    assert "could not be set aside" in line
+    assert not (b.root / fork.PENDING_CUT).exists()
+    assert b.stop() == 0
+    assert commit_log(b) == before
