@@ -88,7 +88,13 @@ SUPERVISOR_HEARTBEAT_MS = _f("supervisor_heartbeat_ms", 4, S, doc="workers exit 
 STATE = _f("state", 5, S, doc="STARTING, RUNNING, STOPPING, STOPPED")
 FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
 MIN_OFFSET = _f(
-    "min_offset", 7, CL, doc="first readable commit-log byte; a file being deleted is already below it"
+    "min_offset",
+    7,
+    CL,
+    Role.HA,
+    doc="first readable commit-log byte; a file being deleted is already below it; on an empty SLAVE the "
+    "ha worker sets it once, where its master's first frame starts the log (workers/ha_start.py), "
+    "without a lock: an empty log has nothing the cleaner could delete",
 )
 WROTE_POSITION = _f(
     "wrote_position",
@@ -335,8 +341,19 @@ HA_BOUND_PORT = _f(
 HA_CONN_BASE = 412
 HA_CONN_SLOTS = 4
 HA_CONN_FIELDS = ("peer", "acked", "last_heard_ms", "caught_up_ms", "state")
-# HA_SLAVE_STATE values, and a connection slot's state on a master.
+# HA_SLAVE_STATE values, and a connection slot's state on a master. VERIFYING: comparing the
+# master's bytes with its own log's tail; FORKED: its log parts from the master's at
+# HA_SLAVE_FORK_OFFSET (what only it had set aside; a restart truncates there); REFUSED: it cannot
+# tell where the logs part, HA_SLAVE_FORK_OFFSET is where it asked (workers/ha_fork.py).
 SLAVE_IDLE, SLAVE_CONNECTING, SLAVE_CONNECTED, SLAVE_BACKOFF = 0, 1, 2, 3
+SLAVE_VERIFYING, SLAVE_FORKED, SLAVE_REFUSED = 4, 5, 6
+HA_SLAVE_FORK_OFFSET = _f(
+    "ha_slave_fork_offset",
+    224,
+    Role.HA,
+    doc="SLAVE: FORKED, the last offset its log shares with its master's; REFUSED, the offset it "
+    "could not decide at; -1 otherwise",
+)
 CONN_FREE, CONN_WAITING_REPORT, CONN_TRANSFERRING, CONN_BEHIND_MIN_OFFSET = 0, 1, 2, 3
 
 

@@ -26,6 +26,7 @@ import sys
 import time
 
 from rmq_mp import file_modes
+from rmq_mp.config.store_config import BrokerRole
 from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name, reserve_blocks
 from shm import layout
 from workers.service import ServiceLoop, main
@@ -79,7 +80,7 @@ class AllocatorService(ServiceLoop):
         return end - end % OS_PAGE_SIZE
 
     def has_work(self) -> bool:
-        if time.monotonic() < self.retry_at:
+        if time.monotonic() < self.retry_at or self.slave_start_unknown():
             return False
         wrote = self.table.get(layout.WROTE_POSITION)
         slack = (
@@ -90,6 +91,16 @@ class AllocatorService(ServiceLoop):
         return (
             self.created_until < self.files_target(wrote)
             or self.table.get(layout.ALLOCATED_UNTIL) < self.reserve_target(wrote) - slack
+        )
+
+    def slave_start_unknown(self) -> bool:
+        """An empty SLAVE's log begins where its master's first frame says (workers/ha_start.py):
+        no file is made ahead of that, so none is left below it."""
+        t = self.table
+        return (
+            self.store.config.broker_role is BrokerRole.SLAVE
+            and not t.get(layout.WROTE_POSITION)
+            and not t.get(layout.HA_SLAVE_RECEIVED_END)
         )
 
     def do_work(self) -> None:

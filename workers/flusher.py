@@ -95,7 +95,7 @@ class FlusherService(ServiceLoop):
         size = self.store.config.mapped_file_size_commit_log
         started = time.monotonic()
         try:
-            offset = flushed
+            offset = max(flushed, t.get(layout.MIN_OFFSET))  # a SLAVE's log may begin above 0
             while offset < target:
                 mf = log_view.file_at(offset)
                 mf.flushed_position = offset - mf.file_from_offset

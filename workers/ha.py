@@ -43,11 +43,13 @@ from dataclasses import dataclass, field
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record
+from rmq_mp.store import fork
 from rmq_mp.store.running_store import resolve_names
 from shm import layout
 from shm import queue_offsets as qo
 from shm.pointer_table import now_ms
 from shm.store_shm import read_descriptor
+from workers import ha_fork, ha_start
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -409,15 +411,18 @@ class HaSlave(ServiceLoop):
         self.received_end = self.wrote
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
+        self._fork_start()
         log.info("ha: slave of %s:%d from %d", *self.master, self.received_end)
 
     def interval_s(self) -> float:
         return PASS_S
 
     def has_work(self) -> bool:
-        return True
+        return not self.halted
 
     def do_work(self) -> None:
+        if self.halted:
+            return
         if self.sock is None:
             self._connect()
             return
@@ -432,6 +437,9 @@ class HaSlave(ServiceLoop):
             self._flush_reports()
         except (OSError, HaProtocolError) as exc:
             self._disconnect(str(exc))
+        if self.halted and self.sock is not None:  # a fork found, or a refusal: no more replication
+            self.sock.close()
+            self.sock = None
 
     def _connect(self) -> None:
         now = time.monotonic()
@@ -452,7 +460,8 @@ class HaSlave(ServiceLoop):
         self.table.add(layout.HA_SLAVE_CONNECTS, 1)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
-        log.info("ha: connected to master %s:%d, reporting %d", *self.master, self.received_end)
+        self._start_check()
+        log.info("ha: connected to master %s:%d, reporting %d", *self.master, self._report_offset())
         self._report()
         try:
             self._flush_reports()
@@ -473,7 +482,7 @@ class HaSlave(ServiceLoop):
         self._backoff(f"connection to master closed: {why}")
 
     def _report(self) -> None:
-        self.unsent += ha_frame.encode_report(self.received_end)
+        self.unsent += ha_frame.encode_report(self._report_offset())
         self.reported_at = time.monotonic()
         if len(self.unsent) > MAX_UNSENT_REPORT_BYTES:
             raise HaProtocolError("the master reads none of the reports")
@@ -503,6 +512,13 @@ class HaSlave(ServiceLoop):
 
     def _apply(self, frame: ha_frame.Frame) -> bool:
         """Write one frame at this slave's end. True if the end moved."""
+        if self.halted:
+            return False
+        if self.check is not None:  # comparing the master's bytes with its own first
+            checked = self._check_frame(frame)
+            if checked is None:
+                return False
+            frame = checked
         if self.received_end != 0 and frame.phy_offset != self.received_end:
             raise HaProtocolError(f"frame at {frame.phy_offset}, but this slave's end is {self.received_end}")
         if not frame.data:
@@ -510,13 +526,9 @@ class HaSlave(ServiceLoop):
         start = frame.phy_offset
         if start // self.file_size != (start + len(frame.data) - 1) // self.file_size:
             raise HaProtocolError(f"frame of {len(frame.data)} bytes at {start} crosses a file")
-        if self.received_end == 0 and start != 0:
-            if start % self.file_size:
-                raise HaProtocolError(f"an empty slave's first frame at {start} is not at a file start")
-            raise HaProtocolError(
-                f"the master starts this empty slave at {start} (it has more than one file); rmq-mp's "
-                f"slave starts only from the master's first byte: give it a copy of the master's store"
-            )
+        if self.received_end == 0 and start != 0 and self.wrote != start:
+            ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
+            self.wrote = start
         mf = self.store.commit_log.file_at(start)
         mf.fill(start - mf.file_from_offset, frame.data)
         self.received_end = start + len(frame.data)
@@ -529,6 +541,7 @@ class HaSlave(ServiceLoop):
         queue in the queue-offset table first (as a producer's put does on a master)."""
         pos = self.wrote
         queue_ends: dict[tuple[str, int], int] = {}
+        queue_starts: dict[tuple[str, int], int] = {}
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -553,18 +566,24 @@ class HaSlave(ServiceLoop):
                 log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
                 break
             key = (found.topic, found.queue_id)
+            if key not in queue_ends:
+                queue_starts[key] = found.queue_offset
             queue_ends[key] = max(queue_ends.get(key, 0), found.queue_offset + 1)
             pos += total
         if pos != self.wrote:
-            self._learn_queues(queue_ends)
+            self._learn_queues(queue_ends, queue_starts)
             self.wrote = pos
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
 
-    def _learn_queues(self, queue_ends: dict[tuple[str, int], int]) -> None:
+    def _learn_queues(
+        self, queue_ends: dict[tuple[str, int], int], queue_starts: dict[tuple[str, int], int]
+    ) -> None:
         """The queues' next offsets, which consumers and status read (the slave's one writer of
-        them: producers are refused). A full table is logged; reput still dispatches."""
+        them: producers are refused). A queue first met above offset 0 (the log began at a master's
+        later file, workers/ha_start.py) starts there, as its ConsumeQueue does (pre-blanks
+        below). A full table is logged; reput still dispatches."""
         queues = self.store.shm.queues
         for (topic, queue_id), end in queue_ends.items():
             try:
@@ -572,8 +591,115 @@ class HaSlave(ServiceLoop):
             except (OffsetTableFullError, ValueError) as exc:
                 log.error("ha: queue %s/%d not in the queue-offset table: %s", topic, queue_id, exc)
                 continue
+            first = queue_starts[(topic, queue_id)]
+            if not queues.get(slot, qo.NEXT_OFFSET) and first > queues.get(slot, qo.MIN_OFFSET):
+                queues.set(slot, qo.MIN_OFFSET, first)
             if end > queues.get(slot, qo.NEXT_OFFSET):
                 queues.set(slot, qo.NEXT_OFFSET, end)
+
+    # -- a log that forks from the master's (workers/ha_fork.py)
+
+    def _fork_start(self) -> None:
+        """No probe yet; a fork found by an earlier run and not yet cut keeps this one halted."""
+        self.check: ha_fork.ForkCheck | None = None
+        self.last_record = ha_fork.LastRecord(self.store.commit_log, self.file_size)
+        self.probe = 0
+        """Which of `ha_fork.probe_starts` the next connection asks from."""
+        cut = fork.pending_cut(self.store.paths.root)
+        self.halted = cut is not None
+        self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
+        if cut is not None:
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
+            log.error(
+                "ha: this slave's log forks from its master's at %d (set aside in %s): restart the "
+                "store to cut it there and catch up",
+                cut.fork_offset,
+                cut.folder,
+            )
+
+    def _start_check(self) -> None:
+        """A non-empty slave first compares its log's tail with the master's."""
+        self.check = None
+        if not self.received_end:
+            return
+        first = max(self.table.get(layout.MIN_OFFSET), 0)
+        starts = ha_fork.probe_starts(
+            self.store.commit_log, first, self.wrote, self.file_size, self.last_record
+        )
+        start = starts[min(self.probe, len(starts) - 1)]
+        self.check = ha_fork.ForkCheck(
+            self.store.commit_log, start, self.received_end, self.file_size, last=start <= first
+        )
+        self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_VERIFYING)
+
+    def _report_offset(self) -> int:
+        return self.check.pos if self.check is not None else self.received_end
+
+    def _check_frame(self, frame: ha_frame.Frame) -> ha_frame.Frame | None:
+        """Feed the probe; the part of a frame left to append once the logs agree."""
+        assert self.check is not None
+        outcome = self.check.feed(frame)
+        verdict = outcome.verdict
+        if verdict is ha_fork.Verdict.PENDING:
+            return None
+        if verdict is ha_fork.Verdict.MATCHED:
+            log.info(
+                "ha: the master's log matches this slave's from %d to its end %d",
+                self.check.start,
+                outcome.offset,
+            )
+            self.check = None
+            self.probe = 0
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
+            return outcome.tail
+        if verdict is ha_fork.Verdict.NEXT_PROBE:
+            self.probe += 1
+            raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
+        self._halt(outcome)
+        return None
+
+    def _halt(self, outcome: ha_fork.Outcome) -> None:
+        """FORKED: set the slave's own bytes aside and stop; REFUSED: stop, saying where."""
+        assert self.check is not None
+        end, master = self.check.end, f"{self.master[0]}:{self.master[1]}"
+        self.check = None
+        self.halted = True
+        self.table.set(layout.HA_SLAVE_FORK_OFFSET, outcome.offset)
+        if outcome.verdict is ha_fork.Verdict.REFUSED:
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
+            log.error(
+                "ha: refusing to replicate from %s: cannot tell where this slave's log and the "
+                "master's part (%s; this slave's log begins at %d): give it a copy of the master's store",
+                master,
+                outcome.why,
+                outcome.offset,
+            )
+        else:
+            try:
+                folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
+            except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
+                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
+                log.error(
+                    "ha: refusing to replicate from %s: this slave's log forks from the master's at "
+                    "%d (%s) but its bytes [%d, %d) could not be set aside: %s",
+                    master,
+                    outcome.offset,
+                    outcome.why,
+                    outcome.offset,
+                    end,
+                    exc,
+                )
+                return
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
+            log.error(
+                "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "
+                "the master's; set aside in %s; restart the store to cut it there and catch up",
+                outcome.offset,
+                outcome.why,
+                outcome.offset,
+                end,
+                folder,
+            )
 
     def on_exit(self) -> None:
         if self.sock is not None:

@@ -51,7 +51,7 @@ from rmq_mp.outcomes import (
     PutMessageStatus,
 )
 from rmq_mp.paths import StorePaths, fsync_dir
-from rmq_mp.store import read_damage, schedule
+from rmq_mp.store import fork, read_damage, schedule
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
@@ -59,7 +59,7 @@ from rmq_mp.store.dispatch import Dispatcher
 from rmq_mp.store.index_service import IndexService
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
-from rmq_mp.store.recovery import RecoveryReport, recover
+from rmq_mp.store.recovery import RecoveryReport, cut_at, recover
 from rmq_mp.store.reporter import Reporter
 
 log = logging.getLogger(__name__)
@@ -192,10 +192,23 @@ class MessageStore:
         self.cq_table.load()
         if self.index_service is not None:
             self.index_service.load()
+        cut = fork.pending_cut(root) if self.writable else None
+        if cut is not None:  # a slave's log that forked from its master's: cut, then recover as after a crash
+            log.warning(
+                "cutting the log at %d, where it forks from the master's (bytes [%d, %d) set aside in %s)",
+                cut.fork_offset,
+                cut.fork_offset,
+                cut.end,
+                cut.folder,
+            )
+            cut_at(self, cut.fork_offset)
+            last_exit_ok = False
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
         if self.writable:
             self._load_consumer_offsets()
             self._flush_all()
+            if cut is not None:
+                fork.clear_pending_cut(root)
             self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
 

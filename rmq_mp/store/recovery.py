@@ -717,6 +717,16 @@ def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
     )
 
 
+def cut_at(store: MessageStore, end: int) -> None:
+    """Cut the log, every queue and the index at ``end`` before recovery runs (a slave whose log
+    forked from its master's, rmq_mp/store/fork.py): step 3's truncations, unconditionally."""
+    store.commit_log.mfq.truncate_dirty_files(end)
+    for cq in store.all_consume_queues():
+        cq.truncate_dirty_logic_files(end)
+    if store.index_service is not None:
+        store.index_service.recover(end, lambda phy: store.commit_log.store_timestamp_at(phy, 1))
+
+
 def _dispatch_from(store: MessageStore, plan: RecoveryPlan, cuts: _Cuts) -> int:
     """Where dispatch starts once the cuts are made (the plan's start, moved by what they cut)."""
     if store.cq_table.discarded:

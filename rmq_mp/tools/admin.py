@@ -21,6 +21,7 @@
     rmq-admin printMsgByQueue  -t T -i QUEUE [-b MS] [-e MS] [-s TAGS] [-d]
     rmq-admin queryMsgByUniqueKey -i UNIQ_KEY -t T
     rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
+    rmq-admin copyLog          --to DIR                              the whole commit log and config/ into an empty store
     (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
@@ -107,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     check_names(args)
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
+    if args.command == "copyLog":
+        from rmq_mp.tools.admin_copy import copy_log_command
+
+        return copy_log_command(args)
 
     from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS
@@ -266,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub, common)
     admin_groups.add_peek_arguments(sub.choices["consumeMessage"])
     admin_groups.add_parsers(sub, common)
+    from rmq_mp.tools import admin_copy
+
+    admin_copy.add_parsers(sub, common)
     return parser
 
 

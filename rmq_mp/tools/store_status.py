@@ -130,6 +130,9 @@ SLAVE_STATES = {
     layout.SLAVE_CONNECTING: "connecting",
     layout.SLAVE_CONNECTED: "connected",
     layout.SLAVE_BACKOFF: "backing off",
+    layout.SLAVE_VERIFYING: "comparing its log with the master's",
+    layout.SLAVE_FORKED: "forked from the master's log (its records set aside; restart to cut)",
+    layout.SLAVE_REFUSED: "refusing: cannot tell where its log and the master's part",
 }
 CONNECTION_STATES = {
     layout.CONN_WAITING_REPORT: "waiting for its first report",
@@ -159,6 +162,7 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
             "master": config.ha_master_address,
             "state": SLAVE_STATES.get(t.get(layout.HA_SLAVE_STATE), "?"),
             "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
+            "fork_offset": t.get(layout.HA_SLAVE_FORK_OFFSET),
             "connects": t.get(layout.HA_SLAVE_CONNECTS),
             "last_heard_age_ms": now - heard if heard else None,
         }
@@ -202,6 +206,7 @@ def replication_summary(r: dict[str, Any]) -> list[str]:
             f"replica  SLAVE of {r['master'] or '(no haMasterAddress)'}  {r['state']}  received "
             f"{r['received_end']}  connects {r['connects']}  last heard "
             f"{'never' if heard is None else f'{heard} ms ago'}"
+            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else "")
         ]
     lines = [
         f"replica  {r['role']}  ha port {r['listen_port'] or 'off'}  acked {r['acked_offset']}  "

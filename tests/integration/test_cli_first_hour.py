@@ -47,6 +47,7 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "skipAccumulatedMessage": ["-g", "g2", "-t", "Orders"],
     "cloneGroupOffset": ["-s", "g1", "-d", "g3", "-t", "Orders"],
     "deleteSubGroup": ["-g", "g1"],  # after every command that needs g1
+    "copyLog": ["--to", "copied-store"],  # a tmp_path directory where it runs
 }
 RUN_PY = ("start", "stop", "status", "demo")
 
@@ -176,9 +177,11 @@ def filled(tmp_path: Path) -> RunningService:  # type: ignore[misc]
         yield service
 
 
-def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService) -> None:
+def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService, tmp_path: Path) -> None:
     name = filled.names.base
     for command, args in ADMIN_ARGS.items():
+        if command == "copyLog":
+            args = ["--to", str(tmp_path / "copied-store")]
         if command == "queryMsgById":
             args = ["-i", msg_id_of(name, 0)]
         if command == "queryMsgByUniqueKey":

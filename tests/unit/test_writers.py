@@ -58,6 +58,7 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "workers/cleaner.py": frozenset({CL}),
     "workers/scheduler.py": frozenset({SC}),
     "workers/ha.py": frozenset({Role.HA}),
+    "workers/ha_start.py": frozenset({Role.HA}),
     "shm/pointer_table.py::create": frozenset({S}),
     "shm/store_shm.py::create": frozenset({S}),
     "shm/store_shm.py::update_running_flags": frozenset({F, CL}),  # workers/flusher.py, cleaner.py
@@ -267,6 +268,7 @@ def test_every_field_names_a_writer_and_a_shared_one_its_lock_or_why_not() -> No
     reasoned = {
         "pool0_file_offset": layout.pool_file_offset.__doc__,
         "flusher.notified": layout.worker_field.__doc__,
+        "min_offset": layout.MIN_OFFSET.doc,
     }
     for f in layout.all_fields():
         assert f.writers, f.name

@@ -1,0 +1,192 @@
+"""A slave whose log forks from its master's (issue 32 point 3, RocketMQ #3388), on real processes:
+two stores written apart after a common prefix, then one started as the slave of the other. It
+finds the last offset both share, sets aside what only it had (a dated folder, named in its log
+and status), cuts there at its next start and catches up byte for byte; a slave that cannot
+tell where the logs part refuses with one line and stays refusing."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.store import fork
+from shm import layout
+from tests.ha.pair import assert_same_log, commit_log, put, start_master, start_slave, wait_caught_up
+from tests.service import ROOT, RunningService, wait_until, worker_passes
+
+HB = {"haSendHeartbeatInterval": "1000"}
+SIZE = 1 << 20
+
+
+def _bodies(service: RunningService, topic: str) -> dict[tuple[int, int], bytes]:
+    """(queue id, queue offset) -> body of every message of ``topic`` the store serves."""
+    out: dict[tuple[int, int], bytes] = {}
+    with Consumer.attach(service.names.base, "reader") as consumer:
+        for queue_id in range(8):
+            offset, high = consumer.min_offset(topic, queue_id), consumer.max_offset(topic, queue_id)
+            while offset < high:
+                result = consumer.pull(topic, queue_id, offset, 32)
+                assert result.status is GetMessageStatus.FOUND, (topic, queue_id, offset, result.status)
+                out.update({(queue_id, m.queue_offset): m.body for m in result.messages})
+                offset = result.next_begin_offset
+    return out
+
+
+def _ha_log(service: RunningService) -> str:
+    return (service.root / "logs" / "ha.log").read_text()
+
+
+def test_a_returning_old_master_sets_aside_what_only_it_has_and_converges(tmp_path: Path) -> None:
+    a = start_master(tmp_path, "a", **HB)
+    port_a = a.read(layout.HA_LISTEN_PORT)
+    b = start_slave(tmp_path, port_a, "b", **HB)
+    shared = put(a, 2500, body_bytes=300)  # the common prefix, over a file roll
+    wait_caught_up(b, shared)
+    assert b.stop() == 0
+    a_end = put(a, 1500, body_bytes=250)  # written apart: A as the master ...
+    b = start_master(tmp_path, "b", **HB)  # ... and B, promoted while A was away
+    put(b, 400, body_bytes=111)
+    b_end = put(b, 300, body_bytes=90, topic="OnlyB")
+    assert b.stop() == 0
+    before = commit_log(b)
+
+    b = start_slave(tmp_path, port_a, "b", **HB)  # B returns as A's slave
+    wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_FORKED, 60, "B to find the fork")
+    assert b.read(layout.HA_SLAVE_FORK_OFFSET) == shared
+    assert f"forks from its master's at {shared}" in _ha_log(b)
+    [folder] = (b.root / fork.DIVERGED_DIR).iterdir()
+    manifest = json.loads((folder / "fork.json").read_text())
+    assert (manifest["fork_offset"], manifest["end"]) == (shared, b_end)
+    assert str(folder.relative_to(b.root)) in _ha_log(b)
+    for name in manifest["files"]:  # B's own bytes, whole segments, byte for byte
+        assert (folder / "commitlog" / name).read_bytes() == before[name]
+    assert shared - shared % SIZE == int(manifest["files"][0])
+    connects = b.read(layout.HA_SLAVE_CONNECTS)
+    worker_passes(b, "ha", 3)
+    assert b.read(layout.HA_SLAVE_CONNECTS) == connects, "a forked slave stays off its master"
+    assert b.stop() == 0
+
+    b = start_slave(tmp_path, port_a, "b", **HB)  # the restart cuts at the fork and catches up
+    assert not (b.root / fork.PENDING_CUT).exists()
+    wait_caught_up(b, a_end)
+    assert b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_CONNECTED
+    assert_same_log(a, b, a_end)
+    ours = commit_log(b)
+    for offset in range(a_end - a_end % SIZE + SIZE, b_end, SIZE):  # nothing of B's past A's end
+        assert not ours.get(f"{offset:020d}", b"").strip(b"\0")
+    assert _bodies(b, "HaTopic") == _bodies(a, "HaTopic")
+    assert _bodies(b, "OnlyB") == {}, "records set aside are never served after the cut"
+    assert "cutting the log at" in (b.root / "logs" / "supervisor.log").read_text()
+    end = put(a, 200)  # and it follows on
+    wait_caught_up(b, end)
+    assert_same_log(a, b, end)
+    assert (folder / "fork.json").exists(), "the set-aside folder stays"
+
+
+def test_a_slave_ahead_of_its_restarted_master_finds_the_masters_end(tmp_path: Path) -> None:
+    """A master that lost its tail (its slave has more): the slave's extra records are set aside
+    at the master's end, and what the master writes next replaces them; the slave killed -9
+    while forked cuts at its next start all the same."""
+    a = start_master(tmp_path, "a", **HB)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    shared = put(a, 300)
+    wait_caught_up(b, shared)
+    assert b.stop() == 0
+    b = start_master(tmp_path, "b", **HB)
+    b_end = put(b, 100, body_bytes=77)
+    assert b.stop() == 0
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_FORKED, 60, "B to find the fork")
+    assert b.read(layout.HA_SLAVE_FORK_OFFSET) == shared
+    assert f"its bytes [{shared}, {b_end}) are not the master's" in _ha_log(b)
+    tree = psutil.Process(b.process.pid)  # kill -9 of the whole slave: the cut is still made
+    for proc in [tree, *tree.children(recursive=True)]:
+        proc.kill()
+    b.process.wait(10)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    end = put(a, 150, body_bytes=55)
+    wait_caught_up(b, end)
+    assert_same_log(a, b, end)
+    assert _bodies(b, "HaTopic") == _bodies(a, "HaTopic")
+
+
+def test_a_slave_whose_master_has_nothing_where_its_log_begins_refuses(tmp_path: Path) -> None:
+    """The slave's log begins at a master's last file (4 MiB); its new master is empty: nothing at
+    any offset it can ask from, so it refuses with one line naming where, and stays refusing."""
+    a = start_master(tmp_path, "a", **HB)
+    end = put(a, 9000, body_bytes=300)
+    start = end - end % SIZE
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    wait_caught_up(b, end)
+    assert b.stop() == 0
+    assert a.stop() == 0
+    empty = start_master(tmp_path, "empty", **HB)
+    before = commit_log(b)
+    b = start_slave(tmp_path, empty.read(layout.HA_LISTEN_PORT), "b", **HB)
+    wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_REFUSED, 60, "B to refuse")
+    assert b.read(layout.HA_SLAVE_FORK_OFFSET) == start
+    lines = [line for line in _ha_log(b).splitlines() if "refusing to replicate" in line]
+    [line] = lines
+    assert f"nothing at {start}" in line
+    connects = b.read(layout.HA_SLAVE_CONNECTS)
+    worker_passes(b, "ha", 3)
+    assert b.read(layout.HA_SLAVE_CONNECTS) == connects, "it stays refusing"
+    assert not (b.root / fork.DIVERGED_DIR).exists()
+    assert b.stop() == 0
+    assert commit_log(b) == before, "a refusal changes nothing"
+
+
+def test_an_empty_store_refilled_by_copy_log_follows_from_offset_0(tmp_path: Path) -> None:
+    """An empty store refilled from a running one with `rmq-admin copyLog` (its whole log: the
+    HA wire gives an empty slave only the last file), then its slave: byte for byte from 0."""
+    a = start_master(tmp_path, "a", **HB)
+    end = put(a, 9000, body_bytes=300)  # five files
+    copied = _admin("copyLog", "--name", a.names.base, "--to", str(tmp_path / "c"))
+    assert copied.returncode == 0, copied.stderr
+    c = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "c", **HB)
+    end = put(a, 500, body_bytes=300)
+    wait_caught_up(c, end)
+    assert c.read(layout.MIN_OFFSET) == 0
+    assert_same_log(a, c, end)
+    assert _bodies(c, "HaTopic") == _bodies(a, "HaTopic")
+    assert "matches this slave's" in _ha_log(c)
+    assert c.stop() == 0
+    again = _admin("copyLog", "--store", str(a.root), "--to", str(c.root))
+    assert again.returncode == 2
+    assert "already holds commit-log data" in again.stderr
+    assert_same_log(a, c, end)
+
+
+def _admin(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "rmq_mp.tools.admin", *argv], cwd=ROOT, capture_output=True, text=True
+    )
+
+
+def test_a_fork_that_cannot_be_set_aside_is_refused_with_the_reason(tmp_path: Path) -> None:
+    """Its folder cannot be made (a file in its place, as a full disk would fail it): nothing is
+    cut or recorded, the slave refuses with one line naming the fork and why."""
+    a = start_master(tmp_path, "a", **HB)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    shared = put(a, 200)
+    wait_caught_up(b, shared)
+    assert b.stop() == 0
+    b = start_master(tmp_path, "b", **HB)
+    put(b, 50, body_bytes=77)
+    assert b.stop() == 0
+    (b.root / fork.DIVERGED_DIR).write_text("in the way")
+    before = commit_log(b)
+    b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **HB)
+    wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_REFUSED, 60, "B to refuse")
+    [line] = [line for line in _ha_log(b).splitlines() if "refusing to replicate" in line]
+    assert f"forks from the master's at {shared}" in line
+    assert "could not be set aside" in line
+    assert not (b.root / fork.PENDING_CUT).exists()
+    assert b.stop() == 0
+    assert commit_log(b) == before
