@@ -121,6 +121,10 @@ class ForkCheck:
     def feed(self, frame: ha_frame.Frame) -> Outcome:
         """What this frame shows (PENDING: nothing yet)."""
         if frame.phy_offset != self.pos:
+            if self.pos == self.start == 0:  # a report of 0 asks for the file holding the master's end
+                return self._below(
+                    f"a report of 0 gets the master's last file ({frame.phy_offset}), so its byte 0 cannot be asked for"
+                )
             raise HaProtocolError(f"frame at {frame.phy_offset} while comparing from {self.pos}")
         if not frame.data:  # a heartbeat: the master has nothing past pos now
             if self.pos == self.start:

@@ -147,4 +147,8 @@ def test_a_first_record_that_differs_at_the_slaves_first_byte_shares_nothing(
     outcome = _run(check, _frames(master, 0, theirs[-1], size, 32 << 10))
     assert (outcome.verdict, outcome.offset) == (Verdict.FORKED, 0)
     with pytest.raises(ha_fork.HaProtocolError):  # a frame not where the comparison stands
-        ForkCheck(slave, 0, ours[-1], size, last=True).feed(ha_frame.Frame(ours[1], b"x"))
+        ForkCheck(slave, ours[1], ours[-1], size, last=True).feed(ha_frame.Frame(ours[2], b"x"))
+    # From 0, a frame elsewhere is the master's answer to a report of 0 (its last file): byte 0
+    # cannot be asked for, so the slave cannot tell (the cleaner outran it, test_cleaner_gap).
+    refused = ForkCheck(slave, 0, ours[-1], size, last=True).feed(ha_frame.Frame(size, b"x"))
+    assert (refused.verdict, refused.offset) == (Verdict.REFUSED, 0)
