@@ -864,12 +864,14 @@ typedef struct CrcPrepared {
 static int grow_buffer(uint8_t **buf, Py_ssize_t *cap, Py_ssize_t n);
 
 /* The raw CRC (register from 0, no inversions) of `n` >= 64 bytes at `p`: by multiplication
- * where the CPU can, the bytes copied behind 16 - n % 16 zeros into `st->pad` (zeros ahead
- * add nothing to a raw CRC) so that no byte goes through the table: the slice tables are
- * cold by the next send and cost more than the copy. -1: no memory. */
+ * where the CPU can, a record under CRC_PAD_MAX bytes copied behind 16 - n % 16 zeros into
+ * `st->pad` (zeros ahead add nothing to a raw CRC) so that no byte goes through the table: the
+ * slice tables are cold by the next send and cost more than the copy of a short record; a
+ * longer one costs more to copy than its last few bytes by table. -1: no memory. */
+#define CRC_PAD_MAX 4096
 static int crc_raw(CrcState *st, const uint8_t *p, Py_ssize_t n, uint32_t *raw) {
 #ifdef RMQ_HAVE_CLMUL
-    if (has_clmul) {
+    if (has_clmul && n < CRC_PAD_MAX) {
         Py_ssize_t lead = (16 - n % 16) % 16;
         if (grow_buffer(&st->pad, &st->pad_len, lead + n) < 0) return -1;
         memset(st->pad, 0, 16);
@@ -880,7 +882,7 @@ static int crc_raw(CrcState *st, const uint8_t *p, Py_ssize_t n, uint32_t *raw) 
 #else
     (void)st;
 #endif
-    *raw = ~crc32_table(~0u, p, (size_t)n);
+    *raw = ~crc32_of(~0u, p, (size_t)n);
     return 0;
 }
 

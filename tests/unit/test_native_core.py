@@ -18,7 +18,7 @@ import sys
 import zlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from rmq_mp.format import record
@@ -71,6 +71,8 @@ def test_this_cpu_takes_the_multiplying_crc() -> None:
     store_ms=JAVA_LONG,
     clmul=st.booleans(),
 )
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=True)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=False)
 def test_the_crc_prepared_before_the_lock_is_the_whole_records(
     covered: bytes, queue_offset: int, phy_offset: int, store_ms: int, clmul: bool
 ) -> None:
@@ -78,7 +80,7 @@ def test_the_crc_prepared_before_the_lock_is_the_whole_records(
     finishes it under the lock from the 24 bytes the lock fixes (QUEUEOFFSET, PHYSICALOFFSET,
     STORETIMESTAMP): the digits are `record.fill_record_crc`'s of the patched record, whatever
     those bytes held before (the reference's records come in with them set), by multiplication
-    and by the table."""
+    and by the table (the examples: past the core's CRC_PAD_MAX, where it stops copying)."""
     assert core is not None
     data = bytearray(covered + record.CRC_PLACEHOLDER)
     want = bytearray(data)
