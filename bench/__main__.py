@@ -24,7 +24,9 @@ Scenarios (``--scenario``, repeatable; default all):
             8-queue row), disk and shared memory held, consumer catch-up over every queue,
             normal and abnormal recovery time (bench/scale.py).
   crc       the whole-record CRC's put cost: ASYNC send and send_batch, 1 producer, 128 B, with
-            enabledAppendPropCRC off and on in alternating stores (off on on off); ratio on/off.
+            enabledAppendPropCRC off and on in alternating stores (off on on off); ratio on/off;
+            then both settings on one store, alternating blocks of calls in one process (that part
+            alone: crc-same-store).
 ``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
 Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 """
@@ -50,7 +52,7 @@ import psutil
 from bench import baselines, charts, scale
 from bench.baselines import percentiles
 from bench.service import RunningService, running_service, start_service, wait_until
-from bench.store import CTX, e2e_consumer, realistic_worker, run_producers
+from bench.store import CTX, crc_pair_worker, e2e_consumer, realistic_worker, run_producers
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.store.message_store import MessageStore
 from shm import layout
@@ -221,6 +223,44 @@ class Bench:
             print(f"{api:<11}{off:>16.0f}{on:>15.0f}{row['ratio']:>8.3f}", flush=True)
             rows.append(row)
         self.results["crc"] = rows
+        if "crc-same-store" not in (self.args.scenario or []):
+            self.crc_same_store()
+
+    def crc_same_store(self) -> None:
+        """The same cost with both settings on one store at one time (`crc_pair_worker`): blocks
+        of calls, on off off on, per round; the ratio is of the setting's summed block times and,
+        beside it, the median and lowest of the rounds' ratios."""
+        rounds = 10 if self.quick else 25
+        rows = []
+        print(f"{'one store':<11}{'crc off msgs/s':>16}{'crc on msgs/s':>15}{'on/off':>8}"
+              f"{'median round':>14}{'lowest round':>14}{'bytes off/on':>14}")  # fmt: skip
+        # blocks of ~20-30 ms here: shorter ones (6 ms) let one co-tenant burst swing a round 2x
+        for api, batch, block in (("send", 1, 30_000), ("batch100", 100, 600)):
+            with self.store("ASYNC", enabledAppendPropCRC="true") as service:
+                out = CTX.Queue()
+                proc = CTX.Process(
+                    target=crc_pair_worker, args=(service.names.base, 128, batch, block, rounds, out)
+                )
+                proc.start()
+                got = out.get(timeout=600)
+                proc.join(60)
+            assert not got["failures"], got
+            calls = block * batch
+            on_s, off_s = got["on"], got["off"]
+            per_round = [
+                (off_s[2 * r] + off_s[2 * r + 1]) / (on_s[2 * r] + on_s[2 * r + 1]) for r in range(rounds)
+            ]
+            row = {
+                "api": api, "block_calls": block, "rounds": rounds, "on_block_s": on_s, "off_block_s": off_s,
+                "off_msgs_per_s": calls * len(off_s) / sum(off_s), "on_msgs_per_s": calls * len(on_s) / sum(on_s),
+                "ratio": sum(off_s) / sum(on_s), "round_ratios": per_round,
+                "record_bytes_off": got["off_bytes"], "record_bytes_on": got["on_bytes"],
+            }  # fmt: skip
+            print(f"{api:<11}{row['off_msgs_per_s']:>16.0f}{row['on_msgs_per_s']:>15.0f}{row['ratio']:>8.3f}"
+                  f"{float(np.median(per_round)):>14.3f}{min(per_round):>14.3f}"
+                  f"{got['off_bytes']:>8}/{got['on_bytes']}", flush=True)  # fmt: skip
+            rows.append(row)
+        self.results["crc_same_store"] = rows
 
     # ---------------------------------------------------------------- e2e latency
 
@@ -556,6 +596,7 @@ SCENARIOS: dict[str, Callable[[Bench], None]] = {
     "scale": Bench.scale,
     "realistic": Bench.realistic,
     "crc": Bench.crc,
+    "crc-same-store": Bench.crc_same_store,
 }
 
 

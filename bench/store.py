@@ -98,6 +98,51 @@ def put_worker(
     out.put((sent, failures, elapsed, latencies_ns))
 
 
+def crc_pair_worker(name: str, body_size: int, batch: int, block: int, rounds: int, out: Any) -> None:
+    """The whole-record CRC's cost on one store at one time: two producers in this process, one
+    writing the CRC (the store's setting) and one built from the same attach with
+    ``enabled_append_prop_crc`` off (records without it are what a 4.9.8 store writes; every reader
+    takes both). ``rounds`` of four timed blocks of ``block`` calls, on off off on, each call
+    `send` (``batch`` 1) or `send_batch` of a `MessageBatch`; every status checked. A co-tenant's
+    burst then hits one block of a round, not one setting's whole store. Reports {"on": [block
+    seconds], "off": [...], "failures": n, "on_bytes": record size on, "off_bytes": ...}."""
+    import dataclasses
+
+    from rmq_mp.format.message_batch import MessageBatch
+    from rmq_mp.put.producer import Producer
+    from rmq_mp.store.running_store import RunningStore
+    from shm.layout import Role
+
+    body = os.urandom(body_size)
+    items = MessageBatch(TOPIC, [body] * batch, queue_id=0)
+    times: dict[str, list[float]] = {"on": [], "off": []}
+    failures = 0
+    sizes: dict[str, int] = {}
+    plain = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
+    plain.config = dataclasses.replace(plain.config, enabled_append_prop_crc=False)
+    with Producer.attach(name) as on, Producer(plain) as off:
+        assert on.encoder.append_crc, "the store must run with the CRC on"
+        assert not off.encoder.append_crc
+        producers = {"on": on, "off": off}
+        for setting, producer in producers.items():
+            for _ in range(2000):  # warm up: first touch, imports, caches
+                first = producer.send(TOPIC, body, queue_id=0)
+            second = producer.send(TOPIC, body, queue_id=0)
+            sizes[setting] = second.commit_log_offset - first.commit_log_offset
+        for _ in range(rounds):
+            for setting in ("on", "off", "off", "on"):
+                producer = producers[setting]
+                began = time.perf_counter()
+                if batch == 1:
+                    for i in range(block):
+                        failures += not producer.send(TOPIC, body, queue_id=i & 7).ok
+                else:
+                    for _ in range(block):
+                        failures += producer.send_batch(items).failures
+                times[setting].append(time.perf_counter() - began)
+    out.put({**times, "failures": failures, "on_bytes": sizes["on"], "off_bytes": sizes["off"]})
+
+
 def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any) -> None:
     """Long-poll queue 0 of the e2e topic; report send-to-receive latencies in ns."""
     from rmq_mp.client.consumer import Consumer

@@ -23,7 +23,8 @@
  *   Anything else returns None *before changing anything shared*, and the Python reference
  *   does the whole send.
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
- *   properties, its digits filled under the lock (crc_tail_init, crc_reserve, crc_fill).
+ *   properties, its CRC computed before the put lock and its digits finished under it
+ *   (crc_tail_init, crc_reserve, crc_prepare, crc_fill_prepared).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -516,6 +517,15 @@ enum {
 };
 
 typedef struct {
+    Py_ssize_t covered; /* the record length these are for; 0: none yet */
+    uint32_t shift;     /* x^(8 (covered - 64)) mod P */
+    uint32_t ones;      /* ~0 * x^(8 covered) mod P */
+    uint32_t factor[6]; /* CrcPrepared.factor */
+    uint8_t *pad;       /* a record behind zeros (crc_raw) */
+    Py_ssize_t pad_len;
+} CrcState;
+
+typedef struct {
     PyObject_HEAD
     Held table, queues, ring, metrics, uniq_state;
     Py_ssize_t w[W_COUNT];
@@ -524,7 +534,7 @@ typedef struct {
     int64_t pid, spin_ns, slice_ms;
     Hosts hosts;
     int64_t max_message_size;
-    uint8_t crc_tail[32]; /* the whole-record CRC's reserved tail (record.CRC_PLACEHOLDER) */
+    uint8_t crc_tail[20]; /* the whole-record CRC's reserved tail (record.CRC_PLACEHOLDER) */
     Py_ssize_t crc_tail_len; /* 0: enabledAppendPropCRC off */
     char uniq_prefix[20];
     /* SYNC: the flush-request ring */
@@ -580,6 +590,9 @@ typedef struct {
     int64_t batch_hold_ns;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
     size_t starts_len;
+    struct CrcPrepared *crc_pre; /* a batch's CRCs computed before the lock (crc_prepare) */
+    size_t crc_pre_len;
+    CrcState crc_state; /* crc_prepare's buffer and the last record length's constants */
     int closed;
 } Sender;
 
@@ -669,6 +682,8 @@ static void Sender_dealloc(Sender *s) {
     PyMem_Free(s->pbuf);
     PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
+    PyMem_Free(s->crc_pre);
+    PyMem_Free(s->crc_state.pad);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -726,11 +741,14 @@ static PyObject *new_result(Sender *s, PyObject *const values[7]) {
  * outside the lock as the placeholder Python hands over; under the lock, once QUEUEOFFSET,
  * PHYSICALOFFSET and STORETIMESTAMP are written, the digits become the CRC of every byte before
  * the tail, least significant digit first (`MessageDecoder.createCrc32`). Three call sites: the
- * properties' length, the tail after them, the fill in append_locked. */
+ * properties' length, the tail after them, the CRC in append_locked (computed before the lock,
+ * finished under it: crc_prepare, crc_fill_prepared). */
+#define CRC_TAIL_LEN 20 /* record.CRC32_RESERVED_LEN: __CRC32# \x01, ten digits, \x02 */
+#define CRC_DIGITS_AT 9 /* the digits' place in the tail */
 
 static int crc_tail_init(Sender *s, PyObject *placeholder) {
-    if (!placeholder || !PyBytes_Check(placeholder) || PyBytes_GET_SIZE(placeholder) > (Py_ssize_t)sizeof s->crc_tail ||
-        (PyBytes_GET_SIZE(placeholder) != 0 && PyBytes_GET_SIZE(placeholder) < 12)) {
+    if (!placeholder || !PyBytes_Check(placeholder) ||
+        (PyBytes_GET_SIZE(placeholder) != 0 && PyBytes_GET_SIZE(placeholder) != CRC_TAIL_LEN)) {
         if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "crc_placeholder: b'' or the CRC tail");
         return -1;
     }
@@ -749,11 +767,198 @@ static inline void crc_reserve(const Sender *s, uint8_t *q) {
     memcpy(q + 1, s->crc_tail, (size_t)s->crc_tail_len);
 }
 
-/* The digits of the record `r` of `total` bytes (`record.fill_record_crc`). */
-static inline void crc_fill(const Sender *s, uint8_t *r, Py_ssize_t total) {
-    uint32_t crc = crc32_of(0, r, (size_t)(total - s->crc_tail_len)) & 0x7FFFFFFFu;
-    uint8_t *d = r + total - 11;
-    for (int i = 0; i < 10; i++, crc /= 10) d[i] = (uint8_t)('0' + crc % 10);
+/* The CRC outside the lock (issue 35). CRC-32 is affine in its input, so for records M and M0
+ * of one length CRC(M) = CRC(M0) ^ raw(M ^ M0), `raw` being the register run from 0 with no final
+ * inversion; and zeros before a difference add nothing to `raw`, zeros after it multiply it by
+ * x^8 mod P each. The fields the lock fixes lie in [20, 64) (QUEUEOFFSET, PHYSICALOFFSET,
+ * STORETIMESTAMP after an IPv4 born host, the only kind the core puts). So before the lock the
+ * CRC of the record as encoded and, per record length, what each changed 32-bit word multiplies
+ * by (crc_prepare); under the lock six carry-less products, one reduction and the digits
+ * (crc_fill_prepared), the same few ns whatever the body's size. Without PCLMULQDQ: the XOR of
+ * the 44 bytes by table, one multiplication by loop. */
+#define CRC_WINDOW_AT POS_QUEUE_OFFSET
+#define CRC_WINDOW_END (POS_STORE_TIMESTAMP + 8)
+
+/* a * b mod P, both bit-reflected (bit 31 is x^0), as the CRC register holds them. */
+static uint32_t crc_multiply_loop(uint32_t a, uint32_t b) {
+    uint32_t product = 0;
+    for (uint32_t m = 1u << 31; m; m >>= 1) {
+        if (a & m) product ^= b;
+        b = b & 1 ? (b >> 1) ^ 0xEDB88320u : b >> 1;
+    }
+    return product;
+}
+
+#ifdef RMQ_HAVE_CLMUL
+/* The same by carry-less multiplication: reflected, the 63-bit product shifted left once holds
+ * x^0..x^31 in its high word and x^32 times its low word's polynomial in the low word, which
+ * Barrett's reduction (crc32_clmul_blocks' last step, its constants) folds in without the table. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_clmul(uint32_t a, uint32_t b) {
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i v = _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a), _mm_cvtsi32_si128((int)b), 0x00);
+    v = _mm_slli_epi64(v, 1);
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
+}
+#endif
+
+/* The 32-bit words of [20, 64) that the lock may change: QUEUEOFFSET, PHYSICALOFFSET, and
+ * STORETIMESTAMP (its own offset: the bytes between are fixed before the lock). */
+static const int CRC_WORD_AT[6] = {POS_QUEUE_OFFSET, POS_QUEUE_OFFSET + 4, POS_PHY_OFFSET, POS_PHY_OFFSET + 4,
+                                   POS_STORE_TIMESTAMP, POS_STORE_TIMESTAMP + 4};
+
+#ifdef RMQ_HAVE_CLMUL
+/* XOR over k of d[k] * f[k] mod P: the products by carry-less multiplication, summed before the
+ * one reduction they share (it is linear), so six words cost about one multiplication. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum6(const uint32_t d[6], const uint32_t f[6]) {
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i v = _mm_setzero_si128();
+    for (int k = 0; k < 6; k++)
+        v = _mm_xor_si128(v, _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)d[k]), _mm_cvtsi32_si128((int)f[k]), 0x00));
+    v = _mm_slli_epi64(v, 1);
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
+}
+#endif
+
+static inline uint32_t crc_multiply(uint32_t a, uint32_t b) {
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul) return crc_multiply_clmul(a, b);
+#endif
+    return crc_multiply_loop(a, b);
+}
+
+static uint32_t crc_x2n[64]; /* x^(2^k) mod P (crc_shift_init) */
+
+static uint32_t crc_word_factor[6]; /* x^(8 (64 - CRC_WORD_AT[k])) mod P */
+static uint32_t crc_x512;            /* x^(8 * 64) mod P */
+
+static uint32_t crc_shift_of(uint64_t n);
+
+static void crc_shift_init(void) {
+    uint32_t p = 1u << 30; /* x^1 */
+    for (int k = 0; k < 64; k++, p = crc_multiply_loop(p, p)) crc_x2n[k] = p;
+    for (int k = 0; k < 6; k++) crc_word_factor[k] = crc_shift_of((uint64_t)(CRC_WINDOW_END - CRC_WORD_AT[k]));
+    crc_x512 = crc_shift_of(CRC_WINDOW_END);
+}
+
+/* x^(8 n) mod P: what `n` zero bytes after a difference multiply its raw CRC by. */
+static uint32_t crc_shift_of(uint64_t n) {
+    uint32_t p = 1u << 31; /* x^0 */
+    for (int k = 3; n; n >>= 1, k++)
+        if (n & 1) p = crc_multiply(crc_x2n[k & 63], p);
+    return p;
+}
+
+typedef struct CrcPrepared {
+    uint32_t crc;       /* the CRC of the record's first N bytes as encoded */
+    uint32_t shift;     /* x^(8 (N - 64)) mod P */
+    uint32_t factor[6]; /* x^(8 (N - CRC_WORD_AT[k])) mod P: what the word at k multiplies by */
+    uint8_t window[CRC_WINDOW_END - CRC_WINDOW_AT]; /* [20, 64) as encoded */
+} CrcPrepared;
+
+static int grow_buffer(uint8_t **buf, Py_ssize_t *cap, Py_ssize_t n);
+
+/* The raw CRC (register from 0, no inversions) of `n` >= 64 bytes at `p`: by multiplication
+ * where the CPU can, a record under CRC_PAD_MAX bytes copied behind 16 - n % 16 zeros into
+ * `st->pad` (zeros ahead add nothing to a raw CRC) so that no byte goes through the table: the
+ * slice tables are cold by the next send and cost more than the copy of a short record; a
+ * longer one costs more to copy than its last few bytes by table. -1: no memory. */
+#define CRC_PAD_MAX 4096
+static int crc_raw(CrcState *st, const uint8_t *p, Py_ssize_t n, uint32_t *raw) {
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul && n < CRC_PAD_MAX) {
+        Py_ssize_t lead = (16 - n % 16) % 16;
+        if (grow_buffer(&st->pad, &st->pad_len, lead + n) < 0) return -1;
+        memset(st->pad, 0, 16);
+        memcpy(st->pad + lead, p, (size_t)n);
+        *raw = crc32_clmul_blocks(0, st->pad, (size_t)(lead + n));
+        return 0;
+    }
+#else
+    (void)st;
+#endif
+    *raw = ~crc32_of(~0u, p, (size_t)n);
+    return 0;
+}
+
+/* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64). What
+ * depends on the length alone is kept in `st` for the next record (a sender's records mostly
+ * share one). -1: no memory. */
+static int crc_prepare(const uint8_t *r, Py_ssize_t covered, CrcState *st, CrcPrepared *out) {
+    if (covered != st->covered) {
+        st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
+        st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
+        for (int k = 0; k < 6; k++) st->factor[k] = crc_multiply(st->shift, crc_word_factor[k]);
+        st->covered = covered;
+    }
+    uint32_t raw;
+    if (crc_raw(st, r, covered, &raw) < 0) return -1;
+    out->crc = ~(raw ^ st->ones); /* the initial ~0 run through `covered` bytes, inverted at the end */
+    out->shift = st->shift;
+    memcpy(out->factor, st->factor, sizeof out->factor);
+    memcpy(out->window, r + CRC_WINDOW_AT, sizeof out->window);
+    return 0;
+}
+
+/* Under the lock, once [20, 64) is patched: the ten digits after `covered` bytes and the
+ * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes. */
+static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
+    uint32_t delta;
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul) {
+        /* a changed 32-bit word w at k, read little-endian as the register reads bytes, adds
+         * raw(w) * x^(8 (N - k - 4)) = w * x^32 * x^(8 (N - k - 4)) = w * factor[k] */
+        uint32_t d[6], was;
+        for (int k = 0; k < 6; k++) {
+            memcpy(&d[k], r + CRC_WORD_AT[k], 4);
+            memcpy(&was, pre->window + CRC_WORD_AT[k] - CRC_WINDOW_AT, 4);
+            d[k] ^= was;
+        }
+        delta = crc_multiply_sum6(d, pre->factor);
+    } else
+#endif
+    {
+        uint8_t x[CRC_WINDOW_END - CRC_WINDOW_AT];
+        for (size_t i = 0; i < sizeof x; i++) x[i] = pre->window[i] ^ r[CRC_WINDOW_AT + i];
+        delta = crc_multiply(pre->shift, ~crc32_table(~0u, x, sizeof x));
+    }
+    uint32_t crc = (pre->crc ^ delta) & 0x7FFFFFFFu;
+    uint8_t *digits = r + covered + CRC_DIGITS_AT;
+    for (int i = 0; i < 10; i++, crc /= 10) digits[i] = (uint8_t)('0' + crc % 10);
+}
+
+/* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms)
+ * prepares the record as it is, patches the three fields and fills the digits as a put does. */
+static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
+    Py_buffer rec;
+    Py_ssize_t tail_len;
+    long long queue_offset, phy_offset, store_ms;
+    if (!PyArg_ParseTuple(args, "w*nLLL", &rec, &tail_len, &queue_offset, &phy_offset, &store_ms)) return NULL;
+    Py_ssize_t covered = rec.len - tail_len;
+    if (tail_len < CRC_DIGITS_AT + 10 || covered < CRC_WINDOW_END) {
+        PyBuffer_Release(&rec);
+        return PyErr_Format(PyExc_ValueError, "a record of at least %d bytes and its CRC tail", CRC_WINDOW_END);
+    }
+    uint8_t *r = rec.buf;
+    CrcState st = {0};
+    CrcPrepared pre;
+    int failed = crc_prepare(r, covered, &st, &pre);
+    PyMem_Free(st.pad);
+    if (failed) {
+        PyBuffer_Release(&rec);
+        return NULL;
+    }
+    put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
+    put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
+    put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
+    crc_fill_prepared(r, covered, &pre);
+    PyBuffer_Release(&rec);
+    Py_RETURN_NONE;
 }
 
 /* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
@@ -1150,6 +1355,24 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
     /* The store time is read when the lock is taken; taken at once, the born time's reading a
      * few hundred ns earlier is that (clock reads are 35-40 ns each on these VMs). */
     int64_t store_ts = born_ms;
+    CrcPrepared one_crc, *crcs = &one_crc;
+    if (s->crc_tail_len) { /* the whole-record CRC's work before the lock (crc_prepare) */
+        if (n > 1 && (size_t)n > s->crc_pre_len) {
+            CrcPrepared *grown = PyMem_Realloc(s->crc_pre, (size_t)n * sizeof(CrcPrepared));
+            if (!grown) {
+                PyErr_NoMemory();
+                return -1;
+            }
+            s->crc_pre = grown;
+            s->crc_pre_len = (size_t)n;
+        }
+        if (n > 1) crcs = s->crc_pre;
+        for (Py_ssize_t i = 0; i < n; i++)
+            if (crc_prepare(s->scratch + (starts ? starts[i] : 0),
+                            (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
+                            &s->crc_state, &crcs[i]) < 0)
+                return -1;
+    }
     if (!lock_try(lock, pid)) {
         int got;
         int64_t deadline = mono_ns() + s->spin_ns + s->slice_ms * 1000000;
@@ -1192,7 +1415,9 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_QUEUE_OFFSET, (uint64_t)(queue_offset + i));
         put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
-        if (s->crc_tail_len) crc_fill(s, r, starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size);
+        if (s->crc_tail_len)
+            crc_fill_prepared(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
+                              &crcs[i]);
     }
     int64_t end = wrote + size;
     /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
@@ -2073,6 +2298,8 @@ static PyObject *py_set_pause(PyObject *self, PyObject *args) {
 static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> int: zlib.crc32"},
     {"_set_clmul", py_set_clmul, METH_O, "_set_clmul(on) -> bool: test hook, the CRC by table alone; CPU has it"},
+    {"_crc_fill_prepared", py_crc_fill_prepared, METH_VARARGS,
+     "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms), the put's CRC"},
     {"encode_own", py_encode_own, METH_VARARGS,
      "encode_own(topic_field, body, queue_id, flag, born_ms, props, born_ip, born_port, store_ip, store_port)"
      " -> bytearray: RecordEncoder.encode_own"},
@@ -2090,6 +2317,7 @@ static struct PyModuleDef module = {PyModuleDef_HEAD_INIT, "_core", "rmq-mp's co
 
 PyMODINIT_FUNC PyInit__core(void) {
     crc_init();
+    crc_shift_init();
 #ifdef RMQ_HAVE_CLMUL
     __builtin_cpu_init();
     has_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");

@@ -1,7 +1,8 @@
 """The compiled put core against the Python reference: one definition of the bytes, one lock.
 
 - A normal install runs the core (this fails when the build silently fell back).
-- CRC-32 and the record encoding equal zlib's and `RecordEncoder.encode_own`'s for any input.
+- CRC-32 and the record encoding equal zlib's and `RecordEncoder.encode_own`'s for any input;
+  the whole-record CRC finished under the lock from one computed before it is the record's.
 - The atomic put lock excludes: processes incrementing a shared counter without atomics under
   it lose no increment; a dead owner's lock is taken over by exactly one compare-and-swap.
 """
@@ -17,9 +18,10 @@ import sys
 import zlib
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from rmq_mp.format import record
 from rmq_mp.format.record import RecordEncoder
 from rmq_mp.put import native
 from shm import layout
@@ -58,6 +60,38 @@ def test_this_cpu_takes_the_multiplying_crc() -> None:
     """The x86-64 machines this runs on have PCLMULQDQ: the fast CRC is the one really used."""
     assert core is not None
     assert core._set_clmul(True), "no PCLMULQDQ on this CPU: the CRC runs by table (3x slower at 128 B)"
+
+
+@needs_core
+@settings(max_examples=500)
+@given(
+    covered=st.binary(min_size=64, max_size=5000),
+    queue_offset=JAVA_LONG,
+    phy_offset=JAVA_LONG,
+    store_ms=JAVA_LONG,
+    clmul=st.booleans(),
+)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=True)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=False)
+def test_the_crc_prepared_before_the_lock_is_the_whole_records(
+    covered: bytes, queue_offset: int, phy_offset: int, store_ms: int, clmul: bool
+) -> None:
+    """The put computes the whole-record CRC before the lock over the record as encoded and
+    finishes it under the lock from the 24 bytes the lock fixes (QUEUEOFFSET, PHYSICALOFFSET,
+    STORETIMESTAMP): the digits are `record.fill_record_crc`'s of the patched record, whatever
+    those bytes held before (the reference's records come in with them set), by multiplication
+    and by the table (the examples: past the core's CRC_PAD_MAX, where it stops copying)."""
+    assert core is not None
+    data = bytearray(covered + record.CRC_PLACEHOLDER)
+    want = bytearray(data)
+    record.patch_record(want, 0, queue_offset, phy_offset, store_ms, 0)
+    record.fill_record_crc(want, 0, len(want))
+    try:
+        core._set_clmul(clmul)
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, queue_offset, phy_offset, store_ms)
+    finally:
+        core._set_clmul(True)
+    assert data == want
 
 
 @needs_core
