@@ -15,7 +15,7 @@ of silence. A slave that needs bytes the cleaner has deleted is shown (CONN_BEHI
 logged, and gets heartbeats only: never a silent gap.
 
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
-once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every frame
+once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every read
 that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
 frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient.
 It writes each frame at exactly its own end (a non-empty slave receiving any other offset closes
@@ -40,9 +40,11 @@ import sys
 import time
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
-from rmq_mp.format import ha_frame, record
+from rmq_mp.format import ha_frame, record, record_batch
 from rmq_mp.store import fork
 from rmq_mp.store.running_store import resolve_names
 from shm import layout
@@ -62,13 +64,34 @@ WAITING_PUT_POLL_S = 0.001
 """Wait while a SYNC_MASTER put waits: its bytes leave, and its answer comes, within this."""
 SEND_PER_PASS_BYTES = 4 << 20
 """Bytes one connection may send in one pass before the others get their turn."""
+FRAMES_PER_SEND = 32
+"""Frames one `sendmsg` carries (a MiB at the default haTransferBatchSize)."""
 READ_BYTES = 256 << 10
 """One read from the master: the slave holds at most one frame and this much more."""
+RECEIVE_READS = 16
+"""Reads of one receive before the slave moves WROTE_POSITION and reports."""
 CONNECT_TIMEOUT_S = 1.0
 BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 """Delay before the n-th consecutive reconnect of a slave (RocketMQ: 5 s after a failed connect)."""
 MAX_UNSENT_REPORT_BYTES = 1 << 16
 """A master that reads none of this many bytes of reports is not listening: reconnect."""
+SCAN_RECORDS = 1 << 16
+"""Records one `record_batch.scan_segment` of the slave's received bytes reads at most."""
+SCAN_MIN_BYTES = 64 << 10
+"""Received bytes from which the slave scans (below, a record at a time is quicker: a scan's
+set-up costs what a few dozen one-record decodes do)."""
+
+
+def _unsent(buffers: list[bytes | memoryview], sent: int) -> bytes:
+    """The bytes of ``buffers`` after the first ``sent``, copied."""
+    rest = []
+    for buf in buffers:
+        if sent >= len(buf):
+            sent -= len(buf)
+            continue
+        rest.append(buf[sent:])
+        sent = 0
+    return b"".join(rest)
 
 
 def _peer_word(address: tuple[str, int] | tuple[str, int, int, int]) -> int:
@@ -316,22 +339,42 @@ class HaMaster(ServiceLoop):
     # -- frames
 
     def _send(self, conn: _Connection, now: float) -> None:
+        """Up to SEND_PER_PASS_BYTES to this slave: several frames a `sendmsg`, each frame its
+        header and a view of the mapped file (no copy of the log in Python). What the socket
+        does not take is copied (`conn.out`), so no view of a mapped file outlives the pass
+        (the cleaner may unmap it)."""
         if conn.next_offset < 0:
             return  # nothing before the first report, not even heartbeats
         sent = 0
         while sent < SEND_PER_PASS_BYTES:
-            if not len(conn.out) and not self._next_frame(conn, now):
-                return
-            n = conn.sock.send(conn.out)
-            conn.out = conn.out[n:]
-            sent += n
             if len(conn.out):
-                return  # the socket is full: select tells when it drains
+                n = conn.sock.send(conn.out)
+                conn.out = conn.out[n:]
+                sent += n
+                if len(conn.out):
+                    return  # the socket is full: select tells when it drains
+                conn.wrote_at = now
+                continue
+            buffers = self._next_frames(conn, now)
+            if not buffers:
+                if len(conn.out):
+                    continue  # a heartbeat (`_heartbeat` put it in conn.out)
+                return
+            total = sum(len(b) for b in buffers)
+            try:
+                n = conn.sock.sendmsg(buffers)
+            except BlockingIOError:
+                n = 0
+            sent += n
+            if n < total:
+                conn.out = memoryview(_unsent(buffers, n))
+                return
             conn.wrote_at = now
 
-    def _next_frame(self, conn: _Connection, now: float) -> bool:
-        """Put the next frame in `conn.out`: data up to the committed end, else a heartbeat when
-        one is due. False when there is nothing to send."""
+    def _next_frames(self, conn: _Connection, now: float) -> list[bytes | memoryview]:
+        """The next frames' buffers (header, data view, ...; at most FRAMES_PER_SEND frames) of
+        committed data up to the end, `conn.next_offset` moved past them; else empty, with a
+        heartbeat in `conn.out` when one is due."""
         t = self.table
         end = t.written_end()
         start = conn.next_offset
@@ -348,29 +391,35 @@ class HaMaster(ServiceLoop):
                     start,
                     min_offset,
                 )
-            return self._heartbeat(conn, now)
-        if start < end:
-            length = min(self.batch, end - start, self.file_size - start % self.file_size)
-            try:
-                data = self._read_log(start, length)
-            except FileNotFoundError:
-                return self._heartbeat(conn, now)  # deleted under us: MIN_OFFSET says so next pass
-            conn.out = memoryview(ha_frame.encode_header(start, length) + data)
-            conn.next_offset = start + length
-            return True
-        return self._heartbeat(conn, now)
+            self._heartbeat(conn, now)
+            return []
+        if start >= end:
+            self._heartbeat(conn, now)
+            return []
+        buffers: list[bytes | memoryview] = []
+        try:
+            self.store.sync_log(end, keep_from=start)
+            while start < end and len(buffers) < 2 * FRAMES_PER_SEND:
+                length = min(self.batch, end - start, self.file_size - start % self.file_size)
+                mf = self.store.commit_log.file_at(start)
+                position = start - mf.file_from_offset
+                buffers += [
+                    ha_frame.encode_header(start, length),
+                    memoryview(mf.buf)[position : position + length],
+                ]
+                start += length
+        except FileNotFoundError:  # deleted under us: MIN_OFFSET says so next pass
+            if not buffers:
+                self._heartbeat(conn, now)
+                return []
+        conn.next_offset = start
+        return buffers
 
     def _heartbeat(self, conn: _Connection, now: float) -> bool:
         if now - conn.wrote_at <= self.heartbeat_s:
             return False
         conn.out = memoryview(ha_frame.encode_header(conn.next_offset, 0))
         return True
-
-    def _read_log(self, start: int, length: int) -> bytes:
-        self.store.sync_log(start + length, keep_from=start)
-        mf = self.store.commit_log.file_at(start)
-        position = start - mf.file_from_offset
-        return bytes(mf.buf[position : position + length])
 
     def _housekeep(self, conn: _Connection, now: float) -> None:
         if conn.sock.fileno() in self.connections and now - conn.heard_at > self.housekeeping_s:
@@ -402,7 +451,7 @@ class HaSlave(ServiceLoop):
         self.heard_at = 0.0
         self.max_frame = ha_frame.MAX_FRAME_BYTES  # what a Java slave takes in, whatever its batch size
         self.sock: socket.socket | None = None
-        self.frames = ha_frame.FrameReader(self.max_frame)
+        self.frames = ha_frame.FrameBuffer(self.max_frame, READ_BYTES)
         self.unsent = bytearray()
         self.reported_at = 0.0
         self.failures = 0
@@ -455,7 +504,7 @@ class HaSlave(ServiceLoop):
         sock.setblocking(False)
         self.sock = sock
         self.heard_at = time.monotonic()
-        self.frames = ha_frame.FrameReader(self.max_frame)
+        self.frames = ha_frame.FrameBuffer(self.max_frame, READ_BYTES)
         self.unsent.clear()
         self.table.add(layout.HA_SLAVE_CONNECTS, 1)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
@@ -497,18 +546,26 @@ class HaSlave(ServiceLoop):
             del self.unsent[:n]
 
     def _receive(self) -> None:
+        """Read what the master sent (up to RECEIVE_READS reads into the frame buffer, no copy
+        before the file), write each whole frame, then move WROTE_POSITION and report once."""
         assert self.sock is not None
-        data = self.sock.recv(min(READ_BYTES, max(self.frames.needed(), 1 << 16)))
-        if not data:
-            raise HaProtocolError("the master closed the connection")
-        self.heard_at = time.monotonic()
-        self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         moved = False
-        for frame in self.frames.feed(data):
-            moved |= self._apply(frame)
-        if moved:
+        for _ in range(RECEIVE_READS):
+            try:
+                n = self.sock.recv_into(self.frames.space())
+            except BlockingIOError:
+                break
+            if not n:
+                raise HaProtocolError("the master closed the connection")
+            self.heard_at = time.monotonic()
+            for frame in self.frames.filled(n):
+                moved |= self._apply(frame)
+        self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
+        if moved:  # the report first: a SYNC_MASTER put waits for it, not for this slave's reput
             self._report()
+            self._flush_reports()
             self.failures = 0
+            self._advance_wrote()
 
     def _apply(self, frame: ha_frame.Frame) -> bool:
         """Write one frame at this slave's end. True if the end moved."""
@@ -533,12 +590,14 @@ class HaSlave(ServiceLoop):
         mf.fill(start - mf.file_from_offset, frame.data)
         self.received_end = start + len(frame.data)
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
-        self._advance_wrote()
         return True
 
     def _advance_wrote(self) -> None:
         """WROTE_POSITION to the last whole record at or below the received end, each record's
-        queue in the queue-offset table first (as a producer's put does on a master)."""
+        queue in the queue-offset table first (as a producer's put does on a master). Runs of
+        whole records are read by `record_batch.scan_segment` (the compiled scan reput and
+        recovery use: one record at a time in Python was 80% of the slave's time, cProfile);
+        a file's tail, a record cut by the received end and a bad record one at a time."""
         pos = self.wrote
         queue_ends: dict[tuple[str, int], int] = {}
         queue_starts: dict[tuple[str, int], int] = {}
@@ -561,6 +620,20 @@ class HaSlave(ServiceLoop):
                 continue
             if pos + max(total, 8) > self.received_end:
                 break
+            scan = None
+            if self.received_end - pos >= SCAN_MIN_BYTES:
+                scan = record_batch.scan_segment(
+                    mf.buf,
+                    at,
+                    min(self.received_end, file_end) - mf.file_from_offset,
+                    file_from_offset=mf.file_from_offset,
+                    check_crc=False,
+                    max_records=SCAN_RECORDS,
+                )
+            if scan is not None and len(scan.batch):
+                _queue_ends(scan.batch, queue_ends, queue_starts)
+                pos = mf.file_from_offset + scan.stop
+                continue
             found = record.check_record(mf.buf, at, at + total, check_crc=False)
             if not found.success or found.size != total:
                 log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
@@ -706,6 +779,24 @@ class HaSlave(ServiceLoop):
             self.sock.close()
             self.sock = None
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
+
+
+def _queue_ends(
+    batch: record_batch.RecordBatch, ends: dict[tuple[str, int], int], starts: dict[tuple[str, int], int]
+) -> None:
+    """Each queue's next offset after ``batch`` into ``ends`` (the highest queue offset + 1), and
+    its first queue offset into ``starts`` for a queue ``ends`` had not met yet."""
+    keys = batch.topic_index.astype(np.int64) << 32 | batch.queue_id.astype(np.int64)
+    unique, inverse = np.unique(keys, return_inverse=True)
+    top = np.full(len(unique), -1, dtype=np.int64)
+    low = np.full(len(unique), np.iinfo(np.int64).max, dtype=np.int64)
+    np.maximum.at(top, inverse, batch.queue_offset)
+    np.minimum.at(low, inverse, batch.queue_offset)
+    for key, first, offset in zip(unique.tolist(), low.tolist(), top.tolist(), strict=True):
+        queue = (batch.topics[key >> 32], key & 0xFFFFFFFF)
+        if queue not in ends:
+            starts[queue] = first
+        ends[queue] = max(ends.get(queue, 0), offset + 1)
 
 
 def service_class(argv: list[str]) -> type[ServiceLoop]:

@@ -68,8 +68,8 @@ class ReportReader:
 @dataclass(frozen=True, slots=True)
 class Frame:
     phy_offset: int
-    data: bytes
-    """Empty for a heartbeat."""
+    data: bytes | memoryview
+    """Empty for a heartbeat; a view of `FrameBuffer`'s buffer from that reader."""
 
 
 class FrameReader:
@@ -109,4 +109,56 @@ class FrameReader:
             frames.append(Frame(phy_offset, bytes(view[start + HEADER_BYTES : end])))
             start = end
         del self._pending[:start]
+        return frames
+
+
+class FrameBuffer:
+    """`FrameReader` without its copies, for the slave's receive path: a socket reads straight
+    into one preallocated buffer (`space`, then `filled`), and whole frames come out as views of
+    it, valid until the next `space`. The buffer holds a largest frame and one read, so memory
+    stays bounded as with `FrameReader` (back-pressure: nothing is read beyond that)."""
+
+    def __init__(self, max_frame_bytes: int = MAX_FRAME_BYTES, read_bytes: int = 1 << 18) -> None:
+        self.max_frame_bytes = max_frame_bytes
+        self.read_bytes = read_bytes
+        self._buf = bytearray(HEADER_BYTES + max_frame_bytes + read_bytes)
+        self._view = memoryview(self._buf)
+        self._start = 0
+        """The first byte not yet handed out as part of a frame."""
+        self._end = 0
+        """The end of the bytes read."""
+
+    @property
+    def pending_bytes(self) -> int:
+        return self._end - self._start
+
+    def space(self) -> memoryview:
+        """Where the next read goes, ``read_bytes`` long. A partial frame left at the buffer's
+        end is moved to its start first (what is left is under one whole frame, so the space is
+        always there); the views `filled` handed out before are invalid from here."""
+        if self._start == self._end:
+            self._start = self._end = 0
+        elif len(self._buf) - self._end < self.read_bytes:
+            rest = bytes(self._view[self._start : self._end])
+            self._buf[: len(rest)] = rest
+            self._start, self._end = 0, len(rest)
+        return self._view[self._end : self._end + self.read_bytes]
+
+    def filled(self, nbytes: int) -> list[Frame]:
+        """The whole frames the ``nbytes`` just read into `space` complete, in order."""
+        self._end += nbytes
+        frames: list[Frame] = []
+        view, at, end = self._view, self._start, self._end
+        while end - at >= HEADER_BYTES:
+            phy_offset, length = decode_header(view[at : at + HEADER_BYTES])
+            if length > self.max_frame_bytes:
+                raise HaProtocolError(
+                    f"HA frame of {length} bytes at {phy_offset}, over the {self.max_frame_bytes} accepted"
+                )
+            stop = at + HEADER_BYTES + length
+            if stop > end:
+                break
+            frames.append(Frame(phy_offset, view[at + HEADER_BYTES : stop]))
+            at = stop
+        self._start = at
         return frames

@@ -19,7 +19,9 @@
  *   lock, the fence (a fenced start: unlock, the reference's), journal, copy, queue offset,
  *   write position (the commit point), counters, flush
  *   request, unlock, worker wake-ups, the pool-buffer prefault's call (off the lock, once a put
- *   passes `prefault_at`), the SYNC flush wait with the GIL released, metrics and the SendResult.
+ *   passes `prefault_at`), the SYNC flush wait with the GIL released, SYNC_MASTER's wait for a
+ *   slave's acknowledgement (replica_*: the same ring moves, on the replica-request ring),
+ *   metrics and the SendResult.
  *   Anything else returns None *before changing anything shared*, and the Python reference
  *   does the whole send.
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
@@ -38,7 +40,9 @@
 #include <signal.h>
 #include <stdint.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 
@@ -512,9 +516,26 @@ enum {
     REF_STORE,     /* the store refuses puts now, lags in dispatch, or the lock was not had in a slice */
     REF_MONTH,     /* the UNIQ_KEY's month rolls over */
     REF_ITEM,      /* a send_batch item the core does not encode (a Message) */
-    REF_NO_CORE,   /* counted by Python: a producer without the core (a slave, SYNC_MASTER, pure) */
+    REF_NO_CORE,   /* counted by Python: a producer without the core (a slave, pure) */
     REF_COUNT
 };
+
+/* SYNC_MASTER's replica-request ring (the functions after `Placed`: replica_*). */
+typedef struct {
+    int on;
+    Held ring;
+    int64_t capacity, base, slot_size, f_state, f_next, f_deadline, f_pid;
+    int64_t st_free, st_waiting, st_done_ok, st_done_timeout, st_abandoned, stale_ms;
+    Py_ssize_t seq_word, acked_word, connections_word;
+    int64_t timeout_ms, fallbehind_max;
+    PyObject *done_names; /* list of str */
+    sem_t **done;
+    int poke_fd;
+    struct sockaddr_un poke_addr;
+    socklen_t poke_len;
+    PyObject *slave_not_available, *flush_slave_timeout, *no_slave_reason, *timeout_reason, *ring_full_reason;
+    PyObject *count; /* ReplicaRequests.count(no_slave: bool): the reference's counters */
+} Replica;
 
 typedef struct {
     Py_ssize_t covered; /* the record length these are for; 0: none yet */
@@ -594,7 +615,12 @@ typedef struct {
     size_t crc_pre_len;
     CrcState crc_state; /* crc_prepare's buffer and the last record length's constants */
     int closed;
+    Replica rep; /* SYNC_MASTER */
 } Sender;
+
+static int replica_init(Sender *s, PyObject *d);
+static void replica_release(Sender *s);
+static void replica_dealloc(Sender *s);
 
 static int64_t dict_i64(PyObject *d, const char *key, int *ok) {
     PyObject *v = PyDict_GetItemString(d, key);
@@ -644,6 +670,7 @@ static void sender_release(Sender *s) {
         s->flush_done = NULL;
     }
     Py_CLEAR(s->dest);
+    replica_release(s);
     s->closed = 1;
 }
 
@@ -665,6 +692,7 @@ static void Sender_dealloc(Sender *s) {
     PyObject_GC_UnTrack(s);
     Sender_clear(s);
     sender_release(s);
+    replica_dealloc(s);
     Py_XDECREF(s->flush_done_names);
     Py_XDECREF(s->topics);
     Py_XDECREF(s->last_topic);
@@ -1060,6 +1088,7 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
             return -1;
         }
     }
+    if (replica_init(s, d) < 0) return -1;
     PyObject *wakes = dict_obj(d, "wakes", &ok); /* list of (notified word, semaphore name) */
     if (!ok) return -1;
     if (!PyList_Check(wakes) || PyList_GET_SIZE(wakes) > MAX_WAKES) {
@@ -1329,7 +1358,233 @@ static uint8_t *write_properties(Sender *s, uint8_t *q, const char *tags, Py_ssi
 
 typedef struct {
     int64_t wrote, queue_offset, store_ts, ring_slot, hold_ns, released_ns;
+    int64_t replica_slot; /* SYNC_MASTER: its replica request (REPLICA_* below, or a slot) */
 } Placed;
+
+/* ------------------------------------------------------------------ SYNC_MASTER: the replica wait
+ *
+ * rmq_mp/put/replica_wait.py is the reference (and shm/replica_requests.py the ring's states,
+ * shm/flush_requests.py their moves): under the put lock, a put that waits for the store takes
+ * a replica-request ticket for its end offset (`replica_take`), unless no slave is connected or
+ * the best acknowledged offset is haSlaveFallbehindMax or more behind (SLAVE_NOT_AVAILABLE at
+ * once, RocketMQ's isSlaveOK); off the lock it pokes the ha worker's select and sleeps on its
+ * slot's semaphore until the ha worker answers or slaveTimeout from the put's time (the lock
+ * hold's), never from a wake-up, passes (`replica_wait`: the same deadline as the ha worker's,
+ * so a big message taking many frames gets no fresh timeout per wake: RocketMQ #1244, #1535).
+ * Outcomes other than PUT_OK are counted by the reference's own `ReplicaRequests.count` (the
+ * counters are written under the flags lock). */
+
+#define REPLICA_NO_SLAVE (-2)      /* replica_wait.NO_SLAVE */
+#define REPLICA_NOT_REQUESTED (-3) /* replica_wait.NOT_REQUESTED */
+
+/* The replica ring's slot `slot`, field at byte offset `field` (a word index into the ring). */
+static inline int64_t *replica_word(Sender *s, int64_t slot, int64_t field) {
+    Replica *r = &s->rep;
+    return &words_of(&r->ring)[((r->base + slot * r->slot_size) >> 3) + (field >> 3)];
+}
+
+/* Put lock held: a ring slot for the bytes below `end` (`ReplicaRequests.request`), NO_SLAVE,
+ * or -1 when every slot is taken (`FlushRequestRing.take`'s moves, its STALE_MS reuse too). */
+static int64_t replica_take(Sender *s, int64_t end, int64_t put_ms) {
+    Replica *r = &s->rep;
+    int64_t *w = words_of(&s->table);
+    if (__atomic_load_n(&w[r->connections_word], __ATOMIC_ACQUIRE) <= 0 ||
+        end - __atomic_load_n(&w[r->acked_word], __ATOMIC_ACQUIRE) >= r->fallbehind_max)
+        return REPLICA_NO_SLAVE;
+    int64_t ticket = w[r->seq_word];
+    for (int64_t i = 0; i < r->capacity; i++) {
+        ticket += 1;
+        int64_t slot = ticket % r->capacity;
+        int64_t state = __atomic_load_n(replica_word(s, slot, r->f_state), __ATOMIC_ACQUIRE);
+        if (state == r->st_free || (state != r->st_waiting && *replica_word(s, slot, r->f_deadline) + r->stale_ms < put_ms)) {
+            *replica_word(s, slot, r->f_next) = end;
+            *replica_word(s, slot, r->f_deadline) = put_ms + r->timeout_ms;
+            *replica_word(s, slot, r->f_pid) = s->pid;
+            __atomic_store_n(replica_word(s, slot, r->f_state), r->st_waiting, __ATOMIC_RELEASE);
+            /* published after its slot says WAITING: the ha worker reads the sequence unlocked */
+            __atomic_store_n(&w[r->seq_word], ticket, __ATOMIC_RELEASE);
+            return slot;
+        }
+    }
+    w[r->seq_word] = ticket; /* as the reference: the lap's last ticket, none of them taken */
+    return -1;
+}
+
+/* `ReplicaRequests.wake`: one datagram to the ha worker's abstract address (a full buffer or a
+ * restarting worker loses it, which costs one of its looks). */
+static void replica_poke(Sender *s) {
+    Replica *r = &s->rep;
+    if (r->poke_fd >= 0)
+        (void)sendto(r->poke_fd, "", 1, MSG_DONTWAIT, (struct sockaddr *)&r->poke_addr, r->poke_len);
+}
+
+/* WAITING -> ABANDONED by compare-and-swap (`give_up` for this ring): the state found. */
+static int64_t replica_give_up(Sender *s, int64_t *state) {
+    Replica *r = &s->rep;
+    int64_t seen = r->st_waiting;
+    if (__atomic_compare_exchange_n(state, &seen, r->st_abandoned, 0, __ATOMIC_ACQ_REL, __ATOMIC_ACQUIRE))
+        return seen;
+    if (seen == r->st_done_ok || seen == r->st_done_timeout) *state = r->st_free;
+    return seen;
+}
+
+/* Wait for slot `slot` until the put's time + slaveTimeout (GIL released while sleeping):
+ * 1 DONE_OK, 0 not acknowledged in time, -1 with an exception (a signal handler raised). */
+static int replica_wait(Sender *s, int64_t slot, int64_t put_ms) {
+    Replica *r = &s->rep;
+    int64_t *state = replica_word(s, slot, r->f_state);
+    if (!r->done[slot]) {
+        r->done[slot] = open_sem(PyList_GET_ITEM(r->done_names, slot));
+        if (!r->done[slot]) {
+            replica_give_up(s, state);
+            return -1;
+        }
+    }
+    int64_t deadline = (put_ms + r->timeout_ms) * 1000000;
+    for (;;) {
+        int64_t st = __atomic_load_n(state, __ATOMIC_ACQUIRE);
+        if (st == r->st_done_ok || st == r->st_done_timeout) {
+            __atomic_store_n(state, r->st_free, __ATOMIC_RELEASE);
+            return st == r->st_done_ok;
+        }
+        if (real_ns() >= deadline) /* the ha worker is not answering (stopped, dead, or slow) */
+            return replica_give_up(s, state) == r->st_done_ok;
+        struct timespec ts = {(time_t)(deadline / 1000000000), (long)(deadline % 1000000000)};
+        int rc, err = 0;
+        Py_BEGIN_ALLOW_THREADS rc = sem_timedwait(r->done[slot], &ts);
+        if (rc < 0) err = errno;
+        Py_END_ALLOW_THREADS
+        if (rc < 0 && err == EINTR && PyErr_CheckSignals() < 0) {
+            replica_give_up(s, state);
+            return -1;
+        }
+    }
+}
+
+/* After the flush's answer (`Producer._acknowledge`): SYNC_MASTER's, when the put took a ticket
+ * or was refused one. A flush failure stays the answer (RocketMQ's handleDiskFlush before
+ * handleHA); the replica outcome is waited for and counted either way, as the reference does. */
+static int replica_acknowledge(Sender *s, const Placed *p, PyObject **status, PyObject **reason) {
+    Replica *r = &s->rep;
+    if (!r->on || p->replica_slot == REPLICA_NOT_REQUESTED) return 0;
+    int no_slave = p->replica_slot == REPLICA_NO_SLAVE;
+    PyObject *why;
+    if (no_slave) {
+        why = r->no_slave_reason;
+    } else if (p->replica_slot < 0) {
+        why = r->ring_full_reason;
+    } else {
+        replica_poke(s);
+        int ok = replica_wait(s, p->replica_slot, p->store_ts);
+        if (ok < 0) return -1;
+        if (ok) return 0;
+        why = r->timeout_reason;
+    }
+    if (*status == s->put_ok) {
+        *status = no_slave ? r->slave_not_available : r->flush_slave_timeout;
+        *reason = why;
+    }
+    PyObject *counted = PyObject_CallOneArg(r->count, no_slave ? Py_True : Py_False);
+    if (!counted) return -1;
+    Py_DECREF(counted);
+    return 0;
+}
+
+/* Sender(settings)["replica"]: None, or the ring, its layout and the outcomes' objects
+ * (`Producer._native_settings`). */
+static int replica_init(Sender *s, PyObject *d) {
+    Replica *r = &s->rep;
+    r->poke_fd = -1;
+    int ok = 1;
+    PyObject *rd = dict_obj(d, "replica", &ok);
+    if (!ok) return -1;
+    if (rd == Py_None) return 0;
+    if (!PyDict_Check(rd)) {
+        PyErr_SetString(PyExc_TypeError, "replica: None or a dict");
+        return -1;
+    }
+    if (hold(&r->ring, dict_obj(rd, "ring", &ok), 1) < 0) return -1;
+    r->capacity = dict_i64(rd, "capacity", &ok);
+    r->base = dict_i64(rd, "base", &ok);
+    r->slot_size = dict_i64(rd, "slot_size", &ok);
+    r->f_state = dict_i64(rd, "state", &ok);
+    r->f_next = dict_i64(rd, "next_offset", &ok);
+    r->f_deadline = dict_i64(rd, "deadline_ms", &ok);
+    r->f_pid = dict_i64(rd, "pid", &ok);
+    r->st_free = dict_i64(rd, "FREE", &ok);
+    r->st_waiting = dict_i64(rd, "WAITING", &ok);
+    r->st_done_ok = dict_i64(rd, "DONE_OK", &ok);
+    r->st_done_timeout = dict_i64(rd, "DONE_TIMEOUT", &ok);
+    r->st_abandoned = dict_i64(rd, "ABANDONED", &ok);
+    r->stale_ms = dict_i64(rd, "stale_ms", &ok);
+    r->seq_word = (Py_ssize_t)dict_i64(rd, "seq_word", &ok);
+    r->acked_word = (Py_ssize_t)dict_i64(rd, "acked_word", &ok);
+    r->connections_word = (Py_ssize_t)dict_i64(rd, "connections_word", &ok);
+    r->timeout_ms = dict_i64(rd, "timeout_ms", &ok);
+    r->fallbehind_max = dict_i64(rd, "fallbehind_max", &ok);
+    PyObject *names = dict_obj(rd, "done_names", &ok), *wake = dict_obj(rd, "wake_address", &ok);
+    PyObject *objs[6] = {dict_obj(rd, "SLAVE_NOT_AVAILABLE", &ok), dict_obj(rd, "FLUSH_SLAVE_TIMEOUT", &ok),
+                         dict_obj(rd, "no_slave_reason", &ok),      dict_obj(rd, "timeout_reason", &ok),
+                         dict_obj(rd, "ring_full_reason", &ok),     dict_obj(rd, "count", &ok)};
+    if (!ok) return -1;
+    Py_ssize_t words = s->table.view.len / 8;
+    if (!PyList_Check(names) || PyList_GET_SIZE(names) != r->capacity || r->capacity < 1 || r->base < 0 ||
+        r->base + r->capacity * r->slot_size > r->ring.view.len || r->seq_word < 0 || r->seq_word >= words ||
+        r->acked_word < 0 || r->acked_word >= words || r->connections_word < 0 || r->connections_word >= words ||
+        !PyBytes_Check(wake) || PyBytes_GET_SIZE(wake) < 2 ||
+        (size_t)PyBytes_GET_SIZE(wake) > sizeof r->poke_addr.sun_path || !PyCallable_Check(objs[5])) {
+        PyErr_SetString(PyExc_ValueError, "replica ring settings disagree");
+        return -1;
+    }
+    r->done_names = Py_NewRef(names);
+    r->slave_not_available = Py_NewRef(objs[0]);
+    r->flush_slave_timeout = Py_NewRef(objs[1]);
+    r->no_slave_reason = Py_NewRef(objs[2]);
+    r->timeout_reason = Py_NewRef(objs[3]);
+    r->ring_full_reason = Py_NewRef(objs[4]);
+    r->count = Py_NewRef(objs[5]);
+    r->done = PyMem_Calloc((size_t)r->capacity, sizeof(sem_t *));
+    if (!r->done) {
+        PyErr_NoMemory();
+        return -1;
+    }
+    r->poke_addr.sun_family = AF_UNIX;
+    memcpy(r->poke_addr.sun_path, PyBytes_AS_STRING(wake), (size_t)PyBytes_GET_SIZE(wake));
+    r->poke_len = (socklen_t)(offsetof(struct sockaddr_un, sun_path) + (size_t)PyBytes_GET_SIZE(wake));
+    r->poke_fd = socket(AF_UNIX, SOCK_DGRAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+    if (r->poke_fd < 0) {
+        PyErr_SetFromErrno(PyExc_OSError);
+        return -1;
+    }
+    r->on = 1;
+    return 0;
+}
+
+/* close(): the shared views, semaphores and the poke socket (the objects stay until dealloc). */
+static void replica_release(Sender *s) {
+    Replica *r = &s->rep;
+    r->on = 0;
+    unhold(&r->ring);
+    if (r->done) {
+        for (int64_t i = 0; i < r->capacity; i++)
+            if (r->done[i]) sem_close(r->done[i]);
+        PyMem_Free(r->done);
+        r->done = NULL;
+    }
+    if (r->poke_fd >= 0) close(r->poke_fd);
+    r->poke_fd = -1;
+}
+
+static void replica_dealloc(Sender *s) {
+    Replica *r = &s->rep;
+    Py_CLEAR(r->done_names);
+    Py_CLEAR(r->slave_not_available);
+    Py_CLEAR(r->flush_slave_timeout);
+    Py_CLEAR(r->no_slave_reason);
+    Py_CLEAR(r->timeout_reason);
+    Py_CLEAR(r->ring_full_reason);
+    Py_CLEAR(r->count);
+}
 
 /* The fence, right after the put lock is taken: 1 when this start is fenced (someone stops it or
  * starts over it: rmq_mp/put/fence.py), the lock released again so the reference words the
@@ -1454,6 +1709,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
     w[s->w[W_PUT_COUNT]] += n;
     w[s->w[W_PUT_BYTES]] += size;
     out->ring_slot = s->sync && s->put_waits ? take_ring_slot(s, end, store_ts) : -1;
+    out->replica_slot = s->rep.on && s->put_waits ? replica_take(s, end, store_ts) : REPLICA_NOT_REQUESTED;
     w[s->w[W_LOCK_SINCE]] = 0;
     lock_release(lock);
     out->released_ns = mono_ns();
@@ -1485,7 +1741,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
 static int acknowledge(Sender *s, const Placed *p, int64_t end, PyObject **status, PyObject **reason) {
     *status = s->put_ok;
     *reason = s->empty;
-    if (!s->sync) return 0;
+    if (!s->sync) return replica_acknowledge(s, p, status, reason);
     int flushed;
     if (p->ring_slot < 0) {
         flushed = 0;
@@ -1503,7 +1759,7 @@ static int acknowledge(Sender *s, const Placed *p, int64_t end, PyObject **statu
                      (long long)w[s->w[W_FLUSHED]]);
         return -1;
     }
-    return 0;
+    return replica_acknowledge(s, p, status, reason);
 }
 
 /* A queue id and flag the store takes: 1, else 0 (the reference words the refusal). */
@@ -1841,7 +2097,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         Py_DECREF(uniq_str);
         Py_RETURN_NONE;
     }
-    int64_t latency_ns = (s->sync && pr.wait ? mono_ns() : placed.released_ns) - started_ns;
+    int64_t latency_ns = ((s->sync || s->rep.on) && pr.wait ? mono_ns() : placed.released_ns) - started_ns;
     if (s->batching) { /* send_items records the whole call once */
         s->batch_failed += status != s->put_ok;
         s->batch_hold_ns += placed.hold_ns;
@@ -1936,7 +2192,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     PyObject *status, *reason;
     if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)
         return done == 0 ? Py_NewRef(Py_None) : NULL;
-    int64_t latency_ns = (s->sync ? mono_ns() : placed.released_ns) - started_ns;
+    int64_t latency_ns = (s->sync || s->rep.on ? mono_ns() : placed.released_ns) - started_ns;
     record_metrics(s, latency_ns, n, status != s->put_ok ? n : 0, placed.hold_ns);
     s->sent += n;
     PyObject *ends;
@@ -2074,7 +2330,7 @@ static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t
     if (put < 0 || (put && wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
         return NULL;
     if (!put) Py_RETURN_NONE;
-    int64_t latency_ns = (s->sync && wait ? mono_ns() : placed.released_ns) - started_ns;
+    int64_t latency_ns = ((s->sync || s->rep.on) && wait ? mono_ns() : placed.released_ns) - started_ns;
     record_metrics(s, latency_ns, 1, status != s->put_ok, placed.hold_ns);
     s->sent += 1;
     return Py_BuildValue("OOLL", status, reason, (long long)placed.queue_offset, (long long)placed.wrote);

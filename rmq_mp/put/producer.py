@@ -12,7 +12,7 @@ under SYNC_FLUSH, the put waits for the flusher to complete its flush request
 checks: a SLAVE refuses puts, and a put lock held over `osPageCacheBusyTimeOutMills` by a live
 put answers OS_PAGECACHE_BUSY at once. A SYNC_MASTER put that waits for the store is answered
 once a slave acknowledged it (rmq_mp/put/replica_wait.py: PUT_OK, FLUSH_SLAVE_TIMEOUT,
-SLAVE_NOT_AVAILABLE; the Python path: the compiled send is not used by a SYNC_MASTER).
+SLAVE_NOT_AVAILABLE; the compiled core waits the same way, rmq_mp/put/_core.c `replica_*`).
 
 - `send`: one message, one run of one record.
 - `send_batch(MessageBatch)`: RocketMQ's batch, one run encoded column-wise with numpy and
@@ -74,7 +74,8 @@ from rmq_mp.put.encoding import (
 )
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL
 from rmq_mp.put.metrics import PutRecorder
-from rmq_mp.put.replica_wait import NOT_REQUESTED, ReplicaRequests
+from rmq_mp.put.replica_wait import NO_SLAVE_REASON, NOT_REQUESTED, TIMEOUT_REASON, ReplicaRequests
+from rmq_mp.put.replica_wait import RING_FULL as REPLICA_RING_FULL
 from rmq_mp.put.results import SendBatchResult, SendResult, SendResultList
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
@@ -226,12 +227,7 @@ class Producer:
         """Reput reads what is readable: flushed under SYNC_FLUSH, committed with the pool; the
         flusher or committer wakes it then."""
         self._metrics = PutRecorder(store)
-        if (
-            native.core is not None
-            and isinstance(self.lock, AtomicPutLock)
-            and not self._slave
-            and not self._sync_master
-        ):
+        if native.core is not None and isinstance(self.lock, AtomicPutLock) and not self._slave:
             self._native = native.core.Sender(self._native_settings(store))
             self._native.bind(self._send, self.router.queue_for, self.appender.prefault_ahead)
             self.router.native = self.appender.native = self._native
@@ -307,6 +303,7 @@ class Producer:
             "max_delay_level": len(self.config.delay_levels_ms),
             "reference_word": self._metrics.reference_word,
             "reference_reasons": len(REFERENCE_REASONS),
+            "replica": self._native_replica_settings(store),
         }
         if self._sync:
             ring = self.ring
@@ -328,6 +325,41 @@ class Producer:
                 flush_done_names=[names.flush_done(i) for i in range(ring.capacity)],
             )
         return settings
+
+    def _native_replica_settings(self, store: RunningStore) -> dict[str, Any] | None:
+        """SYNC_MASTER: the replica-request ring as the core's `replica_*` functions use it."""
+        if self.replicas is None:
+            return None
+        ring = self.replicas.ring
+        return {
+            "ring": ring.segment.mm,
+            "capacity": ring.capacity,
+            "base": ring.byte_offset(0, 0),
+            "slot_size": fr.SLOT_SIZE,
+            "state": fr.STATE,
+            "next_offset": fr.NEXT_OFFSET,
+            "deadline_ms": fr.DEADLINE_MS,
+            "pid": fr.PID,
+            "FREE": fr.FREE,
+            "WAITING": fr.WAITING,
+            "DONE_OK": fr.DONE_OK,
+            "DONE_TIMEOUT": fr.DONE_TIMEOUT,
+            "ABANDONED": fr.ABANDONED,
+            "stale_ms": fr.STALE_MS,
+            "seq_word": layout.HA_REQUEST_SEQ.index,
+            "acked_word": layout.HA_ACKED_OFFSET.index,
+            "connections_word": layout.HA_CONNECTIONS.index,
+            "timeout_ms": self.replicas.timeout_ms,
+            "fallbehind_max": self.replicas.fallbehind_max,
+            "done_names": [store.names.replica_done(i) for i in range(ring.capacity)],
+            "wake_address": store.names.ha_wake,
+            "SLAVE_NOT_AVAILABLE": PutMessageStatus.SLAVE_NOT_AVAILABLE,
+            "FLUSH_SLAVE_TIMEOUT": PutMessageStatus.FLUSH_SLAVE_TIMEOUT,
+            "no_slave_reason": NO_SLAVE_REASON,
+            "timeout_reason": TIMEOUT_REASON,
+            "ring_full_reason": REPLICA_RING_FULL,
+            "count": self.replicas.count,
+        }
 
     @classmethod
     def attach(cls, name: str | os.PathLike[str], *, start_timeout_s: float = START_TIMEOUT_S) -> Producer:

@@ -85,12 +85,17 @@ class ReplicaRequests:
             return PutMessageStatus.PUT_OK, ""
         else:
             status, reason = PutMessageStatus.FLUSH_SLAVE_TIMEOUT, TIMEOUT_REASON
+        self.count(slot == NO_SLAVE)
+        return status, reason
+
+    def count(self, no_slave: bool) -> None:
+        """One put answered SLAVE_NOT_AVAILABLE (``no_slave``) or FLUSH_SLAVE_TIMEOUT, under the
+        flags lock (the compiled core calls this too: rmq_mp/put/_core.c `replica_acknowledge`)."""
         with self.shm.flags_lock("count a SYNC_MASTER outcome"):
-            if slot == NO_SLAVE:
+            if no_slave:
                 self.shm.table.add(layout.HA_SLAVE_NOT_AVAILABLE, 1)
             else:
                 self.shm.table.add(layout.HA_FLUSH_SLAVE_TIMEOUT, 1)
-        return status, reason
 
     def _wait(self, slot: int, put_ms: int) -> int:
         """DONE_OK or DONE_TIMEOUT; the slot freed (or abandoned when the ha worker never answers)."""

@@ -80,3 +80,39 @@ def test_negative_report_is_refused() -> None:
         ha_frame.ReportReader().feed(struct.pack(">q", -8))
     with pytest.raises(HaProtocolError):
         ha_frame.encode_report(-1)
+
+
+def _through_buffer(buffer: ha_frame.FrameBuffer, data: bytes, sizes: list[int]) -> list[tuple[int, bytes]]:
+    """``data`` read into ``buffer`` in reads of ``sizes`` (cycled, each at most its space), as a
+    socket's `recv_into` would; each frame copied out before the next read invalidates it."""
+    out: list[tuple[int, bytes]] = []
+    at, i = 0, 0
+    while at < len(data):
+        space = buffer.space()
+        n = min(len(space), sizes[i % len(sizes)], len(data) - at)
+        space[:n] = data[at : at + n]
+        out += [(f.phy_offset, bytes(f.data)) for f in buffer.filled(n)]
+        at, i = at + n, i + 1
+    return out
+
+
+@pytest.mark.parametrize("sizes", [[1], [7, 12, 13], [4096], [1 << 18], [5, 40000, 3, 70000]])
+def test_frame_buffer_gives_the_readers_frames(ha_fixture: Path, sizes: list[int]) -> None:
+    """The slave's copy-free reader (`FrameBuffer`): any read sizes give `FrameReader`'s frames,
+    with data longer than one read and a partial frame moved to the buffer's start."""
+    data = stream(ha_fixture, MASTER_TO_SLAVE)
+    data += ha_frame.encode_header(94933, 40000) + bytes(range(256)) * 156 + bytes(64)
+    data += ha_frame.encode_header(134933, 100)
+    whole = [(f.phy_offset, bytes(f.data)) for f in ha_frame.FrameReader().feed(data)]
+    buffer = ha_frame.FrameBuffer(40000, read_bytes=1 << 16)
+    assert _through_buffer(buffer, data, sizes) == whole
+    assert buffer.pending_bytes == 12  # the last header, waiting for its frame
+
+
+def test_frame_buffer_refuses_a_frame_over_its_size() -> None:
+    buffer = ha_frame.FrameBuffer(32768, read_bytes=64)
+    space = buffer.space()
+    assert len(space) == 64
+    space[:12] = ha_frame.encode_header(0, 32769)
+    with pytest.raises(HaProtocolError, match="over the 32768 accepted"):
+        buffer.filled(12)

@@ -30,7 +30,8 @@ def test_status_shows_master_connections_and_the_slave(tmp_path: Path) -> None:
         producer.send("T", b"before any slave")  # SLAVE_NOT_AVAILABLE, counted
     port = master.read(layout.HA_LISTEN_PORT)
     slave = start_slave(tmp_path, port, haSendHeartbeatInterval="1000")
-    end = put(master, 50)
+    wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 1, 20, "the slave to connect")
+    end = put(master, 50)  # after the connection: none of these is SLAVE_NOT_AVAILABLE
     wait_caught_up(slave, end)
     wait_until(lambda: master.read(layout.HA_ACKED_OFFSET) == end, 20, "the ack")
 
