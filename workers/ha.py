@@ -46,6 +46,7 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm.pointer_table import now_ms
 from shm.store_shm import read_descriptor
+from workers import ha_meta
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -124,6 +125,7 @@ class HaMaster(ServiceLoop):
             self.listener.getsockname()[1],
             f" (allowed: {cfg.ha_allowed_slaves})" if self.allowed else "",
         )
+        self.meta = ha_meta.start(self.store, slave=False)  # the metadata channel (workers/ha_meta.py)
 
     def _listen(self, cfg: MessageStoreConfig) -> socket.socket:
         address = cfg.ha_listen_address
@@ -356,6 +358,8 @@ class HaMaster(ServiceLoop):
             self._close(conn, f"silent for {self.housekeeping_s:.0f} s (haHousekeepingInterval)")
 
     def on_exit(self) -> None:
+        if (meta := getattr(self, "meta", None)) is not None:
+            meta.stop()
         for conn in list(self.connections.values()):
             self._close(conn, "")
         if hasattr(self, "listener"):
@@ -389,6 +393,7 @@ class HaSlave(ServiceLoop):
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
         log.info("ha: slave of %s:%d from %d", *self.master, self.received_end)
+        self.meta = ha_meta.start(self.store, slave=True)  # the metadata channel (workers/ha_meta.py)
 
     def interval_s(self) -> float:
         return PASS_S
@@ -551,6 +556,8 @@ class HaSlave(ServiceLoop):
                 queues.set(slot, qo.NEXT_OFFSET, end)
 
     def on_exit(self) -> None:
+        if (meta := getattr(self, "meta", None)) is not None:
+            meta.stop()
         if self.sock is not None:
             self.sock.close()
             self.sock = None

@@ -40,7 +40,7 @@ from shm import members as mb
 from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.names import ShmNames
-from shm.pointer_table import PointerTable, pid_alive
+from shm.pointer_table import PointerTable, now_ms, pid_alive
 
 FLAGS_LOCK_TIMEOUT_S = 5.0
 
@@ -105,6 +105,12 @@ def _attach(args: argparse.Namespace) -> Iterator[RunningStore]:
         yield store
     finally:
         store.close()
+
+
+def mark_offsets_moved(store: RunningStore) -> None:
+    """A deliberate move of group offsets (flags lock held): stamped, so a slave following this
+    master copies its offsets exactly once, where it otherwise never lowers one (workers/ha_meta.py)."""
+    store.table.set(layout.HA_META_RESET_MS, max(now_ms(), store.table.get(layout.HA_META_RESET_MS) + 1))
 
 
 @contextmanager
@@ -394,6 +400,7 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
                 for (queue_id, offset), slot in zip(targets.items(), slots, strict=True):
                     old[queue_id] = groups.get(slot, qo.COMMITTED)
                     groups.set(slot, qo.COMMITTED, offset)
+                mark_offsets_moved(running)
         else:
             _refuse_if_running(store)
             offsets = ConsumerOffsetManager(store.paths.consumer_offset)

@@ -58,6 +58,7 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "workers/cleaner.py": frozenset({CL}),
     "workers/scheduler.py": frozenset({SC}),
     "workers/ha.py": frozenset({Role.HA}),
+    "workers/ha_meta.py": frozenset({Role.HA}),  # a thread of the ha worker
     "shm/pointer_table.py::create": frozenset({S}),
     "shm/store_shm.py::create": frozenset({S}),
     "shm/store_shm.py::update_running_flags": frozenset({F, CL}),  # workers/flusher.py, cleaner.py
