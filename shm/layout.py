@@ -392,9 +392,24 @@ HA_META_RESET_MS = _f(
 HA_META_APPLIED_RESET_MS = _f(
     "ha_meta_applied_reset_ms", 488, Role.HA, doc="SLAVE: the master's reset time it last copied exactly"
 )
+BROKER_ROLE_NOW = _f(
+    "broker_role_now", 489, S,
+    doc="0: the descriptor's brokerRole; else the role a promotion gave (ROLE_CODES): what producers, "
+    "workers and attaches read",
+)  # fmt: skip
+PROMOTE_REQUEST = _f(
+    "promote_request", 490, Role.CONSUMER, S, lock=Lock.FLAGS,
+    doc="rmq-admin promote: the role code asked for (the supervisor clears it when done)",
+)  # fmt: skip
+PROMOTIONS_DONE = _f(
+    "promotions_done", 491, S, doc="promotions the supervisor finished (rmq-admin promote waits on it)"
+)
 HA_META_MALFORMED = _f(
     "ha_meta_malformed", 492, Role.HA, doc="metadata connections closed for a malformed message"
 )
+
+ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
+"""BROKER_ROLE_NOW's values."""
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

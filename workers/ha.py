@@ -41,10 +41,11 @@ from dataclasses import dataclass, field
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record
-from rmq_mp.store.running_store import resolve_names
+from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
 from shm import queue_offsets as qo
-from shm.pointer_table import now_ms
+from shm.layout import Role
+from shm.pointer_table import PointerTable, now_ms
 from shm.store_shm import read_descriptor
 from workers import ha_meta
 from workers.service import ServiceLoop, main
@@ -566,7 +567,13 @@ class HaSlave(ServiceLoop):
 
 def service_class(argv: list[str]) -> type[ServiceLoop]:
     """The side this store plays, from the role its descriptor carries."""
-    config = MessageStoreConfig.from_properties(read_descriptor(resolve_names(argv[1]))["properties"])
+    names = resolve_names(argv[1])
+    config = MessageStoreConfig.from_properties(read_descriptor(names)["properties"])
+    table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    try:  # a promoted slave's ha worker restarts as a master (rmq-admin promote)
+        config = promoted_role(config, table)
+    finally:
+        table.close()
     return HaSlave if config.broker_role is BrokerRole.SLAVE else HaMaster
 
 

@@ -21,6 +21,7 @@
     rmq-admin printMsgByQueue  -t T -i QUEUE [-b MS] [-e MS] [-s TAGS] [-d]
     rmq-admin queryMsgByUniqueKey -i UNIQ_KEY -t T
     rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
+    rmq-admin promote          [--broker-name B] [--role R] [--force]  (running SLAVE) become a master
     (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
@@ -107,6 +108,10 @@ def run(args: argparse.Namespace) -> int:
     check_names(args)
     if args.command == "deleteExpiredCommitLog":
         return delete_expired_commit_log(args)
+    if args.command == "promote":
+        from rmq_mp.tools.promote import promote
+
+        return promote(args)
 
     from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS
@@ -266,6 +271,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub, common)
     admin_groups.add_peek_arguments(sub.choices["consumeMessage"])
     admin_groups.add_parsers(sub, common)
+    from rmq_mp.tools import promote
+
+    promote.add_parser(sub, common)
     return parser
 
 

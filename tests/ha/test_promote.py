@@ -1,0 +1,108 @@
+"""`rmq-admin promote` on real stores: refused while the master answers or the slave is behind
+what it last heard; then a live promotion (no restart): a producer attached to the slave sends
+at once, the group resumes where it committed on the master, the role survives a restart."""
+
+from __future__ import annotations
+
+import signal
+import socket
+from pathlib import Path
+
+import psutil
+import pytest
+
+from rmq_mp.client.consumer import Consumer
+from rmq_mp.format import ha_meta
+from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.put.producer import Producer
+from rmq_mp.tools import admin
+from shm import layout
+from tests.ha.pair import put, start_slave, wait_caught_up
+from tests.ha.test_meta import commit, start_pair
+from tests.service import RunningService, start_service, wait_until
+
+
+def kill_tree(service: RunningService) -> None:
+    tree = psutil.Process(service.process.pid)
+    procs = [tree, *tree.children(recursive=True)]
+    for proc in procs:
+        proc.send_signal(signal.SIGKILL)
+    service.process.wait(10)
+    psutil.wait_procs(procs, timeout=10)
+
+
+def promote(service: RunningService, *extra: str) -> int:
+    return admin.main(["promote", "--name", str(service.root), *extra])
+
+
+def test_refused_while_the_master_answers_then_promoted_live(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    master, slave = start_pair(tmp_path)
+    end = put(master, 300)
+    commit(master, "g1", {("HaTopic", 0): 120})
+    wait_caught_up(slave, end)
+    wait_until(lambda: slave.read(layout.HA_META_MASTER_END) >= end, 20, "the master's end heard")
+    assert promote(slave, "--broker-name", "someone-else") == 2
+    assert "is not broker 'someone-else'" in capsys.readouterr().err
+    assert promote(slave) == 2
+    err = capsys.readouterr().err
+    assert "still answers" in err
+    assert err.count("\n") == 1
+    supervisor_pid = slave.process.pid
+    with Producer.attach(slave.names.base) as producer:
+        refused = producer.send("HaTopic", b"x", queue_id=0)
+        assert refused.status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+        kill_tree(master)
+        assert promote(slave, "--role", "ASYNC_MASTER") == 0
+        assert "promoted" in capsys.readouterr().out
+        sent = producer.send("HaTopic", b"after", queue_id=0)  # the same producer, at once
+        assert sent.status is PutMessageStatus.PUT_OK, sent
+        assert sent.commit_log_offset == end
+    with Consumer.attach(slave.names.base, "g1") as consumer:
+        assert consumer.committed_offset("HaTopic", 0) == 120
+        got = consumer.pull("HaTopic", 0, sent.queue_offset, 1)
+        assert got.status is GetMessageStatus.FOUND
+        assert got.messages[0].body == b"after"
+    assert slave.process.pid == supervisor_pid
+    assert slave.process.poll() is None
+    assert promote(slave) == 2  # already a master
+    assert "already runs as ASYNC_MASTER" in capsys.readouterr().err
+    assert slave.stop() == 0
+    again = start_service(tmp_path, "slave", **{k: v for k, v in _conf(slave).items()})
+    with Producer.attach(again.names.base) as producer:
+        assert producer.send("HaTopic", b"restarted").status is PutMessageStatus.PUT_OK
+    assert again.stop() == 0
+
+
+def _conf(service: RunningService) -> dict[str, str]:
+    lines = service.conf.read_text().splitlines()
+    skip = {"storePathRootDir"}
+    return {k: v for k, _, v in (line.partition("=") for line in lines) if k and k not in skip}
+
+
+def test_refused_when_behind_what_it_last_heard_unless_forced(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A fake master's metadata says its end is far beyond what the slave holds."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    listener.settimeout(30)
+    dead_ha = socket.create_server(("127.0.0.1", 0))
+    ha_port = dead_ha.getsockname()[1]
+    dead_ha.close()  # nobody answers there: the master is gone
+    slave = start_slave(tmp_path, ha_port, haMasterMetaAddress=f"127.0.0.1:{listener.getsockname()[1]}")
+    try:
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(4096)
+            conn.sendall(ha_meta.encode_snapshot(ha_meta.Snapshot(1, 5000, 0, {}, {}, {})))
+            wait_until(lambda: slave.read(layout.HA_META_MASTER_END) == 5000, 10, "the master's end heard")
+        assert promote(slave) == 2
+        err = capsys.readouterr().err
+        assert "holds the master's commit log to 0, the master last said 5000: 5000 bytes" in err
+        assert promote(slave, "--force") == 0
+        with Producer.attach(slave.names.base) as producer:
+            assert producer.send("T", b"x").status is PutMessageStatus.PUT_OK
+    finally:
+        listener.close()
+        assert slave.stop() == 0
