@@ -11,11 +11,14 @@ import time
 from pathlib import Path
 
 import psutil
+import pytest
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.topics import TopicConfigManager
+from rmq_mp.errors import StoreReadOnlyError
 from rmq_mp.format import ha_meta
+from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.tools import admin
 from shm import layout
 from shm import queue_offsets as qo
@@ -73,6 +76,11 @@ def test_offsets_topics_and_delays_follow_within_a_second_at_idle(tmp_path: Path
         latencies.append(time.monotonic() - began)
     assert max(latencies) <= IDLE_BOUND_S, latencies
     assert committed(slave, "g1", "HaTopic", 1) == 75
+    with Consumer.attach(slave.names.base, "g1") as reader:  # a slave's consumer: reads, sees, never commits
+        assert reader.committed_offset("HaTopic", 0) == 150
+        assert reader.pull("HaTopic", 0, 0, 1).status is GetMessageStatus.FOUND
+        with pytest.raises(StoreReadOnlyError, match="is a SLAVE"):
+            reader.commit({("HaTopic", 0): 151})
     admin.main(["updateTopic", "--name", str(master.root), "-t", "Configured", "-r", "3", "-w", "3"])
     path = slave.root / "config" / "topics.json"
 
