@@ -407,6 +407,11 @@ PROMOTIONS_DONE = _f(
 HA_META_MALFORMED = _f(
     "ha_meta_malformed", 492, Role.HA, doc="metadata connections closed for a malformed message"
 )
+HA_META_DELAY_FROM = _f(
+    "ha_meta_delay_from", 493, Role.HA,
+    doc="SLAVE: deliveries of delayed messages below this commit-log offset are in the followed delay "
+    "offsets; a promotion looks above it for ones that are not (workers/promotion.py)",
+)  # fmt: skip
 
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""

@@ -154,8 +154,9 @@ class MetaServer(MetaChannel):
         self.topics = TopicConfigManager(store.paths.topics)
         self.topics_mtime_ns = -1
         self.topics_json: dict[str, dict[str, Any]] = {}
-        self.built_at = 0.0
+        self.build_at = 0.0
         self.content: dict[str, Any] = {}
+        self.end_before = self.delay_from = 0
         self.table.set(layout.HA_META_LISTEN_PORT, sock.getsockname()[1])
         log.info("ha-meta: serving metadata on port %d", sock.getsockname()[1])
 
@@ -166,24 +167,17 @@ class MetaServer(MetaChannel):
         if self.listener in readable:
             self._accept()
         now = time.monotonic()
-        if now - self.built_at >= SNAPSHOT_POLL_S and any(p.hello for p in self.peers.values()):
+        if now >= self.build_at and any(p.hello for p in self.peers.values()):
             self.content = self._build()
-            self.built_at = now
+            # A large table takes long to look at, and the ha worker's sending shares this
+            # process: at most a tenth of its time goes here (the idle bound stretches with it).
+            self.build_at = time.monotonic() + max(SNAPSHOT_POLL_S, 10 * (time.monotonic() - now))
         for peer in list(self.peers.values()):
             try:
                 if peer.sock in readable:
                     self._read(peer)
-                if (
-                    peer.hello
-                    and self.content
-                    and not peer.out
-                    and (peer.sent != self.content or now - peer.sent_at >= HEARTBEAT_S)
-                ):
-                    peer.seq += 1
-                    payload = {"seq": peer.seq, **self.content}
-                    peer.out += ha_meta.encode(ha_meta.SNAPSHOT, payload)
-                    peer.sent, peer.sent_at = self.content, now
-                    self.table.add(layout.HA_META_SENT, 1)
+                if peer.hello and self.content and not peer.out:
+                    self._send_due(peer, now)
                 if peer.out:
                     with contextlib.suppress(BlockingIOError):
                         del peer.out[: peer.sock.send(peer.out)]
@@ -196,6 +190,24 @@ class MetaServer(MetaChannel):
                 log.info("ha-meta: slave %s closed: %s", peer.name, exc)
                 self._close(peer)
         self.table.set(layout.HA_META_CONNECTIONS, len(self.peers))
+
+    def _send_due(self, peer: _Peer, now: float) -> None:
+        """A full snapshot when the state changed since this peer's last, else a heartbeat (the
+        master's end, the reset stamp) once HEARTBEAT_S passed."""
+        full = peer.sent != self.content
+        if not full and now - peer.sent_at < HEARTBEAT_S:
+            return
+        peer.seq += 1
+        head = {
+            "seq": peer.seq,
+            "masterEnd": self.table.written_end(),
+            "delayFrom": self.delay_from,
+            "full": full,
+        }
+        payload = {**head, **self.content} if full else {**head, "resetMs": self.content["resetMs"]}
+        peer.out += ha_meta.encode(ha_meta.SNAPSHOT, payload)
+        peer.sent, peer.sent_at = self.content, now
+        self.table.add(layout.HA_META_SENT, 1)
 
     def _accept(self) -> None:
         for _ in range(16):
@@ -239,8 +251,11 @@ class MetaServer(MetaChannel):
         peer.sock.close()
 
     def _build(self) -> dict[str, Any]:
-        """The master's metadata now, as a SNAPSHOT's fields (all but seq)."""
+        """The master's metadata now, as a SNAPSHOT's fields (all but seq, masterEnd, full)."""
         shm = self.store.shm
+        # A delivery's put ends before the scheduler publishes its offset, at once after: one
+        # below the end a pass ago is in the offsets read now (`Snapshot.delay_from`).
+        self.delay_from, self.end_before = self.end_before, self.table.written_end()
         offsets: dict[str, dict[str, int]] = {}
         for key, queue_id, slot in shm.groups.queues():
             committed = shm.groups.get(slot, qo.COMMITTED)
@@ -256,8 +271,7 @@ class MetaServer(MetaChannel):
             if mtime != self.topics_mtime_ns and self.topics.load():
                 self.topics_mtime_ns = mtime
                 self.topics_json = {t: c.to_json() for t, c in self.topics.table.items()}
-        return {
-            "masterEnd": self.table.written_end(),
+        return {  # the master's end goes with each message (`_send_due`): no change of state
             "resetMs": self.table.get(layout.HA_META_RESET_MS),
             "offsets": offsets,
             "delay": delay,
@@ -286,6 +300,8 @@ class MetaFollower(MetaChannel):
         self.retry_at = 0.0
         self.topics_applied: dict[str, dict[str, Any]] | None = None
         self.full_logged = False
+        self.offsets_applied: dict[str, dict[int, int]] = {}
+        """The last full snapshot's offsets, all applied: the next applies what differs."""
 
     def step(self) -> None:
         if self.sock is None:
@@ -327,6 +343,7 @@ class MetaFollower(MetaChannel):
         if self.sock is not None:
             self.sock.close()
             self.sock = None
+        self.offsets_applied = {}  # the next connection's first snapshot is applied whole
         delay = BACKOFF_S[min(self.failures, len(BACKOFF_S) - 1)]
         self.failures += 1
         self.retry_at = time.monotonic() + delay
@@ -336,16 +353,21 @@ class MetaFollower(MetaChannel):
     def apply(self, snapshot: ha_meta.Snapshot) -> None:
         """One checked snapshot into this slave's shared tables and topics.json."""
         shm, table = self.store.shm, self.table
-        try:
-            with shm.flags_lock("apply the master's consumer offsets"):
-                self._apply_offsets(snapshot)
-                self._apply_topics(snapshot)
-        except ShmAttachError as exc:
-            log.warning("ha-meta: %s; the next snapshot tries again", exc)
-            return
+        if snapshot.full:
+            try:
+                with shm.flags_lock("apply the master's consumer offsets"):
+                    self._apply_offsets(snapshot)
+                    self._apply_topics(snapshot)
+            except ShmAttachError as exc:
+                log.warning("ha-meta: %s; reconnecting for a full snapshot", exc)
+                raise OSError("a snapshot could not be applied") from exc
+        elif snapshot.reset_ms > table.get(layout.HA_META_APPLIED_RESET_MS):
+            raise OSError("a reset the last full snapshot did not carry: reconnecting for one")
         for level, offset in snapshot.delay.items():
             if level <= shm.schedule.levels and offset > shm.schedule.get(level - 1, so.OFFSET):
                 shm.schedule.set(level - 1, so.OFFSET, offset)
+        if snapshot.delay_from > table.get(layout.HA_META_DELAY_FROM):
+            table.set(layout.HA_META_DELAY_FROM, snapshot.delay_from)
         table.set(layout.HA_META_MASTER_END, snapshot.master_end)
         table.set(layout.HA_META_APPLIED_MS, now_ms())
         table.add(layout.HA_META_APPLIED, 1)
@@ -353,8 +375,12 @@ class MetaFollower(MetaChannel):
     def _apply_offsets(self, snapshot: ha_meta.Snapshot) -> None:
         groups, table = self.store.shm.groups, self.table
         reset = snapshot.reset_ms > table.get(layout.HA_META_APPLIED_RESET_MS)
+        before = {} if reset else self.offsets_applied
         for key, queues in snapshot.offsets.items():
+            known = before.get(key, {})
             for queue_id, offset in queues.items():
+                if known.get(queue_id) == offset:
+                    continue  # as the last snapshot applied: nothing to look at (a slave's table moves only here)
                 try:
                     slot = groups.find_or_insert(key, queue_id)
                 except (OffsetTableFullError, ValueError) as exc:
@@ -364,6 +390,7 @@ class MetaFollower(MetaChannel):
                     continue
                 if reset or offset > groups.get(slot, qo.COMMITTED):
                     groups.set(slot, qo.COMMITTED, offset)
+        self.offsets_applied = snapshot.offsets
         if reset:
             for key, queue_id, slot in list(groups.queues()):
                 if queue_id not in snapshot.offsets.get(key, {}) and groups.get(slot, qo.COMMITTED) >= 0:

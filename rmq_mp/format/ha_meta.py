@@ -15,8 +15,9 @@ Every message, either way, is a 16-byte header and a UTF-8 JSON object:
      12     4  crc32     of the payload (zlib), big-endian
 
 HELLO: ``{"brokerName": str}``. SNAPSHOT: ``{"seq": int, "masterEnd": int, "resetMs": int,
-"offsets": {"topic@group": {"<queueId>": offset}}, "delay": {"<level>": offset},
-"topics": {"<topic>": <TopicConfig as in topics.json>}}``. A message that breaks any of this
+"delayFrom": int, "full": true, "offsets": {"topic@group": {"<queueId>": offset}}, "delay": {"<level>": offset},
+"topics": {"<topic>": <TopicConfig as in topics.json>}}``, or a heartbeat ``{"seq", "masterEnd",
+"resetMs", "full": false}`` when nothing changed since the connection's last full one. A message that breaks any of this
 (magic, version, kind, a length beyond its bound, the checksum, the JSON, a field's type or
 range) raises `HaMetaError` before anything of it is used: the reader closes the connection.
 """
@@ -61,12 +62,28 @@ class Snapshot:
     offsets: dict[str, dict[int, int]] = field(default_factory=dict)
     delay: dict[int, int] = field(default_factory=dict)
     topics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    delay_from: int = 0
+    """The master's commit-log end a snapshot interval before it read the delay offsets: a
+    delivery below it is counted in them; one above may not be (workers/promotion.py looks)."""
+    full: bool = True
+    """False: a heartbeat, the state unchanged since the last full snapshot on this connection
+    (offsets, delay and topics left out): only ``master_end`` and ``reset_ms`` are news."""
 
     def to_json(self) -> dict[str, Any]:
+        if not self.full:
+            return {
+                "seq": self.seq,
+                "masterEnd": self.master_end,
+                "resetMs": self.reset_ms,
+                "delayFrom": self.delay_from,
+                "full": False,
+            }
         return {
             "seq": self.seq,
             "masterEnd": self.master_end,
             "resetMs": self.reset_ms,
+            "delayFrom": self.delay_from,
+            "full": True,
             "offsets": {k: {str(q): o for q, o in v.items()} for k, v in self.offsets.items()},
             "delay": {str(level): o for level, o in self.delay.items()},
             "topics": self.topics,
@@ -147,6 +164,17 @@ def decode_hello(payload: dict[str, Any]) -> str:
 
 def decode_snapshot(payload: dict[str, Any]) -> Snapshot:
     """A SNAPSHOT's payload, every field checked (keys as consumerOffset.json allows them)."""
+    full = payload.get("full", True)
+    if not isinstance(full, bool):
+        raise HaMetaError(f"full: {full!r} is not a boolean")
+    if not full:
+        return Snapshot(
+            seq=_int(payload.get("seq"), "seq"),
+            master_end=_int(payload.get("masterEnd"), "masterEnd"),
+            reset_ms=_int(payload.get("resetMs"), "resetMs"),
+            delay_from=_int(payload.get("delayFrom", 0), "delayFrom"),
+            full=False,
+        )
     offsets: dict[str, dict[int, int]] = {}
     for key, queues in _object(payload.get("offsets"), "offsets").items():
         if "@" not in key or len(key.encode()) > 383:
@@ -169,6 +197,7 @@ def decode_snapshot(payload: dict[str, Any]) -> Snapshot:
         seq=_int(payload.get("seq"), "seq"),
         master_end=_int(payload.get("masterEnd"), "masterEnd"),
         reset_ms=_int(payload.get("resetMs"), "resetMs"),
+        delay_from=_int(payload.get("delayFrom", 0), "delayFrom"),
         offsets=offsets,
         delay=delay,
         topics=topics,

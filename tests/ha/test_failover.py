@@ -123,12 +123,16 @@ def test_failover_under_load(tmp_path: Path, seed: int) -> None:
     procs, outs = start_producers(master, tmp_path, [100_000, 100_000], batch=[1, 4])
     target = rng.randrange(400, 2500)
     try:
-        wait_until(lambda: sum(len(acknowledged(o)) for o in outs) >= target, 60, f"{target} acknowledged sends")
+        wait_until(
+            lambda: sum(len(acknowledged(o)) for o in outs) >= target, 60, f"{target} acknowledged sends"
+        )
         wait_until(lambda: len(member.read) >= 100, 30, "the group to consume")
         # What the group committed so far must reach the slave: a snapshot applied after it.
         followed = len(commits(tmp_path / "commits.jsonl"))
         applied = slave.read(layout.HA_META_APPLIED)
-        wait_until(lambda: slave.read(layout.HA_META_APPLIED) >= applied + 2, 20, "snapshots after the commits")
+        wait_until(
+            lambda: slave.read(layout.HA_META_APPLIED) >= applied + 2, 20, "snapshots after the commits"
+        )
         late = send_delayed(master.names.base, 2, 20, "late")  # due during the outage
         kill_tree(master)
     finally:
@@ -197,7 +201,9 @@ def test_failover_under_load(tmp_path: Path, seed: int) -> None:
     for topic, queue_id, offset in member.read:
         first.setdefault((topic, queue_id), offset)
     for queue, offset in first.items():
-        assert offset == resumed.get(queue, 0), f"{queue} resumed at {offset}, committed {resumed.get(queue, 0)}"
+        assert offset == resumed.get(queue, 0), (
+            f"{queue} resumed at {offset}, committed {resumed.get(queue, 0)}"
+        )
     with Consumer.attach(promoted.names.base, f"checker{seed}") as checker:
         for producer, out in enumerate(outs2):  # tests.load numbers them 0 and 1 again
             for ack in acknowledged(out):

@@ -17,7 +17,8 @@ from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
 from rmq_mp.tools import admin
 from shm import layout
-from tests.ha.pair import put, start_slave, wait_caught_up
+from shm import schedule_offsets as so
+from tests.ha.pair import put, start_master, start_slave, wait_caught_up
 from tests.ha.test_meta import commit, start_pair
 from tests.service import RunningService, start_service, wait_until
 
@@ -106,3 +107,37 @@ def test_refused_when_behind_what_it_last_heard_unless_forced(
     finally:
         listener.close()
         assert slave.stop() == 0
+
+
+def test_delays_the_old_master_delivered_are_not_delivered_again(tmp_path: Path) -> None:
+    """A slave without the metadata channel holds no delay progress: the promotion finds the
+    deliveries in the log it replicated and moves each level past them; the rest it delivers."""
+    levels = {"messageDelayLevel": "1s 3s", "haSendHeartbeatInterval": "1000"}
+    master = start_master(tmp_path, **levels)
+    slave = start_slave(tmp_path, master.read(layout.HA_LISTEN_PORT), **levels)
+    with Producer.attach(master.names.base) as producer:
+        for i in range(6):
+            level = "1" if i < 4 else "2"  # four due at once, two later (before or after the kill)
+            assert producer.send("Delayed", b"d%d" % i, properties={"DELAY": level}).ok
+    wait_until(lambda: _schedule(master, 0) == 4, 30, "the master to deliver level 1")
+    end = master.read(layout.WROTE_POSITION)
+    wait_caught_up(slave, end)
+    kill_tree(master)
+    assert _schedule(slave, 0) == 0  # nothing followed: no metadata channel
+    assert promote(slave, "--force") == 0
+    assert _schedule(slave, 0) == 4
+    wait_until(lambda: _schedule(slave, 1) == 2, 60, "the new master to deliver level 2")
+    with Consumer.attach(slave.names.base, "checker") as reader:
+        bodies = []
+        for topic, queue_id, _slot in list(reader.queues.queues()):
+            if topic == "Delayed":
+                got = reader.pull(topic, queue_id, 0, 32)
+                bodies += [m.body for m in got.messages] if got.status is GetMessageStatus.FOUND else []
+    assert sorted(bodies) == [b"d%d" % i for i in range(6)]
+    assert "were delivered by the old master" in (slave.root / "logs" / "supervisor.log").read_text()
+    assert slave.stop() == 0
+
+
+def _schedule(service: RunningService, queue_id: int) -> int:
+    with Consumer.attach(service.names.base, "schedule_reader") as reader:
+        return reader.store.shm.schedule.get(queue_id, so.OFFSET)
