@@ -17,6 +17,7 @@ yet: the integrator adds that leg after merging it.
 from __future__ import annotations
 
 import json
+import os
 import random
 import threading
 import time
@@ -110,7 +111,11 @@ def served_at(consumer: Consumer, topic: str, queue_id: int, offset: int) -> Any
     return got.messages[0]
 
 
-@pytest.mark.parametrize("seed", [11, 12, 13])
+SEEDS = [11, 12, 13, *range(100, 100 + int(os.environ.get("RMQ_FAILOVER_EXTRA_SEEDS", "0")))]
+"""Three seeds in the default run; RMQ_FAILOVER_EXTRA_SEEDS=N adds N more (seeds 100...)."""
+
+
+@pytest.mark.parametrize("seed", SEEDS)
 def test_failover_under_load(tmp_path: Path, seed: int) -> None:
     rng = random.Random(seed)
     master = start_master(tmp_path, brokerRole="SYNC_MASTER", **{**META, **SETTINGS})
@@ -239,4 +244,8 @@ def test_failover_under_load(tmp_path: Path, seed: int) -> None:
         for body in early + late:
             assert bodies.count(body) == 1, f"{body!r} delivered {bodies.count(body)} times"
     assert len(early) == len(late) == 20
+    print(
+        f"seed {seed}: killed after {target} acks; {len(acked)} PUT_OK checked at their offsets, "
+        f"{len(ceiling)} queues resumed at or behind their commits, {len(bodies)} delays delivered once"
+    )
     assert promoted.stop() == 0
