@@ -27,7 +27,7 @@ from typing import Any
 from rmq_mp.config.store_config import BrokerRole, parse_host_port
 from rmq_mp.errors import StoreError
 from rmq_mp.store.running_store import RunningStore
-from rmq_mp.tools.admin_ops import emit
+from rmq_mp.tools.admin_ops import _need_running, emit
 from shm import layout
 from shm.layout import Role
 
@@ -85,8 +85,7 @@ def check(store: RunningStore, args: argparse.Namespace) -> tuple[BrokerRole, di
 
 
 def promote(args: argparse.Namespace) -> int:
-    if not args.name:
-        raise StoreError("promote needs --name: the running slave's store directory or shm name")
+    _need_running(args, "promote")
     store = RunningStore.attach(args.name, Role.CONSUMER)
     try:
         role, facts = check(store, args)
