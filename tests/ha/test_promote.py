@@ -19,7 +19,7 @@ from rmq_mp.tools import admin
 from shm import layout
 from shm import schedule_offsets as so
 from tests.ha.pair import put, start_master, start_slave, wait_caught_up
-from tests.ha.test_meta import commit, start_pair
+from tests.ha.test_meta import META, commit, follow, start_pair
 from tests.service import RunningService, start_service, wait_until
 
 
@@ -141,3 +141,29 @@ def test_delays_the_old_master_delivered_are_not_delivered_again(tmp_path: Path)
 def _schedule(service: RunningService, queue_id: int) -> int:
     with Consumer.attach(service.names.base, "schedule_reader") as reader:
         return reader.store.shm.schedule.get(queue_id, so.OFFSET)
+
+
+def test_promoted_to_sync_master_it_serves_a_new_slave(tmp_path: Path) -> None:
+    """The default role for a slave with haListenPort: SYNC_MASTER. Its ha worker restarts as a
+    master: with no slave a waiting put is SLAVE_NOT_AVAILABLE (stored); once a new slave of it
+    follows, PUT_OK, and the new slave holds the log."""
+    master = start_master(tmp_path, **META)
+    wait_until(lambda: master.read(layout.HA_META_LISTEN_PORT) > 0, 20, "the metadata listener")
+    slave = follow(tmp_path, master, haListenPort="0")
+    end = put(master, 100)
+    wait_caught_up(slave, end)
+    kill_tree(master)
+    wait_until(lambda: slave.read(layout.HA_SLAVE_STATE) != layout.SLAVE_CONNECTED, 20, "the slave to notice")
+    assert promote(slave) == 0
+    wait_until(lambda: slave.read(layout.HA_LISTEN_PORT) > 0, 20, "the promoted store's HA listener")
+    with Producer.attach(slave.names.base) as producer:
+        assert producer.send("HaTopic", b"alone").status is PutMessageStatus.SLAVE_NOT_AVAILABLE
+        third = start_slave(
+            tmp_path, slave.read(layout.HA_LISTEN_PORT), "third", haSendHeartbeatInterval="1000"
+        )
+        wait_until(lambda: slave.read(layout.HA_CONNECTIONS) == 1, 20, "the new slave to connect")
+        result = producer.send("HaTopic", b"replicated")
+        assert result.status is PutMessageStatus.PUT_OK, result
+    wait_caught_up(third, slave.read(layout.WROTE_POSITION))
+    assert third.stop() == 0
+    assert slave.stop() == 0
