@@ -19,6 +19,7 @@ Slot map (index x 8 = byte offset):
     400..432 replication (the ha worker): listener, acknowledged offset, connection slots, bound port
     448      the supervisor's process start time (a reused pid is not the supervisor)
     464..479 live settings: what a reload applies to the workers
+    480..511 failover: the metadata channel, the role a promotion gave
 """
 
 from __future__ import annotations
@@ -388,6 +389,55 @@ SUPERVISOR_START_MS = _f(
     "supervisor_start_ms", 448, S,
     doc="the supervisor's process start time (psutil): with supervisor_pid, who it is; a reused pid is not it",
 )  # fmt: skip
+
+# Slots 480..511: failover (workers/ha_meta.py, rmq_mp/tools/promote.py; docs/replication.md):
+# the metadata channel beside the HA port, and the role a promotion gave the running store.
+HA_META_LISTEN_PORT = _f(
+    "ha_meta_listen_port", 480, Role.HA, doc="port the metadata listener is bound to, 0 = none"
+)
+HA_META_CONNECTIONS = _f("ha_meta_connections", 481, Role.HA, doc="metadata connections open (master)")
+HA_META_REFUSED = _f(
+    "ha_meta_refused", 482, Role.HA,
+    doc="metadata peers refused: outside haAllowedSlaves, or a malformed or oversized message (either side)",
+)  # fmt: skip
+HA_META_SENT = _f("ha_meta_sent", 483, Role.HA, doc="MASTER: metadata snapshots sent")
+HA_META_APPLIED = _f("ha_meta_applied", 484, Role.HA, doc="SLAVE: metadata snapshots applied")
+HA_META_APPLIED_MS = _f("ha_meta_applied_ms", 485, Role.HA, doc="SLAVE: when the last snapshot was applied")
+HA_META_MASTER_END = _f(
+    "ha_meta_master_end", 486, Role.HA,
+    doc="SLAVE: the master's commit-log end as its last snapshot said (what promotion compares with)",
+)  # fmt: skip
+HA_META_RESET_MS = _f(
+    "ha_meta_reset_ms", 487, Role.CONSUMER, lock=Lock.FLAGS,
+    doc="MASTER: time of this start's last deliberate move of group offsets (rmq-admin), 0 none: "
+    "a slave copies the master's offsets exactly once for each new value, otherwise never lowers one",
+)  # fmt: skip
+HA_META_APPLIED_RESET_MS = _f(
+    "ha_meta_applied_reset_ms", 488, Role.HA, doc="SLAVE: the master's reset time it last copied exactly"
+)
+BROKER_ROLE_NOW = _f(
+    "broker_role_now", 489, S,
+    doc="0: the descriptor's brokerRole; else the role a promotion gave (ROLE_CODES): what producers, "
+    "workers and attaches read",
+)  # fmt: skip
+PROMOTE_REQUEST = _f(
+    "promote_request", 490, Role.CONSUMER, S, lock=Lock.FLAGS,
+    doc="rmq-admin promote: the role code asked for (the supervisor clears it when done)",
+)  # fmt: skip
+PROMOTIONS_DONE = _f(
+    "promotions_done", 491, S, doc="promotions the supervisor finished (rmq-admin promote waits on it)"
+)
+HA_META_MALFORMED = _f(
+    "ha_meta_malformed", 492, Role.HA, doc="metadata connections closed for a malformed message"
+)
+HA_META_DELAY_FROM = _f(
+    "ha_meta_delay_from", 493, Role.HA,
+    doc="SLAVE: deliveries of delayed messages below this commit-log offset are in the followed delay "
+    "offsets; a promotion looks above it for ones that are not (workers/promotion.py)",
+)  # fmt: skip
+
+ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
+"""BROKER_ROLE_NOW's values."""
 
 FIELDS: tuple[Field, ...] = tuple(v for v in list(globals().values()) if isinstance(v, Field))
 

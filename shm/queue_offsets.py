@@ -27,8 +27,10 @@ Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
 Group-offset table slot (`GroupOffsetTable`, ``maxConsumerOffsetNum`` entries):
 
     off  field                 writer
-      0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start) under the flags lock
-     16  committed_offset      the consumer that commits (any writer of the group's queue); -1 set
+      0  used, 8 queue_id      consumer (or rmq-admin, or the supervisor at start; on a SLAVE the ha
+                               worker's metadata channel) under the flags lock
+     16  committed_offset      the consumer that commits (any writer of the group's queue; on a
+                               SLAVE the ha worker, raising it to the master's); -1 set
                                by a clustering member that claimed a queue the group never
                                committed (the entry then holds only its owner: not persisted);
                                `DELETED` (-2) set by rmq-admin deleteSubGroup under the flags lock
@@ -271,10 +273,12 @@ class GroupOffsetTable(KeyedOffsetTable):
         "owner": OWNER,
     }
     WRITERS: ClassVar[dict[str, Writers]] = {
-        "used": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
-        "queue_id": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
-        "committed_offset": Writers(Role.CONSUMER, Role.SUPERVISOR),
-        "key_length": Writers(Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS),
+        # On a SLAVE also the ha worker's metadata channel (workers/ha_meta.py), under the
+        # flags lock, as it applies the master's offsets.
+        "used": Writers(Role.CONSUMER, Role.SUPERVISOR, Role.HA, lock=Lock.FLAGS),
+        "queue_id": Writers(Role.CONSUMER, Role.SUPERVISOR, Role.HA, lock=Lock.FLAGS),
+        "committed_offset": Writers(Role.CONSUMER, Role.SUPERVISOR, Role.HA),
+        "key_length": Writers(Role.CONSUMER, Role.SUPERVISOR, Role.HA, lock=Lock.FLAGS),
         "owner": Writers(Role.CONSUMER, lock=Lock.FLAGS),
     }
     HEADER_WRITERS: ClassVar[dict[int, Writers]] = {H_USED: WRITERS["used"]}

@@ -10,7 +10,9 @@ Slot layout (native int64):
 
     off field        writer
       0 offset       scheduler (the supervisor at start, from delayOffset.json): next queue
-                     offset to deliver, advanced only after that message's put succeeded
+                     offset to deliver, advanced only after that message's put succeeded; on
+                     a SLAVE (whose scheduler delivers nothing) the ha worker's metadata
+                     channel raises it to the master's
       8 next_due_ms  scheduler: delivery time of the entry at ``offset``, -1 when none is in view
      16 delivered    scheduler: messages delivered since the store started
      24 delay_ms     supervisor at start: the level's delay (messageDelayLevel)
@@ -40,7 +42,7 @@ class ScheduleOffsetTable(SlotTable):
         "delay_ms": DELAY_MS,
     }
     WRITERS: ClassVar[dict[str, Writers]] = {
-        "offset": Writers(Role.SCHEDULER, Role.SUPERVISOR),
+        "offset": Writers(Role.SCHEDULER, Role.SUPERVISOR, Role.HA),
         "next_due_ms": Writers(Role.SCHEDULER, Role.SUPERVISOR),
         "delivered": Writers(Role.SCHEDULER),
         "delay_ms": Writers(Role.SUPERVISOR),

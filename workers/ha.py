@@ -46,12 +46,13 @@ from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_all
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record, record_batch
 from rmq_mp.store import fork
-from rmq_mp.store.running_store import resolve_names
+from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
 from shm import queue_offsets as qo
-from shm.pointer_table import now_ms
+from shm.layout import Role
+from shm.pointer_table import PointerTable, now_ms
 from shm.store_shm import read_descriptor
-from workers import ha_fork, ha_start
+from workers import ha_fork, ha_meta, ha_start
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -151,6 +152,7 @@ class HaMaster(ServiceLoop):
             self.listener.getsockname()[1],
             f" (allowed: {cfg.ha_allowed_slaves})" if self.allowed else "",
         )
+        self.meta = ha_meta.start(self.store, slave=False)  # the metadata channel (workers/ha_meta.py)
 
     def _listen(self, cfg: MessageStoreConfig) -> socket.socket:
         """Bound to haListenPort; with 0, to the port an earlier listener of this store got
@@ -426,6 +428,8 @@ class HaMaster(ServiceLoop):
             self._close(conn, f"silent for {self.housekeeping_s:.0f} s (haHousekeepingInterval)")
 
     def on_exit(self) -> None:
+        if (meta := getattr(self, "meta", None)) is not None:
+            meta.stop()
         for conn in list(self.connections.values()):
             self._close(conn, "")
         if hasattr(self, "listener"):
@@ -462,6 +466,7 @@ class HaSlave(ServiceLoop):
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
         self._fork_start()
         log.info("ha: slave of %s:%d from %d", *self.master, self.received_end)
+        self.meta = ha_meta.start(self.store, slave=True)  # the metadata channel (workers/ha_meta.py)
 
     def interval_s(self) -> float:
         return PASS_S
@@ -775,6 +780,8 @@ class HaSlave(ServiceLoop):
             )
 
     def on_exit(self) -> None:
+        if (meta := getattr(self, "meta", None)) is not None:
+            meta.stop()
         if self.sock is not None:
             self.sock.close()
             self.sock = None
@@ -801,7 +808,13 @@ def _queue_ends(
 
 def service_class(argv: list[str]) -> type[ServiceLoop]:
     """The side this store plays, from the role its descriptor carries."""
-    config = MessageStoreConfig.from_properties(read_descriptor(resolve_names(argv[1]))["properties"])
+    names = resolve_names(argv[1])
+    config = MessageStoreConfig.from_properties(read_descriptor(names)["properties"])
+    table = PointerTable.attach(names.pointer_table, Role.CONSUMER)
+    try:  # a promoted slave's ha worker restarts as a master (rmq-admin promote)
+        config = promoted_role(config, table)
+    finally:
+        table.close()
     return HaSlave if config.broker_role is BrokerRole.SLAVE else HaMaster
 
 

@@ -31,6 +31,7 @@ import sys
 import time
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.config.store_config import BrokerRole
 from rmq_mp.errors import StoreError, StoreNotRunningError
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
@@ -74,7 +75,14 @@ class SchedulerService(ServiceLoop):
     # ------------------------------------------------------------------ waiting
 
     def _running(self) -> bool:
-        return self.table.get(layout.STATE) == layout.RUNNING
+        return self.table.get(layout.STATE) == layout.RUNNING and not self._slave()
+
+    def _slave(self) -> bool:
+        """A SLAVE delivers nothing: its master does, and the metadata channel raises the levels'
+        offsets to the master's (workers/ha_meta.py); once promoted (rmq-admin promote) it does."""
+        return self.store.config.broker_role is BrokerRole.SLAVE and self.table.get(
+            layout.BROKER_ROLE_NOW
+        ) not in (layout.ROLE_CODES["ASYNC_MASTER"], layout.ROLE_CODES["SYNC_MASTER"])
 
     def _dispatched(self, queue_id: int) -> int:
         slot = self.queues.find(schedule.SCHEDULE_TOPIC, queue_id)
@@ -86,7 +94,9 @@ class SchedulerService(ServiceLoop):
 
     def interval_s(self) -> float:
         if not self._running():
-            return RETRY_S  # deliveries wait for state RUNNING (producers are refused before it)
+            return (
+                RETRY_S  # deliveries wait for state RUNNING (producers are refused before it), or a promotion
+            )
         wait_s = IDLE_S
         if (earliest := self._earliest_due_ms()) >= 0:
             wait_s = min(wait_s, max(0.0, (earliest - now_ms()) / 1000))

@@ -60,6 +60,7 @@ from shm.pointer_table import PointerTable, now_ms, pid_alive, process_start_ms
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
+from workers import promotion
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -214,7 +215,7 @@ def end_dead_start(names: ShmNames, config: MessageStoreConfig, fenced_by: int) 
 
 class Supervisor:
     def __init__(self, config: MessageStoreConfig) -> None:
-        self.config = config
+        self.config = config = promotion.persisted_role(config)  # rmq-admin promote's, kept
         self.root = Path(config.store_path_root_dir)
         self.names = ShmNames.for_store(str(self.root), config.shm_name)
         self.workers = {role: WorkerHandle(role) for role in self.roles()}
@@ -476,6 +477,8 @@ class Supervisor:
         while not self.stop_requested:
             if self.reload_requested:
                 self.reload()
+            if t.get(layout.PROMOTE_REQUEST):
+                promotion.promote(self)
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -761,5 +764,7 @@ def shm_sizes(config: MessageStoreConfig) -> ShmSizes:
         queues=config.max_consume_queue_num,
         groups=config.max_consumer_offset_num,
         delay_levels=len(config.delay_levels_ms),
-        replica_ring=config.max_sync_flush_request_num if config.broker_role is BrokerRole.SYNC_MASTER else 0,
+        replica_ring=(  # a SLAVE's too: promoted to SYNC_MASTER (workers/promotion.py), it needs it
+            config.max_sync_flush_request_num if config.broker_role is not BrokerRole.ASYNC_MASTER else 0
+        ),
     )

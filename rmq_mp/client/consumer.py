@@ -32,12 +32,14 @@ from rmq_mp import validators as v
 from rmq_mp.client.local_offsets import LocalFileOffsetStore, check_client_id
 from rmq_mp.client.rebalance import REBALANCE_INTERVAL_MS, MessageModel, Rebalance
 from rmq_mp.config.offsets import ConsumerOffsetManager
+from rmq_mp.config.store_config import BrokerRole
 from rmq_mp.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ShmAttachError,
     StoreError,
     StoreNotRunningError,
+    StoreReadOnlyError,
 )
 from rmq_mp.format.message import RETRY_GROUP_TOPIC_PREFIX, MessageExt
 from rmq_mp.format.queue_entry import PRE_BLANK_SIZE
@@ -54,6 +56,7 @@ from rmq_mp.store.running_store import (
     SUPERVISOR_STALE_MS,
     Instance,
     RunningStore,
+    promoted_role,
 )
 from shm import layout
 from shm import queue_offsets as qo
@@ -257,6 +260,20 @@ class Consumer:
         except InvalidArgumentError:
             store.close()
             raise
+
+    def _refuse_on_a_slave(self) -> None:
+        """A SLAVE's group offsets are its master's, followed over the metadata channel
+        (workers/ha_meta.py): a commit there would be neither the master's nor kept by it, so it
+        is refused; reading is not. A promoted slave takes commits (rmq-admin promote)."""
+        store = self.store
+        if (
+            store.config.broker_role is BrokerRole.SLAVE
+            and promoted_role(store.config, store.table).broker_role is BrokerRole.SLAVE
+        ):
+            raise StoreReadOnlyError(
+                f"store {store.names.base} is a SLAVE: its group offsets are its master's "
+                f"({store.config.ha_master_meta_address or 'no metadata channel'}); commit on the master"
+            )
 
     def _check_running(self) -> None:
         """At every call that reads or commits: the store this consumer is attached to still
@@ -946,6 +963,7 @@ class Consumer:
                 return dict(self.committed)
             given = {key: offset for key, offset in given.items() if key not in self._lost}
             self._check_running()  # never into the table of a store that stopped: it is not persisted
+            self._refuse_on_a_slave()
             groups = self.store.shm.groups
             keys = [(self._offset_key(topic), queue_id) for topic, queue_id in given]
             slots = [groups.find(key, queue_id) for key, queue_id in keys]

@@ -409,6 +409,15 @@ class MessageStoreConfig:
     # A SLAVE's master, `host:port` of its haListenPort; "" = no replication (a SLAVE then only
     # serves what its files hold).
     ha_master_address: str = ""
+    # rmq-mp addition: port a master serves its metadata channel on (consumer offsets, topic
+    # configs, delay-level progress; docs/replication.md), beside haListenPort, whose bytes stay
+    # RocketMQ's: -1 = none, 0 = an ephemeral port (shown by `run.py status`). Peers outside
+    # haAllowedSlaves are refused as on the HA port.
+    ha_meta_listen_port: int = _prop(-1, ge=-1, le=65535)
+    # rmq-mp addition: a SLAVE's master's metadata channel, `host:port` of its haMetaListenPort;
+    # "" = no metadata follows (the slave then holds the log only: groups start from 0 after a
+    # promotion).
+    ha_master_meta_address: str = ""
     # A slave reports its end at least this often, ms, and a master sends a heartbeat frame
     # after this long without a write.
     ha_send_heartbeat_interval: int = _prop(5000, ge=1)
@@ -965,6 +974,11 @@ def _ha_problems(values: Mapping[str, Any]) -> list[str]:
             parse_host_port(values["ha_master_address"])
         except ValueError as exc:
             problems.append(f"haMasterAddress: {exc}")
+    if values["ha_master_meta_address"]:
+        try:
+            parse_host_port(values["ha_master_meta_address"])
+        except ValueError as exc:
+            problems.append(f"haMasterMetaAddress: {exc}")
     if values["ha_listen_address"]:
         try:
             ipaddress.ip_address(values["ha_listen_address"])

@@ -143,6 +143,10 @@ _NO_CORE = REFERENCE_REASONS.index("no_core")
 _ITEM = REFERENCE_REASONS.index("item")
 
 
+_MASTER_CODES = (layout.ROLE_CODES["ASYNC_MASTER"], layout.ROLE_CODES["SYNC_MASTER"])
+"""BROKER_ROLE_NOW after a promotion: a slave's producer binds to the store as a master."""
+
+
 class Producer:
     """Attach with `Producer.attach(name)`. One thread sends through an instance at a time: a
     process may hold several (one per thread), and threads share one through
@@ -373,13 +377,13 @@ class Producer:
             store.close()
             raise
 
-    def _reattach(self, why: str) -> str:
+    def _reattach(self, why: str, *, promoted: bool = False) -> str:
         """After a refusal ``why`` that says the store stopped or its supervisor died: attach to
         a newer start of the store under the same shm name, if there is one. '' once attached
         (the caller looks at the new store's state again), else ``why`` and what to expect."""
         names = self.store.names
         instance = Instance.of(names)
-        if instance is None or instance.generation == self.table.get(layout.GENERATION):
+        if instance is None or (instance.generation == self.table.get(layout.GENERATION) and not promoted):
             return f"{why}; this producer attaches again by itself at a send once the store runs again"
         try:
             store = RunningStore.attach(
@@ -642,6 +646,12 @@ class Producer:
         w = self._words
         if w[_STATE] != self._accepting_state:  # never equal on a slave: no extra test per put
             if self._slave and w[_STATE] == layout.RUNNING:
+                if (  # rmq-admin promote made this store a master: bind to it as one, send there
+                    reattach
+                    and self.table.get(layout.BROKER_ROLE_NOW) in _MASTER_CODES
+                    and not self._reattach("store promoted to master", promoted=True)
+                ):
+                    return self._refusal(now, reattach=False)
                 return (
                     PutMessageStatus.SERVICE_NOT_AVAILABLE,
                     "message store is in slave mode (brokerRole=SLAVE)",

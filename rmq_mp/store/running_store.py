@@ -13,7 +13,7 @@ import time
 from dataclasses import dataclass
 
 from rmq_mp.config import live
-from rmq_mp.config.store_config import FlushDiskType, MessageStoreConfig
+from rmq_mp.config.store_config import BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.errors import InvalidArgumentError, InvalidArgumentTypeError, ShmAttachError, StoreNotRunningError
 from rmq_mp.paths import StorePaths
 from rmq_mp.store.shared_log import SharedCommitLog
@@ -126,6 +126,16 @@ def live_settings(config: MessageStoreConfig, table: PointerTable) -> MessageSto
     )
 
 
+def promoted_role(config: MessageStoreConfig, table: PointerTable) -> MessageStoreConfig:
+    """``config`` with the brokerRole a live promotion gave this start (BROKER_ROLE_NOW,
+    `rmq-admin promote`); itself when there was none."""
+    code = table.get(layout.BROKER_ROLE_NOW)
+    for name, value in layout.ROLE_CODES.items():
+        if value == code and config.broker_role.value != name:
+            return config.replace(broker_role=BrokerRole(name))
+    return config
+
+
 @dataclass
 class RunningStore:
     names: ShmNames
@@ -162,7 +172,7 @@ class RunningStore:
             )
             raise StoreNotRunningError(f"store {os.fspath(name)} is not running ({exc}){hint}") from exc
         config = MessageStoreConfig.from_properties(descriptor["properties"], source=f"shm {names.base}")
-        config = live_settings(config, shm.table)
+        config = promoted_role(live_settings(config, shm.table), shm.table)
         paths = StorePaths.of(descriptor["root"], config.commit_log_dir)
         commit_log = SharedCommitLog(
             paths.commit_log,

@@ -22,6 +22,7 @@
     rmq-admin queryMsgByUniqueKey -i UNIQ_KEY -t T
     rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
     rmq-admin copyLog          --to DIR                              the whole commit log and config/ into an empty store
+    rmq-admin promote          [--broker-name B] [--role R] [--force]  (running SLAVE) become a master
     (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
@@ -112,6 +113,10 @@ def run(args: argparse.Namespace) -> int:
         from rmq_mp.tools.admin_copy import copy_log_command
 
         return copy_log_command(args)
+    if args.command == "promote":
+        from rmq_mp.tools.promote import promote
+
+        return promote(args)
 
     from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS
@@ -274,6 +279,9 @@ def build_parser() -> argparse.ArgumentParser:
     from rmq_mp.tools import admin_copy
 
     admin_copy.add_parsers(sub, common)
+    from rmq_mp.tools import promote
+
+    promote.add_parser(sub, common)
     return parser
 
 

@@ -27,7 +27,7 @@ from rmq_mp.store.running_store import RunningStore
 from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
-from shm.pointer_table import PointerTable, pid_alive
+from shm.pointer_table import PointerTable, now_ms, pid_alive
 
 
 def message_to_json_dict(msg: MessageExt) -> dict[str, Any]:
@@ -294,6 +294,12 @@ def attach_running(args: argparse.Namespace) -> Iterator[RunningStore]:
         yield store
     finally:
         store.close()
+
+
+def mark_offsets_moved(store: RunningStore) -> None:
+    """A deliberate move of group offsets (flags lock held): stamped, so a slave following this
+    master copies its offsets exactly once, where it otherwise never lowers one (workers/ha_meta.py)."""
+    store.table.set(layout.HA_META_RESET_MS, max(now_ms(), store.table.get(layout.HA_META_RESET_MS) + 1))
 
 
 @contextmanager

@@ -32,6 +32,7 @@ from rmq_mp.tools.admin_common import (
     emit,
     flags_lock,
     is_running,
+    mark_offsets_moved,
     need_running,
     open_store,
     print_messages,
@@ -94,6 +95,8 @@ def delete_sub_group(args: argparse.Namespace) -> int:
                         shm.groups.set(slot, qo.OWNER, 0)
                         topic = key[: -len(suffix)]
                         removed[topic] = removed.get(topic, 0) + 1
+                if removed:
+                    mark_offsets_moved(running)
     else:
         with open_store(args) as store:
             root = store.paths.root
@@ -133,6 +136,7 @@ def _set_group_offsets(
                 before = groups.get(slot, qo.COMMITTED) if queue_id in known else -1
                 old[queue_id] = -1 if before == qo.DELETED else before
                 groups.set(slot, qo.COMMITTED, offset)
+            mark_offsets_moved(running)
     else:
         with open_store(args) as store:
             offsets = _offline_offsets(store)

@@ -31,6 +31,7 @@ from rmq_mp.tools.admin_common import (
     flags_lock,
     is_running,
     iso,
+    mark_offsets_moved,
     need_running,
     open_store,
     positive_int,
@@ -315,6 +316,7 @@ def reset_offset_by_time(args: argparse.Namespace) -> int:
                 for (queue_id, offset), slot in zip(targets.items(), slots, strict=True):
                     old[queue_id] = groups.get(slot, qo.COMMITTED)
                     groups.set(slot, qo.COMMITTED, offset)
+                mark_offsets_moved(running)
         else:
             refuse_if_running(store)
             offsets = ConsumerOffsetManager(store.paths.consumer_offset)

@@ -20,6 +20,7 @@ from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.cleaning import CleanerStatistics
 from rmq_mp.store.disk import disk_used_ratio
 from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.running_store import promoted_role
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, LevelProgress, queue_id_of
 from shm import layout
 from shm import queue_offsets as qo
@@ -154,11 +155,18 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
     heard) and SYNC_MASTER outcome counts."""
     t = shm.table
     now = now_ms()
+    config = promoted_role(config, t)  # rmq-admin promote's, live
     role = config.broker_role.value
     if config.broker_role is BrokerRole.SLAVE:
         heard = t.get(layout.HA_SLAVE_LAST_HEARD_MS)
+        applied = t.get(layout.HA_META_APPLIED_MS)
         return {
             "role": role,
+            "meta_master": config.ha_master_meta_address or None,
+            "meta_snapshots_applied": t.get(layout.HA_META_APPLIED),
+            "meta_applied_age_ms": now - applied if applied else None,
+            "master_end_heard": t.get(layout.HA_META_MASTER_END),
+            "meta_malformed": t.get(layout.HA_META_MALFORMED),
             "master": config.ha_master_address,
             "state": SLAVE_STATES.get(t.get(layout.HA_SLAVE_STATE), "?"),
             "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
@@ -192,10 +200,18 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
         "connection_count": t.get(layout.HA_CONNECTIONS),
         "connections": connections,
         "refused_peers": t.get(layout.HA_REFUSED_PEERS),
+        "meta_listen_port": t.get(layout.HA_META_LISTEN_PORT) or None,
+        "meta_connections": t.get(layout.HA_META_CONNECTIONS),
+        "meta_refused_peers": t.get(layout.HA_META_REFUSED),
+        "meta_malformed": t.get(layout.HA_META_MALFORMED),
         "dropped": t.get(layout.HA_DROPPED),
         "slave_not_available": t.get(layout.HA_SLAVE_NOT_AVAILABLE),
         "flush_slave_timeout": t.get(layout.HA_FLUSH_SLAVE_TIMEOUT),
     }
+
+
+def _ago(age_ms: int | None) -> str:
+    return "never" if age_ms is None else f"{age_ms} ms ago"
 
 
 def replication_summary(r: dict[str, Any]) -> list[str]:
@@ -206,13 +222,21 @@ def replication_summary(r: dict[str, Any]) -> list[str]:
             f"replica  SLAVE of {r['master'] or '(no haMasterAddress)'}  {r['state']}  received "
             f"{r['received_end']}  connects {r['connects']}  last heard "
             f"{'never' if heard is None else f'{heard} ms ago'}"
-            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else "")
+            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else ""),
+            f"metadata from {r['meta_master'] or '(no haMasterMetaAddress)'}  snapshots "
+            f"{r['meta_snapshots_applied']}  last {_ago(r['meta_applied_age_ms'])}  master end heard "
+            f"{r['master_end_heard']}  malformed {r['meta_malformed']}",
         ]
     lines = [
         f"replica  {r['role']}  ha port {r['listen_port'] or 'off'}  acked {r['acked_offset']}  "
         f"slaves {r['connection_count']}  refused {r['refused_peers']}  dropped {r['dropped']}  "
         f"SLAVE_NOT_AVAILABLE {r['slave_not_available']}  FLUSH_SLAVE_TIMEOUT {r['flush_slave_timeout']}"
     ]
+    if r["meta_listen_port"]:
+        lines.append(
+            f"  metadata port {r['meta_listen_port']}  slaves {r['meta_connections']}  refused "
+            f"{r['meta_refused_peers']}  malformed {r['meta_malformed']}"
+        )
     for c in r["connections"]:
         lag = (
             "-"

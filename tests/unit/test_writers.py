@@ -59,6 +59,9 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "workers/scheduler.py": frozenset({SC}),
     "workers/ha.py": frozenset({Role.HA}),
     "workers/ha_start.py": frozenset({Role.HA}),
+    "workers/ha_meta.py": frozenset({Role.HA}),  # a thread of the ha worker
+    "workers/promotion.py": frozenset({S}),  # the supervisor's watch loop
+    "rmq_mp/tools/promote.py": frozenset({Role.CONSUMER}),  # rmq-admin
     "shm/pointer_table.py::create": frozenset({S}),
     "shm/store_shm.py::create": frozenset({S}),
     "shm/store_shm.py::update_running_flags": frozenset({F, CL}),  # workers/flusher.py, cleaner.py
