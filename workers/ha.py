@@ -350,7 +350,10 @@ class HaMaster(ServiceLoop):
         sent = 0
         while sent < SEND_PER_PASS_BYTES:
             if len(conn.out):
-                n = conn.sock.send(conn.out)
+                try:
+                    n = conn.sock.send(conn.out)
+                except BlockingIOError:  # full (a pass may come before select says it drained)
+                    return
                 conn.out = conn.out[n:]
                 sent += n
                 if len(conn.out):
