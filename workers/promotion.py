@@ -26,7 +26,7 @@ import logging
 import os
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig
 from rmq_mp.errors import StoreError
@@ -37,9 +37,24 @@ from rmq_mp.store import schedule
 from rmq_mp.store.running_store import RunningStore
 from shm import layout
 from shm import schedule_offsets as so
+from shm.names import ShmNames
+from shm.store_shm import StoreShm
+from workers.worker_handle import WorkerHandle, replicates
 
-if TYPE_CHECKING:
-    from workers.supervisor import Supervisor
+
+class Supervisor(Protocol):
+    """What a promotion uses of workers/supervisor.py's Supervisor (a Protocol: the supervisor
+    imports this module, so this one does not import it back)."""
+
+    config: MessageStoreConfig
+    names: ShmNames
+    shm: StoreShm | None
+    workers: dict[str, WorkerHandle]
+
+    def _start_worker(self, handle: WorkerHandle) -> None: ...
+
+    def _stop_worker(self, handle: WorkerHandle) -> bool: ...
+
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -160,8 +175,6 @@ def skip_delivered_delays(supervisor: Supervisor) -> int:
 
 def promote(supervisor: Supervisor) -> None:
     """Carry out PROMOTE_REQUEST (module docstring); the request word is cleared either way."""
-    from workers.supervisor import WorkerHandle, replicates
-
     shm = supervisor.shm
     assert shm is not None
     table = shm.table

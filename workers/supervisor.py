@@ -33,7 +33,6 @@ import subprocess
 import sys
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from types import FrameType
 
@@ -61,6 +60,7 @@ from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
 from workers import promotion
+from workers.worker_handle import WorkerHandle, replicates
 
 log = logging.getLogger("rmq_mp.supervisor")
 
@@ -69,24 +69,6 @@ STOP_TIMEOUT_S = 15.0
 STOP_ORDER = ("ha", "scheduler", "committer", "flusher", "reput", "cleaner", "allocator")
 RESTART_BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0)
 """Delay before the n-th consecutive restart of a worker; never more than a second."""
-
-
-def replicates(config: MessageStoreConfig) -> bool:
-    """Whether the store runs the ha worker: a master with haListenPort set (RocketMQ always
-    listens; rmq-mp where asked), or a SLAVE with haMasterAddress."""
-    if config.broker_role is BrokerRole.SLAVE:
-        return bool(config.ha_master_address)
-    return config.ha_listen_port >= 0
-
-
-@dataclass
-class WorkerHandle:
-    role: str
-    process: subprocess.Popen[bytes] | None = None
-    restarts: int = 0
-    consecutive: int = 0
-    restart_at: float = 0.0
-    started_at: float = field(default_factory=time.monotonic)
 
 
 def salvage_crashed_run(names: ShmNames, config: MessageStoreConfig) -> int:

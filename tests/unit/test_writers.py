@@ -47,6 +47,7 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "rmq_mp/spark/": frozenset({CO}),
     "rmq_mp/tools/admin_ops.py": frozenset({CO}),  # rmq-admin opens the store as a consumer
     "rmq_mp/tools/admin_groups.py": frozenset({CO}),  # rmq-admin deleteSubGroup and offsets
+    "rmq_mp/tools/admin_common.py": frozenset({CO}),  # rmq-admin: a moved offset stamped for slaves
     "rmq_mp/tools/monitoring.py": frozenset({S}),  # the metrics endpoint runs in the supervisor
     "rmq_mp/store/cleaning.py": frozenset({CO}),  # request_manual_delete: rmq-admin
     "rmq_mp/store/read_damage.py": frozenset({CO}),  # readers count what they skipped
