@@ -10,8 +10,9 @@ offsets, bytes); the group resumes at or behind what it committed (never ahead) 
 what it committed well before the kill; no queue offset holds two acknowledged messages; each
 acknowledged delayed message is delivered once.
 
-The old master rejoining as a slave (issue 32 point 3, branch `diverge`) is not in this test
-yet: the integrator adds that leg after merging it.
+Then the old master rejoins as a slave of the new one (issue 32 point 3): it finds where its
+log and the new master's part, sets aside what only it had, and after the restart its status asks
+for converges byte for byte.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from rmq_mp.store import schedule
 from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
-from tests.ha.pair import start_master
+from tests.ha.pair import assert_same_log, start_master, start_slave, wait_caught_up
 from tests.ha.test_meta import META, follow
 from tests.ha.test_promote import kill_tree, promote
 from tests.load import TOPICS, message_for
@@ -244,8 +245,39 @@ def test_failover_under_load(tmp_path: Path, seed: int) -> None:
         for body in early + late:
             assert bodies.count(body) == 1, f"{body!r} delivered {bodies.count(body)} times"
     assert len(early) == len(late) == 20
+
+    # The old master rejoins as a slave of the new one: it compares its log with the new
+    # master's, sets aside what only it had (a fork: what it wrote that never reached the slave),
+    # and after the restart its status asks for, converges byte for byte.
+    wait_until(lambda: promoted.read(layout.HA_LISTEN_PORT) > 0, 20, "the new master's HA listener")
+    port = promoted.read(layout.HA_LISTEN_PORT)
+    end = promoted.read(layout.WROTE_POSITION)
+    old = start_slave(tmp_path, port, name="master", **SETTINGS)
+    old_end = old.read(layout.WROTE_POSITION)  # recovered; the new master wrote on past it since
+    assert end > old_end, (end, old_end)
+    halted = (layout.SLAVE_FORKED, layout.SLAVE_REFUSED)
+
+    def compared() -> bool:  # halted, or appending the new master's bytes (its tail matched)
+        return old.read(layout.HA_SLAVE_STATE) in halted or old.read(layout.HA_SLAVE_RECEIVED_END) > old_end
+
+    wait_until(compared, 60, "the old master to compare its log with the new master's")
+    forked = old.read(layout.HA_SLAVE_STATE) == layout.SLAVE_FORKED
+    assert old.read(layout.HA_SLAVE_STATE) != layout.SLAVE_REFUSED, old.root / "logs" / "ha.log"
+    if forked:
+        fork_offset = old.read(layout.HA_SLAVE_FORK_OFFSET)
+        assert list((old.root / "diverged").iterdir()), "what only the old master had is set aside"
+        assert old.stop() == 0
+        old = start_slave(tmp_path, port, name="master", **SETTINGS)
+    wait_caught_up(old, end)
+    assert old.stop() == 0
+    assert promoted.stop() == 0
+    assert_same_log(promoted, old, end)
     print(
         f"seed {seed}: killed after {target} acks; {len(acked)} PUT_OK checked at their offsets, "
-        f"{len(ceiling)} queues resumed at or behind their commits, {len(bodies)} delays delivered once"
+        f"{len(ceiling)} queues resumed at or behind their commits, {len(bodies)} delays delivered once; "
+        + (
+            f"the old master forked at {fork_offset}, set aside, and rejoined"
+            if forked
+            else "the old master rejoined"
+        )
     )
-    assert promoted.stop() == 0
