@@ -42,7 +42,13 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig, parse_allowed_slaves, parse_host_port
+from rmq_mp.config.store_config import (
+    BrokerRole,
+    MessageStoreConfig,
+    parse_allowed_slaves,
+    parse_host_port,
+    peer_allowed,
+)
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError
 from rmq_mp.format import ha_frame, record, record_batch
 from rmq_mp.store import fork
@@ -275,12 +281,7 @@ class HaMaster(ServiceLoop):
             log.info("ha: slave %s connected", peer)
 
     def _allowed(self, host: str) -> bool:
-        if not self.allowed:
-            return True
-        ip = ipaddress.ip_address(host.split("%")[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip.version == net.version and ip in net for net in self.allowed)
+        return peer_allowed(host, self.allowed)
 
     def _slots_used(self) -> set[int]:
         return {c.slot for c in self.connections.values()}

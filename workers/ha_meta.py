@@ -30,7 +30,6 @@ connection closed: nothing of it is applied.
 from __future__ import annotations
 
 import contextlib
-import ipaddress
 import logging
 import select
 import socket
@@ -39,7 +38,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from rmq_mp.config.store_config import parse_allowed_slaves, parse_host_port
+from rmq_mp.config.store_config import parse_allowed_slaves, parse_host_port, peer_allowed
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager
 from rmq_mp.errors import OffsetTableFullError, ShmAttachError
 from rmq_mp.format import ha_meta
@@ -227,12 +226,7 @@ class MetaServer(MetaChannel):
             log.info("ha-meta: slave %s connected", name)
 
     def _allowed(self, host: str) -> bool:
-        if not self.allowed:
-            return True
-        ip = ipaddress.ip_address(host.split("%")[0])
-        if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
-            ip = ip.ipv4_mapped
-        return any(ip.version == net.version and ip in net for net in self.allowed)
+        return peer_allowed(host, self.allowed)
 
     def _read(self, peer: _Peer) -> None:
         data = peer.sock.recv(

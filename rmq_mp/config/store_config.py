@@ -954,6 +954,17 @@ def parse_allowed_slaves(text: str) -> tuple[ipaddress.IPv4Network | ipaddress.I
     return tuple(networks)
 
 
+def peer_allowed(host: str, allowed: tuple[ipaddress.IPv4Network | ipaddress.IPv6Network, ...]) -> bool:
+    """Whether a peer's address is in `haAllowedSlaves` (parsed; empty allows any), an IPv4
+    peer seen as IPv4-mapped IPv6 included."""
+    if not allowed:
+        return True
+    ip = ipaddress.ip_address(host.split("%")[0])
+    if isinstance(ip, ipaddress.IPv6Address) and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return any(ip.version == net.version and ip in net for net in allowed)
+
+
 def parse_host_port(text: str) -> tuple[str, int]:
     """`haMasterAddress` = host:port ([v6]:port for IPv6). ValueError when it is not one."""
     host, sep, port = text.strip().rpartition(":")
