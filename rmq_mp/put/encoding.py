@@ -1,13 +1,13 @@
 """The reference put path's encoding, outside the lock: `SendEncoder` turns sends into runs of
 records, with the helpers it shares with the producer (argument types, refusals, batch checks,
-joining single-record runs). The record bytes themselves are `rmq_mp.format.record.RecordEncoder`
+joining single-record runs). A `Message` goes through `rmq_mp.store.put_rules`, the sequence
+`MessageStore.put_message` shares. The record bytes themselves are `rmq_mp.format.record.RecordEncoder`
 and `rmq_mp.format.message_batch`; the compiled core has its own, tested to give the same bytes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -29,6 +29,7 @@ from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
+from rmq_mp.store.put_rules import ENCODE_FAILURES, encode_put, refused_send
 
 
 def waits_for_store(properties: Mapping[str, str] | None) -> bool:
@@ -67,11 +68,6 @@ def joined(group: list[EncodedRun]) -> EncodedRun:
     return run
 
 
-ENCODE_FAILURES = (TypeError, ValueError, OverflowError, struct.error)
-"""What encoding raises for arguments Python's types let through (a queue id beyond a Java int,
-a list for a topic): caught only then, so the common send pays nothing for the diagnosis."""
-
-
 def typed_arguments(body: object, queue_id: object, flag: object) -> tuple[bytes, int | None, int]:
     """A send's body, queue id (None: rotate) and flag as bytes and ints, for the slow path
     (one of them was not of its type): `InvalidArgumentTypeError` naming the first wrong one."""
@@ -80,12 +76,14 @@ def typed_arguments(body: object, queue_id: object, flag: object) -> tuple[bytes
     return v.body_bytes(body), queue_id, v.integer(flag, "flag")
 
 
-def refused_send(failure: Exception, problem: str) -> str:
-    """The MESSAGE_ILLEGAL reason `validators` found for a send whose encode raised ``failure``;
-    no reason means the failure was not the arguments', and it propagates."""
-    if not problem:
-        raise failure
-    return problem
+def _uniq_of(message: m.Message) -> str:
+    """The unique key a `Message` carries ('' when its properties are not a mapping)."""
+    properties = message.properties
+    return (
+        properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
+        if isinstance(properties, Mapping)
+        else ""
+    )
 
 
 def int_or_minus_one(queue_id: object) -> int:
@@ -231,44 +229,42 @@ class SendEncoder:
         return run
 
     def message(self, message: m.Message) -> EncodedRun:
-        """A run of one `Message`, stored as given (its born host, time, flags, properties)."""
+        """A run of one `Message`, stored as given (its born host, time, flags, properties):
+        `put_rules.encode_put`, which `MessageStore.put_message` shares, with this producer's
+        topic table for the queue check."""
         try:
-            uniq = message.properties.get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX, "")
-            text = message.stored_properties()
-            problem = record.validate_message(
-                message, max_message_size=self.max_message_size, properties_text=text
+            stored = encode_put(
+                message,
+                self.encoder,
+                max_message_size=self.max_message_size,
+                max_delay_level=self.max_delay_level,
+                queue_problem=self._queue_problem,
             )
-            if problem is None and not self.router.known(message.topic, message.queue_id):
-                queue_problem = self.router.problem(message.topic, message.queue_id)
-                problem = (_ILLEGAL, queue_problem) if queue_problem else None
-            answer_queue_id = message.queue_id
-            if problem is None:
-                message = schedule.delayed_message(message, text, self.max_delay_level)
-                data = self.encoder.encode_message(message, message.properties_string)
-        except InvalidArgumentError:
-            raise
-        except RecordRejected as exc:
-            problem = (exc.status, exc.reason)
-        except (*ENCODE_FAILURES, AttributeError) as exc:
-            problem = (_ILLEGAL, refused_send(exc, v.message_problem(message)))
-            uniq = ""
-        if problem is not None:  # PROPERTIES_SIZE_EXCEEDED too: the broker answers MESSAGE_ILLEGAL
-            v.message_problem(message)  # a wrong type raises first, as for a send
+        except RecordRejected as exc:  # PROPERTIES_SIZE_EXCEEDED too: the broker answers MESSAGE_ILLEGAL
             return EncodedRun.refused(
-                message.topic, int_or_minus_one(message.queue_id), 1, _ILLEGAL, problem[1], uniq_keys=(uniq,)
+                message.topic,
+                int_or_minus_one(message.queue_id),
+                1,
+                _ILLEGAL,
+                exc.reason,
+                uniq_keys=(_uniq_of(message),),
             )
         run = EncodedRun(
-            message.topic,
-            message.queue_id,
-            data,
+            stored.message.topic,
+            stored.message.queue_id,
+            stored.data,
             count=1,
-            record_size=len(data),
-            sys_flag=record.peek_sys_flag(data, 0),
-            uniq_keys=(uniq,),
+            record_size=len(stored.data),
+            sys_flag=stored.sys_flag,
+            uniq_keys=(_uniq_of(message),),
             wait_flush=waits_for_store(message.properties),
         )
-        run.answer_queue_id = answer_queue_id  # delayed: the sender's queue, as `send` answers
+        run.answer_queue_id = stored.answer_queue_id  # delayed: the sender's queue, as `send` answers
         return run
+
+    def _queue_problem(self, topic: str, queue_id: int) -> str:
+        """Why this producer's topic table refuses ``queue_id`` ('' when it is one of the topic's)."""
+        return "" if self.router.known(topic, queue_id) else self.router.problem(topic, queue_id)
 
     def runs(self, items: Iterable[m.Message | Mapping[str, Any]], born_ms: int) -> list[EncodedRun]:
         """One run of one record per item, then consecutive records of one queue (and one kind:

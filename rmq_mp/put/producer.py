@@ -64,14 +64,7 @@ from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import PutMessageStatus, RunningFlags
 from rmq_mp.put import native
 from rmq_mp.put.append import PUT_FIELDS, Appender, OnePut
-from rmq_mp.put.encoding import (
-    ENCODE_FAILURES,
-    SendEncoder,
-    int_or_minus_one,
-    refused_send,
-    typed_arguments,
-    waits_for_store,
-)
+from rmq_mp.put.encoding import SendEncoder, int_or_minus_one, typed_arguments, waits_for_store
 from rmq_mp.put.flush_wait import NOT_FLUSHED, RING_FULL
 from rmq_mp.put.metrics import PutRecorder
 from rmq_mp.put.replica_wait import NO_SLAVE_REASON, NOT_REQUESTED, TIMEOUT_REASON, ReplicaRequests
@@ -80,6 +73,7 @@ from rmq_mp.put.results import SendBatchResult, SendResult, SendResultList
 from rmq_mp.put.routing import QueueRouter
 from rmq_mp.store import schedule
 from rmq_mp.store.disk import not_writeable_reason
+from rmq_mp.store.put_rules import ENCODE_FAILURES, refused_send
 from rmq_mp.store.running_store import (
     REATTACH_WAIT_S,
     START_TIMEOUT_S,

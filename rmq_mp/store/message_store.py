@@ -1,7 +1,8 @@
 """MessageStore: a store directory opened as a library, the read API and an in-process writer.
 
 Mirrors the data side of `DefaultMessageStore`: open (lock, load, recover, abort marker), put
-through the same CommitLog code the service's producers use, and the reads RocketMQ offers
+by the producers' own sequence (`put_rules`: checks, delay rewrite, encode, queue-offset rule;
+the append is `CommitLog.append`, see put_rules for why), and the reads RocketMQ offers
 (getMessage, lookMessageByOffset, viewMessageById, queryMessage, getOffsetInQueueByTime). In this
 library form dispatch runs inline after each put; the service moves it to the reput worker.
 
@@ -15,7 +16,6 @@ import fcntl
 import itertools
 import logging
 import os
-import struct
 import threading
 import time
 from collections.abc import Iterator
@@ -51,7 +51,7 @@ from rmq_mp.outcomes import (
     PutMessageStatus,
 )
 from rmq_mp.paths import StorePaths, fsync_dir
-from rmq_mp.store import fork, read_damage, schedule
+from rmq_mp.store import fork, put_rules, read_damage
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
@@ -131,6 +131,8 @@ class MessageStore:
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
         self._put_lock = threading.Lock()
+        self._encoders: dict[m.Host, record.RecordEncoder] = {}
+        """Store host -> its encoder (a `Message` may name its own store host)."""
         self._lock_fd = -1
         self._closed = False
 
@@ -350,32 +352,25 @@ class MessageStore:
             raise StoreReadOnlyError(f"store {self.paths.root} is open read-only")
         if self._closed:
             return PutMessageResult(PutMessageStatus.SERVICE_NOT_AVAILABLE, reason="store is closed")
-        store_host = message.store_host or self.store_host
         if type(message.flag) is not int or type(message.queue_id) is not int:
             v.message_problem(message)  # a bool (an int to the encoder) or another type raises
+        if not message.born_timestamp:
+            message.born_timestamp = int(time.time() * 1000)
         try:
-            text = message.stored_properties()
-            problem = record.validate_message(
-                message, max_message_size=self.config.max_message_size, properties_text=text
+            encoder = self._encoder_for(message.store_host or self.store_host)
+            stored = put_rules.encode_put(
+                message,
+                encoder,
+                max_message_size=self.config.max_message_size,
+                max_delay_level=len(self.delay_level_ms),
             )
-            if problem is not None:
-                v.message_problem(message)  # a wrong type raises first, as for a send
-                return PutMessageResult(problem[0], reason=problem[1])
-            if not message.born_timestamp:
-                message.born_timestamp = int(time.time() * 1000)
-            message = schedule.delayed_message(message, text, len(self.delay_level_ms))
-            encoded = record.encode_record(
-                message, store_host, append_crc=self.config.enabled_append_prop_crc
-            )
-        except RecordRejected as exc:  # a DELAY that is not a level
+        except RecordRejected as exc:
             return PutMessageResult(exc.status, reason=exc.reason)
-        except (TypeError, ValueError, OverflowError, struct.error, AttributeError):
-            reason = v.message_problem(message)  # raises for a wrong type
-            if not reason:
-                raise
+        except (TypeError, ValueError) as exc:  # a store host that is no (IP address, port) pair
+            reason = put_rules.refused_send(exc, v.message_problem(message))
             return PutMessageResult(PutMessageStatus.MESSAGE_ILLEGAL, reason=reason)
-        sys_flag = record.peek_sys_flag(encoded, 0)
-        dispatchable = m.is_dispatchable(sys_flag)
+        message, encoded, sys_flag = stored.message, stored.data, stored.sys_flag
+        dispatchable = put_rules.takes_queue_offset(sys_flag)
         with self._put_lock:
             key = (message.topic, message.queue_id)
             queue_offset = self.topic_queue_table.get(key, 0) if dispatchable else 0
@@ -420,16 +415,23 @@ class MessageStore:
                     properties=message.properties,
                 )
             )
-        store_ip, store_port = m.parse_host(store_host)
         return PutMessageResult(
             PutMessageStatus.PUT_OK,
-            msg_id=m.create_message_id(store_ip, store_port, result.phy_offset),
+            msg_id=m.create_message_id(encoder.store_ip, encoder.store_port, result.phy_offset),
             queue_offset=queue_offset,
             phy_offset=result.phy_offset,
             wrote_bytes=result.wrote_bytes,
             msg_num=1,
             store_timestamp=store_timestamp,
         )
+
+    def _encoder_for(self, store_host: m.Host) -> record.RecordEncoder:
+        """The encoder stamping ``store_host`` (a `Message` may name its own), made once."""
+        encoder = self._encoders.get(store_host)
+        if encoder is None:
+            encoder = record.RecordEncoder(store_host, append_crc=self.config.enabled_append_prop_crc)
+            self._encoders[store_host] = encoder
+        return encoder
 
     # ------------------------------------------------------------------ read
 

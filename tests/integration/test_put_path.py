@@ -8,6 +8,7 @@ back to the message sent. A batch is stored whole in one file, as RocketMQ store
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -196,3 +197,73 @@ def test_batch_results_and_refusals(tmp_path: Path) -> None:
         assert stored[0].queue_offset == 2
         with pytest.raises(TypeError, match="bodies"):
             producer.send_batch([dict(topic="T", body=b"r", bodies=[b"x"])])
+
+
+def test_the_library_and_a_producer_store_a_message_alike(tmp_path: Path) -> None:
+    """`MessageStore.put_message` and a producer's `send_batch` of `Message`s share one put
+    sequence (`store.put_rules`): the same checks, refusals, delay rewrite, encoding and queue
+    offsets; only the lock-decided fields (offsets, store time, CRC) may differ."""
+    from rmq_mp.store.message_store import MessageStore
+
+    ipv6 = ("::1", 9876)
+    messages = [
+        Message(topic="Lib", body=b"plain", queue_id=1, born_timestamp=1_700_000_000_000),
+        Message(
+            topic="Lib",
+            body=b"keyed",
+            queue_id=1,
+            properties={"TAGS": "A", "KEYS": "k1 k2", "user": "v"},
+            born_timestamp=1_700_000_000_001,
+            flag=7,
+        ),
+        Message(
+            topic="Lib",
+            body=b"delayed",
+            queue_id=2,
+            properties={"DELAY": "3"},
+            born_timestamp=1_700_000_000_002,
+        ),
+        Message(topic="Lib", body=b"six", queue_id=0, born_host=ipv6, born_timestamp=1_700_000_000_003),
+        Message(  # a transaction's prepared half: stored with queue offset 0, its queue not moved
+            topic="Lib", body=b"prepared", queue_id=1, sys_flag=4, born_timestamp=1_700_000_000_004
+        ),
+        Message(topic="Lib", body=b"after", queue_id=1, born_timestamp=1_700_000_000_005),
+        Message(topic="x" * 200, body=b"refused: topic", queue_id=0),
+        Message(topic="Lib", body=b"refused: level", queue_id=0, properties={"DELAY": "soon"}),
+        Message(topic="Lib", body=b"refused: separator", queue_id=0, properties={"a\x01b": "v"}),
+    ]
+    (tmp_path / "service").mkdir()
+    with running_service(tmp_path / "service") as service:
+        with Producer.attach(service.names.base) as producer:
+            sent = producer.send_batch([dataclasses.replace(message) for message in messages])
+        wait_until(
+            lambda: service.read(layout.REPUT_FROM_OFFSET) >= service.read(layout.WROTE_POSITION),
+            30,
+            "reput to dispatch everything",
+        )
+        with Consumer.attach(service.root, "check") as consumer:
+            consumer.store.sync_log()
+            produced = [
+                _normalised(consumer.store.commit_log, r.commit_log_offset) if r.ok else None for r in sent
+            ]
+    with MessageStore.open(tmp_path / "library") as store:
+        put = [store.put_message(dataclasses.replace(message)) for message in messages]
+        library = [_normalised(store.commit_log, r.phy_offset) if r.ok else None for r in put]
+    assert (
+        [r.ok for r in sent] == [r.status is PutMessageStatus.PUT_OK for r in put] == [True] * 6 + [False] * 3
+    )
+    assert [r.reason for r in sent[6:]] == [r.reason for r in put[6:]]
+    assert [r.queue_offset for r in sent[:6]] == [r.queue_offset for r in put[:6]] == [0, 1, 0, 0, 0, 2]
+    assert library == produced
+
+
+def _normalised(log: Any, phy_offset: int) -> bytes:
+    """The record at ``phy_offset`` with its lock-decided fields and store host set alike."""
+    stored = log.look_message_by_offset(phy_offset)
+    mf = log.mfq.find_mapped_file_by_offset(phy_offset)
+    start = phy_offset - mf.file_from_offset
+    raw = bytearray(mf.buf[start : start + stored.store_size])
+    record.patch_record(
+        raw, 0, queue_offset=0, phy_offset=0, store_timestamp=0, sys_flag=stored.sys_flag, crc=True
+    )
+    return bytes(raw)
