@@ -13,7 +13,7 @@ Slot map (index x 8 = byte offset):
     32..36   put journal (undo record for a put interrupted by its producer's death)
     37..63   cleaner: disk check, last run, manual requests, a file waiting on its readers
     64..95   pool buffers: file offset held by buffer i, -1 when free (POOL_SLOTS max)
-    96..207  per worker: WORKER_FIELDS for each role in shm.names.ROLES (seven roles)
+    96..207  per worker: WORKER_FIELDS for each role in shm.roles.ROLES (seven roles)
     208..223 the fence (a start stopped or started over takes no put), the flags lock's owner
     272..399 operator fields (recovery time, metrics port, records readers skipped)
     400..432 replication (the ha worker): listener, acknowledged offset, connection slots, bound port
@@ -27,20 +27,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
-from shm.names import ROLES
-
-
-class Role(enum.Enum):
-    SUPERVISOR = "supervisor"
-    PRODUCER = "producer"
-    ALLOCATOR = "allocator"
-    COMMITTER = "committer"
-    FLUSHER = "flusher"
-    REPUT = "reput"
-    CLEANER = "cleaner"
-    SCHEDULER = "scheduler"
-    HA = "ha"
-    CONSUMER = "consumer"
+from shm.roles import ROLES, Role
 
 
 class Lock(enum.Enum):

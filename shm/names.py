@@ -17,10 +17,6 @@ from rmq_mp.errors import ConfigError
 
 _VALID = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
-ROLES = ("allocator", "committer", "flusher", "reput", "cleaner", "scheduler", "ha")
-"""Worker roles, in start order (each depends only on those before it). `ha` (replication) runs
-only on a master with haListenPort set or a SLAVE with haMasterAddress."""
-
 
 def valid_base(name: str) -> bool:
     """Whether ``name`` may be a store's shm name (the shmName rule; derived names follow it)."""

@@ -24,10 +24,11 @@ from shm import layout
 from shm.flush_requests import FlushRequestRing
 from shm.layout import Role
 from shm.members import MemberTable
-from shm.names import ROLES, ShmNames
+from shm.names import ShmNames
 from shm.pointer_table import PointerTable, now_ms, pid_alive_since
 from shm.queue_offsets import GroupOffsetTable, QueueOffsetTable
 from shm.replica_requests import ReplicaRequestRing
+from shm.roles import ROLES
 from shm.schedule_offsets import ScheduleOffsetTable
 from shm.segment import SharedSegment
 from shm.semaphores import (

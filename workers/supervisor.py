@@ -54,8 +54,9 @@ from shm import schedule_offsets as so
 from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
 from shm.metrics import MetricsTable
-from shm.names import ROLES, ShmNames
+from shm.names import ShmNames
 from shm.pointer_table import PointerTable, now_ms, pid_alive, process_start_ms
+from shm.roles import ROLES, STOP_ORDER
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
@@ -66,7 +67,6 @@ log = logging.getLogger("rmq_mp.supervisor")
 
 READY_TIMEOUT_S = 15.0
 STOP_TIMEOUT_S = 15.0
-STOP_ORDER = ("ha", "scheduler", "committer", "flusher", "reput", "cleaner", "allocator")
 RESTART_BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0)
 """Delay before the n-th consecutive restart of a worker; never more than a second."""
 

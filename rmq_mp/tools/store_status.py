@@ -27,8 +27,9 @@ from shm import queue_offsets as qo
 from shm import schedule_offsets as so
 from shm.layout import Role
 from shm.metrics import LOCK_HELD_TOO_LONG_US, MetricsTable
-from shm.names import ROLES, ShmNames
+from shm.names import ShmNames
 from shm.pointer_table import now_ms, pid_alive_since
+from shm.roles import ROLES
 from shm.store_shm import StoreShm
 
 STATE_NAMES = {

@@ -44,7 +44,7 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.config_manager import loads
 from rmq_mp.outcomes import GetMessageStatus
 from shm import layout
-from shm.names import ROLES
+from shm.roles import ROLES
 from tests.chaos_clients import FAIL_EVERY, body_of
 from tests.crash.test_fence import (
     MODES,
