@@ -690,11 +690,12 @@ class HaSlave(ServiceLoop):
         cut = fork.pending_cut(self.store.paths.root)
         self.halted = cut is not None
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
-        if cut is not None:
+        if cut is not None:  # readers stop there until the supervisor's restart cuts it
+            self.table.set(layout.FORK_READ_END, cut.fork_offset)
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
-                "ha: this slave's log forks from its master's at %d (set aside in %s): restart the "
-                "store to cut it there and catch up",
+                "ha: this slave's log forks from its master's at %d (set aside in %s): the store "
+                "restarts to cut it there and catch up",
                 cut.fork_offset,
                 cut.folder,
             )
@@ -757,6 +758,9 @@ class HaSlave(ServiceLoop):
                 outcome.offset,
             )
         else:
+            # Before anything else: from now on no reader is served a record at or past the fork
+            # (PointerTable.readable_end); the cut keeps it so, and a refusal below too.
+            self.table.set(layout.FORK_READ_END, outcome.offset)
             try:
                 folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
             except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
@@ -775,7 +779,7 @@ class HaSlave(ServiceLoop):
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
                 "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "
-                "the master's; set aside in %s; restart the store to cut it there and catch up",
+                "the master's; set aside in %s; the store restarts to cut it there and catch up",
                 outcome.offset,
                 outcome.why,
                 outcome.offset,
