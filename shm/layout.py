@@ -443,6 +443,11 @@ FORK_READ_END = _f(
     "there); -1 none (the supervisor's start)",
 )  # fmt: skip
 FORK_RESTARTS = _f("fork_restarts", 495, S, doc="restarts this supervisor made by itself to cut a forked log")
+HA_META_APPLIED_FULL = _f(
+    "ha_meta_applied_full", 496, Role.HA,
+    doc="SLAVE: full metadata snapshots applied (the master sends one after each change it sees; "
+    "the rest of HA_META_APPLIED are heartbeats)",
+)  # fmt: skip
 
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""
