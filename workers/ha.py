@@ -748,8 +748,9 @@ class HaSlave(ServiceLoop):
         self.check = None
         self.halted = True
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, outcome.offset)
+        # Each state is shown after its line is logged: whoever sees it (status, a test, the
+        # supervisor's restart at FORKED) finds the line.
         if outcome.verdict is ha_fork.Verdict.REFUSED:
-            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
             log.error(
                 "ha: refusing to replicate from %s: cannot tell where this slave's log and the "
                 "master's part (%s; this slave's log begins at %d): give it a copy of the master's store",
@@ -757,6 +758,7 @@ class HaSlave(ServiceLoop):
                 outcome.why,
                 outcome.offset,
             )
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
         else:
             # Before anything else: from now on no reader is served a record at or past the fork
             # (PointerTable.readable_end); the cut keeps it so, and a refusal below too.
@@ -764,7 +766,6 @@ class HaSlave(ServiceLoop):
             try:
                 folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
             except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
-                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
                 log.error(
                     "ha: refusing to replicate from %s: this slave's log forks from the master's at "
                     "%d (%s) but its bytes [%d, %d) could not be set aside: %s",
@@ -775,8 +776,8 @@ class HaSlave(ServiceLoop):
                     end,
                     exc,
                 )
+                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
                 return
-            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
                 "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "
                 "the master's; set aside in %s; the store restarts to cut it there and catch up",
@@ -786,6 +787,7 @@ class HaSlave(ServiceLoop):
                 end,
                 folder,
             )
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
 
     def on_exit(self) -> None:
         if (meta := getattr(self, "meta", None)) is not None:
