@@ -66,7 +66,7 @@ def test_refused_while_the_master_answers_then_promoted_live(
         assert sent.commit_log_offset == end
     with Consumer.attach(slave.names.base, "g1") as consumer:
         assert consumer.committed_offset("HaTopic", 0) == 120
-        got = consumer.pull("HaTopic", 0, sent.queue_offset, 1)
+        got = consumer.pull("HaTopic", 0, sent.queue_offset, 1, timeout_s=20)  # once reput dispatched it
         assert got.status is GetMessageStatus.FOUND
         assert got.messages[0].body == b"after"
     assert slave.process.pid == supervisor_pid
