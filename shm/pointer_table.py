@@ -36,6 +36,7 @@ class PointerTable:
         table = cls(SharedSegment.create(name, layout.TABLE_SIZE), Role.SUPERVISOR)
         table.set(layout.MAGIC, layout.MAGIC_VALUE)
         table.set(layout.VERSION, layout.LAYOUT_VERSION)
+        table.set(layout.FORK_READ_END, -1)  # no fork: readable_end is not bounded by it
         return table
 
     @classmethod

@@ -197,6 +197,13 @@ def promote(supervisor: Supervisor) -> None:
         if role is BrokerRole.SLAVE or config.broker_role is not BrokerRole.SLAVE:
             log.error("promotion to %s refused: this store runs as %s", role.value, config.broker_role.value)
             return
+        if (fork_offset := table.get(layout.FORK_READ_END)) >= 0:  # its own restart cuts it first
+            log.error(
+                "promotion to %s refused: this slave's log forks from its master's at %d (what follows "
+                "is not the master's); the store restarts to cut it there",
+                role.value, fork_offset,
+            )  # fmt: skip
+            return
         began = time.monotonic()
         handle = supervisor.workers.pop("ha", None)
         if handle is not None and handle.process is not None:

@@ -305,7 +305,6 @@ class Supervisor:
             t.set(f, end)
         t.set(layout.MIN_OFFSET, store.min_phy_offset())
         t.set(layout.CLEAN_PENDING_OFFSET, -1)  # a file a crashed run left unavailable is back
-        t.set(layout.FORK_READ_END, -1)  # a fork's cut is made (MessageStore.open) before this
         t.set(layout.FORK_RESTARTS, self.fork_restarts)
         t.set(layout.CLEAN_LAST_OUTCOME_OFFSET, -1)
         t.set(layout.PHYSIC_MSG_TIMESTAMP, store.checkpoint.physic_msg_timestamp)

@@ -10,6 +10,8 @@ otherwise (a SYNC_MASTER with no slave answers a waiting put SLAVE_NOT_AVAILABLE
 
 Refused, with one line, unless ``--force``:
 - the store is not a running SLAVE (never forced);
+- its log forks from its master's and is not cut yet (never forced: it restarts by itself to
+  cut there first, workers/ha_fork.py);
 - its master still answers on haMasterAddress, or the slave is connected to it (two masters);
 - the slave holds less of the master's commit log than the master last said it had
   (HA_META_MASTER_END, from the metadata channel): the difference would be lost. Under
@@ -70,6 +72,11 @@ def check(store: RunningStore, args: argparse.Namespace) -> tuple[BrokerRole, di
         "wrotePosition": t.get(layout.WROTE_POSITION),
         "metaSnapshotsApplied": t.get(layout.HA_META_APPLIED),
     }
+    if (fork_offset := t.get(layout.FORK_READ_END)) >= 0:  # never forced: it is cut there first
+        raise StoreError(
+            f"promote refused: {shown}'s log forks from its master's at {fork_offset} (what follows is "
+            f"not the master's); it restarts by itself to cut there: promote it once it has"
+        )
     if args.force:
         return role, facts
     if t.get(layout.HA_SLAVE_STATE) == layout.SLAVE_CONNECTED or (

@@ -21,6 +21,7 @@ import psutil
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.errors import ShmAttachError
 from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.spark.store_files import queue_ranges, resolve_store
 from rmq_mp.store import fork
 from shm import layout
 from tests.ha.pair import assert_same_log, commit_log, put, start_master, start_slave, wait_caught_up
@@ -220,6 +221,13 @@ def test_a_consumer_reading_while_the_fork_is_found_gets_nothing_past_it(tmp_pat
             below = {("HaTopic", q, o): body for (q, o), body in _served(b, "HaTopic").items()}
             assert len(below) >= 800, "what is below the fork is still served"
             assert all(theirs[key] == body for key, body in below.items()), "below the fork: A's"
+            ref = resolve_store(b.names.base)  # a Spark read planned now ends at the fork too
+            planned = {(q.topic, q.queue_id): (q.min_offset, q.max_offset) for q in queue_ranges(ref)}
+            assert sum(high - low for (t, _q), (low, high) in planned.items() if t == "HaTopic") == len(below)
+            assert all(low == high for (t, _q), (low, high) in planned.items() if t == "OnlyB")
+            promote = _admin("promote", "--name", str(b.root), "--force")  # not before the cut, even forced
+            assert promote.returncode == 2, promote
+            assert f"forks from its master's at {shared}" in promote.stderr
             wait_until(
                 lambda: reader.capped_pulls >= 20 or reader.error is not None, 60, "pulls in the window"
             )
