@@ -205,8 +205,15 @@ def test_a_consumer_reading_while_the_fork_is_found_gets_nothing_past_it(tmp_pat
     assert b.stop() == 0
     theirs = {(t, q, o): body for t in ("HaTopic",) for (q, o), body in _bodies(a, t).items()}
 
-    with Relay(a.read(layout.HA_LISTEN_PORT)) as relay:
+    with Relay(a.read(layout.HA_LISTEN_PORT)) as relay, contextlib.ExitStack() as cleanup:
         reader: _Reader | None = None
+
+        def stop_reader() -> None:  # also when the test fails: no thread left attached
+            if reader is not None:
+                reader.done.set()
+                reader.join(30)
+
+        cleanup.callback(stop_reader)
         with _held_until_forked(tmp_path, relay, "b") as b:
             assert b.read(layout.FORK_READ_END) == shared
             assert b.read(layout.HA_SLAVE_FORK_OFFSET) == shared
