@@ -76,6 +76,11 @@ class StorePaths:
         return self.config / "topics.json"
 
     @property
+    def promotion(self) -> Path:
+        """The role `rmq-admin promote` gave (workers/promotion.py); `rmq-admin demote` retires it."""
+        return self.config / "promotion.json"
+
+    @property
     def config_checksums(self) -> Path:
         """`rmq_mp.config.config_manager.ConfigChecksums`: outside config/, so a lost config/ shows."""
         return self.root / "configChecksum.json"

@@ -423,6 +423,19 @@ HA_META_DELAY_FROM = _f(
     "offsets; a promotion looks above it for ones that are not (workers/promotion.py)",
 )  # fmt: skip
 
+FORK_READ_END = _f(
+    "fork_read_end", 494, S, Role.HA,
+    doc="SLAVE: readers serve nothing at or past this commit-log offset, where its log forks from its "
+    "master's (the ha worker sets it the moment it finds the fork, the supervisor's restart cuts "
+    "there); -1 none (the supervisor's start)",
+)  # fmt: skip
+FORK_RESTARTS = _f("fork_restarts", 495, S, doc="restarts this supervisor made by itself to cut a forked log")
+HA_META_APPLIED_FULL = _f(
+    "ha_meta_applied_full", 496, Role.HA,
+    doc="SLAVE: full metadata snapshots applied (the master sends one after each change it sees; "
+    "the rest of HA_META_APPLIED are heartbeats)",
+)  # fmt: skip
+
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""
 

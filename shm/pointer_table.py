@@ -36,6 +36,7 @@ class PointerTable:
         table = cls(SharedSegment.create(name, layout.TABLE_SIZE), Role.SUPERVISOR)
         table.set(layout.MAGIC, layout.MAGIC_VALUE)
         table.set(layout.VERSION, layout.LAYOUT_VERSION)
+        table.set(layout.FORK_READ_END, -1)  # no fork: readable_end is not bounded by it
         return table
 
     @classmethod
@@ -96,10 +97,15 @@ class PointerTable:
         """How far a reader (reput, a consumer, a Spark read, the supervisor's clean-stop check)
         may read the CommitLog: FLUSHED under SYNC_FLUSH (RocketMQ 5.3, #8239: a SYNC put is
         acknowledged once flushed, so nothing unflushed is served or dispatched), else
-        `written_end`. The one rule: every process reads it from these words."""
+        `written_end`. Never past `FORK_READ_END` while it is set (a slave whose log forks from
+        its master's there serves nothing of its own tail). The one rule: every process reads it
+        from these words."""
         if self._words[layout.FLUSH_DISK_SYNC.index]:
-            return self._words[layout.FLUSHED_POSITION.index]
-        return self.written_end()
+            end = self._words[layout.FLUSHED_POSITION.index]
+        else:
+            end = self.written_end()
+        fork_end = self._words[layout.FORK_READ_END.index]
+        return end if fork_end < 0 else min(end, fork_end)
 
     def snapshot(self) -> dict[str, int]:
         """Every header field by name (for status and statistics)."""

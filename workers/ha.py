@@ -690,11 +690,12 @@ class HaSlave(ServiceLoop):
         cut = fork.pending_cut(self.store.paths.root)
         self.halted = cut is not None
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
-        if cut is not None:
+        if cut is not None:  # readers stop there until the supervisor's restart cuts it
+            self.table.set(layout.FORK_READ_END, cut.fork_offset)
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
-                "ha: this slave's log forks from its master's at %d (set aside in %s): restart the "
-                "store to cut it there and catch up",
+                "ha: this slave's log forks from its master's at %d (set aside in %s): the store "
+                "restarts to cut it there and catch up",
                 cut.fork_offset,
                 cut.folder,
             )
@@ -747,8 +748,9 @@ class HaSlave(ServiceLoop):
         self.check = None
         self.halted = True
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, outcome.offset)
+        # Each state is shown after its line is logged: whoever sees it (status, a test, the
+        # supervisor's restart at FORKED) finds the line.
         if outcome.verdict is ha_fork.Verdict.REFUSED:
-            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
             log.error(
                 "ha: refusing to replicate from %s: cannot tell where this slave's log and the "
                 "master's part (%s; this slave's log begins at %d): give it a copy of the master's store",
@@ -756,11 +758,14 @@ class HaSlave(ServiceLoop):
                 outcome.why,
                 outcome.offset,
             )
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
         else:
+            # Before anything else: from now on no reader is served a record at or past the fork
+            # (PointerTable.readable_end); the cut keeps it so, and a refusal below too.
+            self.table.set(layout.FORK_READ_END, outcome.offset)
             try:
                 folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
             except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
-                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
                 log.error(
                     "ha: refusing to replicate from %s: this slave's log forks from the master's at "
                     "%d (%s) but its bytes [%d, %d) could not be set aside: %s",
@@ -771,17 +776,18 @@ class HaSlave(ServiceLoop):
                     end,
                     exc,
                 )
+                self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
                 return
-            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
             log.error(
                 "ha: this slave's log forks from its master's at %d (%s): its bytes [%d, %d) are not "
-                "the master's; set aside in %s; restart the store to cut it there and catch up",
+                "the master's; set aside in %s; the store restarts to cut it there and catch up",
                 outcome.offset,
                 outcome.why,
                 outcome.offset,
                 end,
                 folder,
             )
+            self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_FORKED)
 
     def on_exit(self) -> None:
         if (meta := getattr(self, "meta", None)) is not None:

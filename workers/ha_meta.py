@@ -364,6 +364,8 @@ class MetaFollower(MetaChannel):
             table.set(layout.HA_META_DELAY_FROM, snapshot.delay_from)
         table.set(layout.HA_META_MASTER_END, snapshot.master_end)
         table.set(layout.HA_META_APPLIED_MS, now_ms())
+        if snapshot.full:
+            table.add(layout.HA_META_APPLIED_FULL, 1)
         table.add(layout.HA_META_APPLIED, 1)
 
     def _apply_offsets(self, snapshot: ha_meta.Snapshot) -> None:

@@ -33,8 +33,10 @@ from rmq_mp.errors import StoreError
 from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.outcomes import GetMessageStatus
+from rmq_mp.paths import StorePaths
 from rmq_mp.store import schedule
 from rmq_mp.store.running_store import RunningStore
+from rmq_mp.tools.promote import master_answers
 from shm import layout
 from shm import schedule_offsets as so
 from shm.names import ShmNames
@@ -58,17 +60,19 @@ class Supervisor(Protocol):
 
 log = logging.getLogger("rmq_mp.supervisor")
 
-FILE = "promotion.json"
-
 
 def promotion_path(config: MessageStoreConfig) -> Path:
-    return Path(config.store_path_root_dir) / "config" / FILE
+    return StorePaths.of(config.store_path_root_dir).promotion
 
 
 def persisted_role(config: MessageStoreConfig) -> MessageStoreConfig:
     """broker.conf's settings with the role a promotion persisted: applied while broker.conf
     still says SLAVE of the same haMasterAddress as when it was promoted (an operator who points
-    it at a new master, to make it a slave again, has the file ignored and said so)."""
+    it at a new master, to make it a slave again, has the file ignored and said so). When that
+    master answers again (it came back, or was promoted itself: the same address now names a
+    master), the start is refused with one line (`StoreError`) rather than made a second
+    master: `rmq-admin demote` retires the file, and the store then starts as the SLAVE its
+    broker.conf says."""
     path = promotion_path(config)
     if config.broker_role is not BrokerRole.SLAVE or not path.exists():
         return config
@@ -85,6 +89,13 @@ def persisted_role(config: MessageStoreConfig) -> MessageStoreConfig:
             path, role.value, master, config.ha_master_address,
         )  # fmt: skip
         return config
+    if config.ha_master_address and master_answers(config.ha_master_address):
+        raise StoreError(
+            f"store {config.store_path_root_dir} was promoted to {role.value} while a SLAVE of {master} "
+            f"({path}), and {master} answers now: started as a master too, the two would fork the log. "
+            f"To rejoin it as that master's slave: rmq-admin demote --store {config.store_path_root_dir}, "
+            f"then start it; to keep it the master, stop the store at {master} first"
+        )
     log.warning("promoted to %s by rmq-admin promote (%s): starting as one", role.value, path)
     return config.replace(broker_role=role)
 
@@ -185,6 +196,13 @@ def promote(supervisor: Supervisor) -> None:
     try:
         if role is BrokerRole.SLAVE or config.broker_role is not BrokerRole.SLAVE:
             log.error("promotion to %s refused: this store runs as %s", role.value, config.broker_role.value)
+            return
+        if (fork_offset := table.get(layout.FORK_READ_END)) >= 0:  # its own restart cuts it first
+            log.error(
+                "promotion to %s refused: this slave's log forks from its master's at %d (what follows "
+                "is not the master's); the store restarts to cut it there",
+                role.value, fork_offset,
+            )  # fmt: skip
             return
         began = time.monotonic()
         handle = supervisor.workers.pop("ha", None)

@@ -8,6 +8,8 @@ start:  take the store `lock`; if a crashed run left shared memory, commit what 
         (replication only) in that order, each with a ready handshake; state RUNNING. Delay-level progress comes from
         config/delayOffset.json into the schedule table (`shm.schedule_offsets`).
 watch:  heartbeat; restart a dead worker within a second (bounded back-off, counted);
+        restart the whole store, stop and start in this process, when a slave's ha worker
+        found that its log forks from its master's (the start cuts it there, rmq_mp/store/fork.py);
         persist consumer offsets and topics every flushConsumerOffsetInterval, delay-level
         offsets every flushDelayOffsetInterval (an OSError is logged once, counted in
         CONFIG_PERSIST_FAILURES and retried; the last good file stays).
@@ -220,6 +222,8 @@ class Supervisor:
         self.persist_errors: set[tuple[str, int | None, str | None]] = set()
         """Config persist failures already logged: (file, errno, path) while they last."""
         self.final_persist_ok = True
+        self.fork_restarts = 0
+        """Restarts this supervisor made to cut a log that forks from its master's (`_fork_restart`)."""
 
     def roles(self) -> list[str]:
         pool = self.config.transient_store_pool_enable
@@ -301,6 +305,7 @@ class Supervisor:
             t.set(f, end)
         t.set(layout.MIN_OFFSET, store.min_phy_offset())
         t.set(layout.CLEAN_PENDING_OFFSET, -1)  # a file a crashed run left unavailable is back
+        t.set(layout.FORK_RESTARTS, self.fork_restarts)
         t.set(layout.CLEAN_LAST_OUTCOME_OFFSET, -1)
         t.set(layout.PHYSIC_MSG_TIMESTAMP, store.checkpoint.physic_msg_timestamp)
         t.set(layout.LOGICS_MSG_TIMESTAMP, store.checkpoint.logics_msg_timestamp)
@@ -461,6 +466,8 @@ class Supervisor:
                 self.reload()
             if t.get(layout.PROMOTE_REQUEST):
                 promotion.promote(self)
+            if t.get(layout.HA_SLAVE_STATE) == layout.SLAVE_FORKED:
+                t = self._fork_restart()
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -471,6 +478,28 @@ class Supervisor:
             if (time.monotonic() - self.last_delay_persist) * 1000 >= self.config.flush_delay_offset_interval:
                 self.persist_delay_offsets()
             time.sleep(0.05)
+
+    def _fork_restart(self) -> PointerTable:
+        """The ha worker found that this slave's log forks from its master's, set its own bytes
+        aside and recorded the cut (`rmq_mp.store.fork`); readers already stop at the fork
+        (FORK_READ_END). Restart the store in this process, as an operator's stop and start
+        would: a clean stop, then a start whose `MessageStore.open` cuts the log, the queues and
+        the index at the fork, recovers, and whose slave catches up from there; attached
+        consumers and producers move to the new start by themselves. A kill -9 anywhere in
+        between leaves the recorded cut to the next start, which makes it. Returns the new
+        start's pointer table."""
+        assert self.shm is not None
+        fork_offset = self.shm.table.get(layout.HA_SLAVE_FORK_OFFSET)
+        log.warning(
+            "the log forks from the master's at %d (its own bytes set aside): restarting the store to cut it there",
+            fork_offset,
+        )
+        clean = self.shutdown()
+        log.info("store %s stopped %s for the cut", self.root, "cleanly" if clean else "with abort kept")
+        self.fork_restarts += 1
+        self.start()
+        assert self.shm is not None
+        return self.shm.table
 
     def persist_config(self) -> bool:
         """Consumer offsets to consumerOffset.json and auto-created topics to topics.json, when

@@ -465,6 +465,24 @@ class Consumer:
     def _read(
         self, topic: str, queue_id: int, offset: int, max_msgs: int, tags: frozenset[str] | None
     ) -> GetResult:
+        table = self.store.table
+        while True:
+            fork_read_end = table.get(layout.FORK_READ_END)
+            result = self._read_below(topic, queue_id, offset, max_msgs, tags, fork_read_end)
+            if table.get(layout.FORK_READ_END) == fork_read_end:
+                return result
+            # The slave found its fork while we read: what we read may be past it (read again).
+
+    def _read_below(
+        self,
+        topic: str,
+        queue_id: int,
+        offset: int,
+        max_msgs: int,
+        tags: frozenset[str] | None,
+        fork_read_end: int,
+    ) -> GetResult:
+        """One read of a queue, its window ending at ``fork_read_end`` (-1: none)."""
         for attempt in range(READ_ATTEMPTS):
             slot, min_offset, max_offset = self._offsets(topic, queue_id)
             if slot < 0:
@@ -479,7 +497,8 @@ class Consumer:
                     self.store.sync_log(keep_from=min(self._holds, default=-1))
                     result = read_queue(cq, self.store.commit_log, self.store.config, offset=offset,
                                         max_msgs=max_msgs, min_offset=min_offset, max_offset=max_offset,
-                                        skips=self.skips, tags=tags)  # fmt: skip
+                                        skips=self.skips, tags=tags,
+                                        fork_read_end=fork_read_end)  # fmt: skip
                 if result.messages:
                     self._consumed[slot] = self._consumed.get(slot, 0) + len(result.messages)
                     self._publish_consumed(wait=False)
@@ -530,7 +549,9 @@ class Consumer:
         without registering, as RocketMQ's short polling. At most `PARK_MAX_S`: the caller
         parks again while its deadline is ahead."""
         timeout_s = min(timeout_s, PARK_MAX_S)
-        if not self.store.config.long_polling_enable:
+        # A forked slave's queues hold entries past its read window until its restart: a wait
+        # on them would wake at once, so it polls as short polling does until then.
+        if not self.store.config.long_polling_enable or self.store.table.get(layout.FORK_READ_END) >= 0:
             time.sleep(min(timeout_s, SHORT_POLLING_S))
             return
         slot = -1 if any_queue else self.queues.find(topic, queue_id)

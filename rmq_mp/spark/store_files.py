@@ -21,8 +21,10 @@ from rmq_mp.format.queue_entry import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BL
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.running_store import resolve_names
+from shm import layout
 from shm import queue_offsets as qo
 from shm.layout import Role
+from shm.pointer_table import PointerTable
 from shm.queue_offsets import QueueOffsetTable
 from shm.store_shm import read_descriptor
 
@@ -136,19 +138,22 @@ def queue_ranges(store: StoreRef, topics: frozenset[str] | None = None) -> list[
     """Every queue of ``topics`` (all topics when None), sorted by topic and queue id."""
     found: list[QueueRange] = []
     if store.shm_base is not None:
+        names = resolve_names(store.shm_base)
         try:
-            table = QueueOffsetTable.attach(resolve_names(store.shm_base).queue_offsets, Role.CONSUMER)
+            table = QueueOffsetTable.attach(names.queue_offsets, Role.CONSUMER)
+            pointers = PointerTable.attach(names.pointer_table, Role.CONSUMER)
         except ShmAttachError as exc:
             raise StoreError(f"store {store.root} stopped while planning a read: {exc}") from exc
         try:
+            fork_read_end = pointers.get(layout.FORK_READ_END)
             for topic, queue_id, slot in table.queues():
                 if topics is None or topic in topics:
-                    found.append(
-                        QueueRange(
-                            topic, queue_id, table.get(slot, qo.MIN_OFFSET), table.get(slot, qo.DISPATCHED)
-                        )
-                    )
+                    low, high = table.get(slot, qo.MIN_OFFSET), table.get(slot, qo.DISPATCHED)
+                    if fork_read_end >= 0:
+                        high = _below_fork(store, topic, queue_id, low, high, fork_read_end)
+                    found.append(QueueRange(topic, queue_id, low, high))
         finally:
+            pointers.close()
             table.close()
     else:
         with MessageStore.open(config=store.config(), read_only=True) as ms:
@@ -159,6 +164,19 @@ def queue_ranges(store: StoreRef, topics: frozenset[str] | None = None) -> list[
                         for q in ms.queue_status(topic)
                     )
     return sorted(found, key=lambda q: (q.topic, q.queue_id))
+
+
+def _below_fork(store: StoreRef, topic: str, queue_id: int, low: int, high: int, fork_read_end: int) -> int:
+    """The first queue offset in ``[low, high)`` whose entry is at or past a forked slave's
+    `FORK_READ_END` (``high`` when none is): a read planned now ends there, as a consumer's pull
+    does (a queue's entries rise with the commit log, so a binary search finds it)."""
+    while low < high:
+        mid = (low + high) // 2
+        if int(read_cq_entries(store, topic, queue_id, mid, mid + 1)["phy"][0]) >= fork_read_end:
+            high = mid
+        else:
+            low = mid + 1
+    return low
 
 
 def read_cq_entries(store: StoreRef, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:

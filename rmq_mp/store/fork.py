@@ -5,8 +5,9 @@ folder inside the store, ``diverged/<UTC time>-<C>/commitlog/`` (whole segments,
 the bytes below C in the first one being shared with the master), with ``fork.json`` naming the
 range only this store had, its master and when; then it records the cut still to make
 (``forkCut.json`` in the store root, written atomically, after the copies are durable). Nothing
-is deleted here. The cut is made when the store next opens (`apply_pending_cut`, called by
-`MessageStore` before recovery): the commit log, the ConsumeQueues and the index are cut at C by
+is deleted here. The cut is made when the store next opens (`MessageStore._start`, before
+recovery; the supervisor restarts the store for it as soon as the ha worker has recorded the
+cut, and readers stop at the fork until then: `FORK_READ_END`): the commit log, the ConsumeQueues and the index are cut at C by
 recovery's own truncation code (`recovery.cut_at`), recovery then runs as after a crash (the
 queue offsets follow the cut queues) and the record of the cut is removed once the store is
 flushed. So the set-aside records are served by no start of the store after the one that found

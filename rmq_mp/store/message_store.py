@@ -646,6 +646,7 @@ def read_queue(
     max_offset: int,
     skips: ReadSkips,
     tags: frozenset[str] | None = None,
+    fork_read_end: int = -1,
 ) -> GetMessageResult:
     """The body of `getMessage` over one queue, shared by `MessageStore` and the service's
     `Consumer` (which takes the offsets from shared memory). ``tags``: only messages whose TAGS is
@@ -659,7 +660,11 @@ def read_queue(
     (or filtered) entries answers NO_MATCHED_MESSAGE with the next offset past them, RocketMQ's
     status for entries read but none served: its broker answers it with PULL_RETRY_IMMEDIATELY
     and the client pulls again from that offset (OFFSET_FOUND_NULL would say the queue has no
-    entry there, which is not so)."""
+    entry there, which is not so).
+
+    ``fork_read_end`` (a slave's `FORK_READ_END`, -1 none): the queue ends, for this read, at its
+    first entry at or past it: those records are not the master's, and the cut at the restart
+    replaces them with the master's, so they are neither served nor skipped."""
     decided = offset_status(offset, min_offset, max_offset)
     if decided is not None:
         return decided
@@ -692,6 +697,11 @@ def read_queue(
             if len(messages) >= min(max_msgs, max_count) or total_bytes + size > max_bytes:
                 break
         queue_offset = offset + scanned
+        if 0 <= fork_read_end <= phy and size != PRE_BLANK_SIZE:
+            max_offset = queue_offset
+            if not scanned:
+                return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_ONE, offset, min_offset, max_offset)
+            break
         scanned += 1
         if size == PRE_BLANK_SIZE or (codes is not None and tags_code not in codes):
             continue

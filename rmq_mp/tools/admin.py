@@ -23,6 +23,7 @@
     rmq-admin getBrokerConfig / brokerStatus / statsAll              settings; runtime info; accumulation
     rmq-admin copyLog          --to DIR                              the whole commit log and config/ into an empty store
     rmq-admin promote          [--broker-name B] [--role R] [--force]  (running SLAVE) become a master
+    rmq-admin demote                                                  (stopped, promoted store) start as broker.conf says
     (consumeMessage without -g peeks: -i QUEUE -o OFFSET, nothing committed; names in any case)
 
 The short options are RocketMQ 4.9 mqadmin's letters for the same subcommand (see `EPILOG`).
@@ -117,6 +118,10 @@ def run(args: argparse.Namespace) -> int:
         from rmq_mp.tools.promote import promote
 
         return promote(args)
+    if args.command == "demote":
+        from rmq_mp.tools.promote import demote
+
+        return demote(args)
 
     from rmq_mp.tools import admin_groups
     from rmq_mp.tools.admin_ops import COMMANDS

