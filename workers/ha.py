@@ -34,7 +34,6 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
-import os
 import select
 import socket
 import sys
@@ -467,11 +466,6 @@ class HaSlave(ServiceLoop):
         self.retry_at = 0.0
         self.wrote = self.table.get(layout.WROTE_POSITION)
         self.received_end = self.wrote
-        self.pending: list[memoryview | bytes] = []
-        """Frames `_apply` took that `_write_pending` has not written yet (views of `frames`)."""
-        self.pending_file = 0
-        """The log offset of the file they go to."""
-        self.pending_end = 0
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
         self._fork_start()
@@ -573,11 +567,8 @@ class HaSlave(ServiceLoop):
             if not n:
                 raise HaProtocolError("the master closed the connection")
             self.heard_at = time.monotonic()
-            try:
-                for frame in self.frames.filled(n):
-                    moved |= self._apply(frame)
-            finally:  # before the next read reuses the buffer, and before any disconnect
-                self._write_pending()
+            for frame in self.frames.filled(n):
+                moved |= self._apply(frame)
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         if moved:  # the report first: a SYNC_MASTER put waits for it, not for this slave's reput
             self._report()
@@ -594,49 +585,21 @@ class HaSlave(ServiceLoop):
             if checked is None:
                 return False
             frame = checked
-        end = self.pending_end if self.pending else self.received_end
-        if end != 0 and frame.phy_offset != end:
-            raise HaProtocolError(f"frame at {frame.phy_offset}, but this slave's end is {end}")
+        if self.received_end != 0 and frame.phy_offset != self.received_end:
+            raise HaProtocolError(f"frame at {frame.phy_offset}, but this slave's end is {self.received_end}")
         if not frame.data:
             return False
         start = frame.phy_offset
         if start // self.file_size != (start + len(frame.data) - 1) // self.file_size:
             raise HaProtocolError(f"frame of {len(frame.data)} bytes at {start} crosses a file")
-        if end == 0 and start != 0 and self.wrote != start:
+        if self.received_end == 0 and start != 0 and self.wrote != start:
             ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
             self.wrote = start
-        if self.pending and start == self.pending_file + self.file_size:
-            self._write_pending()  # one write never spans two files
-        if not self.pending:
-            self.pending_file = start - start % self.file_size
-        self.pending.append(frame.data)
-        self.pending_end = start + len(frame.data)
-        return True
-
-    def _write_pending(self) -> None:
-        """The frames `_apply` took since the last write (contiguous, in one file) into the file
-        with one `pwritev`, then HA_SLAVE_RECEIVED_END past them. One write a frame cost a
-        third of the slave's receive time more (bench/NOTES.md): a 32 KiB frame is one
-        syscall's worth. Runs before the frame buffer is read into again (the pieces are
-        views of it) and before a disconnect, so the end never says more than the file has."""
-        if not self.pending:
-            return
-        pieces, self.pending = self.pending, []
-        mf = self.store.commit_log.file_at(self.pending_file)
-        at = self.received_end - mf.file_from_offset
-        if mf.write_buffer is not None:  # a pool buffer to fill, not the file
-            for piece in pieces:
-                mf.fill(at, piece)
-                at += len(piece)
-        else:
-            done = os.pwritev(mf.fd, pieces, at)
-            for piece in pieces:  # after a short write, the rest a piece at a time
-                if done < len(piece):
-                    mf.fill(at + done, piece[done:])
-                done = max(0, done - len(piece))
-                at += len(piece)
-        self.received_end = self.pending_end
+        mf = self.store.commit_log.file_at(start)
+        mf.fill(start - mf.file_from_offset, frame.data)
+        self.received_end = start + len(frame.data)
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
+        return True
 
     def _advance_wrote(self) -> None:
         """WROTE_POSITION to the last whole record at or below the received end, each record's
