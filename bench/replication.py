@@ -13,7 +13,8 @@
   small machine: wall time is at least CPU time / cores (the kernel counts in 10 ms ticks:
   rounds are summed, per GB);
 - SYNC_MASTER against ASYNC_MASTER, each with a slave on this machine: put throughput and p99
-  of one producer's sends of 1 KiB;
+  of one producer's sends of 1 KiB; and SYNC_MASTER's p50 against the same round trip without
+  a store (`sync_floor_us`: four wake-ups across three processes, the floor of its design);
 - slave lag at maximum put load: the master's end minus the best acknowledged offset, sampled
   while one producer sends batches as fast as it can.
 Prints a table and writes bench/results/replication.json.
@@ -24,6 +25,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import multiprocessing
 import os
 import socket
 import statistics
@@ -31,6 +33,7 @@ import tempfile
 import threading
 import time
 from collections.abc import Callable
+from multiprocessing import Queue
 from pathlib import Path
 
 import psutil
@@ -220,6 +223,82 @@ def put_latencies_us(master: RunningService, puts: int) -> tuple[float, list[flo
         return time.perf_counter() - started, out
 
 
+def _floor_master(wake_address: bytes, port: Queue[int], answer_fd: int) -> None:
+    """`sync_floor_us`'s ha worker: each datagram sends a record-sized frame to its slave and,
+    once the 8-byte report is back, answers the producer's pipe."""
+    wake = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    wake.bind(wake_address)
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port.put(server.getsockname()[1])
+        conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    frame = bytes(FLOOR_FRAME_BYTES)
+    while wake.recv(8) == b"p":
+        conn.sendall(frame)
+        _read_exactly(conn, 8)
+        os.write(answer_fd, b"k")
+
+
+def _floor_slave(port: Queue[int]) -> None:
+    with socket.create_connection(("127.0.0.1", port.get())) as sock:
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        while _read_exactly(sock, FLOOR_FRAME_BYTES):
+            sock.sendall(bytes(8))
+
+
+def _read_exactly(sock: socket.socket, nbytes: int) -> bool:
+    got = 0
+    while got < nbytes:
+        chunk = sock.recv(nbytes - got)
+        if not chunk:
+            return False
+        got += len(chunk)
+    return True
+
+
+FLOOR_FRAME_BYTES = 12 + 1024 + 200
+"""A frame of one 1 KiB put: header, body and the record's other fields."""
+
+
+def sync_floor_us(trips: int) -> list[float]:
+    """A SYNC_MASTER put's round trip without a store, in microseconds per trip: the producer's
+    datagram wakes a process, which sends a frame over loopback TCP to a third and waits for its
+    8 bytes back, then writes the producer's pipe. Four wake-ups across three Python processes,
+    as the put's poke, frame, report and answer; what the store adds is the rest."""
+    ctx = multiprocessing.get_context("fork")  # the pipe is inherited
+    port: Queue[int] = ctx.Queue()
+    answer_r, answer_w = os.pipe()
+    address = f"\0rmq-bench-sync-floor-{os.getpid()}".encode()
+    master = ctx.Process(target=_floor_master, args=(address, port, answer_w), daemon=True)
+    slave = ctx.Process(target=_floor_slave, args=(port,), daemon=True)
+    master.start()
+    slave.start()
+    out = []
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as poke:
+            for _ in range(trips):
+                started = time.perf_counter_ns()
+                while True:
+                    try:
+                        poke.sendto(b"p", address)
+                        break
+                    except (FileNotFoundError, ConnectionRefusedError):  # not bound yet
+                        time.sleep(0.01)
+                os.read(answer_r, 1)
+                out.append((time.perf_counter_ns() - started) / 1000)
+            poke.sendto(b"q", address)
+        master.join(10)
+        slave.join(10)
+    finally:
+        for proc in (master, slave):
+            if proc.is_alive():
+                proc.kill()
+                proc.join()
+        os.close(answer_r)
+        os.close(answer_w)
+    return out[len(out) // 10 :]  # the first tenth: the processes' start
+
+
 def _connected(master: RunningService) -> Callable[[], bool]:
     return lambda: master.read(layout.HA_CONNECTIONS) == 1
 
@@ -255,9 +334,12 @@ def main(argv: list[str] | None = None) -> int:
                 results["lag_at_max_load"] = lag_at_max_load(master)
             slave.stop()
             master.stop()
+    floor = sync_floor_us(args.puts)
+    results["sync_floor"] = {"p50_us": statistics.median(floor), "p99_us": p99(floor)}
     results["sync_vs_async"] = {
         "throughput_ratio": results["SYNC_MASTER"]["puts_per_s"] / results["ASYNC_MASTER"]["puts_per_s"],  # type: ignore[index]
         "p99_ratio": results["SYNC_MASTER"]["p99_us"] / results["ASYNC_MASTER"]["p99_us"],  # type: ignore[index]
+        "p50_to_floor": results["SYNC_MASTER"]["p50_us"] / results["sync_floor"]["p50_us"],  # type: ignore[index]
     }
     RESULTS.mkdir(exist_ok=True)
     (RESULTS / "replication.json").write_text(json.dumps(results, indent=2))
