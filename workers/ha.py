@@ -213,14 +213,14 @@ class HaMaster(ServiceLoop):
             self._drain_pokes()
         if self.listener in readable:
             self._accept()
-        now = time.monotonic()
+        now_s = time.monotonic()
         for conn in conns:
             if conn.sock.fileno() in self.connections:
                 try:
                     if conn.sock in readable:
-                        self._read(conn, now)
-                    self._send(conn, now)
-                    self._housekeep(conn, now)
+                        self._read(conn, now_s)
+                    self._send(conn, now_s)
+                    self._housekeep(conn, now_s)
                 except (OSError, HaProtocolError) as exc:
                     self._close(conn, str(exc))
         self.table.set(layout.HA_CONNECTIONS, len(self.connections))
@@ -269,8 +269,8 @@ class HaMaster(ServiceLoop):
                 continue
             slot = next((s for s in range(layout.HA_CONN_SLOTS) if s not in self._slots_used()), -1)
             sock.setblocking(False)
-            now = time.monotonic()
-            conn = _Connection(sock, peer, slot, heard_at=now, wrote_at=now)
+            now_s = time.monotonic()
+            conn = _Connection(sock, peer, slot, heard_at=now_s, wrote_at=now_s)
             self.connections[sock.fileno()] = conn
             if slot >= 0:
                 self._slot_set(conn, "peer", _peer_word(address))
@@ -306,12 +306,12 @@ class HaMaster(ServiceLoop):
 
     # -- reports
 
-    def _read(self, conn: _Connection, now: float) -> None:
+    def _read(self, conn: _Connection, now_s: float) -> None:
         data = conn.sock.recv(1 << 16)
         if not data:
             self._close(conn, "")
             return
-        conn.heard_at = now
+        conn.heard_at = now_s
         self._slot_set(conn, "last_heard_ms", now_ms())
         for offset in conn.reports.feed(data):
             self._report(conn, offset)
@@ -341,7 +341,7 @@ class HaMaster(ServiceLoop):
 
     # -- frames
 
-    def _send(self, conn: _Connection, now: float) -> None:
+    def _send(self, conn: _Connection, now_s: float) -> None:
         """Up to SEND_PER_PASS_BYTES to this slave: several frames a `sendmsg`, each frame its
         header and a view of the mapped file (no copy of the log in Python). What the socket
         does not take is copied (`conn.out`), so no view of a mapped file outlives the pass
@@ -359,9 +359,9 @@ class HaMaster(ServiceLoop):
                 sent += n
                 if len(conn.out):
                     return  # the socket is full: select tells when it drains
-                conn.wrote_at = now
+                conn.wrote_at = now_s
                 continue
-            buffers = self._next_frames(conn, now)
+            buffers = self._next_frames(conn, now_s)
             if not buffers:
                 if len(conn.out):
                     continue  # a heartbeat (`_heartbeat` put it in conn.out)
@@ -375,9 +375,9 @@ class HaMaster(ServiceLoop):
             if n < total:
                 conn.out = memoryview(_unsent(buffers, n))
                 return
-            conn.wrote_at = now
+            conn.wrote_at = now_s
 
-    def _next_frames(self, conn: _Connection, now: float) -> list[bytes | memoryview]:
+    def _next_frames(self, conn: _Connection, now_s: float) -> list[bytes | memoryview]:
         """The next frames' buffers (header, data view, ...; at most FRAMES_PER_SEND frames) of
         committed data up to the end, `conn.next_offset` moved past them; else empty, with a
         heartbeat in `conn.out` when one is due."""
@@ -397,10 +397,10 @@ class HaMaster(ServiceLoop):
                     start,
                     min_offset,
                 )
-            self._heartbeat(conn, now)
+            self._heartbeat(conn, now_s)
             return []
         if start >= end:
-            self._heartbeat(conn, now)
+            self._heartbeat(conn, now_s)
             return []
         buffers: list[bytes | memoryview] = []
         try:
@@ -416,19 +416,19 @@ class HaMaster(ServiceLoop):
                 start += length
         except FileNotFoundError:  # deleted under us: MIN_OFFSET says so next pass
             if not buffers:
-                self._heartbeat(conn, now)
+                self._heartbeat(conn, now_s)
                 return []
         conn.next_offset = start
         return buffers
 
-    def _heartbeat(self, conn: _Connection, now: float) -> bool:
-        if now - conn.wrote_at <= self.heartbeat_s:
+    def _heartbeat(self, conn: _Connection, now_s: float) -> bool:
+        if now_s - conn.wrote_at <= self.heartbeat_s:
             return False
         conn.out = memoryview(ha_frame.encode_header(conn.next_offset, 0))
         return True
 
-    def _housekeep(self, conn: _Connection, now: float) -> None:
-        if conn.sock.fileno() in self.connections and now - conn.heard_at > self.housekeeping_s:
+    def _housekeep(self, conn: _Connection, now_s: float) -> None:
+        if conn.sock.fileno() in self.connections and now_s - conn.heard_at > self.housekeeping_s:
             self._close(conn, f"silent for {self.housekeeping_s:.0f} s (haHousekeepingInterval)")
 
     def on_exit(self) -> None:
@@ -500,9 +500,9 @@ class HaSlave(ServiceLoop):
             self.sock = None
 
     def _connect(self) -> None:
-        now = time.monotonic()
-        if now < self.retry_at:
-            time.sleep(min(PASS_S, self.retry_at - now))
+        now_s = time.monotonic()
+        if now_s < self.retry_at:
+            time.sleep(min(PASS_S, self.retry_at - now_s))
             return
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTING)
         try:

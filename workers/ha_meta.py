@@ -165,22 +165,22 @@ class MetaServer(MetaChannel):
         readable, _writable, _ = select.select([self.listener, *socks], writing, [], SNAPSHOT_POLL_S / 2)
         if self.listener in readable:
             self._accept()
-        now = time.monotonic()
-        if now >= self.build_at and any(p.hello for p in self.peers.values()):
+        now_s = time.monotonic()
+        if now_s >= self.build_at and any(p.hello for p in self.peers.values()):
             self.content = self._build()
             # A large table takes long to look at, and the ha worker's sending shares this
             # process: at most a tenth of its time goes here (the idle bound stretches with it).
-            self.build_at = time.monotonic() + max(SNAPSHOT_POLL_S, 10 * (time.monotonic() - now))
+            self.build_at = time.monotonic() + max(SNAPSHOT_POLL_S, 10 * (time.monotonic() - now_s))
         for peer in list(self.peers.values()):
             try:
                 if peer.sock in readable:
                     self._read(peer)
                 if peer.hello and self.content and not peer.out:
-                    self._send_due(peer, now)
+                    self._send_due(peer, now_s)
                 if peer.out:
                     with contextlib.suppress(BlockingIOError):
                         del peer.out[: peer.sock.send(peer.out)]
-                if not peer.hello and now - peer.since > HELLO_TIMEOUT_S:
+                if not peer.hello and now_s - peer.since > HELLO_TIMEOUT_S:
                     raise ha_meta.HaMetaError(f"no HELLO within {HELLO_TIMEOUT_S:.0f} s")
             except ha_meta.HaMetaError as exc:
                 self.malformed(peer.name, exc)
@@ -190,11 +190,11 @@ class MetaServer(MetaChannel):
                 self._close(peer)
         self.table.set(layout.HA_META_CONNECTIONS, len(self.peers))
 
-    def _send_due(self, peer: _Peer, now: float) -> None:
+    def _send_due(self, peer: _Peer, now_s: float) -> None:
         """A full snapshot when the state changed since this peer's last, else a heartbeat (the
         master's end, the reset stamp) once HEARTBEAT_S passed."""
         full = peer.sent != self.content
-        if not full and now - peer.sent_at < HEARTBEAT_S:
+        if not full and now_s - peer.sent_at < HEARTBEAT_S:
             return
         peer.seq += 1
         head = {
@@ -205,7 +205,7 @@ class MetaServer(MetaChannel):
         }
         payload = {**head, **self.content} if full else {**head, "resetMs": self.content["resetMs"]}
         peer.out += ha_meta.encode(ha_meta.SNAPSHOT, payload)
-        peer.sent, peer.sent_at = self.content, now
+        peer.sent, peer.sent_at = self.content, now_s
         self.table.add(layout.HA_META_SENT, 1)
 
     def _accept(self) -> None:
@@ -318,9 +318,9 @@ class MetaFollower(MetaChannel):
             self._disconnect(str(exc))
 
     def _connect(self) -> None:
-        now = time.monotonic()
-        if now < self.retry_at:
-            self.stopping.wait(min(SNAPSHOT_POLL_S, self.retry_at - now))
+        now_s = time.monotonic()
+        if now_s < self.retry_at:
+            self.stopping.wait(min(SNAPSHOT_POLL_S, self.retry_at - now_s))
             return
         try:
             sock = socket.create_connection(self.master, timeout=CONNECT_TIMEOUT_S)

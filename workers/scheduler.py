@@ -162,10 +162,10 @@ class SchedulerService(ServiceLoop):
                     continue
                 ok = False  # dispatched but not readable yet: looked at again after RETRY_S
                 break
-            now = now_ms()
+            current_ms = now_ms()
             due = 0
             for _phy, _size, tags_code in entries:
-                if schedule.correct_deliver_timestamp(now, tags_code, delay_ms) > now:
+                if schedule.correct_deliver_timestamp(current_ms, tags_code, delay_ms) > current_ms:
                     self.next_due_ms[queue_id] = tags_code
                     break
                 due += 1

@@ -608,10 +608,10 @@ class Supervisor:
             if time.monotonic() - handle.started_at > 10:
                 handle.consecutive = 0
             return
-        now = time.monotonic()
+        now_s = time.monotonic()
         if not handle.restart_at:
             delay = RESTART_BACKOFF_S[min(handle.consecutive, len(RESTART_BACKOFF_S) - 1)]
-            handle.restart_at = now + delay
+            handle.restart_at = now_s + delay
             log.warning(
                 "worker %s (pid %d) exited with %s; restarting in %.2f s",
                 handle.role,
@@ -619,7 +619,7 @@ class Supervisor:
                 code,
                 delay,
             )
-        if now >= handle.restart_at:
+        if now_s >= handle.restart_at:
             handle.restart_at = 0.0
             handle.consecutive += 1
             handle.restarts += 1

@@ -60,10 +60,10 @@ class ProcessQueue:
             self._next_offset = max(self._next_offset, next_offset)
 
     def started(self, msgs: list[MessageExt]) -> None:
-        now = _now_ms()
+        now_ms = _now_ms()
         with self._lock:
             for msg in msgs:
-                self._started_ms.setdefault(msg.queue_offset, now)
+                self._started_ms.setdefault(msg.queue_offset, now_ms)
 
     def remove(self, msgs: list[MessageExt]) -> list[MessageExt]:
         """Done with ``msgs``; returns those that were still in flight (a timed-out message was

@@ -241,7 +241,7 @@ def consumer_connection(args: argparse.Namespace) -> int:
             if key.endswith(suffix):
                 owner = qo.owner_of(shm.groups.get(slot, qo.OWNER))
                 held.setdefault(owner, []).append((key[: -len(suffix)], queue_id))
-    now = int(time.time() * 1000)
+    now_ms = int(time.time() * 1000)
     rows = []
     for m in sorted(members, key=lambda m: m.client_id):
         mine = sorted(held.get((m.pid, m.slot), []))
@@ -251,7 +251,7 @@ def consumer_connection(args: argparse.Namespace) -> int:
                 "clientId": m.client_id,
                 "pid": m.pid,
                 "messageModel": "CLUSTERING" if m.model == mb.MODEL_CLUSTERING else "BROADCASTING",
-                "heartbeatAgeMs": max(now - m.heartbeat_ms, 0),
+                "heartbeatAgeMs": max(now_ms - m.heartbeat_ms, 0),
                 "queueCount": len(mine),
                 **(
                     {"queueList": [{"topic": t, "queueId": q} for t, q in mine]}

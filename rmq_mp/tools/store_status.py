@@ -155,7 +155,7 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
     master's listener, connections (peer, acknowledged offset, lag in bytes and ms, last
     heard) and SYNC_MASTER outcome counts."""
     t = shm.table
-    now = now_ms()
+    current_ms = now_ms()
     config = promoted_role(config, t)  # rmq-admin promote's, live
     role = config.broker_role.value
     if config.broker_role is BrokerRole.SLAVE:
@@ -165,7 +165,7 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
             "role": role,
             "meta_master": config.ha_master_meta_address or None,
             "meta_snapshots_applied": t.get(layout.HA_META_APPLIED),
-            "meta_applied_age_ms": now - applied if applied else None,
+            "meta_applied_age_ms": current_ms - applied if applied else None,
             "master_end_heard": t.get(layout.HA_META_MASTER_END),
             "meta_malformed": t.get(layout.HA_META_MALFORMED),
             "master": config.ha_master_address,
@@ -173,7 +173,7 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
             "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
             "fork_offset": t.get(layout.HA_SLAVE_FORK_OFFSET),
             "connects": t.get(layout.HA_SLAVE_CONNECTS),
-            "last_heard_age_ms": now - heard if heard else None,
+            "last_heard_age_ms": current_ms - heard if heard else None,
         }
     end = t.written_end()
     connections = []
@@ -190,8 +190,8 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
                 "state": CONNECTION_STATES.get(state, "?"),
                 "acked_offset": acked,
                 "lag_bytes": lag_bytes,
-                "lag_ms": (now - caught_up if caught_up else None) if lag_bytes else 0,
-                "last_heard_age_ms": now - t.get(layout.ha_connection_field(slot, "last_heard_ms")),
+                "lag_ms": (current_ms - caught_up if caught_up else None) if lag_bytes else 0,
+                "last_heard_age_ms": current_ms - t.get(layout.ha_connection_field(slot, "last_heard_ms")),
             }
         )
     return {
@@ -443,7 +443,7 @@ def _due_ms(config: MessageStoreConfig, queue_id: int, offset: int) -> int:
 def delay_levels(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, int]]:
     """`schedule_progress` as status shows it: backlog (entries not yet delivered) and lag (ms
     the oldest undelivered entry is past its due time, 0 when none is due) per level."""
-    now = now_ms()
+    current_ms = now_ms()
     return [
         {
             "level": p.level,
@@ -451,7 +451,7 @@ def delay_levels(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, in
             "offset": p.offset,
             "max_offset": p.max_offset,
             "backlog": p.backlog,
-            "lag_ms": p.lag_ms(now),
+            "lag_ms": p.lag_ms(current_ms),
             "delivered": p.delivered,
         }
         for p in schedule_progress(shm, config)
