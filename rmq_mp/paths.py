@@ -76,6 +76,11 @@ class StorePaths:
         return self.config / "topics.json"
 
     @property
+    def deleted_topics(self) -> Path:
+        """rmq-admin deleteTopic's tombstones (rmq_mp/config/deleted_topics.py)."""
+        return self.config / "deletedTopics.json"
+
+    @property
     def config_checksums(self) -> Path:
         """`rmq_mp.config.config_manager.ConfigChecksums`: outside config/, so a lost config/ shows."""
         return self.root / "configChecksum.json"

@@ -361,10 +361,17 @@ class CleanerService(ServiceLoop):
         root = self.store.paths.consume_queue
         cq_files = 0
         for topic_dir in sorted(root.iterdir()) if root.is_dir() else []:
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if not queue_dir.name.isdigit():
+            try:  # a deleted topic's directory (rmq-admin deleteTopic) may go meanwhile
+                queue_dirs = sorted(topic_dir.iterdir())
+            except FileNotFoundError:
+                continue
+            for queue_dir in queue_dirs:
+                if not queue_dir.name.isdigit() or not queue_dir.is_dir():
                     continue
-                plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
+                try:
+                    plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
+                except FileNotFoundError:
+                    continue
                 slot = queues.find(topic_dir.name, int(queue_dir.name))
                 if slot >= 0 and plan.min_queue_offset > queues.get(slot, qo.MIN_OFFSET):
                     queues.set(slot, qo.MIN_OFFSET, plan.min_queue_offset)  # published first

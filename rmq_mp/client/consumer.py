@@ -209,6 +209,8 @@ class Consumer:
         self.queues = store.shm.queues
         self.waiters = store.shm.waiters
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._deletes_seen = store.table.get(layout.TOPIC_DELETES_APPLIED)
+        """Reput's count of applied topic deletes when `_cqs` was last valid (rmq-admin deleteTopic)."""
         self._pool = process_pool(store.config.max_open_consume_queue_files)
         """Shared by every consumer of the process: the queue files all of them read stay
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
@@ -379,6 +381,12 @@ class Consumer:
     def _queue_view(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> ConsumeQueue:
         """A read-only ConsumeQueue whose files and positions cover ``[min, max)``."""
         key = (topic, queue_id)
+        deletes = self.store.table.get(layout.TOPIC_DELETES_APPLIED)
+        if deletes != self._deletes_seen:  # a topic was deleted: its queue files are new ones
+            self._deletes_seen = deletes
+            for old in self._cqs.values():
+                old.close()
+            self._cqs.clear()
         cq = self._cqs.get(key)
         if cq is None:
             cq = self._cqs[key] = ConsumeQueue(
@@ -600,7 +608,8 @@ class Consumer:
         self._check_running()
         groups = self.store.shm.groups
         slot = groups.find(self._offset_key(topic), queue_id)
-        return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+        offset = groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+        return -1 if offset == qo.DELETED else offset  # deleted (deleteSubGroup, deleteTopic): none
 
     def assignment(self) -> dict[str, list[int]]:
         """The queues this member reads, by subscribed topic: under CLUSTERING those it holds
