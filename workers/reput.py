@@ -61,6 +61,7 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
 from workers.service import ServiceLoop, main
+from workers.topic_delete import crash_point
 
 log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
@@ -262,16 +263,21 @@ class ReputService(ServiceLoop):
         bounds = tombstones.bounds()
         self.dispatcher.dropped = bounds
         queues = self.store.shm.queues
-        for topic, queue_id in remove_old_queues(self.cq_table, bounds):
-            key = (topic, queue_id)
-            self.quarantine.pop(key, None)
-            self.dispatcher.quarantined.discard(key)
-            slot = queues.find(topic, queue_id)
-            if slot >= 0:
-                queues.set(slot, qo.DISPATCHED, 0)  # first: a reader sees [min, 0), nothing
-                queues.set(slot, qo.MIN_OFFSET, 0)
-                queues.set(slot, qo.LAST_STORE_TS, 0)
-                queues.set(slot, qo.DISPATCH_ERROR, 0)
+        if remove_old_queues(self.cq_table, bounds):
+            crash_point("reput")
+        for topic in bounds:
+            kept = self.cq_table.queues.get(topic, {})
+            for queue_id, slot in queues.queues_of(topic):
+                if queue_id in kept:  # the new topic's queue, dispatched by this reput
+                    continue
+                key = (topic, queue_id)
+                self.quarantine.pop(key, None)
+                self.dispatcher.quarantined.discard(key)
+                if queues.get(slot, qo.DISPATCHED) or queues.get(slot, qo.MIN_OFFSET):
+                    queues.set(slot, qo.DISPATCHED, 0)  # first: a reader sees [min, 0), nothing
+                    queues.set(slot, qo.MIN_OFFSET, 0)
+                    queues.set(slot, qo.LAST_STORE_TS, 0)
+                    queues.set(slot, qo.DISPATCH_ERROR, 0)
         self.deletes_applied = generation
         t.set(layout.TOPIC_DELETES_APPLIED, generation)
 

@@ -17,8 +17,8 @@ TOPIC_DELETES_DONE, which the command waits for. Reput, seeing the generation mo
 dispatches any record put after step 1, drops the old queue files and resets the queue table's
 dispatched and minimum offsets (`workers/reput.py`), then publishes TOPIC_DELETES_APPLIED.
 
-``RMQ_CRASH_AT=deleteTopic:<step>`` (tests only: begin, tombstone, queues, config) kills the supervisor
-with SIGKILL at that step, so the crash tests can stop a delete where they choose.
+``RMQ_CRASH_AT=deleteTopic:<step>`` (tests only: begin, tombstone, queues, config; reput: reput's
+step) kills the process with SIGKILL at that step, so the crash tests can stop a delete where they choose.
 """
 
 from __future__ import annotations
@@ -53,9 +53,17 @@ class Supervisor(Protocol):
 
 
 def crash_point(step: str) -> None:
-    """SIGKILL this process at ``step`` when the crash tests ask (RMQ_CRASH_AT)."""
-    if os.environ.get("RMQ_CRASH_AT") == f"deleteTopic:{step}":
-        os.kill(os.getpid(), signal.SIGKILL)
+    """SIGKILL this process at ``step`` when the crash tests ask (RMQ_CRASH_AT); only the first
+    time when RMQ_CRASH_ONCE names a file to create (a restarted worker inherits the setting)."""
+    if os.environ.get("RMQ_CRASH_AT") != f"deleteTopic:{step}":
+        return
+    once = os.environ.get("RMQ_CRASH_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
 
 
 def carry_out(supervisor: Supervisor, paths: StorePaths) -> None:

@@ -223,23 +223,24 @@ class MessageStore:
     def _begin_deletes(self) -> None:
         """Before recovery: a deleted topic's records below its tombstone get no queue entry, and
         its old queues go (rmq_mp/config/deleted_topics.py). A delete the supervisor never began
-        (``requested``) takes the log's end: every record of the topic now is from before it."""
-        tombstones = self.deleted_topics
+        (``requested``) drops every record of the topic: all are from before it."""
+        bounds = self.deleted_topics.bounds()
         if self.writable:
-            for topic, stone in tombstones.table.items():
+            for topic, stone in self.deleted_topics.table.items():
                 if stone.state == REQUESTED:
-                    tombstones.set(topic, self.commit_log.max_offset(), PENDING)
-                    log.warning("deleteTopic %s was asked for and not begun: finished now", topic)
-            if any(s.state == PENDING for s in tombstones.table.values()):
-                tombstones.persist()
-            remove_old_queues(self.cq_table, tombstones.bounds())
-        self.dispatcher.dropped = tombstones.bounds()
+                    bounds[topic] = 1 << 62
+            remove_old_queues(self.cq_table, bounds)
+        self.dispatcher.dropped = bounds
 
     def _finish_deletes(self) -> None:
         """After the offsets are loaded: a delete cut short (``pending``) loses its group offsets
         and topics.json entry here, then is ``done``; done tombstones whose records the log no
         longer holds are dropped."""
         tombstones = self.deleted_topics
+        for topic, stone in tombstones.table.items():
+            if stone.state == REQUESTED:  # its offset: the recovered log's end
+                tombstones.set(topic, self.commit_log.max_offset(), PENDING)
+                log.warning("deleteTopic %s was asked for and not begun: finished now", topic)
         pending = sorted(t for t, s in tombstones.table.items() if s.state == PENDING)
         if pending:
             offsets = self.consumer_offsets
