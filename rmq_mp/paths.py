@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rmq_mp.errors import ConfigError, StorePathError
 
-CONFIG_FILES = ("consumerOffset.json", "topics.json", "delayOffset.json")
+CONFIG_FILES = ("consumerOffset.json", "topics.json", "delayOffset.json", "deletedTopics.json")
 """The `config/` files rmq-mp reads or writes; each with ``.bak``, ``.tmp`` and ``.bak.tmp``."""
 PSEUDO_FILESYSTEMS = frozenset(
     ("proc", "sysfs", "devpts", "devtmpfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",

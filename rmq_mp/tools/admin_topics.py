@@ -41,6 +41,7 @@ from rmq_mp.tools.admin_common import (
     emit,
     flags_lock,
     is_running,
+    mark_offsets_moved,
     open_store,
     refuse_if_running,
 )
@@ -123,6 +124,9 @@ def _delete_running(args: argparse.Namespace, topic: str) -> dict[str, Any]:
             asked = t.get(layout.TOPIC_DELETE_REQUESTS) + 1
             t.set(layout.TOPIC_DELETE_REQUESTS, asked)
         _wait_done(running.table, asked)
+        if groups:
+            with flags_lock(running):
+                mark_offsets_moved(running)  # a slave following this master drops them too
         stone = DeletedTopics(running.paths.deleted_topics)
         stone.load()
         if topic not in stone.table or stone.table[topic].state == REQUESTED:
