@@ -145,9 +145,18 @@ def test_delete_topic_on_a_running_store_and_after_restarts(
         code, _, err = admin(capsys, "deleteTopic", "-n", name, "-t", "Nope")
         assert code == 2
         assert "does not exist" in err
-        code, out, _ = admin(capsys, "DELETETOPIC", "-n", name, "-t", DEL, "--json")  # any case
+        with Consumer.attach(name, "reader") as reader:  # a reader that keeps its queue views
+            assert [m.body for m in reader.pull(DEL, 0, 0, 2).messages] == [b"old0", b"old2"]
+            code, out, _ = admin(capsys, "DELETETOPIC", "-n", name, "-t", DEL, "--json")  # any case
+            assert code == 0
+            assert json.loads(out.splitlines()[0]) == {"topic": DEL, "queues": 2, "groups": "G"}
+            assert reader.max_offset(DEL, 0) == 0
+            assert reader.pull(DEL, 0, 0, 2).messages == []
+            assert send(name, DEL, ["after0"]) == [0]
+            wait_until(lambda: reader.max_offset(DEL, 0) == 1, 30, "the new message dispatched")
+            assert [m.body for m in reader.pull(DEL, 0, 0, 2).messages] == [b"after0"]
+        code, _, _ = admin(capsys, "deleteTopic", "-n", name, "-t", DEL)  # the new one, deleted again
         assert code == 0
-        assert json.loads(out.splitlines()[0]) == {"topic": DEL, "queues": 2, "groups": "G"}
         assert_deleted(service)
         assert DEL not in topics_json(service.root)
         assert tombstone_state(service.root) == DONE
@@ -168,6 +177,12 @@ def test_delete_topic_on_a_running_store_and_after_restarts(
     with running_service(tmp_path, **SETTINGS) as service:
         assert_deleted(service, ("new0", "new1", "new2"))
         assert service.read(layout.TOPIC_DELETES_APPLIED) == 0
+        with Consumer.attach(service.names.base, "G") as member:
+            member.subscribe(DEL)
+            member.poll(0)
+            code, _, _ = admin(capsys, "deleteTopic", "-n", service.names.base, "-t", DEL, "--force")
+            assert code == 0  # forced with a member of G attached
+            assert read_all(service.names.base, DEL) == []
 
 
 def kill_everything(service: RunningService) -> None:
