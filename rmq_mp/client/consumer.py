@@ -63,7 +63,7 @@ from shm import queue_offsets as qo
 from shm import waiters as wt
 from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import now_ms, pid_alive, pid_alive_since
 from shm.semaphores import acquire, spin_until, try_acquire
 
 log = logging.getLogger("rmq_mp.client.consumer")
@@ -322,9 +322,10 @@ class Consumer:
         lock). Raises ShmAttachError naming maxConsumerNum when every slot has a live consumer."""
         try:
             with self.store.shm.flags_lock("register the consumer"):
-                for slot in self.waiters.claimable_slots(pid_alive):
+                for slot in self.waiters.claimable_slots(pid_alive_since):
                     self.waiters.set(slot, wt.WAITING, 0)
                     self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
+                    self.waiters.set(slot, wt.JOINED_MS, now_ms())  # with the pid: who holds it
                     self.waiters.set(slot, wt.PID, os.getpid())
                     return slot
         except BaseException:
