@@ -593,7 +593,10 @@ class MessageStore:
         if self.index_service is None:
             return []
         found = []
+        deleted_below = self.dispatcher.dropped.get(topic, -1)  # rmq-admin deleteTopic's tombstone
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
+            if phy < deleted_below:
+                continue
             try:
                 msg = self.commit_log.look_message_by_offset(phy)
             except MessageNotFoundError:

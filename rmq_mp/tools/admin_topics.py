@@ -117,12 +117,14 @@ def _delete_running(args: argparse.Namespace, topic: str) -> dict[str, Any]:
                     "them first, or --force to delete it anyway (they then read the new topic from "
                     "where they were, and their commits bring offsets back)"
                 )
+            # Asked before it is written: a kill between leaves a request that finds nothing to
+            # do (the delete undone); one after leaves a tombstone the supervisor carries out.
+            asked = t.get(layout.TOPIC_DELETE_REQUESTS) + 1
+            t.set(layout.TOPIC_DELETE_REQUESTS, asked)
             tombstones = DeletedTopics(running.paths.deleted_topics)
             tombstones.load()
             tombstones.set(topic, -1, REQUESTED)
             tombstones.persist()
-            asked = t.get(layout.TOPIC_DELETE_REQUESTS) + 1
-            t.set(layout.TOPIC_DELETE_REQUESTS, asked)
         _wait_done(running.table, asked)
         if groups:
             with flags_lock(running):

@@ -145,6 +145,11 @@ def test_delete_topic_on_a_running_store_and_after_restarts(
         code, _, err = admin(capsys, "deleteTopic", "-n", name, "-t", "Nope")
         assert code == 2
         assert "does not exist" in err
+        with Producer.attach(name) as producer:
+            producer.send(DEL, b"keyed", queue_id=1, keys="k-old").raise_for_status()
+        dispatched(service, DEL, 21)
+        code, out, _ = admin(capsys, "queryMsgByKey", "-n", name, "-t", DEL, "-k", "k-old", "--json")
+        assert (code, len(out.splitlines())) == (0, 1)
         with Consumer.attach(name, "reader") as reader:  # a reader that keeps its queue views
             assert [m.body for m in reader.pull(DEL, 0, 0, 2).messages] == [b"old0", b"old2"]
             code, out, _ = admin(capsys, "DELETETOPIC", "-n", name, "-t", DEL, "--json")  # any case
@@ -157,6 +162,8 @@ def test_delete_topic_on_a_running_store_and_after_restarts(
             assert [m.body for m in reader.pull(DEL, 0, 0, 2).messages] == [b"after0"]
         code, _, _ = admin(capsys, "deleteTopic", "-n", name, "-t", DEL)  # the new one, deleted again
         assert code == 0
+        code, out, _ = admin(capsys, "queryMsgByKey", "-n", name, "-t", DEL, "-k", "k-old", "--json")
+        assert (code, out) == (0, "")  # the index still holds the key; the tombstone hides it
         assert_deleted(service)
         assert DEL not in topics_json(service.root)
         assert tombstone_state(service.root) == DONE
