@@ -26,6 +26,7 @@ library, which finishes the delete as a start does.
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from typing import Any
 
@@ -177,7 +178,10 @@ def _delete_stopped(args: argparse.Namespace, topic: str) -> dict[str, Any]:
     tombstones.set(topic, -1, REQUESTED)
     tombstones.persist()
     if crashed:
-        print(f"store {paths.root} did not stop cleanly: the delete is finished at its next start")
+        print(
+            f"rmq-admin: store {paths.root} did not stop cleanly: the delete is finished at its next start",
+            file=sys.stderr,
+        )
     else:
         MessageStore.open(config=config).close()  # its start finishes the delete
     return {"topic": topic, "queues": queues, "groups": ",".join(groups)}

@@ -213,9 +213,18 @@ def test_delete_topic_on_a_stopped_store(tmp_path: Path, capsys: pytest.CaptureF
     assert DEL not in topics_json(service.root)
     assert f"{DEL}@G" not in persisted_offsets(service.root)
     assert tombstone_state(service.root) == DONE
+    service = start_service(tmp_path, **SETTINGS)
+    assert_deleted(service)
+    assert send(service.names.base, DEL, ["new0"]) == [0]
+    dispatched(service, DEL, 1)
+    kill_everything(service)  # a crashed store: the delete waits for the start that fences it
+    code, _, err = admin(capsys, "deleteTopic", "--store", root, "-t", DEL)
+    assert code == 0
+    assert "next start" in err
+    assert tombstone_state(service.root) == "requested"
     with running_service(tmp_path, **SETTINGS) as service:
         assert_deleted(service)
-        assert send(service.names.base, DEL, ["new0"]) == [0]
+        assert tombstone_state(service.root) == DONE
 
 
 def test_delete_topic_while_a_producer_sends_to_it(
