@@ -9,7 +9,7 @@ from pathlib import Path
 
 from rmq_mp.errors import ConfigError, StorePathError
 
-CONFIG_FILES = ("consumerOffset.json", "topics.json", "delayOffset.json")
+CONFIG_FILES = ("consumerOffset.json", "topics.json", "delayOffset.json", "deletedTopics.json")
 """The `config/` files rmq-mp reads or writes; each with ``.bak``, ``.tmp`` and ``.bak.tmp``."""
 PSEUDO_FILESYSTEMS = frozenset(
     ("proc", "sysfs", "devpts", "devtmpfs", "cgroup", "cgroup2", "debugfs", "tracefs", "securityfs",
@@ -79,6 +79,11 @@ class StorePaths:
     def promotion(self) -> Path:
         """The role `rmq-admin promote` gave (workers/promotion.py); `rmq-admin demote` retires it."""
         return self.config / "promotion.json"
+
+    @property
+    def deleted_topics(self) -> Path:
+        """rmq-admin deleteTopic's tombstones (rmq_mp/config/deleted_topics.py)."""
+        return self.config / "deletedTopics.json"
 
     @property
     def config_checksums(self) -> Path:

@@ -19,7 +19,8 @@ Slot map (index x 8 = byte offset):
     400..432 replication (the ha worker): listener, acknowledged offset, connection slots, bound port
     448      the supervisor's process start time (a reused pid is not the supervisor)
     464..479 live settings: what a reload applies to the workers
-    480..511 failover: the metadata channel, the role a promotion gave
+    480..511 failover: the metadata channel, the role a promotion gave (504..511 reserved below)
+    504..507 rmq-admin deleteTopic: requests, the supervisor's and reput's progress
 """
 
 from __future__ import annotations
@@ -434,6 +435,25 @@ HA_META_APPLIED_FULL = _f(
     "ha_meta_applied_full", 496, Role.HA,
     doc="SLAVE: full metadata snapshots applied (the master sends one after each change it sees; "
     "the rest of HA_META_APPLIED are heartbeats)",
+)  # fmt: skip
+# Slots 504..507: rmq-admin deleteTopic (rmq_mp/config/deleted_topics.py): asked by rmq-admin, done
+# by the supervisor under the put lock, applied to the queue files by reput.
+TOPIC_DELETE_REQUESTS = _f(
+    "topic_delete_requests", 504, Role.CONSUMER, lock=Lock.FLAGS,
+    doc="rmq-admin deleteTopic: deletes asked for (each a 'requested' tombstone in deletedTopics.json)",
+)  # fmt: skip
+TOPIC_DELETES_DONE = _f(
+    "topic_deletes_done", 505, S,
+    doc="the requests the supervisor has carried out (rmq-admin deleteTopic waits on it)",
+)  # fmt: skip
+TOPIC_DELETE_GENERATION = _f(
+    "topic_delete_generation", 506, S, lock=Lock.PUT,
+    doc="topics deleted this start: bumped under the put lock once a deleted topic's next offsets are 0",
+)  # fmt: skip
+TOPIC_DELETES_APPLIED = _f(
+    "topic_deletes_applied", 507, R,
+    doc="the topic_delete_generation reput has applied: old queue files gone, queue offsets reset "
+    "(readers drop their cached queues when it moves)",
 )  # fmt: skip
 
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}

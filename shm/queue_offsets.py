@@ -17,7 +17,8 @@ Queue-offset table slot (`QueueOffsetTable`, ``maxConsumeQueueNum`` entries):
                                offset (next to be dispatched)
      32  min_offset            the cleaner, as it deletes ConsumeQueue files (and the supervisor
                                at start): first offset still served; on a SLAVE whose log begins
-                               above 0, the ha worker as it inserts the queue (its first offset)
+                               above 0, the ha worker as it inserts the queue (its first offset);
+                               reput sets it to 0 as it removes a deleted topic's queue
      40  last_store_timestamp  reput: store time of the last dispatched message
      48  key_length            producer under the put lock (before ``used``)
      56  dispatch_error        reput: 0, or why the queue is quarantined (errno > 0, or a FAULT_*
@@ -253,7 +254,8 @@ class QueueOffsetTable(KeyedOffsetTable):
         "queue_id": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
         "next_queue_offset": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
         "dispatched_offset": Writers(Role.REPUT, Role.SUPERVISOR),
-        "min_offset": Writers(Role.CLEANER, Role.SUPERVISOR, Role.HA),
+        # Reput too, to 0 with the dispatched offset, as it removes a deleted topic's old queue.
+        "min_offset": Writers(Role.CLEANER, Role.SUPERVISOR, Role.HA, Role.REPUT),
         "last_store_timestamp": Writers(Role.REPUT),
         "key_length": Writers(Role.PRODUCER, Role.SUPERVISOR, Role.HA, lock=Lock.PUT),
         "dispatch_error": Writers(Role.REPUT),

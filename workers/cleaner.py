@@ -53,7 +53,7 @@ from rmq_mp.store.index_service import expired_index_files
 from rmq_mp.store.mapped_file import offset_to_file_name
 from shm import layout
 from shm import queue_offsets as qo
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import now_ms, pid_alive_since
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.cleaner")
@@ -251,7 +251,7 @@ class CleanerService(ServiceLoop):
         protected_from = self.unconsumed_offset() if protect else -1
         pending = self.table.get(layout.CLEAN_PENDING_OFFSET)
         if pending >= 0:  # the oldest file still waits for a reader: nothing after it may go first
-            holders = self.store.shm.waiters.holders_below(pending + self.file_size, pid_alive)
+            holders = self.store.shm.waiters.holders_below(pending + self.file_size, pid_alive_since)
             return RunResult(0, 0, layout.OUTCOME_HELD_BY_READER, pending, holders[0] if holders else 0)
         offset = self.table.get(layout.MIN_OFFSET)
         deleted = 0
@@ -292,7 +292,7 @@ class CleanerService(ServiceLoop):
         if t.get(layout.CLEAN_PENDING_OFFSET) != offset:
             t.set(layout.CLEAN_PENDING_OFFSET, offset)
             t.set(layout.CLEAN_PENDING_SINCE_MS, now_ms())
-        holders = self.store.shm.waiters.holders_below(end, pid_alive)
+        holders = self.store.shm.waiters.holders_below(end, pid_alive_since)
         if holders:
             held_ms = now_ms() - t.get(layout.CLEAN_PENDING_SINCE_MS)
             if held_ms < self.store.config.destroy_maped_file_interval_forcibly:
@@ -361,10 +361,17 @@ class CleanerService(ServiceLoop):
         root = self.store.paths.consume_queue
         cq_files = 0
         for topic_dir in sorted(root.iterdir()) if root.is_dir() else []:
-            for queue_dir in sorted(topic_dir.iterdir()):
-                if not queue_dir.name.isdigit():
+            try:  # a deleted topic's directory (rmq-admin deleteTopic) may go meanwhile
+                queue_dirs = sorted(topic_dir.iterdir())
+            except FileNotFoundError:
+                continue
+            for queue_dir in queue_dirs:
+                if not queue_dir.name.isdigit() or not queue_dir.is_dir():
                     continue
-                plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
+                try:
+                    plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
+                except FileNotFoundError:
+                    continue
                 slot = queues.find(topic_dir.name, int(queue_dir.name))
                 if slot >= 0 and plan.min_queue_offset > queues.get(slot, qo.MIN_OFFSET):
                     queues.set(slot, qo.MIN_OFFSET, plan.min_queue_offset)  # published first

@@ -45,6 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
+from rmq_mp.config.deleted_topics import DeletedTopics
 from rmq_mp.errors import ConfigError
 from rmq_mp.format import native
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
@@ -55,10 +56,12 @@ from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher, DispatchFault
 from rmq_mp.store.index_service import IndexService
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.reporter import Reporter
+from rmq_mp.store.topic_deletion import remove_old_queues
 from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
 from workers.service import ServiceLoop, main
+from workers.topic_delete import crash_point
 
 log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
@@ -148,6 +151,8 @@ class ReputService(ServiceLoop):
         self.last_cq_flush = self.last_thorough = time.monotonic()
         self.cleaned_to = self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET)
         self.stuck_at = -1
+        self.deletes_applied = -1
+        """TOPIC_DELETE_GENERATION last applied (-1: none yet; the first pass applies the file)."""
         """REPUT_FROM where the last pass met an unreadable record (-1: none)."""
         self.readable_in_bursts = self.store.sync_flush or self.store.pool_enabled
         """Records become readable at each flush (SYNC_FLUSH) or commit (the pool), not at each
@@ -219,6 +224,8 @@ class ReputService(ServiceLoop):
         unreadable one stops the pass there."""
         t = self.table
         end = self.store.sync_log()
+        if t.get(layout.TOPIC_DELETE_GENERATION) != self.deletes_applied:  # after `end`: a record
+            self.apply_deletes()  # below it put after a delete is seen with the delete
         start = offset = max(t.get(layout.REPUT_FROM_OFFSET), t.get(layout.MIN_OFFSET))
         self.store.commit_log.release_before(offset)
         touched: set[int] = set()
@@ -243,6 +250,36 @@ class ReputService(ServiceLoop):
             self._wake_waiters(touched)
             self._wake_scheduler(touched)
         return dispatched
+
+    def apply_deletes(self) -> None:
+        """rmq-admin deleteTopic (workers/topic_delete.py): from the tombstones, a deleted topic's
+        records below its offset are dispatched to no queue, and its old queues are removed, their
+        dispatched and minimum offsets 0, so the topic's next record starts a new queue at 0.
+        Idempotent: a restarted reput runs it again at its first pass."""
+        t = self.table
+        generation = t.get(layout.TOPIC_DELETE_GENERATION)
+        tombstones = DeletedTopics(self.store.paths.deleted_topics)
+        tombstones.load()
+        bounds = tombstones.bounds()
+        self.dispatcher.dropped = bounds
+        queues = self.store.shm.queues
+        if remove_old_queues(self.cq_table, bounds):
+            crash_point("reput")
+        for topic in bounds:
+            kept = self.cq_table.queues.get(topic, {})
+            for queue_id, slot in queues.queues_of(topic):
+                if queue_id in kept:  # the new topic's queue, dispatched by this reput
+                    continue
+                key = (topic, queue_id)
+                self.quarantine.pop(key, None)
+                self.dispatcher.quarantined.discard(key)
+                if queues.get(slot, qo.DISPATCHED) or queues.get(slot, qo.MIN_OFFSET):
+                    queues.set(slot, qo.DISPATCHED, 0)  # first: a reader sees [min, 0), nothing
+                    queues.set(slot, qo.MIN_OFFSET, 0)
+                    queues.set(slot, qo.LAST_STORE_TS, 0)
+                    queues.set(slot, qo.DISPATCH_ERROR, 0)
+        self.deletes_applied = generation
+        t.set(layout.TOPIC_DELETES_APPLIED, generation)
 
     # ------------------------------------------------------------------ faults
 
@@ -393,8 +430,10 @@ class ReputService(ServiceLoop):
         for phy, req in log_view.iter_dispatch(offset, check_crc=False, end_offset=end):
             if req.success and req.size > 0:
                 self.dispatcher.dispatch(req)
-                if is_dispatchable(req.sys_flag) and (
-                    not quarantined or (req.topic, req.queue_id) not in quarantined
+                if (
+                    is_dispatchable(req.sys_flag)
+                    and (not quarantined or (req.topic, req.queue_id) not in quarantined)
+                    and not self.dispatcher.drops(req.topic, phy)
                 ):
                     self._publish(req.topic, req.queue_id, req.queue_offset, req.store_timestamp, touched)
                 offset = phy + req.size

@@ -44,6 +44,7 @@ from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreError, StoreLockedError
+from rmq_mp.paths import StorePaths
 from rmq_mp.put import native
 from rmq_mp.put.fence import fence_start
 from rmq_mp.store.mapped_file import offset_to_file_name
@@ -62,7 +63,7 @@ from shm.roles import ROLES, STOP_ORDER
 from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
-from workers import promotion
+from workers import promotion, topic_delete
 from workers.worker_handle import WorkerHandle, replicates
 
 log = logging.getLogger("rmq_mp.supervisor")
@@ -468,6 +469,10 @@ class Supervisor:
                 promotion.promote(self)
             if t.get(layout.HA_SLAVE_STATE) == layout.SLAVE_FORKED:
                 t = self._fork_restart()
+            if t.get(layout.TOPIC_DELETE_REQUESTS) != t.get(layout.TOPIC_DELETES_DONE):
+                topic_delete.carry_out(
+                    self, StorePaths.of(self.config.store_path_root_dir, self.config.commit_log_dir)
+                )
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -527,8 +532,11 @@ class Supervisor:
                 self.offsets.table = previous  # still different next time: retried
                 ok = False
         queue_counts: dict[str, int] = {}
-        for topic, queue_id, _slot in self.shm.queues.queues():
-            queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
+        for topic, queue_id, slot in self.shm.queues.queues():
+            if (
+                self.shm.queues.get(slot, qo.NEXT_OFFSET) > 0
+            ):  # 0: a deleted topic's (workers/topic_delete.py)
+                queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
         # Under the flags lock, from the file: `rmq-admin updateTopic --name` changes it live.
         assert self.topics is not None
         try:

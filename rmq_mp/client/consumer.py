@@ -63,7 +63,7 @@ from shm import queue_offsets as qo
 from shm import waiters as wt
 from shm.consume_counts import ConsumeCounts
 from shm.layout import Role
-from shm.pointer_table import now_ms, pid_alive
+from shm.pointer_table import now_ms, pid_alive, pid_alive_since
 from shm.semaphores import acquire, spin_until, try_acquire
 
 log = logging.getLogger("rmq_mp.client.consumer")
@@ -209,6 +209,8 @@ class Consumer:
         self.queues = store.shm.queues
         self.waiters = store.shm.waiters
         self._cqs: dict[tuple[str, int], ConsumeQueue] = {}
+        self._deletes_seen = store.table.get(layout.TOPIC_DELETES_APPLIED)
+        """Reput's count of applied topic deletes when `_cqs` was last valid (rmq-admin deleteTopic)."""
         self._pool = process_pool(store.config.max_open_consume_queue_files)
         """Shared by every consumer of the process: the queue files all of them read stay
         within ``maxOpenConsumeQueueFiles`` mappings (mapping_pool.py)."""
@@ -320,9 +322,10 @@ class Consumer:
         lock). Raises ShmAttachError naming maxConsumerNum when every slot has a live consumer."""
         try:
             with self.store.shm.flags_lock("register the consumer"):
-                for slot in self.waiters.claimable_slots(pid_alive):
+                for slot in self.waiters.claimable_slots(pid_alive_since):
                     self.waiters.set(slot, wt.WAITING, 0)
                     self.waiters.set(slot, wt.HOLD, wt.NO_HOLD)
+                    self.waiters.set(slot, wt.JOINED_MS, now_ms())  # with the pid: who holds it
                     self.waiters.set(slot, wt.PID, os.getpid())
                     return slot
         except BaseException:
@@ -379,6 +382,12 @@ class Consumer:
     def _queue_view(self, topic: str, queue_id: int, min_offset: int, max_offset: int) -> ConsumeQueue:
         """A read-only ConsumeQueue whose files and positions cover ``[min, max)``."""
         key = (topic, queue_id)
+        deletes = self.store.table.get(layout.TOPIC_DELETES_APPLIED)
+        if deletes != self._deletes_seen:  # a topic was deleted: its queue files are new ones
+            self._deletes_seen = deletes
+            for old in self._cqs.values():
+                old.close()
+            self._cqs.clear()
         cq = self._cqs.get(key)
         if cq is None:
             cq = self._cqs[key] = ConsumeQueue(
@@ -621,7 +630,8 @@ class Consumer:
         self._check_running()
         groups = self.store.shm.groups
         slot = groups.find(self._offset_key(topic), queue_id)
-        return groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+        offset = groups.get(slot, qo.COMMITTED) if slot >= 0 else -1
+        return -1 if offset == qo.DELETED else offset  # deleted (deleteSubGroup, deleteTopic): none
 
     def assignment(self) -> dict[str, list[int]]:
         """The queues this member reads, by subscribed topic: under CLUSTERING those it holds

@@ -22,9 +22,11 @@ its next send attaches to the store's next start by itself once there is one (`_
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
-from rmq_mp.errors import ShmAttachError
+from rmq_mp.errors import FenceRefusedError, ShmAttachError
 from rmq_mp.put.producer import Producer, fenced_reason
 from rmq_mp.store.running_store import RunningStore
 from shm import layout
@@ -34,7 +36,7 @@ FENCE_WAIT_S = 5.0
 """How long a fencer waits for a live put-lock holder (a put takes microseconds; a SYNC put
 waits for its flush off the lock) before refusing, naming it."""
 
-__all__ = ["FENCE_WAIT_S", "Fenced", "fence_start", "fenced_reason"]
+__all__ = ["FENCE_WAIT_S", "Fenced", "fence_start", "fenced_reason", "holding_put_lock"]
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,5 +76,33 @@ def fence_start(name: str, fenced_by: int, *, wait_s: float = FENCE_WAIT_S) -> F
         already = table.get(layout.FENCE) != layout.FENCE_OPEN
         taken_over = producer.fence(fenced_by, wait_s)
         return Fenced(table.get(layout.GENERATION), table.get(layout.WROTE_POSITION), taken_over, already)
+    finally:
+        producer.close()
+
+
+@contextmanager
+def holding_put_lock(name: str, what: str, *, wait_s: float = FENCE_WAIT_S) -> Iterator[None]:
+    """Hold store ``name``'s put lock (a dead holder's taken over, its half-done put undone, as
+    a fence takes it) for a change no put may interleave with: rmq-admin deleteTopic's reset of
+    a topic's next queue offsets (workers/supervisor.py). `FenceRefusedError` when a live
+    producer keeps it ``wait_s``."""
+    store = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
+    try:
+        producer = Producer(store)
+    except BaseException:
+        store.close()
+        raise
+    try:
+        lock = producer.lock
+        lock.busy_ms = 1 << 40
+        if not lock.acquire(wait_s):
+            holder = layout.lock_owner(producer.table.get(layout.PUT_LOCK_OWNER_PID))
+            raise FenceRefusedError(
+                f"store {name}: producer pid {holder} holds the put lock after {wait_s:g} s; {what} waits"
+            )
+        try:
+            yield
+        finally:
+            lock.release()
     finally:
         producer.close()

@@ -79,6 +79,14 @@ class Dispatcher:
         """Queues (and INDEX_KEY) skipped until the caller releases them (isolating mode)."""
         self.faults: list[DispatchFault] = []
         """Faults since the caller last took them (`take_faults`)."""
+        self.dropped: dict[str, int] = {}
+        """Deleted topics (rmq_mp/config/deleted_topics.py): a record of one below its offset
+        gets no queue entry (it is no longer the topic's). Its keys are still indexed."""
+
+    def drops(self, topic: str, phy_offset: int) -> bool:
+        """Whether a record of ``topic`` at ``phy_offset`` belongs to a deleted topic."""
+        bound = self.dropped.get(topic)
+        return bound is not None and phy_offset < bound
 
     def take_faults(self) -> list[DispatchFault]:
         faults, self.faults = self.faults, []
@@ -93,7 +101,7 @@ class Dispatcher:
     def dispatch(self, req: DispatchRequest) -> None:
         if is_dispatchable(req.sys_flag):
             key = (req.topic, req.queue_id)
-            if key not in self.quarantined:
+            if key not in self.quarantined and not (self.dropped and self.drops(req.topic, req.phy_offset)):
                 try:
                     cq = self.find_consume_queue(req.topic, req.queue_id)
                     if not cq.put_message_position_info(
@@ -178,9 +186,16 @@ class Dispatcher:
         order = np.argsort(queue_key, kind="stable")
         sorted_keys = queue_key[order]
         bounds = np.flatnonzero(np.diff(sorted_keys)) + 1
+        dropped = self.dropped
         for group in np.split(rows[order], bounds):
             first = int(group[0])
-            yield batch.topics[int(batch.topic_index[first])], int(batch.queue_id[first]), group
+            topic = batch.topics[int(batch.topic_index[first])]
+            if dropped and topic in dropped:
+                group = group[batch.phy_offset[group] >= dropped[topic]]
+                if not len(group):
+                    continue
+                first = int(group[0])
+            yield topic, int(batch.queue_id[first]), group
 
     def _put_group(self, topic: str, queue_id: int, batch: RecordBatch, group: np.ndarray) -> QueueProgress:
         cq = self.find_consume_queue(topic, queue_id)

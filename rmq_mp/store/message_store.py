@@ -26,8 +26,10 @@ from types import TracebackType
 from rmq_mp import file_modes
 from rmq_mp import validators as v
 from rmq_mp.config.config_manager import CHECKSUMS_NAME, LoadResult
+from rmq_mp.config.deleted_topics import DONE, PENDING, REQUESTED, DeletedTopics
 from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.errors import (
     ConfigError,
     ConsumerOffsetLossError,
@@ -61,6 +63,7 @@ from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
 from rmq_mp.store.recovery import RecoveryReport, cut_at, recover
 from rmq_mp.store.reporter import Reporter
+from rmq_mp.store.topic_deletion import remove_old_queues
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +133,8 @@ class MessageStore:
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
+        self.deleted_topics = DeletedTopics(self.paths.deleted_topics)
+        """config/deletedTopics.json: rmq-admin deleteTopic's tombstones, honoured by dispatch."""
         self._put_lock = threading.Lock()
         self._encoders: dict[m.Host, record.RecordEncoder] = {}
         """Store host -> its encoder (a `Message` may name its own store host)."""
@@ -205,14 +210,59 @@ class MessageStore:
             )
             cut_at(self, cut.fork_offset)
             last_exit_ok = False
+        self.deleted_topics.load()
+        self._begin_deletes()
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
         if self.writable:
             self._load_consumer_offsets()
+            self._finish_deletes()
             self._flush_all()
             if cut is not None:
                 fork.clear_pending_cut(root)
             self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
+
+    def _begin_deletes(self) -> None:
+        """Before recovery: a deleted topic's records below its tombstone get no queue entry, and
+        its old queues go (rmq_mp/config/deleted_topics.py). A delete the supervisor never began
+        (``requested``) drops every record of the topic: all are from before it."""
+        bounds = self.deleted_topics.bounds()
+        if self.writable:
+            for topic, stone in self.deleted_topics.table.items():
+                if stone.state == REQUESTED:
+                    bounds[topic] = 1 << 62
+            remove_old_queues(self.cq_table, bounds)
+        self.dispatcher.dropped = bounds
+
+    def _finish_deletes(self) -> None:
+        """After the offsets are loaded: a delete cut short (``pending``) loses its group offsets
+        and topics.json entry here, then is ``done``; done tombstones whose records the log no
+        longer holds are dropped."""
+        tombstones = self.deleted_topics
+        for topic, stone in tombstones.table.items():
+            if stone.state == REQUESTED:  # its offset: the recovered log's end
+                tombstones.set(topic, self.commit_log.max_offset(), PENDING)
+                log.warning("deleteTopic %s was asked for and not begun: finished now", topic)
+        pending = sorted(t for t, s in tombstones.table.items() if s.state == PENDING)
+        if pending:
+            offsets = self.consumer_offsets
+            suffixes = tuple(f"{topic}@" for topic in pending)
+            kept = {k: q for k, q in offsets.table.items() if not k.startswith(suffixes)}
+            if kept != offsets.table:
+                offsets.table = kept
+                offsets.persist()
+            topics = TopicConfigManager(self.paths.topics)
+            if topics.load() and any(t in topics.table for t in pending):
+                topics.table = {t: c for t, c in topics.table.items() if t not in pending}
+                topics.counter += 1
+                topics.timestamp_ms = time.time_ns() // 1_000_000
+                topics.persist()
+            for topic in pending:
+                tombstones.set(topic, tombstones.table[topic].phy_offset, DONE)
+            log.warning("deleteTopic finished at start: %s", ", ".join(pending))
+        if tombstones.prune(self.min_phy_offset()) or pending:
+            tombstones.persist()
+        self.dispatcher.dropped = tombstones.bounds()
 
     def _load_consumer_offsets(self) -> None:
         """config/consumerOffset.json, under the loss policy: a store whose commit log holds
@@ -545,7 +595,10 @@ class MessageStore:
         if self.index_service is None:
             return []
         found = []
+        deleted_below = self.dispatcher.dropped.get(topic, -1)  # rmq-admin deleteTopic's tombstone
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
+            if phy < deleted_below:
+                continue
             try:
                 msg = self.commit_log.look_message_by_offset(phy)
             except MessageNotFoundError:

@@ -431,6 +431,9 @@ def _rebuild_missing_heads(store: MessageStore) -> dict[ConsumeQueue, int]:
                 continue
             cq, head_offset, head_phy = suspect
             rows = np.flatnonzero(keys == key)
+            bound = store.dispatcher.dropped.get(cq.topic)
+            if bound is not None:  # a deleted topic's records are not the queue's (deleted_topics.py)
+                rows = rows[batch.position[rows] >= bound]
             if ((batch.position[rows] < head_phy) & (batch.queue_offset[rows] < head_offset)).any():
                 store.reporter.report(
                     "cq-rebuilt",
@@ -458,6 +461,14 @@ def _missing_records(
     transaction = batch.sys_flag[rows] & TRANSACTION_ROLLBACK_TYPE
     rows = rows[(transaction == 0) | (transaction == TRANSACTION_COMMIT_TYPE)]
     missing: set[ConsumeQueue | tuple[str, int]] = set()
+    dropped = store.dispatcher.dropped
+    if dropped and len(rows):  # a deleted topic's records below its tombstone lack no queue
+        keep = np.ones(len(rows), dtype=bool)
+        for topic, bound in dropped.items():
+            if topic in batch.topics:
+                index = batch.topics.index(topic)
+                keep &= ~((batch.topic_index[rows] == index) & (batch.position[rows] < bound))
+        rows = rows[keep]
     if not len(rows):
         return missing
     keys = (batch.topic_index[rows] << 32) | (batch.queue_id[rows] & 0xFFFFFFFF)

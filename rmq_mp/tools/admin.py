@@ -16,6 +16,7 @@
     rmq-admin consumeMessage   -t T [-g G] [-c N] [--tags X] [--timeout S]               (running store)
     rmq-admin deleteExpiredCommitLog                                 (running store) the cleaner runs now
     rmq-admin deleteSubGroup   -g G [--force]                        a group's offsets; refused while a member is attached
+    rmq-admin deleteTopic      -t T [-c C] [--force]                 a topic's queues, config, offsets; stays deleted
     rmq-admin skipAccumulatedMessage -g G -t T                       a group's offsets to the queues' ends
     rmq-admin cloneGroupOffset -s SRC -d DEST -t T                   copy a group's offsets
     rmq-admin printMsgByQueue  -t T -i QUEUE [-b MS] [-e MS] [-s TAGS] [-d]
@@ -132,6 +133,10 @@ def run(args: argparse.Namespace) -> int:
         return COMMANDS[args.command](args)
     if args.command in admin_groups.COMMANDS:
         return admin_groups.COMMANDS[args.command](args)
+    if args.command == "deleteTopic":
+        from rmq_mp.tools.admin_topics import delete_topic
+
+        return delete_topic(args)
     with open_store(args) as store:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
@@ -281,7 +286,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_parsers(sub, common)
     admin_groups.add_peek_arguments(sub.choices["consumeMessage"])
     admin_groups.add_parsers(sub, common)
-    from rmq_mp.tools import admin_copy
+    from rmq_mp.tools import admin_copy, admin_topics
+
+    admin_topics.add_parsers(sub, common)
 
     admin_copy.add_parsers(sub, common)
     from rmq_mp.tools import promote

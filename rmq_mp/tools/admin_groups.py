@@ -10,8 +10,9 @@ is attached and the deletion. A deleted entry holds `shm.queue_offsets.DELETED` 
 store's next start frees its slot: not persisted, not reported, revived by a later commit. On a
 stopped store (``--store``) the files change, each replaced whole (tmp, rename).
 
-No deleteTopic yet: recovery rebuilds a queue directory whose records are in the log (a deleted
-one is damage to it), so deleting a topic needs a tombstone that recovery and dispatch honour.
+deleteTopic is rmq_mp/tools/admin_topics.py: recovery rebuilds a queue directory whose records
+are in the log (a deleted one is damage to it), so a deleted topic leaves a tombstone that
+recovery and dispatch honour (rmq_mp/config/deleted_topics.py).
 """
 
 from __future__ import annotations

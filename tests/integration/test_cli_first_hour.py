@@ -47,6 +47,7 @@ ADMIN_ARGS: dict[str, list[str]] = {
     "skipAccumulatedMessage": ["-g", "g2", "-t", "Orders"],
     "cloneGroupOffset": ["-s", "g1", "-d", "g3", "-t", "Orders"],
     "deleteSubGroup": ["-g", "g1"],  # after every command that needs g1
+    "deleteTopic": ["-t", "Orders", "--force"],  # after every command that needs Orders
     "copyLog": ["--to", "copied-store"],  # a tmp_path directory where it runs
     "promote": ["--broker-name", "broker-a"],  # refused on a master: tests/ha/test_promote.py promotes
     "demote": [],  # a stopped store only: tests/ha/test_promote.py demotes

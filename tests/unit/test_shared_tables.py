@@ -264,7 +264,7 @@ class WaiterTableMachine(RuleBasedStateMachine):
             self.table.close()
             SharedSegment.unlink(self.table.segment.name)
 
-    def _alive(self, pid: int) -> bool:
+    def _alive(self, pid: int, _joined_ms: int) -> bool:
         return pid in self.alive
 
     @rule()

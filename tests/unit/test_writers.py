@@ -48,10 +48,12 @@ MODULE_ROLES: dict[str, frozenset[Role]] = {
     "rmq_mp/tools/admin_ops.py": frozenset({CO}),  # rmq-admin opens the store as a consumer
     "rmq_mp/tools/admin_groups.py": frozenset({CO}),  # rmq-admin deleteSubGroup and offsets
     "rmq_mp/tools/admin_common.py": frozenset({CO}),  # rmq-admin: a moved offset stamped for slaves
+    "rmq_mp/tools/admin_topics.py": frozenset({CO}),  # rmq-admin deleteTopic asks the supervisor
     "rmq_mp/tools/monitoring.py": frozenset({S}),  # the metrics endpoint runs in the supervisor
     "rmq_mp/store/cleaning.py": frozenset({CO}),  # request_manual_delete: rmq-admin
     "rmq_mp/store/read_damage.py": frozenset({CO}),  # readers count what they skipped
     "workers/supervisor.py": frozenset({S}),
+    "workers/topic_delete.py": frozenset({S}),  # the supervisor's half of rmq-admin deleteTopic
     "workers/allocator.py": frozenset({A}),
     "workers/committer.py": frozenset({C}),
     "workers/flusher.py": frozenset({F}),

@@ -1,0 +1,128 @@
+"""The supervisor's half of `rmq-admin deleteTopic` on a running store.
+
+rmq-admin (rmq_mp/tools/admin_topics.py) checks that no member of a group consuming the topic is
+attached, writes a ``requested`` tombstone to config/deletedTopics.json and counts
+TOPIC_DELETE_REQUESTS, all under the flags lock. The supervisor, in its watch loop
+(`carry_out`), then, for each requested topic, under the flags lock:
+
+1. under the put lock: takes the write position as the tombstone's offset, persists it
+   ``pending`` (the commit point: from here a crash is finished at the next start), sets the
+   topic's next queue offsets to 0 and bumps TOPIC_DELETE_GENERATION. A send after it is the
+   new topic's first message, at queue offset 0, above the tombstone;
+2. marks the topic's group offsets deleted (`shm.queue_offsets.DELETED`, as deleteSubGroup)
+   and removes its topics.json entry;
+
+then persists consumerOffset.json (without them), marks the tombstone ``done`` and counts
+TOPIC_DELETES_DONE, which the command waits for. Reput, seeing the generation move before it
+dispatches any record put after step 1, drops the old queue files and resets the queue table's
+dispatched and minimum offsets (`workers/reput.py`), then publishes TOPIC_DELETES_APPLIED.
+
+``RMQ_CRASH_AT=deleteTopic:<step>`` (tests only: begin, tombstone, queues, config; reput: reput's
+step) kills the process with SIGKILL at that step, so the crash tests can stop a delete where they choose.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import time
+from typing import Protocol
+
+from rmq_mp.config.deleted_topics import DONE, PENDING, REQUESTED, DeletedTopics
+from rmq_mp.config.topics import TopicConfigManager
+from rmq_mp.errors import StoreError
+from rmq_mp.paths import StorePaths
+from rmq_mp.put.fence import holding_put_lock
+from shm import layout
+from shm import queue_offsets as qo
+from shm.names import ShmNames
+from shm.store_shm import StoreShm
+
+log = logging.getLogger("rmq_mp.supervisor")
+
+
+class Supervisor(Protocol):
+    """What a delete uses of workers/supervisor.py's Supervisor."""
+
+    names: ShmNames
+    shm: StoreShm | None
+    topics: TopicConfigManager | None
+
+    def persist_config(self) -> bool: ...
+
+
+def crash_point(step: str) -> None:
+    """SIGKILL this process at ``step`` when the crash tests ask (RMQ_CRASH_AT); only the first
+    time when RMQ_CRASH_ONCE names a file to create (a restarted worker inherits the setting)."""
+    if os.environ.get("RMQ_CRASH_AT") != f"deleteTopic:{step}":
+        return
+    once = os.environ.get("RMQ_CRASH_ONCE")
+    if once:
+        try:
+            os.close(os.open(once, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        except FileExistsError:
+            return
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def carry_out(supervisor: Supervisor, paths: StorePaths) -> None:
+    """Carry out every requested delete (see the module docstring); counts TOPIC_DELETES_DONE
+    up to the requests seen, also when one failed (logged: the command reports it)."""
+    shm = supervisor.shm
+    assert shm is not None
+    t = shm.table
+    requests = t.get(layout.TOPIC_DELETE_REQUESTS)
+    crash_point("begin")
+    deleted: list[str] = []
+    try:
+        with shm.flags_lock("deleteTopic"):
+            tombstones = DeletedTopics(paths.deleted_topics)
+            tombstones.load()
+            deleted = sorted(topic for topic, s in tombstones.table.items() if s.state == REQUESTED)
+            if deleted:
+                _delete_under_lock(supervisor, tombstones, deleted)
+        if deleted and supervisor.persist_config():
+            with shm.flags_lock("deleteTopic done"):
+                tombstones.load()
+                for topic in deleted:
+                    stone = tombstones.table.get(topic)
+                    if stone is not None and stone.state == PENDING:
+                        tombstones.set(topic, stone.phy_offset, DONE)
+                tombstones.persist()
+            log.info("deleteTopic: %s deleted", ", ".join(deleted))
+    except (StoreError, OSError) as exc:
+        log.error("deleteTopic %s: %s (finished at the next start)", ", ".join(deleted) or "?", exc)
+    t.set(layout.TOPIC_DELETES_DONE, requests)
+
+
+def _delete_under_lock(supervisor: Supervisor, tombstones: DeletedTopics, topics: list[str]) -> None:
+    """Steps 1 and 2 (the flags lock held)."""
+    shm = supervisor.shm
+    assert shm is not None
+    t = shm.table
+    with holding_put_lock(supervisor.names.base, "deleteTopic"):
+        phy_offset = t.get(layout.WROTE_POSITION)
+        for topic in topics:
+            tombstones.set(topic, phy_offset, PENDING)
+        tombstones.persist()
+        crash_point("tombstone")
+        for topic in topics:
+            for _queue_id, slot in shm.queues.queues_of(topic):
+                shm.queues.set(slot, qo.NEXT_OFFSET, 0)
+        t.set(layout.TOPIC_DELETE_GENERATION, t.get(layout.TOPIC_DELETE_GENERATION) + 1)
+    shm.wake("reput")
+    crash_point("queues")
+    prefixes = tuple(f"{topic}@" for topic in topics)
+    for key, _queue_id, slot in list(shm.groups.queues()):
+        if key.startswith(prefixes):
+            shm.groups.set(slot, qo.COMMITTED, qo.DELETED)
+    manager = supervisor.topics
+    if manager is not None:
+        manager.load()
+        if any(topic in manager.table for topic in topics):
+            manager.table = {name: c for name, c in manager.table.items() if name not in topics}
+            manager.counter += 1
+            manager.timestamp_ms = time.time_ns() // 1_000_000
+            manager.persist()
+    crash_point("config")
