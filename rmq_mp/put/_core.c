@@ -25,8 +25,9 @@
  *   Anything else returns None *before changing anything shared*, and the Python reference
  *   does the whole send.
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
- *   properties, its CRC computed before the put lock and its digits finished under it
- *   (crc_tail_init, crc_reserve, crc_prepare, crc_fill_prepared).
+ *   properties, its CRC and digits computed before the put lock over the lock's fields as
+ *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
+ *   crc_guess, crc_prepare, crc_fill_prepared).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -819,10 +820,11 @@ static inline void crc_reserve(const Sender *s, uint8_t *q) {
  * inversion; and zeros before a difference add nothing to `raw`, zeros after it multiply it by
  * x^8 mod P each. The fields the lock fixes lie in [20, 64) (QUEUEOFFSET, PHYSICALOFFSET,
  * STORETIMESTAMP after an IPv4 born host, the only kind the core puts). So before the lock the
- * CRC of the record as encoded and, per record length, what each changed 32-bit word multiplies
- * by (crc_prepare); under the lock six carry-less products, one reduction and the digits
- * (crc_fill_prepared), the same few ns whatever the body's size. Without PCLMULQDQ: the XOR of
- * the 44 bytes by table, one multiplication by loop. */
+ * CRC of the record with those fields guessed (crc_guess: what one producer's put gets), its
+ * digits, and per record length what each changed 32-bit word multiplies by (crc_prepare); under
+ * the lock six words compared and, where the guess was wrong, six carry-less products, one
+ * reduction and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
+ * Without PCLMULQDQ: the XOR of the 44 bytes by table, one multiplication by loop. */
 #define CRC_WINDOW_AT POS_QUEUE_OFFSET
 #define CRC_WINDOW_END (POS_STORE_TIMESTAMP + 8)
 
