@@ -25,8 +25,9 @@
  *   Anything else returns None *before changing anything shared*, and the Python reference
  *   does the whole send.
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
- *   properties, its CRC computed before the put lock and its digits finished under it
- *   (crc_tail_init, crc_reserve, crc_prepare, crc_fill_prepared).
+ *   properties, its CRC and digits computed before the put lock over the lock's fields as
+ *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
+ *   crc_guess, crc_prepare, crc_fill_prepared).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -105,21 +106,22 @@ static uint32_t crc32_table(uint32_t crc, const uint8_t *p, size_t n) {
  * Using PCLMULQDQ Instruction", 2009: the bit-reflected variant). Four 128-bit lanes fold 64
  * bytes a step with x^(512+64) and x^512 mod P, fold into one lane (x^(128+64), x^128), take in
  * any further 16-byte blocks, then reduce 128 -> 64 bits (x^64) and Barrett-reduce to 32 bits
- * (P and floor(x^64 / P)). ``n`` is a multiple of 16, at least 64; ``crc`` is not inverted here.
- * Compiled for pclmul and SSE4.1 and called only when the CPU has both (`has_clmul`). */
-__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_blocks(uint32_t crc, const uint8_t *p,
-                                                                             size_t n) {
+ * (P and floor(x^64 / P)). `first` is the stream's first block as loaded, `p` the next 16-byte
+ * block and `n` the bytes from there on, a multiple of 16, at least 48. Compiled for pclmul,
+ * SSSE3 and SSE4.1 and called only when the CPU has them (`has_clmul`). */
+__attribute__((target("pclmul,sse4.1"))) static inline uint32_t clmul_fold(__m128i first, const uint8_t *p,
+                                                                            size_t n) {
     const __m128i k512 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
     const __m128i k128 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
     const __m128i k64 = _mm_set_epi64x(0, 0x0163cd6124);
     const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
     const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-    __m128i a = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
-    __m128i b = _mm_loadu_si128((const __m128i *)(p + 16));
-    __m128i c = _mm_loadu_si128((const __m128i *)(p + 32));
-    __m128i d = _mm_loadu_si128((const __m128i *)(p + 48));
-    p += 64;
-    n -= 64;
+    __m128i a = first;
+    __m128i b = _mm_loadu_si128((const __m128i *)p);
+    __m128i c = _mm_loadu_si128((const __m128i *)(p + 16));
+    __m128i d = _mm_loadu_si128((const __m128i *)(p + 32));
+    p += 48;
+    n -= 48;
 #define FOLD(x, k, next) \
     _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(x, k, 0x00), _mm_clmulepi64_si128(x, k, 0x11)), next)
     for (; n >= 64; p += 64, n -= 64) {
@@ -139,6 +141,27 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_blocks(uint
     __m128i t = _mm_clmulepi64_si128(_mm_and_si128(a, low32), barrett, 0x10);
     t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
     return (uint32_t)_mm_extract_epi32(_mm_xor_si128(a, t), 1);
+}
+
+/* ``n`` bytes, a multiple of 16, at least 64; ``crc`` is not inverted here. */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc32_clmul_blocks(uint32_t crc, const uint8_t *p,
+                                                                             size_t n) {
+    __m128i first = _mm_xor_si128(_mm_loadu_si128((const __m128i *)p), _mm_cvtsi32_si128((int)crc));
+    return clmul_fold(first, p + 16, n - 16);
+}
+
+/* The raw CRC (register from 0, no inversions) of ``n`` >= 64 bytes of any length, read where
+ * they are: as if behind 16 - n % 16 zeros (which add nothing to a raw CRC), the first block is
+ * the first n % 16 bytes shifted into its end (one byte shuffle), every later block a plain
+ * load. No copy and no byte by table. */
+__attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc32_clmul_raw(const uint8_t *p, size_t n) {
+    static const uint8_t shuffle[32] = {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+                                        0x80, 0x80, 0x80, 0x80, 0x80, 0,    1,    2,    3,    4,    5,
+                                        6,    7,    8,    9,    10,   11,   12,   13,   14,   15};
+    size_t lead = (16 - n % 16) % 16; /* mask[i] = i - lead, or 0x80 (a zero) below lead */
+    __m128i mask = _mm_loadu_si128((const __m128i *)(shuffle + 16 - lead));
+    __m128i first = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), mask);
+    return clmul_fold(first, p + 16 - lead, n + lead - 16);
 }
 
 static int has_clmul;
@@ -465,7 +488,7 @@ static PyObject *py_set_clmul(PyObject *self, PyObject *arg) {
     if (want < 0) return NULL;
 #ifdef RMQ_HAVE_CLMUL
     __builtin_cpu_init();
-    int cpu = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    int cpu = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("sse4.1");
     has_clmul = want && cpu;
     return PyBool_FromLong(cpu);
 #else
@@ -542,8 +565,6 @@ typedef struct {
     uint32_t shift;     /* x^(8 (covered - 64)) mod P */
     uint32_t ones;      /* ~0 * x^(8 covered) mod P */
     uint32_t factor[6]; /* CrcPrepared.factor */
-    uint8_t *pad;       /* a record behind zeros (crc_raw) */
-    Py_ssize_t pad_len;
 } CrcState;
 
 typedef struct {
@@ -613,7 +634,7 @@ typedef struct {
     size_t starts_len;
     struct CrcPrepared *crc_pre; /* a batch's CRCs computed before the lock (crc_prepare) */
     size_t crc_pre_len;
-    CrcState crc_state; /* crc_prepare's buffer and the last record length's constants */
+    CrcState crc_state; /* the last record length's constants (crc_prepare) */
     int closed;
     Replica rep; /* SYNC_MASTER */
 } Sender;
@@ -711,7 +732,6 @@ static void Sender_dealloc(Sender *s) {
     PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
     PyMem_Free(s->crc_pre);
-    PyMem_Free(s->crc_state.pad);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -800,10 +820,11 @@ static inline void crc_reserve(const Sender *s, uint8_t *q) {
  * inversion; and zeros before a difference add nothing to `raw`, zeros after it multiply it by
  * x^8 mod P each. The fields the lock fixes lie in [20, 64) (QUEUEOFFSET, PHYSICALOFFSET,
  * STORETIMESTAMP after an IPv4 born host, the only kind the core puts). So before the lock the
- * CRC of the record as encoded and, per record length, what each changed 32-bit word multiplies
- * by (crc_prepare); under the lock six carry-less products, one reduction and the digits
- * (crc_fill_prepared), the same few ns whatever the body's size. Without PCLMULQDQ: the XOR of
- * the 44 bytes by table, one multiplication by loop. */
+ * CRC of the record with those fields guessed (crc_guess: what one producer's put gets), its
+ * digits, and per record length what each changed 32-bit word multiplies by (crc_prepare); under
+ * the lock six words compared and, where the guess was wrong, six carry-less products, one
+ * reduction and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
+ * Without PCLMULQDQ: the XOR of the 44 bytes by table, one multiplication by loop. */
 #define CRC_WINDOW_AT POS_QUEUE_OFFSET
 #define CRC_WINDOW_END (POS_STORE_TIMESTAMP + 8)
 
@@ -889,64 +910,72 @@ typedef struct CrcPrepared {
     uint8_t window[CRC_WINDOW_END - CRC_WINDOW_AT]; /* [20, 64) as encoded */
 } CrcPrepared;
 
-static int grow_buffer(uint8_t **buf, Py_ssize_t *cap, Py_ssize_t n);
-
 /* The raw CRC (register from 0, no inversions) of `n` >= 64 bytes at `p`: by multiplication
- * where the CPU can, a record under CRC_PAD_MAX bytes copied behind 16 - n % 16 zeros into
- * `st->pad` (zeros ahead add nothing to a raw CRC) so that no byte goes through the table: the
- * slice tables are cold by the next send and cost more than the copy of a short record; a
- * longer one costs more to copy than its last few bytes by table. -1: no memory. */
-#define CRC_PAD_MAX 4096
-static int crc_raw(CrcState *st, const uint8_t *p, Py_ssize_t n, uint32_t *raw) {
+ * where the CPU can, every byte of it where it lies (crc32_clmul_raw: no copy, and no byte by the
+ * slice tables, which are cold by the next send), else by table. */
+static inline uint32_t crc_raw(const uint8_t *p, Py_ssize_t n) {
 #ifdef RMQ_HAVE_CLMUL
-    if (has_clmul && n < CRC_PAD_MAX) {
-        Py_ssize_t lead = (16 - n % 16) % 16;
-        if (grow_buffer(&st->pad, &st->pad_len, lead + n) < 0) return -1;
-        memset(st->pad, 0, 16);
-        memcpy(st->pad + lead, p, (size_t)n);
-        *raw = crc32_clmul_blocks(0, st->pad, (size_t)(lead + n));
-        return 0;
-    }
-#else
-    (void)st;
+    if (has_clmul) return crc32_clmul_raw(p, (size_t)n);
 #endif
-    *raw = ~crc32_of(~0u, p, (size_t)n);
-    return 0;
+    return ~crc32_of(~0u, p, (size_t)n);
 }
 
-/* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64). What
- * depends on the length alone is kept in `st` for the next record (a sender's records mostly
- * share one). -1: no memory. */
-static int crc_prepare(const uint8_t *r, Py_ssize_t covered, CrcState *st, CrcPrepared *out) {
+/* The ten digits of a whole-record CRC (31 bits) after the property's name, least significant
+ * first (`MessageDecoder.createCrc32`): two chains of five, half the latency of one of ten. */
+static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc) {
+    uint8_t *digits = r + covered + CRC_DIGITS_AT;
+    uint32_t high = crc / 100000, low = crc - high * 100000;
+    for (int i = 0; i < 5; i++, low /= 10, high /= 10) {
+        digits[i] = (uint8_t)('0' + low % 10);
+        digits[5 + i] = (uint8_t)('0' + high % 10);
+    }
+}
+
+/* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64), its
+ * digits written as they will stand if the lock's fields are what the caller guessed (written
+ * into [20, 64) before this: crc_guess); crc_fill_prepared corrects them under the lock where
+ * the guess was wrong. What depends on the length alone is kept in `st` for the next record (a
+ * sender's records mostly share one). */
+static void crc_prepare(uint8_t *r, Py_ssize_t covered, CrcState *st, CrcPrepared *out) {
     if (covered != st->covered) {
         st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
         st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
         for (int k = 0; k < 6; k++) st->factor[k] = crc_multiply(st->shift, crc_word_factor[k]);
         st->covered = covered;
     }
-    uint32_t raw;
-    if (crc_raw(st, r, covered, &raw) < 0) return -1;
-    out->crc = ~(raw ^ st->ones); /* the initial ~0 run through `covered` bytes, inverted at the end */
+    out->crc = ~(crc_raw(r, covered) ^ st->ones); /* the initial ~0 run through `covered` bytes, inverted at the end */
     out->shift = st->shift;
     memcpy(out->factor, st->factor, sizeof out->factor);
     memcpy(out->window, r + CRC_WINDOW_AT, sizeof out->window);
-    return 0;
+    crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
+}
+
+/* The lock's fields as they will most likely be, written before crc_prepare: the queue's next
+ * offset and the write position read now (racy reads: only a guess; the lock's values are
+ * compared with it), and the born time, which the store time is when the lock is had at once.
+ * With one producer the guess holds and the lock only compares the six words. */
+static inline void crc_guess(uint8_t *r, int64_t queue_offset, int64_t phy_offset, int64_t store_ms) {
+    put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
+    put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
+    put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
 }
 
 /* Under the lock, once [20, 64) is patched: the ten digits after `covered` bytes and the
- * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes. */
+ * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes; none
+ * changed (the guess held), the digits crc_prepare wrote stand. */
 static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
-    uint32_t delta;
+    uint32_t delta, d[6], was, changed = 0;
+    for (int k = 0; k < 6; k++) {
+        memcpy(&d[k], r + CRC_WORD_AT[k], 4);
+        memcpy(&was, pre->window + CRC_WORD_AT[k] - CRC_WINDOW_AT, 4);
+        d[k] ^= was;
+        changed |= d[k];
+    }
+    if (!changed) return;
 #ifdef RMQ_HAVE_CLMUL
     if (has_clmul) {
         /* a changed 32-bit word w at k, read little-endian as the register reads bytes, adds
          * raw(w) * x^(8 (N - k - 4)) = w * x^32 * x^(8 (N - k - 4)) = w * factor[k] */
-        uint32_t d[6], was;
-        for (int k = 0; k < 6; k++) {
-            memcpy(&d[k], r + CRC_WORD_AT[k], 4);
-            memcpy(&was, pre->window + CRC_WORD_AT[k] - CRC_WINDOW_AT, 4);
-            d[k] ^= was;
-        }
         delta = crc_multiply_sum6(d, pre->factor);
     } else
 #endif
@@ -955,18 +984,24 @@ static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPr
         for (size_t i = 0; i < sizeof x; i++) x[i] = pre->window[i] ^ r[CRC_WINDOW_AT + i];
         delta = crc_multiply(pre->shift, ~crc32_table(~0u, x, sizeof x));
     }
-    uint32_t crc = (pre->crc ^ delta) & 0x7FFFFFFFu;
-    uint8_t *digits = r + covered + CRC_DIGITS_AT;
-    for (int i = 0; i < 10; i++, crc /= 10) digits[i] = (uint8_t)('0' + crc % 10);
+    crc_write_digits(r, covered, (pre->crc ^ delta) & 0x7FFFFFFFu);
 }
 
-/* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms)
- * prepares the record as it is, patches the three fields and fills the digits as a put does. */
+/* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms,
+ * guess=None) prepares the record as it is (or with the lock's fields guessed: (queue_offset,
+ * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. */
 static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     Py_buffer rec;
     Py_ssize_t tail_len;
     long long queue_offset, phy_offset, store_ms;
-    if (!PyArg_ParseTuple(args, "w*nLLL", &rec, &tail_len, &queue_offset, &phy_offset, &store_ms)) return NULL;
+    PyObject *guess = Py_None;
+    long long guessed[3];
+    if (!PyArg_ParseTuple(args, "w*nLLL|O", &rec, &tail_len, &queue_offset, &phy_offset, &store_ms, &guess))
+        return NULL;
+    if (guess != Py_None && !PyArg_ParseTuple(guess, "LLL", &guessed[0], &guessed[1], &guessed[2])) {
+        PyBuffer_Release(&rec);
+        return NULL;
+    }
     Py_ssize_t covered = rec.len - tail_len;
     if (tail_len < CRC_DIGITS_AT + 10 || covered < CRC_WINDOW_END) {
         PyBuffer_Release(&rec);
@@ -975,12 +1010,8 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     uint8_t *r = rec.buf;
     CrcState st = {0};
     CrcPrepared pre;
-    int failed = crc_prepare(r, covered, &st, &pre);
-    PyMem_Free(st.pad);
-    if (failed) {
-        PyBuffer_Release(&rec);
-        return NULL;
-    }
+    if (guess != Py_None) crc_guess(r, guessed[0], guessed[1], guessed[2]);
+    crc_prepare(r, covered, &st, &pre);
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
@@ -1622,11 +1653,14 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             s->crc_pre_len = (size_t)n;
         }
         if (n > 1) crcs = s->crc_pre;
-        for (Py_ssize_t i = 0; i < n; i++)
-            if (crc_prepare(s->scratch + (starts ? starts[i] : 0),
-                            (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                            &s->crc_state, &crcs[i]) < 0)
-                return -1;
+        int64_t guess_wrote = __atomic_load_n(&w[s->w[W_WROTE]], __ATOMIC_RELAXED);
+        int64_t guess_queue = __atomic_load_n(&words_of(&s->queues)[next_word], __ATOMIC_RELAXED);
+        for (Py_ssize_t i = 0; i < n; i++) {
+            uint8_t *r = s->scratch + (starts ? starts[i] : 0);
+            crc_guess(r, guess_queue + i, guess_wrote + (starts ? starts[i] : 0), born_ms);
+            crc_prepare(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
+                        &s->crc_state, &crcs[i]);
+        }
     }
     if (!lock_try(lock, pid)) {
         int got;
@@ -2555,7 +2589,7 @@ static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> int: zlib.crc32"},
     {"_set_clmul", py_set_clmul, METH_O, "_set_clmul(on) -> bool: test hook, the CRC by table alone; CPU has it"},
     {"_crc_fill_prepared", py_crc_fill_prepared, METH_VARARGS,
-     "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms), the put's CRC"},
+     "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms, guess=None), the put's CRC"},
     {"encode_own", py_encode_own, METH_VARARGS,
      "encode_own(topic_field, body, queue_id, flag, born_ms, props, born_ip, born_port, store_ip, store_port)"
      " -> bytearray: RecordEncoder.encode_own"},
@@ -2576,7 +2610,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     crc_shift_init();
 #ifdef RMQ_HAVE_CLMUL
     __builtin_cpu_init();
-    has_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("sse4.1");
+    has_clmul = __builtin_cpu_supports("pclmul") && __builtin_cpu_supports("ssse3") && __builtin_cpu_supports("sse4.1");
 #endif
     static const char *const kw[5] = {"tags", "keys", "properties", "queue_id", "flag"};
     for (int i = 0; i < 5; i++)

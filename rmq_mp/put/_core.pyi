@@ -4,6 +4,15 @@ from typing import Any
 
 def crc32(data: bytes, start: int = 0, /) -> int: ...
 def _set_clmul(on: bool, /) -> bool: ...
+def _crc_fill_prepared(
+    record: bytearray,
+    tail_len: int,
+    queue_offset: int,
+    phy_offset: int,
+    store_ms: int,
+    guess: tuple[int, int, int] | None = None,
+    /,
+) -> None: ...
 def encode_own(
     topic_field: bytes,
     body: bytes,

@@ -70,25 +70,43 @@ def test_this_cpu_takes_the_multiplying_crc() -> None:
     phy_offset=JAVA_LONG,
     store_ms=JAVA_LONG,
     clmul=st.booleans(),
+    guess=st.one_of(
+        st.none(),
+        st.just("right"),
+        st.tuples(JAVA_LONG, JAVA_LONG, JAVA_LONG),
+        st.sampled_from([(0, 1, 0), (1, 0, 0)]),
+    ),
 )
-@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=True)
-@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=False)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=True, guess=None)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=False, guess=None)
+@example(covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=True, guess="right")
+@example(
+    covered=bytes(range(256)) * 18, queue_offset=1, phy_offset=-2, store_ms=3, clmul=False, guess=(1, -2, 4)
+)
 def test_the_crc_prepared_before_the_lock_is_the_whole_records(
-    covered: bytes, queue_offset: int, phy_offset: int, store_ms: int, clmul: bool
+    covered: bytes,
+    queue_offset: int,
+    phy_offset: int,
+    store_ms: int,
+    clmul: bool,
+    guess: str | tuple[int, int, int] | None,
 ) -> None:
-    """The put computes the whole-record CRC before the lock over the record as encoded and
-    finishes it under the lock from the 24 bytes the lock fixes (QUEUEOFFSET, PHYSICALOFFSET,
-    STORETIMESTAMP): the digits are `record.fill_record_crc`'s of the patched record, whatever
-    those bytes held before (the reference's records come in with them set), by multiplication
-    and by the table (the examples: past the core's CRC_PAD_MAX, where it stops copying)."""
+    """The put computes the whole-record CRC before the lock, over the record with the fields
+    the lock fixes (QUEUEOFFSET, PHYSICALOFFSET, STORETIMESTAMP) guessed, and finishes it under
+    the lock from what differs in those 24 bytes: the digits are `record.fill_record_crc`'s of
+    the patched record whether the guess held ("right": the digits written before the lock
+    stand), was wrong (another producer's put came first) or was not made (the bytes as they
+    came in), by multiplication and by the table, whatever the length's remainder by 16 (read
+    in place: the first block shuffled, no copy)."""
     assert core is not None
     data = bytearray(covered + record.CRC_PLACEHOLDER)
     want = bytearray(data)
     record.patch_record(want, 0, queue_offset, phy_offset, store_ms, 0)
     record.fill_record_crc(want, 0, len(want))
+    guessed = (queue_offset, phy_offset, store_ms) if guess == "right" else guess
     try:
         core._set_clmul(clmul)
-        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, queue_offset, phy_offset, store_ms)
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, queue_offset, phy_offset, store_ms, guessed)
     finally:
         core._set_clmul(True)
     assert data == want
