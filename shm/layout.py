@@ -53,33 +53,25 @@ def _f(name: str, index: int, *writers: Role, lock: Lock | None = None, doc: str
     return Field(name, index, frozenset(writers), lock, doc)
 
 
-S, P, A, C, F, R, CL = (
-    Role.SUPERVISOR,
-    Role.PRODUCER,
-    Role.ALLOCATOR,
-    Role.COMMITTER,
-    Role.FLUSHER,
-    Role.REPUT,
-    Role.CLEANER,
-)
-
 MAGIC_VALUE = 0x524D514D50303031  # "RMQMP001"
 LAYOUT_VERSION = 2  # 2: PUT_LOCK_KIND, the atomic put lock
 
 # State values of STATE.
 STARTING, RUNNING, STOPPING, STOPPED = 0, 1, 2, 3
 
-MAGIC = _f("magic", 0, S)
-VERSION = _f("version", 1, S)
-GENERATION = _f("generation", 2, S, doc="incremented at every supervisor start")
-SUPERVISOR_PID = _f("supervisor_pid", 3, S)
-SUPERVISOR_HEARTBEAT_MS = _f("supervisor_heartbeat_ms", 4, S, doc="workers exit when it goes stale")
-STATE = _f("state", 5, S, doc="STARTING, RUNNING, STOPPING, STOPPED")
-FILE_SIZE = _f("file_size", 6, S, doc="mappedFileSizeCommitLog")
+MAGIC = _f("magic", 0, Role.SUPERVISOR)
+VERSION = _f("version", 1, Role.SUPERVISOR)
+GENERATION = _f("generation", 2, Role.SUPERVISOR, doc="incremented at every supervisor start")
+SUPERVISOR_PID = _f("supervisor_pid", 3, Role.SUPERVISOR)
+SUPERVISOR_HEARTBEAT_MS = _f(
+    "supervisor_heartbeat_ms", 4, Role.SUPERVISOR, doc="workers exit when it goes stale"
+)
+STATE = _f("state", 5, Role.SUPERVISOR, doc="STARTING, RUNNING, STOPPING, STOPPED")
+FILE_SIZE = _f("file_size", 6, Role.SUPERVISOR, doc="mappedFileSizeCommitLog")
 MIN_OFFSET = _f(
     "min_offset",
     7,
-    CL,
+    Role.CLEANER,
     Role.HA,
     doc="first readable commit-log byte; a file being deleted is already below it; on an empty SLAVE the "
     "ha worker sets it once, where its master's first frame starts the log (workers/ha_start.py), "
@@ -88,95 +80,128 @@ MIN_OFFSET = _f(
 WROTE_POSITION = _f(
     "wrote_position",
     8,
-    P,
+    Role.PRODUCER,
     Role.HA,
     lock=Lock.PUT,
     doc="end of appended records; on a SLAVE (producers refused) the ha worker is its one writer",
 )
-COMMITTED_POSITION = _f("committed_position", 9, C, doc="end of bytes copied from pool buffers to files")
-FLUSHED_POSITION = _f(
-    "flushed_position", 10, F, doc="end of bytes known durable; never advanced on a failed fsync"
+COMMITTED_POSITION = _f(
+    "committed_position", 9, Role.COMMITTER, doc="end of bytes copied from pool buffers to files"
 )
-REPUT_FROM_OFFSET = _f("reput_from_offset", 11, R, doc="end of dispatched records")
+FLUSHED_POSITION = _f(
+    "flushed_position", 10, Role.FLUSHER, doc="end of bytes known durable; never advanced on a failed fsync"
+)
+REPUT_FROM_OFFSET = _f("reput_from_offset", 11, Role.REPUT, doc="end of dispatched records")
 ALLOCATED_UNTIL = _f(
     "allocated_until",
     12,
-    A,
+    Role.ALLOCATOR,
     doc="commit-log offset below which, from the write position on, disk blocks are reserved",
 )
-LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, P, lock=Lock.PUT)
+LAST_STORE_TIMESTAMP = _f("last_store_timestamp", 13, Role.PRODUCER, lock=Lock.PUT)
 PUT_LOCK_OWNER_PID = _f(
     "put_lock_owner_pid",
     14,
-    P,
+    Role.PRODUCER,
     lock=Lock.PUT,
     doc="0 when free; with PUT_LOCK_KIND atomic, the lock word itself (`lock_owner` reads the pid)",
 )
 PUT_LOCK_SINCE_MS = _f(
-    "put_lock_since_ms", 15, P, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
+    "put_lock_since_ms", 15, Role.PRODUCER, lock=Lock.PUT, doc="OS_PAGECACHE_BUSY and dead-owner checks"
 )
-PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, F)
-LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, R)
-INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, R)
+PHYSIC_MSG_TIMESTAMP = _f("physic_msg_timestamp", 16, Role.FLUSHER)
+LOGICS_MSG_TIMESTAMP = _f("logics_msg_timestamp", 17, Role.REPUT)
+INDEX_MSG_TIMESTAMP = _f("index_msg_timestamp", 18, Role.REPUT)
 RUNNING_FLAGS = _f(
     "running_flags",
     19,
-    F,
-    CL,
+    Role.FLUSHER,
+    Role.CLEANER,
     lock=Lock.FLAGS,
     doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)",
 )
-FLUSH_REQUEST_SEQ = _f("flush_request_seq", 20, P, lock=Lock.PUT, doc="next SYNC flush-request ticket")
-PUT_COUNT = _f("put_count", 21, P, lock=Lock.PUT)
-PUT_BYTES = _f("put_bytes", 22, P, lock=Lock.PUT)
-FLUSH_COUNT = _f("flush_count", 23, F)
-FLUSH_FAILURES = _f("flush_failures", 24, F)
-COMMIT_COUNT = _f("commit_count", 25, C)
-DISPATCH_COUNT = _f("dispatch_count", 26, R)
-RECOVERY_DROPPED_BYTES = _f("recovery_dropped_bytes", 27, S)
-POOL_SIZE = _f("pool_size", 28, S, doc="buffers in the TransientStorePool, 0 = pool off")
-POOL_MLOCK_FAILED = _f("pool_mlock_failed", 29, S, doc="buffers whose mlock failed")
-FLUSH_DISK_SYNC = _f("flush_disk_sync", 30, S, doc="1 for SYNC_FLUSH")
-LOCK_RECOVERIES = _f("lock_recoveries", 31, P, lock=Lock.PUT, doc="put locks taken over from a dead owner")
+FLUSH_REQUEST_SEQ = _f(
+    "flush_request_seq", 20, Role.PRODUCER, lock=Lock.PUT, doc="next SYNC flush-request ticket"
+)
+PUT_COUNT = _f("put_count", 21, Role.PRODUCER, lock=Lock.PUT)
+PUT_BYTES = _f("put_bytes", 22, Role.PRODUCER, lock=Lock.PUT)
+FLUSH_COUNT = _f("flush_count", 23, Role.FLUSHER)
+FLUSH_FAILURES = _f("flush_failures", 24, Role.FLUSHER)
+COMMIT_COUNT = _f("commit_count", 25, Role.COMMITTER)
+DISPATCH_COUNT = _f("dispatch_count", 26, Role.REPUT)
+RECOVERY_DROPPED_BYTES = _f("recovery_dropped_bytes", 27, Role.SUPERVISOR)
+POOL_SIZE = _f("pool_size", 28, Role.SUPERVISOR, doc="buffers in the TransientStorePool, 0 = pool off")
+POOL_MLOCK_FAILED = _f("pool_mlock_failed", 29, Role.SUPERVISOR, doc="buffers whose mlock failed")
+FLUSH_DISK_SYNC = _f("flush_disk_sync", 30, Role.SUPERVISOR, doc="1 for SYNC_FLUSH")
+LOCK_RECOVERIES = _f(
+    "lock_recoveries", 31, Role.PRODUCER, lock=Lock.PUT, doc="put locks taken over from a dead owner"
+)
 
 # The put journal: written under the put lock before a put changes anything, cleared after.
-JOURNAL_ACTIVE = _f("journal_active", 32, P, lock=Lock.PUT)
-JOURNAL_WROTE_BEFORE = _f("journal_wrote_before", 33, P, lock=Lock.PUT)
-JOURNAL_QUEUE_SLOT = _f("journal_queue_slot", 34, P, lock=Lock.PUT, doc="-1 when no queue offset changed")
-JOURNAL_QUEUE_OFFSET_BEFORE = _f("journal_queue_offset_before", 35, P, lock=Lock.PUT)
-JOURNAL_WROTE_AFTER = _f("journal_wrote_after", 36, P, lock=Lock.PUT, doc="end the put meant to reach")
+JOURNAL_ACTIVE = _f("journal_active", 32, Role.PRODUCER, lock=Lock.PUT)
+JOURNAL_WROTE_BEFORE = _f("journal_wrote_before", 33, Role.PRODUCER, lock=Lock.PUT)
+JOURNAL_QUEUE_SLOT = _f(
+    "journal_queue_slot", 34, Role.PRODUCER, lock=Lock.PUT, doc="-1 when no queue offset changed"
+)
+JOURNAL_QUEUE_OFFSET_BEFORE = _f("journal_queue_offset_before", 35, Role.PRODUCER, lock=Lock.PUT)
+JOURNAL_WROTE_AFTER = _f(
+    "journal_wrote_after", 36, Role.PRODUCER, lock=Lock.PUT, doc="end the put meant to reach"
+)
 
 # The cleaner (workers/cleaner.py): its disk check, what its last run did and why, manual requests.
-DISK_CHECK_MS = _f("disk_check_ms", 37, CL, doc="time of the last disk check (its own schedule, #1400)")
-DISK_USED_PERMILLE = _f("disk_used_permille", 38, CL, doc="commit-log partition, used / (used + available)")
-CQ_DISK_USED_PERMILLE = _f("cq_disk_used_permille", 39, CL, doc="consume-queue partition, likewise")
-CLEAN_RUNS = _f("clean_runs", 40, CL, doc="commit-log cleaning runs that had a trigger")
-CLEAN_LAST_RUN_MS = _f("clean_last_run_ms", 41, CL)
-CLEAN_LAST_TRIGGERS = _f("clean_last_triggers", 42, CL, doc="TRIGGER_* bits of the last run")
-CLEAN_LAST_DELETED_FILES = _f("clean_last_deleted_files", 43, CL)
-CLEAN_LAST_DELETED_BYTES = _f("clean_last_deleted_bytes", 44, CL)
-CLEAN_LAST_OUTCOME = _f("clean_last_outcome", 45, CL, doc="OUTCOME_*: why the last run stopped")
-CLEAN_LAST_OUTCOME_OFFSET = _f("clean_last_outcome_offset", 46, CL, doc="the file the last run stopped at")
+DISK_CHECK_MS = _f(
+    "disk_check_ms", 37, Role.CLEANER, doc="time of the last disk check (its own schedule, #1400)"
+)
+DISK_USED_PERMILLE = _f(
+    "disk_used_permille", 38, Role.CLEANER, doc="commit-log partition, used / (used + available)"
+)
+CQ_DISK_USED_PERMILLE = _f("cq_disk_used_permille", 39, Role.CLEANER, doc="consume-queue partition, likewise")
+CLEAN_RUNS = _f("clean_runs", 40, Role.CLEANER, doc="commit-log cleaning runs that had a trigger")
+CLEAN_LAST_RUN_MS = _f("clean_last_run_ms", 41, Role.CLEANER)
+CLEAN_LAST_TRIGGERS = _f("clean_last_triggers", 42, Role.CLEANER, doc="TRIGGER_* bits of the last run")
+CLEAN_LAST_DELETED_FILES = _f("clean_last_deleted_files", 43, Role.CLEANER)
+CLEAN_LAST_DELETED_BYTES = _f("clean_last_deleted_bytes", 44, Role.CLEANER)
+CLEAN_LAST_OUTCOME = _f("clean_last_outcome", 45, Role.CLEANER, doc="OUTCOME_*: why the last run stopped")
+CLEAN_LAST_OUTCOME_OFFSET = _f(
+    "clean_last_outcome_offset", 46, Role.CLEANER, doc="the file the last run stopped at"
+)
 CLEAN_LAST_OUTCOME_DETAIL = _f(
-    "clean_last_outcome_detail", 47, CL, doc="age in s, holder pid or protected phy offset, by outcome"
+    "clean_last_outcome_detail",
+    47,
+    Role.CLEANER,
+    doc="age in s, holder pid or protected phy offset, by outcome",
 )
-CLEAN_DELETED_FILES = _f("clean_deleted_files", 48, CL, doc="commit-log files deleted since start")
-CLEAN_DELETED_BYTES = _f("clean_deleted_bytes", 49, CL)
+CLEAN_DELETED_FILES = _f("clean_deleted_files", 48, Role.CLEANER, doc="commit-log files deleted since start")
+CLEAN_DELETED_BYTES = _f("clean_deleted_bytes", 49, Role.CLEANER)
 CLEAN_FORCED_DESTROYS = _f(
-    "clean_forced_destroys", 50, CL, doc="files deleted while a reader held them, after the forcible interval"
+    "clean_forced_destroys",
+    50,
+    Role.CLEANER,
+    doc="files deleted while a reader held them, after the forcible interval",
 )
-CLEAN_CQ_DELETED_FILES = _f("clean_cq_deleted_files", 51, CL, doc="ConsumeQueue files deleted since start")
-CLEAN_INDEX_DELETED_FILES = _f("clean_index_deleted_files", 52, CL, doc="index files deleted since start")
+CLEAN_CQ_DELETED_FILES = _f(
+    "clean_cq_deleted_files", 51, Role.CLEANER, doc="ConsumeQueue files deleted since start"
+)
+CLEAN_INDEX_DELETED_FILES = _f(
+    "clean_index_deleted_files", 52, Role.CLEANER, doc="index files deleted since start"
+)
 CLEAN_PENDING_OFFSET = _f(
-    "clean_pending_offset", 53, CL, doc="file made unavailable but still held by a reader, -1 none"
+    "clean_pending_offset", 53, Role.CLEANER, doc="file made unavailable but still held by a reader, -1 none"
 )
-CLEAN_PENDING_SINCE_MS = _f("clean_pending_since_ms", 54, CL, doc="when that file was first made unavailable")
+CLEAN_PENDING_SINCE_MS = _f(
+    "clean_pending_since_ms", 54, Role.CLEANER, doc="when that file was first made unavailable"
+)
 MANUAL_DELETE_SEQ = _f(
     "manual_delete_seq", 55, Role.CONSUMER, lock=Lock.FLAGS, doc="manual deletion requests (rmq-admin)"
 )
-MANUAL_DELETE_DONE_SEQ = _f("manual_delete_done_seq", 56, CL, doc="the last request a finished run served")
+MANUAL_DELETE_DONE_SEQ = _f(
+    "manual_delete_done_seq", 56, Role.CLEANER, doc="the last request a finished run served"
+)
 CLEAN_CQ_MIN_PHY_OFFSET = _f(
-    "clean_cq_min_phy_offset", 57, CL, doc="commit-log minimum the ConsumeQueues and index were cleaned to"
+    "clean_cq_min_phy_offset",
+    57,
+    Role.CLEANER,
+    doc="commit-log minimum the ConsumeQueues and index were cleaned to",
 )
 
 # Dispatch fault codes (DISPATCH_FAILED_QUEUES' per-queue dispatch_error, INDEX_DISPATCH_ERROR): an
@@ -199,8 +224,10 @@ TRIGGER_TIME, TRIGGER_SPACE, TRIGGER_MANUAL, TRIGGER_FORCIBLY = 1, 2, 4, 8
 ) = range(9)
 
 # Operator fields (slots 272..399; 37..63 and 240..271 are reserved for other work).
-RECOVERY_MS = _f("recovery_ms", 272, S, doc="wall time of the last startup recovery")
-METRICS_PORT = _f("metrics_port", 273, S, doc="port the Prometheus endpoint listens on, 0 = off")
+RECOVERY_MS = _f("recovery_ms", 272, Role.SUPERVISOR, doc="wall time of the last startup recovery")
+METRICS_PORT = _f(
+    "metrics_port", 273, Role.SUPERVISOR, doc="port the Prometheus endpoint listens on, 0 = off"
+)
 READ_SKIPPED_RECORDS = _f(
     "read_skipped_records",
     276,
@@ -212,25 +239,31 @@ READ_SKIPPED_RECORDS = _f(
 
 # Reput's quarantined queues and paused index (workers/reput.py): what status and metrics show.
 DISPATCH_FAILED_QUEUES = _f(
-    "dispatch_failed_queues", 280, R, doc="queues quarantined (see each one's dispatch_error)"
+    "dispatch_failed_queues", 280, Role.REPUT, doc="queues quarantined (see each one's dispatch_error)"
 )
 QUEUE_REDISPATCH_FROM = _f(
-    "queue_redispatch_from", 281, R, doc="while queues are quarantined: the first record one still lacks"
+    "queue_redispatch_from",
+    281,
+    Role.REPUT,
+    doc="while queues are quarantined: the first record one still lacks",
 )
 INDEX_DISPATCH_ERROR = _f(
-    "index_dispatch_error", 282, R, doc="0, or why indexing is paused (errno or FAULT_*)"
+    "index_dispatch_error", 282, Role.REPUT, doc="0, or why indexing is paused (errno or FAULT_*)"
 )
 INDEX_RESUME_OFFSET = _f(
-    "index_resume_offset", 283, R, doc="while indexing is paused: the first record not indexed"
+    "index_resume_offset", 283, Role.REPUT, doc="while indexing is paused: the first record not indexed"
 )
 PUT_LOCK_KIND = _f(
     "put_lock_kind",
     301,
-    S,
+    Role.SUPERVISOR,
     doc="LOCK_SEMAPHORE or LOCK_ATOMIC, chosen at creation: every producer of the store takes that lock",
 )
 CONFIG_PERSIST_FAILURES = _f(
-    "config_persist_failures", 300, S, doc="persists of config/*.json that raised OSError (retried)"
+    "config_persist_failures",
+    300,
+    Role.SUPERVISOR,
+    doc="persists of config/*.json that raised OSError (retried)",
 )
 
 # The fence (rmq_mp/put/fence.py; slots 208..223): a start that someone stops or starts over
@@ -239,12 +272,12 @@ CONFIG_PERSIST_FAILURES = _f(
 FENCE = _f(
     "fence",
     208,
-    P,
+    Role.PRODUCER,
     lock=Lock.PUT,
     doc="0 open; else FENCED_BY_* (who fenced this start): every put refuses once it is set",
 )
-FENCE_PID = _f("fence_pid", 209, P, lock=Lock.PUT, doc="the process that set FENCE")
-FENCE_MS = _f("fence_ms", 210, P, lock=Lock.PUT, doc="when FENCE was set (wall clock)")
+FENCE_PID = _f("fence_pid", 209, Role.PRODUCER, lock=Lock.PUT, doc="the process that set FENCE")
+FENCE_MS = _f("fence_ms", 210, Role.PRODUCER, lock=Lock.PUT, doc="when FENCE was set (wall clock)")
 
 # The flags lock's owner (shm/store_shm.py `StoreShm.flags_lock`): any role takes that lock, so
 # any role writes these, under it. A dead owner is detected and the lock taken over.
@@ -266,12 +299,15 @@ FENCE_OPEN, FENCED_BY_SHUTDOWN, FENCED_BY_STOP, FENCED_BY_START = 0, 1, 2, 3
 # (rmq_mp/config/live.py PUBLISHED_KEYS, in order, one word each), written by the supervisor at start
 # and at each reload it accepts, then LIVE_SETTINGS_GENERATION; a worker re-reads them when it moves.
 LIVE_SETTINGS_GENERATION = _f(
-    "live_settings_generation", 464, S, doc="reloads applied since start: workers re-read live_setting*"
+    "live_settings_generation",
+    464,
+    Role.SUPERVISOR,
+    doc="reloads applied since start: workers re-read live_setting*",
 )
 RELOADS_DONE = _f(
     "reloads_done",
     465,
-    S,
+    Role.SUPERVISOR,
     doc="reload requests (SIGHUP) handled, applied or refused: `rmq-mp reload` waits on it",
 )
 LIVE_BASE = 466
@@ -281,7 +317,7 @@ LIVE_SLOTS = 14
 def live_setting(index: int) -> Field:
     """The ``index``-th live worker setting's word (rmq_mp/config/live.py says which key)."""
     assert 0 <= index < LIVE_SLOTS
-    return _f(f"live_setting{index}", LIVE_BASE + index, S)
+    return _f(f"live_setting{index}", LIVE_BASE + index, Role.SUPERVISOR)
 
 
 # Replication (workers/ha.py, docs/replication.md). On a master: the listener, the best offset any
@@ -311,15 +347,23 @@ HA_DROPPED = _f(
 HA_REQUEST_SEQ = _f(
     "ha_request_seq",
     409,
-    P,
+    Role.PRODUCER,
     lock=Lock.PUT,
     doc="SYNC_MASTER: next replica-request ticket (shm/replica_requests.py)",
 )
 HA_SLAVE_NOT_AVAILABLE = _f(
-    "ha_slave_not_available", 410, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE"
+    "ha_slave_not_available",
+    410,
+    Role.PRODUCER,
+    lock=Lock.FLAGS,
+    doc="SYNC_MASTER puts answered SLAVE_NOT_AVAILABLE",
 )
 HA_FLUSH_SLAVE_TIMEOUT = _f(
-    "ha_flush_slave_timeout", 411, P, lock=Lock.FLAGS, doc="SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT"
+    "ha_flush_slave_timeout",
+    411,
+    Role.PRODUCER,
+    lock=Lock.FLAGS,
+    doc="SYNC_MASTER puts answered FLUSH_SLAVE_TIMEOUT",
 )
 HA_BOUND_PORT = _f(
     "ha_bound_port",
@@ -374,7 +418,7 @@ def lock_owner(word: int) -> int:
 
 # Slots 448..463: process identity.
 SUPERVISOR_START_MS = _f(
-    "supervisor_start_ms", 448, S,
+    "supervisor_start_ms", 448, Role.SUPERVISOR,
     doc="the supervisor's process start time (psutil): with supervisor_pid, who it is; a reused pid is not it",
 )  # fmt: skip
 
@@ -404,16 +448,19 @@ HA_META_APPLIED_RESET_MS = _f(
     "ha_meta_applied_reset_ms", 488, Role.HA, doc="SLAVE: the master's reset time it last copied exactly"
 )
 BROKER_ROLE_NOW = _f(
-    "broker_role_now", 489, S,
+    "broker_role_now", 489, Role.SUPERVISOR,
     doc="0: the descriptor's brokerRole; else the role a promotion gave (ROLE_CODES): what producers, "
     "workers and attaches read",
 )  # fmt: skip
 PROMOTE_REQUEST = _f(
-    "promote_request", 490, Role.CONSUMER, S, lock=Lock.FLAGS,
+    "promote_request", 490, Role.CONSUMER, Role.SUPERVISOR, lock=Lock.FLAGS,
     doc="rmq-admin promote: the role code asked for (the supervisor clears it when done)",
 )  # fmt: skip
 PROMOTIONS_DONE = _f(
-    "promotions_done", 491, S, doc="promotions the supervisor finished (rmq-admin promote waits on it)"
+    "promotions_done",
+    491,
+    Role.SUPERVISOR,
+    doc="promotions the supervisor finished (rmq-admin promote waits on it)",
 )
 HA_META_MALFORMED = _f(
     "ha_meta_malformed", 492, Role.HA, doc="metadata connections closed for a malformed message"
@@ -425,12 +472,14 @@ HA_META_DELAY_FROM = _f(
 )  # fmt: skip
 
 FORK_READ_END = _f(
-    "fork_read_end", 494, S, Role.HA,
+    "fork_read_end", 494, Role.SUPERVISOR, Role.HA,
     doc="SLAVE: readers serve nothing at or past this commit-log offset, where its log forks from its "
     "master's (the ha worker sets it the moment it finds the fork, the supervisor's restart cuts "
     "there); -1 none (the supervisor's start)",
 )  # fmt: skip
-FORK_RESTARTS = _f("fork_restarts", 495, S, doc="restarts this supervisor made by itself to cut a forked log")
+FORK_RESTARTS = _f(
+    "fork_restarts", 495, Role.SUPERVISOR, doc="restarts this supervisor made by itself to cut a forked log"
+)
 HA_META_APPLIED_FULL = _f(
     "ha_meta_applied_full", 496, Role.HA,
     doc="SLAVE: full metadata snapshots applied (the master sends one after each change it sees; "
@@ -443,15 +492,15 @@ TOPIC_DELETE_REQUESTS = _f(
     doc="rmq-admin deleteTopic: deletes asked for (each a 'requested' tombstone in deletedTopics.json)",
 )  # fmt: skip
 TOPIC_DELETES_DONE = _f(
-    "topic_deletes_done", 505, S,
+    "topic_deletes_done", 505, Role.SUPERVISOR,
     doc="the requests the supervisor has carried out (rmq-admin deleteTopic waits on it)",
 )  # fmt: skip
 TOPIC_DELETE_GENERATION = _f(
-    "topic_delete_generation", 506, S, lock=Lock.PUT,
+    "topic_delete_generation", 506, Role.SUPERVISOR, lock=Lock.PUT,
     doc="topics deleted this start: bumped under the put lock once a deleted topic's next offsets are 0",
 )  # fmt: skip
 TOPIC_DELETES_APPLIED = _f(
-    "topic_deletes_applied", 507, R,
+    "topic_deletes_applied", 507, Role.REPUT,
     doc="the topic_delete_generation reput has applied: old queue files gone, queue offsets reset "
     "(readers drop their cached queues when it moves)",
 )  # fmt: skip
@@ -472,7 +521,7 @@ def pool_file_offset(buffer: int) -> Field:
     stores only into a free buffer's word and the committer only into a serving one's, so the
     two never store the same word at once; each store is one aligned word."""
     assert 0 <= buffer < POOL_SLOTS
-    return _f(f"pool{buffer}_file_offset", POOL_BASE + buffer, P, C)
+    return _f(f"pool{buffer}_file_offset", POOL_BASE + buffer, Role.PRODUCER, Role.COMMITTER)
 
 
 WORKER_BASE = 96
@@ -496,7 +545,7 @@ def worker_field(role: str, name: str) -> Field:
     index = WORKER_BASE + ROLES.index(role) * WORKER_STRIDE + WORKER_FIELDS.index(name)
     worker_role = Role(role)
     if name in ("pid", "restarts", "stop"):
-        return _f(f"{role}.{name}", index, S)
+        return _f(f"{role}.{name}", index, Role.SUPERVISOR)
     if name == "notified":
         return _f(f"{role}.{name}", index, *Role)
     return _f(f"{role}.{name}", index, worker_role)

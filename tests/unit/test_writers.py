@@ -29,58 +29,51 @@ from shm.slot_table import SlotTable
 from shm.waiters import WaiterTable
 
 ROOT = Path(__file__).resolve().parents[2]
-S, P, A, C, F, R, CL, SC, CO = (
-    Role.SUPERVISOR,
-    Role.PRODUCER,
-    Role.ALLOCATOR,
-    Role.COMMITTER,
-    Role.FLUSHER,
-    Role.REPUT,
-    Role.CLEANER,
-    Role.SCHEDULER,
-    Role.CONSUMER,
-)
 
 MODULE_ROLES: dict[str, frozenset[Role]] = {
-    "rmq_mp/put/": frozenset({P}),
-    "rmq_mp/client/": frozenset({CO}),
-    "rmq_mp/spark/": frozenset({CO}),
-    "rmq_mp/tools/admin_ops.py": frozenset({CO}),  # rmq-admin opens the store as a consumer
-    "rmq_mp/tools/admin_groups.py": frozenset({CO}),  # rmq-admin deleteSubGroup and offsets
-    "rmq_mp/tools/admin_common.py": frozenset({CO}),  # rmq-admin: a moved offset stamped for slaves
-    "rmq_mp/tools/admin_topics.py": frozenset({CO}),  # rmq-admin deleteTopic asks the supervisor
-    "rmq_mp/tools/monitoring.py": frozenset({S}),  # the metrics endpoint runs in the supervisor
-    "rmq_mp/store/cleaning.py": frozenset({CO}),  # request_manual_delete: rmq-admin
-    "rmq_mp/store/read_damage.py": frozenset({CO}),  # readers count what they skipped
-    "workers/supervisor.py": frozenset({S}),
-    "workers/topic_delete.py": frozenset({S}),  # the supervisor's half of rmq-admin deleteTopic
-    "workers/allocator.py": frozenset({A}),
-    "workers/committer.py": frozenset({C}),
-    "workers/flusher.py": frozenset({F}),
-    "workers/reput.py": frozenset({R}),
-    "workers/cleaner.py": frozenset({CL}),
-    "workers/scheduler.py": frozenset({SC}),
+    "rmq_mp/put/": frozenset({Role.PRODUCER}),
+    "rmq_mp/client/": frozenset({Role.CONSUMER}),
+    "rmq_mp/spark/": frozenset({Role.CONSUMER}),
+    "rmq_mp/tools/admin_ops.py": frozenset({Role.CONSUMER}),  # rmq-admin opens the store as a consumer
+    "rmq_mp/tools/admin_groups.py": frozenset({Role.CONSUMER}),  # rmq-admin deleteSubGroup and offsets
+    "rmq_mp/tools/admin_common.py": frozenset(
+        {Role.CONSUMER}
+    ),  # rmq-admin: a moved offset stamped for slaves
+    "rmq_mp/tools/admin_topics.py": frozenset({Role.CONSUMER}),  # rmq-admin deleteTopic asks the supervisor
+    "rmq_mp/tools/monitoring.py": frozenset({Role.SUPERVISOR}),  # the metrics endpoint runs in the supervisor
+    "rmq_mp/store/cleaning.py": frozenset({Role.CONSUMER}),  # request_manual_delete: rmq-admin
+    "rmq_mp/store/read_damage.py": frozenset({Role.CONSUMER}),  # readers count what they skipped
+    "workers/supervisor.py": frozenset({Role.SUPERVISOR}),
+    "workers/topic_delete.py": frozenset({Role.SUPERVISOR}),  # the supervisor's half of rmq-admin deleteTopic
+    "workers/allocator.py": frozenset({Role.ALLOCATOR}),
+    "workers/committer.py": frozenset({Role.COMMITTER}),
+    "workers/flusher.py": frozenset({Role.FLUSHER}),
+    "workers/reput.py": frozenset({Role.REPUT}),
+    "workers/cleaner.py": frozenset({Role.CLEANER}),
+    "workers/scheduler.py": frozenset({Role.SCHEDULER}),
     "workers/ha.py": frozenset({Role.HA}),
     "workers/ha_start.py": frozenset({Role.HA}),
     "workers/ha_meta.py": frozenset({Role.HA}),  # a thread of the ha worker
-    "workers/promotion.py": frozenset({S}),  # the supervisor's watch loop
+    "workers/promotion.py": frozenset({Role.SUPERVISOR}),  # the supervisor's watch loop
     "rmq_mp/tools/promote.py": frozenset({Role.CONSUMER}),  # rmq-admin
-    "shm/pointer_table.py::create": frozenset({S}),
-    "shm/store_shm.py::create": frozenset({S}),
-    "shm/store_shm.py::update_running_flags": frozenset({F, CL}),  # workers/flusher.py, cleaner.py
+    "shm/pointer_table.py::create": frozenset({Role.SUPERVISOR}),
+    "shm/store_shm.py::create": frozenset({Role.SUPERVISOR}),
+    "shm/store_shm.py::update_running_flags": frozenset(
+        {Role.FLUSHER, Role.CLEANER}
+    ),  # workers/flusher.py, cleaner.py
     "shm/store_shm.py::flags_lock": frozenset(Role),  # any process takes the flags lock
     "shm/store_shm.py::_take_flags_lock_over": frozenset(Role),
-    "shm/transient_pool.py::borrow": frozenset({P}),
-    "shm/transient_pool.py::give_back": frozenset({C}),
-    "shm/semaphores.py": frozenset({P}),  # the put lock
-    "shm/put_lock.py": frozenset({P}),
-    "shm/put_journal.py": frozenset({P}),
-    "shm/members.py": frozenset({CO}),
-    "shm/flush_requests.py::take": frozenset({P}),
-    "shm/flush_requests.py::collect": frozenset({P}),
-    "shm/flush_requests.py::abandon": frozenset({P}),
-    "shm/flush_requests.py::complete": frozenset({F}),
-    "shm/flush_requests.py::release": frozenset({F}),
+    "shm/transient_pool.py::borrow": frozenset({Role.PRODUCER}),
+    "shm/transient_pool.py::give_back": frozenset({Role.COMMITTER}),
+    "shm/semaphores.py": frozenset({Role.PRODUCER}),  # the put lock
+    "shm/put_lock.py": frozenset({Role.PRODUCER}),
+    "shm/put_journal.py": frozenset({Role.PRODUCER}),
+    "shm/members.py": frozenset({Role.CONSUMER}),
+    "shm/flush_requests.py::take": frozenset({Role.PRODUCER}),
+    "shm/flush_requests.py::collect": frozenset({Role.PRODUCER}),
+    "shm/flush_requests.py::abandon": frozenset({Role.PRODUCER}),
+    "shm/flush_requests.py::complete": frozenset({Role.FLUSHER}),
+    "shm/flush_requests.py::release": frozenset({Role.FLUSHER}),
 }
 """Who runs a module's (or one function's) writes: the role its process opens the store in."""
 
@@ -280,7 +273,7 @@ def test_every_field_names_a_writer_and_a_shared_one_its_lock_or_why_not() -> No
         assert f.writers, f.name
         key = f.name if not f.name.endswith(".notified") else "flusher.notified"
         key = "pool0_file_offset" if f.name.startswith("pool") else key
-        if len(f.writers - {S}) > 1 and f.lock is None:
+        if len(f.writers - {Role.SUPERVISOR}) > 1 and f.lock is None:
             assert "without" in (reasoned.get(key) or "") or "benign race" in (reasoned.get(key) or ""), (
                 f.name
             )
@@ -341,7 +334,9 @@ def test_the_compiled_core_stores_only_producer_fields() -> None:
     stored = core_pointer_writes()
     assert "WROTE_POSITION" in stored, "the scan reads the core"
     for name in stored:
-        assert P in getattr(layout, name).writers, f"_core.c stores {name}, not declared a producer field"
+        assert Role.PRODUCER in getattr(layout, name).writers, (
+            f"_core.c stores {name}, not declared a producer field"
+        )
 
 
 @functools.cache
@@ -455,7 +450,7 @@ def test_every_declared_writer_of_a_named_field_writes_it() -> None:
         if w.table == "pointer":
             found[w.field] |= roles_of(w.module, w.function) or set()
     for name in core_pointer_writes():
-        found[getattr(layout, name).name].add(P)
+        found[getattr(layout, name).name].add(Role.PRODUCER)
     for where, field, _ in raw_stores():
         module = where.split(":")[0]
         if field is not None:
@@ -469,7 +464,7 @@ def test_every_declared_writer_of_a_named_field_writes_it() -> None:
     assert not lying, "\n".join(lying)
 
 
-@pytest.mark.parametrize("role", [r for r in Role if r not in (P, Role.SUPERVISOR)])
+@pytest.mark.parametrize("role", [r for r in Role if r not in (Role.PRODUCER, Role.SUPERVISOR)])
 def test_a_role_that_is_no_producer_may_not_take_the_put_paths_words(role: Role) -> None:
     """The runtime half: `words` refuses the put path's stores to any other role, as `set` does."""
     from shm.pointer_table import PointerTable
