@@ -1309,6 +1309,13 @@ static int find_queue(Sender *s, PyObject *topic, long long queue_id, PyObject *
 
 /* RocketMQ's checks before the lock (`Producer._refusal`): 1 when a put may go ahead. A refusal
  * is the reference's to word. */
+/* Whether `queue_id` is below the limit learned for `topic` (`learn`, `learn_topic`), whether
+ * or not this producer has put to that queue yet: a delayed send's own queue. */
+static int topic_has_queue(Sender *s, PyObject *topic, long long queue_id) {
+    PyObject *entry = topic == s->last_topic ? s->last_entry : PyDict_GetItem(s->topics, topic);
+    return entry && queue_id < PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2));
+}
+
 static inline int may_put(Sender *s, int64_t now_ms) {
     int64_t *w = words_of(&s->table);
     return w[s->w[W_STATE]] == s->accepting_state && now_ms - w[s->w[W_HEARTBEAT]] <= s->stale_ms &&
@@ -2041,7 +2048,9 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int64_t slot;
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
-    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    if (found < 0) return NULL;
+    /* a delayed send's own queue is not put to: it needs only to be one of the topic's */
+    if (!found && (props == Py_None || !topic_has_queue(s, topic, queue_id))) Py_RETURN_NONE;
     Py_buffer view;
     const uint8_t *body_p;
     Py_ssize_t body_len;
@@ -2051,6 +2060,8 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int built = build_props(s, tags, keys, props, topic, queue_id, &pr);
     if (built < 0 || (built && props_put_crc(s, &pr) < 0)) goto done;
     if (!built) goto hand_back;
+    s->why = REF_NEW_QUEUE;
+    if (!found && !pr.level) goto hand_back;
     s->why = REF_REFUSED;
     if (body_len > s->max_message_size || pr.len > MAX_PROPERTIES_BYTES) goto hand_back;
     long long record_queue_id = queue_id;
@@ -2492,14 +2503,9 @@ static PyObject *Sender_set_file(Sender *s, PyObject *args) {
 }
 
 /* learn(topic, topic_field, limit, queue_id, slot, next_word): a queue the reference placed. */
-static PyObject *Sender_learn(Sender *s, PyObject *args) {
-    PyObject *topic, *topic_field, *limit, *queue_id, *slot, *word;
-    if (!PyArg_ParseTuple(args, "UO!OOOO", &topic, &PyBytes_Type, &topic_field, &limit, &queue_id, &slot, &word))
-        return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(limit);
-    Py_ssize_t qid = PyLong_AsSsize_t(queue_id);
-    if (PyErr_Occurred()) return NULL;
-    if (qid < 0 || qid >= n || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "queue id %zd outside 0..%zd", qid, n - 1);
+/* The topic's entry (topic_field, limit, [queue -> (slot, word) | None] * limit), made anew
+ * when absent or learned with another limit; borrowed, NULL with an exception. */
+static PyObject *topic_entry(Sender *s, PyObject *topic, PyObject *topic_field, PyObject *limit, Py_ssize_t n) {
     PyObject *entry = PyDict_GetItemWithError(s->topics, topic);
     if (!entry && PyErr_Occurred()) return NULL;
     if (entry && PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), limit, Py_EQ) != 1) entry = NULL;
@@ -2517,9 +2523,34 @@ static PyObject *Sender_learn(Sender *s, PyObject *args) {
         Py_CLEAR(s->last_topic); /* the cached entry may be the one replaced */
         Py_CLEAR(s->last_entry);
     }
+    return entry;
+}
+
+static PyObject *Sender_learn(Sender *s, PyObject *args) {
+    PyObject *topic, *topic_field, *limit, *queue_id, *slot, *word;
+    if (!PyArg_ParseTuple(args, "UO!OOOO", &topic, &PyBytes_Type, &topic_field, &limit, &queue_id, &slot, &word))
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(limit);
+    Py_ssize_t qid = PyLong_AsSsize_t(queue_id);
+    if (PyErr_Occurred()) return NULL;
+    if (qid < 0 || qid >= n || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "queue id %zd outside 0..%zd", qid, n - 1);
+    PyObject *entry = topic_entry(s, topic, topic_field, limit, n);
+    if (!entry) return NULL;
     PyObject *pair = PyTuple_Pack(2, slot, word);
     if (!pair) return NULL;
     if (PyList_SetItem(PyTuple_GET_ITEM(entry, 2), qid, pair) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* learn_topic(topic, topic_field, limit): the topic's queue limit alone (the reference sent a
+ * delayed message on one of its queues, which holds nothing of it: `topic_has_queue`). */
+static PyObject *Sender_learn_topic(Sender *s, PyObject *args) {
+    PyObject *topic, *topic_field, *limit;
+    if (!PyArg_ParseTuple(args, "UO!O", &topic, &PyBytes_Type, &topic_field, &limit)) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(limit);
+    if (PyErr_Occurred()) return NULL;
+    if (n < 0 || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "limit %zd outside 0..2^20", n);
+    if (!topic_entry(s, topic, topic_field, limit, n)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -2555,6 +2586,7 @@ static PyMethodDef Sender_methods[] = {
      "bind(reference, rotate, prefault): the producer's send, round robin and pool-buffer prefault"},
     {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
     {"learn", (PyCFunction)Sender_learn, METH_VARARGS, "a queue and its offset-table slot"},
+    {"learn_topic", (PyCFunction)Sender_learn_topic, METH_VARARGS, "a topic's queue limit (a delayed send's)"},
     {"forget_topics", (PyCFunction)Sender_forget_topics, METH_NOARGS, "topics.json changed"},
     {"close", (PyCFunction)Sender_close, METH_NOARGS, "release every shared buffer (before closing them)"},
     {NULL}};

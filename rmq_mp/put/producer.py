@@ -482,7 +482,7 @@ class Producer:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
             if named and not self.router.known(topic, queue_id):  # after every type check
                 self.router.check(topic, queue_id)
-            real_queue_id = queue_id
+            real_topic, real_queue_id = topic, queue_id
             if properties and (delay := properties.get(m.PROPERTY_DELAY_TIME_LEVEL)) is not None:
                 delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self.encoding.max_delay_level)
                 if delayed is not None:
@@ -499,10 +499,20 @@ class Producer:
             result = SendResult(_ILLEGAL, int_or_minus_one(queue_id), -1, -1, uniq, reason)
         else:
             result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
-            if queue_id != real_queue_id:  # delayed: the sender's queue, as RocketMQ's broker answers
+            if (
+                topic != real_topic or queue_id != real_queue_id
+            ):  # delayed: the sender's queue, as RocketMQ's broker answers
                 result.queue_id = real_queue_id
+                self._learn_delayed_topic(real_topic)
         self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
         return result
+
+    def _learn_delayed_topic(self, topic: str) -> None:
+        """After the reference stored a delayed send: the core learns its topic's queue limit, so
+        that it takes the next delayed send to it (the send's own queue holds nothing of it, so
+        no put there ever teaches the core that queue; each such send was the reference's)."""
+        if self._native is not None and topic != m.SCHEDULE_TOPIC and not v.topic_problem(topic):
+            self._native.learn_topic(topic, self.encoder.topic_field(topic), self.router.limit(topic))
 
     def send_batch(self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]) -> SendBatchResult:
         """Store many messages: a `MessageBatch` (RocketMQ's batch: one topic and queue, whole in

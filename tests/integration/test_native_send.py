@@ -577,3 +577,27 @@ def test_messages_are_put_by_the_core(store: tuple[RunningService, Producer]) ->
     assert producer.send_batch(back * 10).ok
     assert core.sent == sent + 20
     assert _reference_sends(producer) == before
+
+
+def test_a_topic_sent_only_delayed_messages_is_the_cores_after_its_first(
+    store: tuple[RunningService, Producer],
+) -> None:
+    """A delayed send is stored on the schedule queue, never on its own, so no put teaches the
+    core the sender's queue: the reference's first delayed send teaches it the topic's limit,
+    and every later one, on any of the topic's queues, named or rotated, is the core's."""
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    delay = {"DELAY": "3"}
+    first = producer.send("OnlyDelayed", b"d", queue_id=0, properties=delay)  # new_queue: by design
+    assert first.ok
+    before, sent = _reference_sends(producer), core.sent
+    results = [producer.send("OnlyDelayed", b"d", queue_id=q % 8, properties=delay) for q in range(40)]
+    results += [producer.send("OnlyDelayed", b"d", properties=delay) for _ in range(40)]
+    assert all(r.ok for r in results)
+    assert sorted({r.queue_id for r in results}) == list(range(8))
+    assert core.sent == sent + 80, "every delayed send after the first is the core's"
+    assert _reference_sends(producer) == before
+    refused = producer.send("OnlyDelayed", b"d", queue_id=8, properties=delay)  # past the topic's 8
+    assert refused.status.name == "MESSAGE_ILLEGAL", refused
+    assert "queue id 8 is illegal" in refused.reason
