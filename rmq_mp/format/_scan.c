@@ -4,7 +4,8 @@
  * record.check_record (one record at a time). This file takes only the common record and hands
  * everything else back: a v1 record whose sizes agree (`calMsgLength`), whose topic and
  * properties are printable-or-control ASCII without NUL (so UTF-8 and UTF-16 code units are its
- * bytes), whose topic is not SCHEDULE_TOPIC_XXXX (its tags code is a delivery time) and, with
+ * bytes), whose topic is not SCHEDULE_TOPIC_XXXX unless the caller gave the delay level table
+ * (its tags code is then the delivery time, `record.cq_tags_code`, for a DELAY of digits) and, with
  * ``check_crc``, whose body CRC matches and whose whole-record CRC (a ``__CRC32#`` tail, when it
  * has one) does too (zlib's CRC; built without zlib, CRC-checked scans are all handed back). For those it writes what `record_batch.RecordBatch` holds: position, size,
  * queue id, queue offset, sysflag, store time, tags hash code and topic index per record, and
@@ -39,8 +40,8 @@ typedef struct {
     uint32_t born_v6_flag, store_v6_flag;
     Py_ssize_t pos_body_crc, pos_queue_id, pos_queue_offset, pos_sys_flag;
     Py_ssize_t pos_store_ts[4], pos_body_len[4], pos_body[4]; /* per host layout 2*born+store */
-    char tags[16], keys[16], uniq[16];
-    Py_ssize_t tags_len, keys_len, uniq_len;
+    char tags[16], keys[16], uniq[16], delay[16];
+    Py_ssize_t tags_len, keys_len, uniq_len, delay_len;
     char schedule_topic[64];
     Py_ssize_t schedule_topic_len;
     uint8_t name_value_sep, property_sep, key_sep;
@@ -140,6 +141,7 @@ static PyObject *scan_configure(PyObject *self, PyObject *cfg) {
     if (copy_name(cfg, "TAGS", n.tags, sizeof n.tags, &n.tags_len) < 0 ||
         copy_name(cfg, "KEYS", n.keys, sizeof n.keys, &n.keys_len) < 0 ||
         copy_name(cfg, "UNIQ_KEY", n.uniq, sizeof n.uniq, &n.uniq_len) < 0 ||
+        copy_name(cfg, "DELAY", n.delay, sizeof n.delay, &n.delay_len) < 0 ||
         copy_name(cfg, "SCHEDULE_TOPIC", n.schedule_topic, sizeof n.schedule_topic, &n.schedule_topic_len) < 0 ||
         copy_name(cfg, "PROPERTY_CRC32", n.crc_name, sizeof n.crc_name, &n.crc_name_len) < 0)
         return NULL;
@@ -220,12 +222,14 @@ typedef struct {
     Py_ssize_t n; /* -1: absent */
 } Text;
 
-/* string2messageProperties over ASCII bytes, keeping the three names dispatch reads: chunks
- * split on PROPERTY_SEPARATOR, each counting when its first NAME_VALUE_SEPARATOR leaves a
- * non-empty name and value; the last chunk of a name wins. */
-static void read_properties(const uint8_t *s, Py_ssize_t len, Text *tags, Text *keys, Text *uniq) {
+/* string2messageProperties over ASCII bytes, keeping the names dispatch reads (DELAY only when
+ * `delay` is given: a SCHEDULE_TOPIC_XXXX record's): chunks split on PROPERTY_SEPARATOR, each
+ * counting when its first NAME_VALUE_SEPARATOR leaves a non-empty name and value; the last
+ * chunk of a name wins. */
+static void read_properties(const uint8_t *s, Py_ssize_t len, Text *tags, Text *keys, Text *uniq, Text *delay) {
     const uint8_t *e = s + len;
     *tags = *keys = *uniq = (Text){NULL, -1};
+    if (delay) *delay = (Text){NULL, -1};
     for (;;) {
         const uint8_t *chunk_end = memchr(s, L.property_sep, (size_t)(e - s));
         if (chunk_end == NULL) chunk_end = e;
@@ -239,6 +243,8 @@ static void read_properties(const uint8_t *s, Py_ssize_t len, Text *tags, Text *
                 *keys = value;
             else if (name_len == L.uniq_len && memcmp(s, L.uniq, (size_t)name_len) == 0)
                 *uniq = value;
+            else if (delay && name_len == L.delay_len && memcmp(s, L.delay, (size_t)name_len) == 0)
+                *delay = value;
         }
         if (chunk_end == e) return;
         s = chunk_end + 1;
@@ -279,27 +285,63 @@ static Py_ssize_t write_keys(Text uniq, Text keys, uint32_t prefix, int64_t reco
     return at;
 }
 
+#define MAX_DELAY_LEVELS 64
+
+/* `record.cq_tags_code`'s level of a SCHEDULE_TOPIC_XXXX record: int(DELAY) clamped to the last
+ * level, for a DELAY of an optional sign and ASCII digits; 0 (the tags hash stays) when absent or
+ * not above 0; -1 for any other text (spaces, underscores: Python's int() decides them). */
+static int64_t delay_level(Text delay, Py_ssize_t levels) {
+    if (delay.n <= 0) return 0;
+    Py_ssize_t i = delay.p[0] == '+' || delay.p[0] == '-';
+    int negative = delay.p[0] == '-';
+    if (i == delay.n) return -1;
+    int64_t v = 0;
+    for (; i < delay.n; i++) {
+        if (delay.p[i] < '0' || delay.p[i] > '9') return -1;
+        if (v <= levels) v = v * 10 + (delay.p[i] - '0'); /* past the table: clamped anyway */
+    }
+    if (negative || v == 0) return 0;
+    return v < levels ? v : levels;
+}
+
 PyDoc_STRVAR(scan_doc,
-             "scan(buf, pos, limit, max_records, check_crc, topic_ids, topics, columns, row, keys, key_row)\n"
-             "-> (records, next_pos, keys_written, why)\n\n"
+             "scan(buf, pos, limit, max_records, check_crc, topic_ids, topics, columns, row, keys, key_row,\n"
+             "     delay_level_ms=None) -> (records, next_pos, keys_written, why)\n\n"
              "Decode the common records of buf[pos:limit] into ``columns`` (int64, shape (8, cap), rows\n"
              "from ``row``) and ``keys`` (int64, shape (2, key_cap), from ``key_row``): at most\n"
              "``max_records``. ``why``: 0 the limit or the count was reached, 1 the record at next_pos\n"
-             "is for the Python decoder, 2 the key columns are full.");
+             "is for the Python decoder, 2 the key columns are full. ``delay_level_ms``: a tuple of each\n"
+             "delay level's ms (messageDelayLevel), with which SCHEDULE_TOPIC_XXXX records are read too.");
 
 static PyObject *scan_scan(PyObject *self, PyObject *args) {
     Py_buffer buf, cols, keys;
     Py_ssize_t pos, limit, max_records, row0, key_row0;
     int check_crc;
-    PyObject *ids, *topics;
+    PyObject *ids, *topics, *levels_obj = Py_None;
     if (!L.configured) {
         PyErr_SetString(PyExc_RuntimeError, "scan: configure() was not called");
         return NULL;
     }
-    if (!PyArg_ParseTuple(args, "y*nnnpO!O!w*nw*n", &buf, &pos, &limit, &max_records, &check_crc, &PyDict_Type,
-                          &ids, &PyList_Type, &topics, &cols, &row0, &keys, &key_row0))
+    if (!PyArg_ParseTuple(args, "y*nnnpO!O!w*nw*n|O", &buf, &pos, &limit, &max_records, &check_crc, &PyDict_Type,
+                          &ids, &PyList_Type, &topics, &cols, &row0, &keys, &key_row0, &levels_obj))
         return NULL;
     PyObject *result = NULL;
+    /* the delay level table; -1 levels: SCHEDULE_TOPIC_XXXX records are the Python decoder's */
+    int64_t level_ms[MAX_DELAY_LEVELS];
+    Py_ssize_t levels = -1;
+    if (levels_obj != Py_None) {
+        if (!PyTuple_Check(levels_obj)) {
+            PyErr_SetString(PyExc_TypeError, "scan: delay_level_ms must be a tuple of ints");
+            goto done;
+        }
+        if (PyTuple_GET_SIZE(levels_obj) <= MAX_DELAY_LEVELS) {
+            levels = PyTuple_GET_SIZE(levels_obj);
+            for (Py_ssize_t i = 0; i < levels; i++) {
+                level_ms[i] = PyLong_AsLongLong(PyTuple_GET_ITEM(levels_obj, i));
+                if (level_ms[i] == -1 && PyErr_Occurred()) goto done;
+            }
+        }
+    }
     Py_ssize_t cap = cols.len / (Py_ssize_t)(N_COLS * sizeof(int64_t));
     Py_ssize_t key_cap = keys.len / (Py_ssize_t)(2 * sizeof(int64_t));
     if (pos < 0 || limit > buf.len || pos > limit || row0 < 0 || max_records < 0 || row0 + max_records > cap ||
@@ -336,7 +378,8 @@ static PyObject *scan_scan(PyObject *self, PyObject *args) {
         if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) break; /* calMsgLength */
         const uint8_t *topic = t + 1, *props = t + 3 + topic_len;
         if (!plain_ascii(topic, topic_len) || !plain_ascii(props, props_len)) break;
-        if (topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0) break;
+        int schedule = topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0;
+        if (schedule && levels < 0) break;
 #ifdef RMQ_HAVE_ZLIB
         if (check_crc) {
             uint32_t crc = (uint32_t)crc32(0L, r + body, (uInt)body_len) & 0x7FFFFFFFu;
@@ -344,8 +387,10 @@ static PyObject *scan_scan(PyObject *self, PyObject *args) {
             if (!record_crc_ok(r, total, props_len)) break;
         }
 #endif
-        Text tags, keys_text, uniq;
-        read_properties(props, props_len, &tags, &keys_text, &uniq);
+        Text tags, keys_text, uniq, delay;
+        read_properties(props, props_len, &tags, &keys_text, &uniq, schedule ? &delay : NULL);
+        int64_t level = schedule ? delay_level(delay, levels) : 0;
+        if (level < 0) break;
         if (k + count_keys(uniq, keys_text) > key_cap) {
             why = SCAN_KEYS_FULL;
             break;
@@ -359,7 +404,9 @@ static PyObject *scan_scan(PyObject *self, PyObject *args) {
         col[C_QUEUE_OFFSET * cap + i] = (int64_t)be64(r + L.pos_queue_offset);
         col[C_SYS_FLAG * cap + i] = (int32_t)sys_flag;
         col[C_STORE_TS * cap + i] = (int64_t)be64(r + L.pos_store_ts[layout]);
-        col[C_TAGS * cap + i] = tags.n > 0 ? (int32_t)java_hash(0, tags.p, tags.n) : 0;
+        col[C_TAGS * cap + i] = level > 0   ? col[C_STORE_TS * cap + i] + level_ms[level - 1]
+                                : tags.n > 0 ? (int32_t)java_hash(0, tags.p, tags.n)
+                                             : 0;
         col[C_TOPIC * cap + i] = index;
         k = write_keys(uniq, keys_text, tc.prefix_hash, i, key_rec, key_hash, k);
         p += total;

@@ -17,5 +17,6 @@ def scan(
     row: int,
     keys: Any,
     key_row: int,
+    delay_level_ms: tuple[int, ...] | None = None,
     /,
 ) -> tuple[int, int, int, int]: ...

@@ -81,6 +81,7 @@ def scan_layout() -> dict[str, object]:
         "TAGS": m.PROPERTY_TAGS.encode(),
         "KEYS": m.INDEX_KEY_WORDS.encode(),
         "UNIQ_KEY": m.INDEX_KEY_WHOLE.encode(),
+        "DELAY": m.PROPERTY_DELAY_TIME_LEVEL.encode(),
         "SCHEDULE_TOPIC": m.SCHEDULE_TOPIC.encode(),
         "PROPERTY_CRC32": record.PROPERTY_CRC32.encode(),
         "CRC32_RESERVED_LEN": record.CRC32_RESERVED_LEN,

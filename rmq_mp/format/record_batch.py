@@ -324,6 +324,8 @@ class _NativeScan:
         self.file_from_offset = file_from_offset
         self.check_crc = check_crc
         self.delay_level_ms = delay_level_ms
+        self.level_ms = _level_tuple(delay_level_ms)
+        """The delay table as the compiled scan takes it: it reads SCHEDULE_TOPIC_XXXX records too."""
         self.topics: list[str] = []
         self.topic_ids: dict[bytes, int] = {}
         """Topic bytes -> index in `topics`: the compiled scan looks up and adds topics here."""
@@ -342,7 +344,7 @@ class _NativeScan:
         while p < limit and row < max_records:
             done, p, key_count, why = scan(
                 self.buf, p, limit, min(max_records, cap) - row, self.check_crc, self.topic_ids, self.topics,
-                cols, row, keys, key_row,
+                cols, row, keys, key_row, self.level_ms,
             )  # fmt: skip
             row += done
             key_row += key_count
@@ -407,6 +409,16 @@ class _NativeScan:
             index = self.topic_ids[raw] = len(self.topics)
             self.topics.append(topic)
         return index
+
+
+def _level_tuple(delay_level_ms: Sequence[int]) -> tuple[int, ...]:
+    """``delay_level_ms`` as a tuple (the default's made once, not per scan)."""
+    if delay_level_ms is record.DEFAULT_DELAY_LEVEL_MS:
+        return _DEFAULT_LEVELS
+    return tuple(delay_level_ms)
+
+
+_DEFAULT_LEVELS = tuple(record.DEFAULT_DELAY_LEVEL_MS)
 
 
 def _grown(keys: np.ndarray, used: int, width: int) -> np.ndarray:

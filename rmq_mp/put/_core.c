@@ -1340,6 +1340,13 @@ static int find_queue(Sender *s, PyObject *topic, long long queue_id, PyObject *
 
 /* RocketMQ's checks before the lock (`Producer._refusal`): 1 when a put may go ahead. A refusal
  * is the reference's to word. */
+/* Whether `queue_id` is below the limit learned for `topic` (`learn`, `learn_topic`), whether
+ * or not this producer has put to that queue yet: a delayed send's own queue. */
+static int topic_has_queue(Sender *s, PyObject *topic, long long queue_id) {
+    PyObject *entry = topic == s->last_topic ? s->last_entry : PyDict_GetItem(s->topics, topic);
+    return entry && queue_id < PyList_GET_SIZE(PyTuple_GET_ITEM(entry, 2));
+}
+
 static inline int may_put(Sender *s, int64_t now_ms) {
     int64_t *w = words_of(&s->table);
     return w[s->w[W_STATE]] == s->accepting_state && now_ms - w[s->w[W_HEARTBEAT]] <= s->stale_ms &&
@@ -1932,6 +1939,20 @@ static int keys_of(Sender *s, PyObject *keys, const char **p, Py_ssize_t *n, int
     return 1;
 }
 
+static PyObject *DELAY_NAME; /* "DELAY", interned at import */
+
+/* `value` >= 0 in decimal at `out` (room for its digits); its length. */
+static Py_ssize_t decimal(char *out, long long value) {
+    char digits[20];
+    Py_ssize_t n = 0;
+    do {
+        digits[n++] = (char)('0' + value % 10);
+        value /= 10;
+    } while (value > 0);
+    for (Py_ssize_t i = 0; i < n; i++) out[i] = digits[n - 1 - i];
+    return n;
+}
+
 static inline int is_name(const char *p, Py_ssize_t n, const char *name) {
     return (Py_ssize_t)strlen(name) == n && memcmp(p, name, (size_t)n) == 0;
 }
@@ -1972,7 +1993,8 @@ static int build_props(Sender *s, PyObject *tags, PyObject *keys, PyObject *prop
     Py_ssize_t level_n = 0, qid_n = 0, topic_n = 0;
     const char *topic_p = "";
     int clamped = 0;
-    PyObject *delay = PyDict_GetItemString(props, "DELAY");
+    PyObject *delay = PyDict_GetItemWithError(props, DELAY_NAME); /* interned: no str made a send */
+    if (!delay && PyErr_Occurred()) return -1;
     if (delay) {
         const char *d;
         Py_ssize_t dn;
@@ -1985,8 +2007,8 @@ static int build_props(Sender *s, PyObject *tags, PyObject *keys, PyObject *prop
         if (level > 0) {
             clamped = level > s->max_delay_level;
             pr->level = (int32_t)(clamped ? s->max_delay_level : level);
-            level_n = snprintf(level_text, sizeof level_text, "%d", (int)pr->level);
-            qid_n = snprintf(qid_text, sizeof qid_text, "%lld", queue_id);
+            level_n = decimal(level_text, pr->level); /* not snprintf: 12% of a delayed send */
+            qid_n = decimal(qid_text, queue_id);
             if (!utf8_of(s, topic, &topic_p, &topic_n)) return 0;
         }
     }
@@ -2075,7 +2097,9 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int64_t slot;
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
-    if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    if (found < 0) return NULL;
+    /* a delayed send's own queue is not put to: it needs only to be one of the topic's */
+    if (!found && (props == Py_None || !topic_has_queue(s, topic, queue_id))) Py_RETURN_NONE;
     Py_buffer view;
     const uint8_t *body_p;
     Py_ssize_t body_len;
@@ -2085,6 +2109,8 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     int built = build_props(s, tags, keys, props, topic, queue_id, &pr);
     if (built < 0 || (built && props_put_crc(s, &pr) < 0)) goto done;
     if (!built) goto hand_back;
+    s->why = REF_NEW_QUEUE;
+    if (!found && !pr.level) goto hand_back;
     s->why = REF_REFUSED;
     if (body_len > s->max_message_size || pr.len > MAX_PROPERTIES_BYTES) goto hand_back;
     long long record_queue_id = queue_id;
@@ -2159,20 +2185,39 @@ done:
 
 #define MAX_BATCH 65536
 
-/* send_batch(topic, bodies: list[bytes], tags, queue_id, flag) -> (status, reason, queue_offset,
- * phy_offset, born_ms, first_counter, record_size, ends) | None. RocketMQ's batch for one queue,
- * stored whole in the current file; `record_size` when every record has one size (ends None),
+/* Room for `more` bytes after `at` in s->scratch, doubling (a batch grows it record by record). */
+static int scratch_room(Sender *s, Py_ssize_t at, Py_ssize_t more) {
+    if (at + more <= s->scratch_len) return 0;
+    return grow_scratch(s, at + more > 2 * s->scratch_len ? at + more : 2 * s->scratch_len);
+}
+
+/* send_batch(topic, bodies, tags, keys, properties, queue_id, flag) -> (status, reason,
+ * queue_offset, phy_offset, born_ms, first_counter, record_size, ends) | None. RocketMQ's batch
+ * for one queue (`MessageBatch`), stored whole in the current file. `bodies`: a list or tuple of
+ * buffers (bytes, bytearray, memoryview, numpy); `keys`: None or one entry per body (None, a str,
+ * a list or tuple of str); `properties`: None or a dict common to all (no DELAY level above 0:
+ * RocketMQ refuses a delayed batch, and the reference words it). Each record's properties are
+ * `properties_text`'s (`build_props`), so with neither keys nor properties they are one template
+ * whose UNIQ_KEY counter digits change. `record_size` when every record has one size (ends None),
  * else -1 and each record's end in the run. None: the reference's, nothing shared changed. */
 static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t nargs) {
-    if (nargs != 5) return PyErr_Format(PyExc_TypeError, "send_batch takes 5 arguments");
+    if (nargs != 7) return PyErr_Format(PyExc_TypeError, "send_batch takes 7 arguments");
+    s->why = REF_STORE;
     if (s->closed) Py_RETURN_NONE;
     int64_t started_ns = mono_ns();
-    PyObject *topic = args[0], *bodies = args[1], *tags = args[2], *qid_obj = args[3], *flag_obj = args[4];
+    PyObject *topic = args[0], *bodies = args[1], *tags = args[2], *keys = args[3], *props = args[4],
+             *qid_obj = args[5], *flag_obj = args[6];
     long long queue_id, flag;
     s->why = REF_ARGUMENT;
-    if (!PyUnicode_CheckExact(topic) || !PyList_CheckExact(bodies) || !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
+    if (!PyUnicode_CheckExact(topic) || !(PyList_CheckExact(bodies) || PyTuple_CheckExact(bodies)) ||
+        !plain_ids(qid_obj, flag_obj, &queue_id, &flag))
         Py_RETURN_NONE;
-    Py_ssize_t n = PyList_GET_SIZE(bodies);
+    Py_ssize_t n = PySequence_Fast_GET_SIZE(bodies);
+    if (keys != Py_None &&
+        (!(PyList_CheckExact(keys) || PyTuple_CheckExact(keys)) || PySequence_Fast_GET_SIZE(keys) != n))
+        Py_RETURN_NONE;
+    /* the template path: no keys, no properties (an empty dict is none, as `properties_text` has it) */
+    int common = keys == Py_None && (props == Py_None || (PyDict_CheckExact(props) && !PyDict_GET_SIZE(props)));
     s->why = REF_NEW_QUEUE;
     if (n < 1 || n > MAX_BATCH || started_ns >= s->fresh_until_ns) Py_RETURN_NONE;
     PyObject *topic_field;
@@ -2180,53 +2225,78 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
     if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
-    const char *tags_p;
-    Py_ssize_t tags_n;
-    if (!plain_text(tags, &tags_p, &tags_n)) Py_RETURN_NONE;
-    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field);
-    Py_ssize_t props_len = (tags_n ? 6 + tags_n : 0) + 9 + UNIQ_KEY_LEN + crc_extra(s);
-    if (props_len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
-    Py_ssize_t per_record = fixed_size(&s->hosts) + topic_len + 2 + props_len, size = 0;
-    int uniform = 1;
-    for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *body = PyList_GET_ITEM(bodies, i);
-        if (!PyBytes_CheckExact(body) || PyBytes_GET_SIZE(body) > s->max_message_size) Py_RETURN_NONE;
-        size += per_record + PyBytes_GET_SIZE(body);
-        uniform &= PyBytes_GET_SIZE(body) == PyBytes_GET_SIZE(PyList_GET_ITEM(bodies, 0));
-    }
     int64_t born_ms = real_ns() / 1000000;
     int64_t *uniq = words_of(&s->uniq_state);
-    if (born_ms >= uniq[2] || born_ms < uniq[1] || !may_put(s, born_ms)) Py_RETURN_NONE;
-    if (grow_scratch(s, size + props_len) < 0) return NULL;
+    s->why = REF_MONTH;
+    if (born_ms >= uniq[2] || born_ms < uniq[1]) Py_RETURN_NONE;
+    s->why = REF_STORE;
+    if (!may_put(s, born_ms)) Py_RETURN_NONE;
     if ((size_t)n > s->starts_len) {
         Py_ssize_t *p = PyMem_Realloc(s->starts, (size_t)n * sizeof(Py_ssize_t));
         if (!p) return PyErr_NoMemory();
         s->starts = p;
         s->starts_len = (size_t)n;
     }
-    int64_t first = uniq[0];
-    uniq[0] = first + n;
-    uint8_t *pb = s->scratch + size;
-    uint8_t *id = write_properties(s, pb, tags_p, tags_n, NULL, 0, born_ms, first);
-    crc_reserve(s, id + UNIQ_KEY_LEN);
-    Py_ssize_t at = 0;
+    PyObject **items = PySequence_Fast_ITEMS(bodies);
+    Py_ssize_t topic_len = PyBytes_GET_SIZE(topic_field), at = 0;
+    int64_t first = uniq[0]; /* taken (uniq[0] moved on) only once every record is encoded */
+    Props pr = {0};
+    pr.wait = 1;
+    uint8_t *id = NULL;
+    if (common) { /* one properties string; only its UNIQ_KEY's counter digits change */
+        const char *tags_p;
+        Py_ssize_t tags_n;
+        s->why = tags == Py_None || PyUnicode_CheckExact(tags) ? REF_REFUSED : REF_ARGUMENT;
+        if (!plain_text(tags, &tags_p, &tags_n)) Py_RETURN_NONE;
+        pr.len = (tags_n ? 6 + tags_n : 0) + 9 + UNIQ_KEY_LEN + crc_extra(s);
+        if (pr.len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
+        if (grow_buffer(&s->pbuf, &s->pbuf_len, pr.len) < 0) return NULL;
+        id = write_properties(s, s->pbuf, tags_p, tags_n, NULL, 0, born_ms, first);
+        crc_reserve(s, id + UNIQ_KEY_LEN);
+    }
+    int uniform = 1;
+    Py_ssize_t record_size = 0;
     for (Py_ssize_t i = 0; i < n; i++) {
-        PyObject *body = PyList_GET_ITEM(bodies, i);
-        uint32_t c = (uint32_t)(first + i);
-        for (int k = 0; k < 4; k++) id[28 + k] = (uint8_t)HEX[(c >> (12 - 4 * k)) & 0xF];
+        if (common) {
+            uint32_t c = (uint32_t)(first + i);
+            for (int k = 0; k < 4; k++) id[28 + k] = (uint8_t)HEX[(c >> (12 - 4 * k)) & 0xF];
+        } else {
+            int built = build_props(s, tags, keys == Py_None ? Py_None : PySequence_Fast_ITEMS(keys)[i], props,
+                                    topic, queue_id, &pr);
+            if (built < 0 || (built && props_put_crc(s, &pr) < 0)) return NULL;
+            if (!built) Py_RETURN_NONE;
+            s->why = REF_REFUSED; /* a delay level: RocketMQ refuses the batch, the reference says so */
+            if (pr.level || pr.len > MAX_PROPERTIES_BYTES) Py_RETURN_NONE;
+            if (pr.id_at >= 0) write_uniq(s, s->pbuf + pr.id_at, born_ms, first + i);
+        }
+        Py_buffer view;
+        const uint8_t *body_p;
+        Py_ssize_t body_len;
+        if (!body_of(s, items[i], &view, &body_p, &body_len)) Py_RETURN_NONE;
+        Py_ssize_t size = fixed_size(&s->hosts) + body_len + topic_len + 2 + pr.len;
+        s->why = REF_REFUSED;
+        if (body_len > s->max_message_size || scratch_room(s, at, size) < 0) {
+            if (view.obj) PyBuffer_Release(&view);
+            return PyErr_Occurred() ? NULL : Py_NewRef(Py_None);
+        }
         s->starts[i] = at;
         at += encode_into(s->scratch + at, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
-                          (const uint8_t *)PyBytes_AS_STRING(body), PyBytes_GET_SIZE(body), (int32_t)queue_id,
-                          (int32_t)flag, born_ms, pb, props_len);
+                          body_p, body_len, (int32_t)queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len);
+        if (view.obj) PyBuffer_Release(&view);
+        if (i == 0) record_size = at;
+        uniform &= at - s->starts[i] == record_size;
     }
-    assert(at == size);
+    Py_ssize_t size = at;
+    uniq[0] = first + n;
     Placed placed;
     s->why = REF_NEW_FILE;
+    s->put_waits = pr.wait;
     int done = append_locked(s, size, n, s->starts, slot, next_word, born_ms, &placed);
-    PyObject *status, *reason;
-    if (done <= 0 || acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)
+    s->put_waits = 1;
+    PyObject *status = s->put_ok, *reason = s->empty;
+    if (done <= 0 || (pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
         return done == 0 ? Py_NewRef(Py_None) : NULL;
-    int64_t latency_ns = (s->sync || s->rep.on ? mono_ns() : placed.released_ns) - started_ns;
+    int64_t latency_ns = ((s->sync || s->rep.on) && pr.wait ? mono_ns() : placed.released_ns) - started_ns;
     record_metrics(s, latency_ns, n, status != s->put_ok ? n : 0, placed.hold_ns);
     s->sent += n;
     PyObject *ends;
@@ -2245,7 +2315,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
         }
     }
     return Py_BuildValue("OOLLLLnN", status, reason, (long long)placed.queue_offset, (long long)placed.wrote,
-                         (long long)born_ms, (long long)first, uniform ? size / n : (Py_ssize_t)-1, ends);
+                         (long long)born_ms, (long long)first, uniform ? record_size : (Py_ssize_t)-1, ends);
 }
 
 static const char *const ITEM_FIELDS[7] = {"topic", "body", "tags", "keys", "properties", "queue_id", "flag"};
@@ -2482,14 +2552,9 @@ static PyObject *Sender_set_file(Sender *s, PyObject *args) {
 }
 
 /* learn(topic, topic_field, limit, queue_id, slot, next_word): a queue the reference placed. */
-static PyObject *Sender_learn(Sender *s, PyObject *args) {
-    PyObject *topic, *topic_field, *limit, *queue_id, *slot, *word;
-    if (!PyArg_ParseTuple(args, "UO!OOOO", &topic, &PyBytes_Type, &topic_field, &limit, &queue_id, &slot, &word))
-        return NULL;
-    Py_ssize_t n = PyLong_AsSsize_t(limit);
-    Py_ssize_t qid = PyLong_AsSsize_t(queue_id);
-    if (PyErr_Occurred()) return NULL;
-    if (qid < 0 || qid >= n || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "queue id %zd outside 0..%zd", qid, n - 1);
+/* The topic's entry (topic_field, limit, [queue -> (slot, word) | None] * limit), made anew
+ * when absent or learned with another limit; borrowed, NULL with an exception. */
+static PyObject *topic_entry(Sender *s, PyObject *topic, PyObject *topic_field, PyObject *limit, Py_ssize_t n) {
     PyObject *entry = PyDict_GetItemWithError(s->topics, topic);
     if (!entry && PyErr_Occurred()) return NULL;
     if (entry && PyObject_RichCompareBool(PyTuple_GET_ITEM(entry, 1), limit, Py_EQ) != 1) entry = NULL;
@@ -2507,9 +2572,34 @@ static PyObject *Sender_learn(Sender *s, PyObject *args) {
         Py_CLEAR(s->last_topic); /* the cached entry may be the one replaced */
         Py_CLEAR(s->last_entry);
     }
+    return entry;
+}
+
+static PyObject *Sender_learn(Sender *s, PyObject *args) {
+    PyObject *topic, *topic_field, *limit, *queue_id, *slot, *word;
+    if (!PyArg_ParseTuple(args, "UO!OOOO", &topic, &PyBytes_Type, &topic_field, &limit, &queue_id, &slot, &word))
+        return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(limit);
+    Py_ssize_t qid = PyLong_AsSsize_t(queue_id);
+    if (PyErr_Occurred()) return NULL;
+    if (qid < 0 || qid >= n || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "queue id %zd outside 0..%zd", qid, n - 1);
+    PyObject *entry = topic_entry(s, topic, topic_field, limit, n);
+    if (!entry) return NULL;
     PyObject *pair = PyTuple_Pack(2, slot, word);
     if (!pair) return NULL;
     if (PyList_SetItem(PyTuple_GET_ITEM(entry, 2), qid, pair) < 0) return NULL;
+    Py_RETURN_NONE;
+}
+
+/* learn_topic(topic, topic_field, limit): the topic's queue limit alone (the reference sent a
+ * delayed message on one of its queues, which holds nothing of it: `topic_has_queue`). */
+static PyObject *Sender_learn_topic(Sender *s, PyObject *args) {
+    PyObject *topic, *topic_field, *limit;
+    if (!PyArg_ParseTuple(args, "UO!O", &topic, &PyBytes_Type, &topic_field, &limit)) return NULL;
+    Py_ssize_t n = PyLong_AsSsize_t(limit);
+    if (PyErr_Occurred()) return NULL;
+    if (n < 0 || n > (1 << 20)) return PyErr_Format(PyExc_ValueError, "limit %zd outside 0..2^20", n);
+    if (!topic_entry(s, topic, topic_field, limit, n)) return NULL;
     Py_RETURN_NONE;
 }
 
@@ -2528,7 +2618,7 @@ static PyObject *Sender_close(Sender *s, PyObject *noargs) {
 
 static PyMethodDef Sender_methods[] = {
     {"send_batch", (PyCFunction)(void (*)(void))Sender_send_batch, METH_FASTCALL,
-     "send_batch(topic, bodies, tags, queue_id, flag) -> (status, reason, queue_offset, phy_offset, born_ms, "
+     "send_batch(topic, bodies, tags, keys, properties, queue_id, flag) -> (status, reason, queue_offset, phy_offset, born_ms, "
      "first_counter, record_size, ends) | None (None: the reference's)"},
     {"send_kw", (PyCFunction)(void (*)(void))Sender_send_kw, METH_FASTCALL | METH_KEYWORDS,
      "send(topic, body, *, tags=None, keys=None, properties=None, queue_id=None, flag=0) -> SendResult: "
@@ -2545,6 +2635,7 @@ static PyMethodDef Sender_methods[] = {
      "bind(reference, rotate, prefault): the producer's send, round robin and pool-buffer prefault"},
     {"set_file", (PyCFunction)Sender_set_file, METH_VARARGS, "the segment at the write position"},
     {"learn", (PyCFunction)Sender_learn, METH_VARARGS, "a queue and its offset-table slot"},
+    {"learn_topic", (PyCFunction)Sender_learn_topic, METH_VARARGS, "a topic's queue limit (a delayed send's)"},
     {"forget_topics", (PyCFunction)Sender_forget_topics, METH_NOARGS, "topics.json changed"},
     {"close", (PyCFunction)Sender_close, METH_NOARGS, "release every shared buffer (before closing them)"},
     {NULL}};
@@ -2615,6 +2706,7 @@ PyMODINIT_FUNC PyInit__core(void) {
     static const char *const kw[5] = {"tags", "keys", "properties", "queue_id", "flag"};
     for (int i = 0; i < 5; i++)
         if (!(KW_NAMES[i] = PyUnicode_InternFromString(kw[i]))) return NULL;
+    if (!(DELAY_NAME = PyUnicode_InternFromString("DELAY"))) return NULL;
     if (PyType_Ready(&SenderType) < 0) return NULL;
     PyObject *m = PyModule_Create(&module);
     if (!m) return NULL;

@@ -52,7 +52,15 @@ class Sender:
     ) -> Any: ...
     def bind(self, reference: Any, rotate: Any, prefault: Any, /) -> None: ...
     def send_batch(
-        self, topic: str, bodies: list[bytes], tags: str | None, queue_id: int, flag: int, /
+        self,
+        topic: str,
+        bodies: Any,
+        tags: str | None,
+        keys: Any,
+        properties: Any,
+        queue_id: int,
+        flag: int,
+        /,
     ) -> tuple[Any, str, int, int, int, int, int, list[int] | None] | None: ...
     def set_file(
         self,
@@ -67,5 +75,6 @@ class Sender:
     def learn(
         self, topic: str, topic_field: bytes, limit: int, queue_id: int, slot: int, word: int, /
     ) -> None: ...
+    def learn_topic(self, topic: str, topic_field: bytes, limit: int, /) -> None: ...
     def forget_topics(self) -> None: ...
     def close(self) -> None: ...

@@ -322,8 +322,11 @@ class SendEncoder:
         queue_id = self.router.queue_for(batch.topic, None) if batch.queue_id is None else batch.queue_id
         first = self.uniq.take(count)
         uniq_prefix = f"{self.uniq.prefix_hex}{self.uniq.time_hex(born_ms)}"
+        # a given UNIQ_KEY, even '', is stored and answered as given (as `send` does)
         given_uniq = (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)
-        uniq_keys: Sequence[str] = [given_uniq] * count if given_uniq else UniqKeys(uniq_prefix, first, count)
+        uniq_keys: Sequence[str] = (
+            [given_uniq] * count if given_uniq is not None else UniqKeys(uniq_prefix, first, count)
+        )
         if batch.properties and (problem := schedule.batch_delay_problem(batch.properties)):
             # MessageBatch refuses a delay when made; one set on it since is refused here.
             return EncodedRun.refused(batch.topic, queue_id, count, _ILLEGAL, problem, uniq_keys=uniq_keys)
@@ -331,8 +334,10 @@ class SendEncoder:
             if batch.queue_id is not None and not self.router.known(batch.topic, queue_id):
                 self.router.check(batch.topic, queue_id)
             if batch.keys is None:
-                head = properties_text(batch.properties, batch.tags, None, "" if given_uniq else uniq_prefix)
-                rows = self._uniform(batch, queue_id, born_ms, head, -1 if given_uniq else first)
+                head = properties_text(
+                    batch.properties, batch.tags, None, "" if given_uniq is not None else uniq_prefix
+                )
+                rows = self._uniform(batch, queue_id, born_ms, head, -1 if given_uniq is not None else first)
                 if rows is not None:
                     return EncodedRun(
                         batch.topic,

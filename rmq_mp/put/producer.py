@@ -33,7 +33,7 @@ so a half-written record is never visible, not to reput and not after recovery.
 
 from __future__ import annotations
 
-import dataclasses
+import copy
 import logging
 import os
 import struct
@@ -476,7 +476,7 @@ class Producer:
                 text = f"{UNIQ_KEY_PREFIX}{uniq}"
             if named and not self.router.known(topic, queue_id):  # after every type check
                 self.router.check(topic, queue_id)
-            real_queue_id = queue_id
+            real_topic, real_queue_id = topic, queue_id
             if properties and (delay := properties.get(m.PROPERTY_DELAY_TIME_LEVEL)) is not None:
                 delayed = schedule.delayed_put(topic, queue_id, 0, delay, text, self.encoding.max_delay_level)
                 if delayed is not None:
@@ -493,10 +493,20 @@ class Producer:
             result = SendResult(_ILLEGAL, int_or_minus_one(queue_id), -1, -1, uniq, reason)
         else:
             result = self._put_one(topic, queue_id, data, uniq, wait, born_ms)
-            if queue_id != real_queue_id:  # delayed: the sender's queue, as RocketMQ's broker answers
+            if (
+                topic != real_topic or queue_id != real_queue_id
+            ):  # delayed: the sender's queue, as RocketMQ's broker answers
                 result.queue_id = real_queue_id
+                self._learn_delayed_topic(real_topic)
         self._metrics.record(started_ns, 1, result.status is not _PUT_OK, self.lock.last_hold_ns)
         return result
+
+    def _learn_delayed_topic(self, topic: str) -> None:
+        """After the reference stored a delayed send: the core learns its topic's queue limit, so
+        that it takes the next delayed send to it (the send's own queue holds nothing of it, so
+        no put there ever teaches the core that queue; each such send was the reference's)."""
+        if self._native is not None and topic != m.SCHEDULE_TOPIC and not v.topic_problem(topic):
+            self._native.learn_topic(topic, self.encoder.topic_field(topic), self.router.limit(topic))
 
     def send_batch(self, messages: MessageBatch | Iterable[m.Message | Mapping[str, Any]]) -> SendBatchResult:
         """Store many messages: a `MessageBatch` (RocketMQ's batch: one topic and queue, whole in
@@ -505,13 +515,7 @@ class Producer:
         are each stored as `send` stores them (a lock hold each, as RocketMQ's producer sends
         them); the reference holds the lock once for the whole call."""
         why = _ITEM
-        if (
-            type(messages) is MessageBatch
-            and self._native is not None
-            and messages.keys is None
-            and not messages.properties
-            and type(messages.topic) is str
-        ):
+        if type(messages) is MessageBatch and self._native is not None and type(messages.topic) is str:
             queue_id = messages.queue_id
             if queue_id is None:
                 queue_id = self.router.queue_for(messages.topic, None)
@@ -520,7 +524,10 @@ class Producer:
                 return result
             why = self._native.why
             if messages.queue_id is None:  # rotated once: the reference stores it on that queue
-                messages = dataclasses.replace(messages, queue_id=queue_id)
+                # (a copy, not `replace`: its checks would raise for a DELAY set on the batch
+                # since it was made, which the put refuses, MESSAGE_ILLEGAL, as RocketMQ does)
+                messages = copy.copy(messages)
+                object.__setattr__(messages, "queue_id", queue_id)
         elif (
             self._native is not None
             and not isinstance(messages, (MessageBatch, str, bytes, Mapping))
@@ -609,11 +616,13 @@ class Producer:
         )
 
     def _send_batch_natively(self, batch: MessageBatch, queue_id: int) -> SendBatchResult | None:
-        """`send_batch` of a plain `MessageBatch` (no keys or properties of its own, bytes
-        bodies, a known queue, fitting the current file) on ``queue_id`` by the compiled core;
-        None otherwise, with nothing stored."""
+        """`send_batch` of a `MessageBatch` (bodies a list or tuple of buffers, per-message keys,
+        common tags and properties; a known queue, fitting the current file) on ``queue_id`` by
+        the compiled core; None otherwise, with nothing stored."""
         assert self._native is not None
-        got = self._native.send_batch(batch.topic, batch.bodies, batch.tags, queue_id, batch.flag)
+        got = self._native.send_batch(
+            batch.topic, batch.bodies, batch.tags, batch.keys, batch.properties, queue_id, batch.flag
+        )
         if got is None:
             return None
         status, reason, queue_offset, phy_offset, born_ms, first, record_size, ends = got
@@ -625,7 +634,9 @@ class Producer:
             count=count,
             record_size=record_size if ends is None else 0,
             ends=ends,
-            uniq_keys=UniqKeys(self.uniq.prefix_at(born_ms), first, count),
+            uniq_keys=[given] * count
+            if (given := (batch.properties or {}).get(m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX)) is not None
+            else UniqKeys(self.uniq.prefix_at(born_ms), first, count),
             whole=True,
         )
         run.place(Placement(0, count, status, reason, phy_offset, queue_offset))

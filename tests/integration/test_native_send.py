@@ -304,6 +304,89 @@ def test_every_send_shape_is_stored_the_same_by_the_core_and_the_reference(
     assert fast.uniq_key.encode() in fast_raw, "the UNIQ_KEY result is the one stored"
 
 
+BATCH_KEYS = st.none() | TEXT | st.lists(TEXT, max_size=3) | st.lists(TEXT, max_size=2).map(tuple)
+BATCH_PROPERTY_NAMES = st.sampled_from(["a", "TAGS", "KEYS", "WAIT", "DELAY", "UNIQ_KEY", "x\x01y", ""])
+BATCH_PROPERTY_VALUES = st.sampled_from(["true", "false", "0", "-1", "3", "abc", "", "v\x02w"]) | TEXT
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    bodies=st.lists(st.binary(max_size=200), min_size=1, max_size=12),
+    body_type=BODY_TYPES,
+    as_tuple=st.booleans(),
+    tags=st.none() | TEXT,
+    keys=st.none() | st.lists(BATCH_KEYS, min_size=12, max_size=12),
+    properties=st.none() | st.dictionaries(BATCH_PROPERTY_NAMES | TEXT, BATCH_PROPERTY_VALUES, max_size=3),
+    queue_id=st.none() | st.integers(0, QUEUES - 1),
+    flag=st.integers(-(2**31), 2**31 - 1),
+)
+def test_every_batch_shape_is_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    bodies: list[bytes],
+    body_type: Any,
+    as_tuple: bool,
+    tags: str | None,
+    keys: list[Any] | None,
+    properties: dict[str, str] | None,
+    queue_id: int | None,
+    flag: int,
+) -> None:
+    """A `MessageBatch` with per-message keys (None, a str, a list or tuple of str), common tags
+    and properties (WAIT, a given UNIQ_KEY, TAGS and KEYS given twice, DELAY 0 kept, a delay
+    level refused, separators refused), buffer bodies in a list or tuple: the core stores the
+    bytes and results the reference stores, and takes every batch the reference stores."""
+    service, producer = store
+    core = producer._native
+    assert core is not None
+    if properties and "DELAY" in properties:  # MessageBatch refuses a level when made; set after
+        delay, properties = properties["DELAY"], {k: v for k, v in properties.items() if k != "DELAY"}
+    else:
+        delay = None
+
+    def batch(qid: int | None) -> MessageBatch:
+        made = MessageBatch(
+            "Batches",
+            (tuple if as_tuple else list)(body_type(b) for b in bodies),
+            queue_id=qid,
+            tags=tags,
+            keys=keys[: len(bodies)] if keys is not None else None,
+            properties=None if properties is None else dict(properties),
+            flag=flag,
+        )
+        if delay is not None:  # as a caller could after making it: the put refuses a level above 0
+            object.__setattr__(made, "properties", {**(made.properties or {}), "DELAY": delay})
+        return made
+
+    sent_before, references_before = core.sent, _reference_sends(producer)
+    fast = producer.send_batch(batch(queue_id))
+    took_core, references_after = core.sent == sent_before + len(bodies), _reference_sends(producer)
+    with _reference_only(producer):
+        slow = producer.send_batch(batch(fast[0].queue_id))
+    assert [(r.status, r.reason, r.queue_id) for r in fast] == [
+        (r.status, r.reason, r.queue_id) for r in slow
+    ]
+    if not fast.ok:
+        return
+    if not took_core:  # a queue's first put, or the periodic look at topics.json: by design
+        after = references_after
+        assert {k: n - references_before[k] for k, n in after.items() if n != references_before[k]} == {
+            "new_queue": len(bodies)
+        }, "a batch the reference stores is the core's"
+    given_uniq = properties is not None and "UNIQ_KEY" in properties
+    if given_uniq:
+        assert properties is not None
+        assert (
+            [r.uniq_key for r in fast] == [r.uniq_key for r in slow] == [properties["UNIQ_KEY"]] * len(bodies)
+        )
+    assert list(slow.queue_offsets()) == [q + len(bodies) for q in fast.queue_offsets()]
+    for a, b in zip(fast, slow, strict=True):
+        fast_raw, slow_raw = _record(service, a.commit_log_offset), _record(service, b.commit_log_offset)
+        assert _comparable(fast_raw, ours=not given_uniq) == _comparable(slow_raw, ours=not given_uniq)
+        assert struct.unpack_from(">qq", fast_raw, POS_QUEUE_OFFSET) == (a.queue_offset, a.commit_log_offset)
+        assert a.uniq_key.encode() in fast_raw, "the UNIQ_KEY result is the one stored"
+    assert _journal(service)[0] == 0
+
+
 def _reference_sends(producer: Producer) -> dict[str, int]:
     table = MetricsTable.attach(producer.store.names.metrics, Role.CONSUMER)
     try:
@@ -327,6 +410,21 @@ SHAPES: list[tuple[str, dict[str, Any]]] = [
     ("a flag", {"flag": 7}),
     ("a delay", {"properties": {"DELAY": "2"}}),
     ("a delay past the last level", {"properties": {"DELAY": "99"}}),
+]
+BATCH_SHAPES: list[tuple[str, dict[str, Any]]] = [
+    ("tags", {"tags": "TagA"}),
+    ("a key each", {"keys": [f"k{i}" for i in range(10)]}),
+    (
+        "keys as lists, tuples, None",
+        {"tags": "T", "keys": [["a", f"{i}"] if i % 3 else (None if i % 2 else ("b",)) for i in range(10)]},
+    ),
+    ("a user property", {"properties": {"a": "1"}}),
+    (
+        "properties, tags, keys, WAIT",
+        {"tags": "T", "keys": ["k"] * 10, "properties": {"a": "1", "WAIT": "false"}},
+    ),
+    ("a given UNIQ_KEY", {"properties": {"UNIQ_KEY": "0123456789ABCDEF0123456789ABCDEF"}}),
+    ("a flag", {"flag": 7}),
 ]
 BODIES: list[tuple[str, Any]] = [
     ("bytes", lambda b: b),
@@ -374,6 +472,18 @@ def test_every_documented_send_shape_is_sent_by_the_core(store: tuple[RunningSer
     assert [r.queue_id for r in batch] == [i % QUEUES for i in range(100)]
     assert producer.send_batch(MessageBatch("Shape", [os.urandom(128)] * 10, queue_id=0, tags="TagA")).ok
     expected += 210
+    assert core.sent == sent + expected, "a send_batch went to the reference"
+    for name, shape in BATCH_SHAPES:
+        for body_name, make in BODIES:
+            for qid in (0, None):
+                for container in (list, tuple):
+                    made = container(make(os.urandom(64 + i % 3)) for i in range(10))
+                    sent_batch = producer.send_batch(MessageBatch("Shape", made, queue_id=qid, **shape))
+                    assert sent_batch.ok, (name, body_name, sent_batch)
+                    expected += 10
+                    assert core.sent == sent + expected, (
+                        f"a batch with {name}, {body_name} bodies: the reference's"
+                    )
     assert core.sent == sent + expected, "a send_batch went to the reference"
     assert _reference_sends(producer) == before, "no send of these shapes is served by the reference"
     assert producer.send(
@@ -467,3 +577,27 @@ def test_messages_are_put_by_the_core(store: tuple[RunningService, Producer]) ->
     assert producer.send_batch(back * 10).ok
     assert core.sent == sent + 20
     assert _reference_sends(producer) == before
+
+
+def test_a_topic_sent_only_delayed_messages_is_the_cores_after_its_first(
+    store: tuple[RunningService, Producer],
+) -> None:
+    """A delayed send is stored on the schedule queue, never on its own, so no put teaches the
+    core the sender's queue: the reference's first delayed send teaches it the topic's limit,
+    and every later one, on any of the topic's queues, named or rotated, is the core's."""
+    _, producer = store
+    core = producer._native
+    assert core is not None
+    delay = {"DELAY": "3"}
+    first = producer.send("OnlyDelayed", b"d", queue_id=0, properties=delay)  # new_queue: by design
+    assert first.ok
+    before, sent = _reference_sends(producer), core.sent
+    results = [producer.send("OnlyDelayed", b"d", queue_id=q % 8, properties=delay) for q in range(40)]
+    results += [producer.send("OnlyDelayed", b"d", properties=delay) for _ in range(40)]
+    assert all(r.ok for r in results)
+    assert sorted({r.queue_id for r in results}) == list(range(8))
+    assert core.sent == sent + 80, "every delayed send after the first is the core's"
+    assert _reference_sends(producer) == before
+    refused = producer.send("OnlyDelayed", b"d", queue_id=8, properties=delay)  # past the topic's 8
+    assert refused.status.name == "MESSAGE_ILLEGAL", refused
+    assert "queue id 8 is illegal" in refused.reason

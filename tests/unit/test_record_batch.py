@@ -218,10 +218,42 @@ def test_the_compiled_scan_reads_common_records_alone(scanner: str, monkeypatch:
     assert_same_as_per_record(bytes(build_log(plain)))
     assert len(calls) == (0 if scanner == "compiled" else 1)
     calls.clear()
+    delayed = [  # SCHEDULE_TOPIC_XXXX: the delivery time is computed in the scan too
+        Spec(topic=m.SCHEDULE_TOPIC.encode(), props=props(("DELAY", d), ("UNIQ_KEY", uniq(i)), ("TAGS", "t")))
+        for i, d in enumerate(["3", "18", "99", "0", "-2", "+4", "007"] * 20)
+    ]
+    assert_same_as_per_record(bytes(build_log([*plain[:10], *delayed, *plain[:10]])))
+    assert len(calls) == (0 if scanner == "compiled" else 1)
+    calls.clear()
     odd = Spec(topic="主题".encode(), props=b"KEYS\x01k")
     scan = assert_same_as_per_record(bytes(build_log([*plain[:10], odd, *plain])))
     assert len(calls) == 1
     assert len(scan.batch) == 2011
+
+
+def test_a_store_s_own_delay_levels_give_the_delivery_times() -> None:
+    """messageDelayLevel of the store (not the default): the same delivery time both ways."""
+    levels = [250, 4000, 90_000]
+    specs = [
+        Spec(
+            topic=m.SCHEDULE_TOPIC.encode(),
+            props=props(("DELAY", d), ("UNIQ_KEY", uniq(i))),
+            store_ts=STORE_TS + i,
+        )
+        for i, d in enumerate(["1", "2", "3", "4", "18", "0", "x", " 2"] * 5)
+    ]
+    buf = bytes(build_log(specs))
+    scan = record_batch.scan_segment(
+        buf, 0, len(buf), file_from_offset=0, check_crc=True, delay_level_ms=levels, max_records=1000
+    )
+    pos, expected = 0, []
+    while pos < len(buf):
+        req = record.check_record(buf, pos, len(buf), check_crc=True, delay_level_ms=levels)
+        expected.append(req.tags_code)
+        pos += req.size
+    assert scan.batch.tags_code.tolist() == expected
+    clamped = [STORE_TS + 2 + 90_000, STORE_TS + 3 + 90_000, STORE_TS + 4 + 90_000]
+    assert expected[:5] == [STORE_TS + 250, STORE_TS + 1 + 4000, *clamped]
 
 
 def test_batch_limits_and_start_positions() -> None:
