@@ -644,7 +644,7 @@ class Producer:
 
     # ------------------------------------------------------------------ put (the lock around the appender)
 
-    def _refusal(self, now: int, *, reattach: bool = True) -> tuple[PutMessageStatus, str] | None:
+    def _refusal(self, now_ms: int, *, reattach: bool = True) -> tuple[PutMessageStatus, str] | None:
         """Why no put may happen now (RocketMQ's checks before taking the lock), or None. A store
         that stopped or lost its supervisor is replaced by a newer start of it when there is one
         (`_reattach`), and the checks run again there."""
@@ -656,25 +656,25 @@ class Producer:
                     and self.table.get(layout.BROKER_ROLE_NOW) in _MASTER_CODES
                     and not self._reattach("store promoted to master", promoted=True)
                 ):
-                    return self._refusal(now, reattach=False)
+                    return self._refusal(now_ms, reattach=False)
                 return (
                     PutMessageStatus.SERVICE_NOT_AVAILABLE,
                     "message store is in slave mode (brokerRole=SLAVE)",
                 )
             why = f"store is not running ({self.store.instance.state_name})"
             if reattach and not (why := self._reattach(why)):
-                return self._refusal(now, reattach=False)
+                return self._refusal(now_ms, reattach=False)
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         if w[_FENCE]:  # a dead supervisor's start, fenced by a stop or start (state still RUNNING)
             why = fenced_reason(self.table)
             if reattach and not (why := self._reattach(why)):
-                return self._refusal(now, reattach=False)
+                return self._refusal(now_ms, reattach=False)
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
-        if now - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
+        if now_ms - w[_HEARTBEAT] > SUPERVISOR_STALE_MS and not pid_alive(w[_SUPERVISOR_PID]):
             # A stale heartbeat alone may be a busy machine; a dead supervisor means nobody runs the store.
             why = "store supervisor is dead"
             if reattach and not (why := self._reattach(why)):
-                return self._refusal(now, reattach=False)
+                return self._refusal(now_ms, reattach=False)
             return PutMessageStatus.SERVICE_NOT_AVAILABLE, why
         flags = w[_FLAGS] & _PUT_BLOCKERS
         if flags:
@@ -736,10 +736,10 @@ class Producer:
             time.sleep(DISPATCH_WAIT_S)
         return None
 
-    def _put(self, runs: Sequence[EncodedRun], now: int) -> None:
+    def _put(self, runs: Sequence[EncodedRun], now_ms: int) -> None:
         """Append ``runs`` in one lock hold; each run records its placements."""
         self._replica_slot = NOT_REQUESTED
-        refusal = self._refusal(now)
+        refusal = self._refusal(now_ms)
         if refusal is None and not self.lock.acquire(LOCK_TIMEOUT_S):
             refusal = PutMessageStatus.OS_PAGECACHE_BUSY, self.lock.refusal
         if refusal is None:
@@ -771,11 +771,11 @@ class Producer:
             self._wake_reput.wakeup()
 
     def _put_one(
-        self, topic: str, queue_id: int, data: bytearray, uniq: str, wait: bool, now: int
+        self, topic: str, queue_id: int, data: bytearray, uniq: str, wait: bool, now_ms: int
     ) -> SendResult:
         """`send`'s put: `_put` of a one-record run, flattened for the common case
         (`Appender.append_one`); anything else goes the run path."""
-        refusal = self._refusal(now)
+        refusal = self._refusal(now_ms)
         if refusal is not None:
             return SendResult(refusal[0], queue_id, -1, -1, uniq, refusal[1], self._msg_id_prefix)
         if not self.lock.acquire(LOCK_TIMEOUT_S):
