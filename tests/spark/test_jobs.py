@@ -347,19 +347,28 @@ def test_every_subcommand_ends_quietly_on_a_closed_pipe_with_its_exit_status(
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as a user's
-    for command, args in _job_args(tmp_path).items():
-        read_end, write_end = os.pipe()
-        os.close(read_end)
-        try:
-            result = subprocess.run(
-                [sys.executable, "-m", "rmq_mp.spark.jobs", command, "--store", str(clean_store), *args,
-                 "--master", "local[1]", "--quiet"],
-                stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT, timeout=300, env={**env, "PYTHONPATH": str(ROOT)},
-            )  # fmt: skip
-        finally:
-            os.close(write_end)
-        stderr = result.stderr.decode(errors="replace")
-        assert result.returncode == 0, (command, stderr)
-        assert "Traceback" not in stderr, (command, stderr)
-        assert "BrokenPipeError" not in stderr, (command, stderr)
-        assert "rmq-spark" not in stderr, (command, stderr)
+    jobs: dict[str, subprocess.Popen[bytes]] = {}
+    try:
+        for command, args in _job_args(tmp_path).items():  # all at once: each waits on its own JVM
+            read_end, write_end = os.pipe()
+            os.close(read_end)
+            try:
+                jobs[command] = subprocess.Popen(
+                    [sys.executable, "-m", "rmq_mp.spark.jobs", command, "--store", str(clean_store), *args,
+                     "--master", "local[1]", "--quiet"],
+                    stdout=write_end, stderr=subprocess.PIPE, cwd=ROOT, env={**env, "PYTHONPATH": str(ROOT)},
+                )  # fmt: skip
+            finally:
+                os.close(write_end)
+        for command, job in jobs.items():
+            _, err = job.communicate(timeout=300)
+            stderr = err.decode(errors="replace")
+            assert job.returncode == 0, (command, stderr)
+            assert "Traceback" not in stderr, (command, stderr)
+            assert "BrokenPipeError" not in stderr, (command, stderr)
+            assert "rmq-spark" not in stderr, (command, stderr)
+    finally:
+        for job in jobs.values():
+            if job.poll() is None:
+                job.kill()
+                job.wait()
