@@ -57,20 +57,26 @@ class Fenced:
         return f"start {self.generation} fenced at write position {self.wrote_position}{took}"
 
 
+def attached_producer(name: str) -> Producer:
+    """A producer of store ``name``'s start, for the put lock's holders outside the put path
+    (`ShmAttachError` when there is no start to attach to)."""
+    store = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
+    try:
+        return Producer(store)
+    except BaseException:
+        store.close()
+        raise
+
+
 def fence_start(name: str, fenced_by: int, *, wait_s: float = FENCE_WAIT_S) -> Fenced | None:
     """Fence the start of store ``name`` whose shared memory is there (``fenced_by``: one of
     `layout.FENCED_BY_*`). None when there is nothing a producer could attach to (no pointer
     table or no descriptor: no producer ever put there). `FenceRefusedError` when a live
     producer holds the put lock for ``wait_s``."""
     try:
-        store = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
+        producer = attached_producer(name)
     except ShmAttachError:
         return None
-    try:
-        producer = Producer(store)
-    except BaseException:
-        store.close()
-        raise
     try:
         table = producer.table
         already = table.get(layout.FENCE) != layout.FENCE_OPEN
@@ -86,12 +92,7 @@ def holding_put_lock(name: str, what: str, *, wait_s: float = FENCE_WAIT_S) -> I
     a fence takes it) for a change no put may interleave with: rmq-admin deleteTopic's reset of
     a topic's next queue offsets (workers/supervisor.py). `FenceRefusedError` when a live
     producer keeps it ``wait_s``."""
-    store = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
-    try:
-        producer = Producer(store)
-    except BaseException:
-        store.close()
-        raise
+    producer = attached_producer(name)
     try:
         lock = producer.lock
         lock.busy_ms = 1 << 40
