@@ -23,7 +23,7 @@ from rmq_mp.tools import admin
 from shm import layout
 from shm import schedule_offsets as so
 from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
-from tests.ha.test_meta import META, commit, follow, start_pair
+from tests.ha.test_meta import META, commit, committed, follow, start_pair
 from tests.service import ROOT, RunningService, start_service, wait_until
 
 
@@ -48,6 +48,8 @@ def test_refused_while_the_master_answers_then_promoted_live(
     commit(master, "g1", {("HaTopic", 0): 120})
     wait_caught_up(slave, end)
     wait_until(lambda: slave.read(layout.HA_META_MASTER_END) >= end, 20, "the master's end heard")
+    # a snapshot built between the put and the commit says the same end: wait for the commit itself
+    wait_until(lambda: committed(slave, "g1", "HaTopic", 0) == 120, 20, "the group's commit followed")
     assert promote(slave, "--broker-name", "someone-else") == 2
     assert "is not broker 'someone-else'" in capsys.readouterr().err
     assert promote(slave) == 2
