@@ -7,8 +7,9 @@
     stop:  when the supervisor sets this worker's stop flag, or dies (the parent pid changes): `final_pass()`
            (RocketMQ's shutdown retries), state STOPPED, exit.
 
-A worker runs as ``python -m workers.<role> <shm-name> <store-dir>``, so `ps` shows its role and
-store, and names its thread ``rmq-<role>`` for `top`.
+A worker runs as ``python -m workers.<role> <shm-name> <store-dir>`` (forked from the supervisor
+with that command line written over its own, or executed: workers/spawn.py), so `ps` shows its
+role and store, and names its thread ``rmq-<role>`` for `top`.
 """
 
 from __future__ import annotations

@@ -32,7 +32,6 @@ import mmap
 import os
 import signal
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -64,6 +63,7 @@ from shm.segment import SharedSegment
 from shm.semaphores import acquire
 from shm.store_shm import ShmSizes, StoreShm, write_descriptor
 from workers import promotion, topic_delete
+from workers.spawn import start_worker
 from workers.worker_handle import WorkerHandle, replicates
 
 log = logging.getLogger("rmq_mp.supervisor")
@@ -402,10 +402,7 @@ class Supervisor:
         while acquire(ready, 0):
             pass
         self.shm.table.set(layout.worker_field(handle.role, "stop"), 0)
-        handle.process = subprocess.Popen(
-            [sys.executable, "-m", f"workers.{handle.role}", self.names.base, str(self.root)],
-            cwd=Path(__file__).resolve().parents[1],
-        )
+        handle.process = start_worker(handle.role, self.names.base, self.root)
         handle.started_at = time.monotonic()
         self.shm.table.set(layout.worker_field(handle.role, "pid"), handle.process.pid)
         deadline = time.monotonic() + READY_TIMEOUT_S

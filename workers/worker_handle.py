@@ -4,11 +4,11 @@ can restart the ha worker without importing the supervisor back."""
 
 from __future__ import annotations
 
-import subprocess
 import time
 from dataclasses import dataclass, field
 
 from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig
+from workers.spawn import WorkerProcess
 
 
 def replicates(config: MessageStoreConfig) -> bool:
@@ -22,7 +22,7 @@ def replicates(config: MessageStoreConfig) -> bool:
 @dataclass
 class WorkerHandle:
     role: str
-    process: subprocess.Popen[bytes] | None = None
+    process: WorkerProcess | None = None
     restarts: int = 0
     consecutive: int = 0
     restart_at: float = 0.0

@@ -23,6 +23,8 @@ from rmq_mp.put.producer import Producer
 from rmq_mp.put.results import SendResult
 from rmq_mp.store.message_store import MessageStore
 from shm import layout
+from shm.pointer_table import now_ms
+from tests.integration.test_ops import free_port
 from tests.integration.test_round_trip import independent_records
 from tests.load import QUEUES, TOPICS, message_for
 from tests.service import (
@@ -105,6 +107,40 @@ def test_four_producer_processes_every_message_once(tmp_path: Path) -> None:
         assert store.recovery is not None
         assert not store.recovery.abnormal
         assert sum(q.max_offset for t in store.topics() for q in store.queue_status(t)) == producers * count
+
+
+def _assert_is_its_worker(service: RunningService, role: str, pid: int) -> None:
+    """The worker `ps` and the store's own checks see: its name, its command line exactly as
+    ``python -m workers.<role>`` would have, and none of the supervisor's files (its store lock)."""
+    proc = psutil.Process(pid)
+    assert proc.name() == f"rmq-{role}"
+    command = [arg for arg in proc.cmdline() if arg]  # a forked worker's is padded with NULs
+    assert Path(command[0]).name == Path(sys.executable).name
+    assert command[1:] == ["-m", f"workers.{role}", service.names.base, str(service.root)]
+    assert proc.ppid() == service.process.pid
+    assert str(service.root / "lock") not in {f.path for f in proc.open_files()}
+
+
+@pytest.mark.parametrize("started", ["forked", "executed"])
+def test_a_killed_worker_comes_back_as_the_same_command_forked_or_executed(
+    tmp_path: Path, started: str
+) -> None:
+    """The supervisor forks its workers (workers/spawn.py) unless another of its threads runs:
+    the metrics endpoint's makes it execute them. Either way a restarted worker is the same."""
+    settings = {"metricsPort": str(free_port())} if started == "executed" else {}
+    with running_service(tmp_path, **settings) as service:
+        first = service.worker_pid("reput")
+        _assert_is_its_worker(service, "reput", first)
+        os.kill(first, signal.SIGKILL)
+        killed_ms = now_ms()
+        heartbeat = layout.worker_field("reput", "heartbeat_ms")
+        wait_until(  # a heartbeat after the kill is the new worker's, which beats once it is ready
+            lambda: service.worker_pid("reput") not in (0, first) and service.read(heartbeat) > killed_ms,
+            30,
+            "reput to be restarted",
+        )
+        _assert_is_its_worker(service, "reput", service.worker_pid("reput"))
+        assert service.process.poll() is None
 
 
 def test_start_status_stop_and_a_second_supervisor_is_refused(tmp_path: Path) -> None:
