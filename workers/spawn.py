@@ -15,7 +15,9 @@ Forking is safe here because the supervisor forks only before other threads exis
 `MessageStore.handover` unmapped the store's files (a worker must not keep a file the cleaner
 deletes mapped). It executes afresh instead when another thread runs (the metrics endpoint's) or
 its own command line is too short to hold the worker's (with the interpreter named by its
-basename: ``python3 run.py start`` with the default conf is).
+basename: ``python3 run.py start`` with the default conf is), and always with
+``RMQ_EXEC_WORKERS=1`` in its environment (a diagnosis's switch; `python -m bench.start`
+compares the two).
 """
 
 from __future__ import annotations
@@ -94,7 +96,7 @@ def start_worker(role: str, shm_name: str, store_dir: Path) -> WorkerProcess:
     """Start one worker: forked when this process can (see the module docstring), else executed."""
     args = worker_command(role, shm_name, store_dir)
     areas = _proc_areas()
-    if areas is None or threading.active_count() > 1:
+    if areas is None or threading.active_count() > 1 or os.environ.get("RMQ_EXEC_WORKERS") == "1":
         return subprocess.Popen(args, cwd=CHECKOUT)
     (arg_start, arg_end), (env_start, env_end) = areas
     # The interpreter by its full path where the supervisor's command line has the room, else by
