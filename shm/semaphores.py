@@ -211,6 +211,15 @@ class Wakeup:
             words[self._index] = 1
             self.sem.release()
 
+    def interrupt(self) -> None:
+        """Post whatever the flag says: a stop request, which must also end a `sleep`."""
+        self.sem.release()
+
+    def sleep(self, timeout_s: float) -> None:
+        """Sleep ``timeout_s`` through every wakeup but an `interrupt`: the flag stays set, so
+        no waker posts (a timed flusher's interval, which puts must not shorten)."""
+        acquire(self.sem, timeout_s)
+
     def wait(self, timeout_s: float, has_work: Callable[[], bool] = lambda: False) -> bool:
         """Sleep until woken or ``timeout_s`` passes; True if woken. The flag is armed first and
         ``has_work`` checked after arming, so work published before the arming is not slept

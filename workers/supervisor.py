@@ -737,7 +737,7 @@ class Supervisor:
         process = handle.process
         if process.poll() is None:
             self.shm.table.set(layout.worker_field(handle.role, "stop"), 1)
-            self.shm.wake(handle.role)
+            self.shm.wakeup(handle.role).interrupt()
             for sig in (None, signal.SIGTERM, signal.SIGKILL):
                 if sig is not None:
                     log.warning("worker %s did not stop in time; sending %s", handle.role, sig.name)
