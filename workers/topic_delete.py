@@ -32,8 +32,12 @@ from typing import Protocol
 from rmq_mp.config.deleted_topics import DONE, PENDING, REQUESTED, DeletedTopics
 from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.errors import StoreError
+from rmq_mp.format import topic_marker
+from rmq_mp.format.message_batch import EncodedRun
+from rmq_mp.outcomes import PutMessageStatus
 from rmq_mp.paths import StorePaths
 from rmq_mp.put.fence import holding_put_lock
+from rmq_mp.put.producer import Producer
 from shm import layout
 from shm import queue_offsets as qo
 from shm.names import ShmNames
@@ -101,8 +105,9 @@ def _delete_under_lock(supervisor: Supervisor, tombstones: DeletedTopics, topics
     shm = supervisor.shm
     assert shm is not None
     t = shm.table
-    with holding_put_lock(supervisor.names.base, "deleteTopic"):
-        phy_offset = t.get(layout.WROTE_POSITION)
+    with holding_put_lock(supervisor.names.base, "deleteTopic") as producer:
+        phy_offset = append_marker(producer, topics)
+        crash_point("marker")
         for topic in topics:
             tombstones.set(topic, phy_offset, PENDING)
         tombstones.persist()
@@ -111,8 +116,68 @@ def _delete_under_lock(supervisor: Supervisor, tombstones: DeletedTopics, topics
             for _queue_id, slot in shm.queues.queues_of(topic):
                 shm.queues.set(slot, qo.NEXT_OFFSET, 0)
         t.set(layout.TOPIC_DELETE_GENERATION, t.get(layout.TOPIC_DELETE_GENERATION) + 1)
+    shm.wake("flusher")  # the marker readable soon under SYNC_FLUSH (the pool: the next commit)
     shm.wake("reput")
     crash_point("queues")
+    _drop_groups_and_config(supervisor, topics)
+    crash_point("config")
+
+
+def append_marker(producer: Producer, topics: list[str]) -> int:
+    """The marker record naming ``topics`` (rmq_mp/format/topic_marker.py), put under the put
+    lock ``producer`` holds by the producer's own appender, as a send's; its commit-log offset,
+    the tombstones' offset. `StoreError` when it could not be stored (a full disk: nothing of
+    the delete is done, the tombstone stays requested and the next start finishes it)."""
+    data = topic_marker.encode(producer.encoding.encoder, topics, time.time_ns() // 1_000_000)
+    run = EncodedRun(
+        topic_marker.TOPIC, topic_marker.QUEUE_ID, data, count=1, record_size=len(data), wait_flush=False
+    )
+    producer.appender.append((run,), producer.lock.acquired_ms)
+    placed = run.placements[0]
+    if placed.status is not PutMessageStatus.PUT_OK:
+        raise StoreError(f"the deleteTopic marker was not stored: {placed.status.name} {placed.reason}")
+    return placed.phy_offset
+
+
+def finish_from_log(supervisor: Supervisor, paths: StorePaths) -> None:
+    """A delete reput met as a marker in the log with no tombstone of it yet (a SLAVE replicating
+    its master's delete; a master whose supervisor died between the marker and the tombstone):
+    reput wrote the tombstone ``pending`` and dropped the queues; here, under the flags lock, the
+    topic's group offsets and topics.json entry go, as in step 2, then consumerOffset.json is
+    persisted and the tombstone is ``done``. TOPIC_DELETE_MARKERS_FINISHED then says so (the
+    metadata channel follows it with a full snapshot)."""
+    shm = supervisor.shm
+    assert shm is not None
+    t = shm.table
+    applied = t.get(layout.TOPIC_DELETE_MARKERS_APPLIED)
+    pending: list[str] = []
+    try:
+        with shm.flags_lock("deleteTopic from the log"):
+            tombstones = DeletedTopics(paths.deleted_topics)
+            tombstones.load()
+            pending = sorted(topic for topic, s in tombstones.table.items() if s.state == PENDING)
+            if pending:
+                _drop_groups_and_config(supervisor, pending)
+        crash_point("finish")
+        if pending and supervisor.persist_config():
+            with shm.flags_lock("deleteTopic from the log done"):
+                tombstones.load()
+                for topic in pending:
+                    stone = tombstones.table.get(topic)
+                    if stone is not None and stone.state == PENDING:
+                        tombstones.set(topic, stone.phy_offset, DONE)
+                tombstones.persist()
+            log.info("deleteTopic from the log: %s deleted", ", ".join(pending))
+    except (StoreError, OSError) as exc:
+        log.error("deleteTopic from the log %s: %s (retried)", ", ".join(pending) or "?", exc)
+        return
+    t.set(layout.TOPIC_DELETE_MARKERS_FINISHED, applied)
+
+
+def _drop_groups_and_config(supervisor: Supervisor, topics: list[str]) -> None:
+    """Step 2 (the flags lock held): ``topics``' group offsets deleted, their topics.json entries gone."""
+    shm = supervisor.shm
+    assert shm is not None
     prefixes = tuple(f"{topic}@" for topic in topics)
     for key, _queue_id, slot in list(shm.groups.queues()):
         if key.startswith(prefixes):
@@ -125,4 +190,3 @@ def _delete_under_lock(supervisor: Supervisor, tombstones: DeletedTopics, topics
             manager.counter += 1
             manager.timestamp_ms = time.time_ns() // 1_000_000
             manager.persist()
-    crash_point("config")

@@ -37,12 +37,13 @@ from rmq_mp.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MessageNotFoundError,
+    StoreError,
     StoreLockedError,
     StorePathError,
     StoreReadOnlyError,
 )
 from rmq_mp.format import message as m
-from rmq_mp.format import record
+from rmq_mp.format import record, topic_marker
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import (
@@ -130,6 +131,7 @@ class MessageStore:
         self.consumer_offsets = ConsumerOffsetManager(self.paths.consumer_offset)
         """Loaded by a writable `open` (see `_load_consumer_offsets`); the supervisor serves them."""
         self.dispatcher = Dispatcher(self.find_consume_queue, self.index_service, self.checkpoint)
+        self.dispatcher.on_marker = self._apply_marker
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
@@ -233,6 +235,33 @@ class MessageStore:
                     bounds[topic] = 1 << 62
             remove_old_queues(self.cq_table, bounds)
         self.dispatcher.dropped = bounds
+
+    def _apply_marker(self, phy_offset: int) -> list[str]:
+        """A deleteTopic marker met by recovery's dispatch (rmq_mp/format/topic_marker.py): as
+        reput applies one (workers/reput.py `apply_marker`): a named topic without a tombstone at
+        or past it gets one there, ``pending`` (a writable store persists it and removes the old
+        queues; `_finish_deletes` then drops its offsets and config), and its records below it
+        are not dispatched to it from here on. A kill -9 between the marker and its application
+        is finished here: the replay from the checkpoint meets the marker again."""
+        try:
+            topics = topic_marker.decode(self.commit_log.look_message_by_offset(phy_offset).body)
+        except StoreError as exc:
+            log.error("deleteTopic marker at %d not applied: %s", phy_offset, exc)
+            return []
+        tombstones = self.deleted_topics
+        met = {}
+        for topic in topics:
+            stone = tombstones.table.get(topic)
+            if stone is None or stone.state == REQUESTED or stone.phy_offset < phy_offset:
+                tombstones.set(topic, phy_offset, PENDING)
+                met[topic] = phy_offset
+        if met:
+            log.warning("deleteTopic %s: met its marker at %d in the log", ", ".join(met), phy_offset)
+            if self.writable:
+                tombstones.persist()
+                remove_old_queues(self.cq_table, met)
+            self.dispatcher.dropped = {**self.dispatcher.dropped, **met}
+        return topics
 
     def _finish_deletes(self) -> None:
         """After the offsets are loaded: a delete cut short (``pending``) loses its group offsets
