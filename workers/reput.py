@@ -45,7 +45,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from rmq_mp.config.deleted_topics import PENDING, REQUESTED, DeletedTopics
+from rmq_mp.config.deleted_topics import PENDING, DeletedTopics
 from rmq_mp.errors import ConfigError, StoreError
 from rmq_mp.format import native, topic_marker
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
@@ -303,7 +303,7 @@ class ReputService(ServiceLoop):
             wrote = False
             for topic in topics:
                 stone = tombstones.table.get(topic)
-                if stone is None or stone.state == REQUESTED or stone.phy_offset < phy_offset:
+                if stone is None or stone.phy_offset < phy_offset:
                     tombstones.set(topic, phy_offset, PENDING)
                     wrote = True
                     log.info(

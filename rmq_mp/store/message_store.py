@@ -28,7 +28,7 @@ from rmq_mp import validators as v
 from rmq_mp.config.config_manager import CHECKSUMS_NAME, LoadResult
 from rmq_mp.config.deleted_topics import DONE, PENDING, REQUESTED, DeletedTopics
 from rmq_mp.config.offsets import ConsumerOffsetManager
-from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.errors import (
     ConfigError,
@@ -236,6 +236,40 @@ class MessageStore:
             remove_old_queues(self.cq_table, bounds)
         self.dispatcher.dropped = bounds
 
+    def _append_marker(self, topics: list[str]) -> int:
+        """deleteTopic's marker for ``topics`` (rmq_mp/format/topic_marker.py) appended at the
+        log's end as `put_message` appends, and dispatched (which applies it); its offset."""
+        now_ms = int(time.time() * 1000)
+        encoded = topic_marker.encode(self._encoder_for(self.store_host), topics, now_ms)
+        key = (topic_marker.TOPIC, topic_marker.QUEUE_ID)
+        with self._put_lock:
+            queue_offset = self.topic_queue_table.get(key, 0)
+            sys_flag = record.peek_sys_flag(encoded, 0)
+            result = self.commit_log.append(
+                encoded,
+                sys_flag=sys_flag,
+                queue_offset=queue_offset,
+                store_timestamp=now_ms,
+                crc=self.config.enabled_append_prop_crc,
+            )
+            if result.status is not AppendMessageStatus.PUT_OK:
+                raise StoreError(f"append failed: {result.status.name}")
+            self.topic_queue_table[key] = queue_offset + 1
+            self.dispatcher.dispatch(
+                record.DispatchRequest(
+                    size=result.wrote_bytes,
+                    success=True,
+                    topic=topic_marker.TOPIC,
+                    queue_id=topic_marker.QUEUE_ID,
+                    phy_offset=result.phy_offset,
+                    store_timestamp=now_ms,
+                    queue_offset=queue_offset,
+                    keys=" ".join(topics),
+                    sys_flag=sys_flag,
+                )
+            )
+        return result.phy_offset
+
     def _apply_marker(self, phy_offset: int) -> list[str]:
         """A deleteTopic marker met by recovery's dispatch (rmq_mp/format/topic_marker.py): as
         reput applies one (workers/reput.py `apply_marker`): a named topic without a tombstone at
@@ -252,7 +286,7 @@ class MessageStore:
         met = {}
         for topic in topics:
             stone = tombstones.table.get(topic)
-            if stone is None or stone.state == REQUESTED or stone.phy_offset < phy_offset:
+            if stone is None or stone.phy_offset < phy_offset:
                 tombstones.set(topic, phy_offset, PENDING)
                 met[topic] = phy_offset
         if met:
@@ -268,9 +302,18 @@ class MessageStore:
         and topics.json entry here, then is ``done``; done tombstones whose records the log no
         longer holds are dropped."""
         tombstones = self.deleted_topics
+        requested = sorted(t for t, s in tombstones.table.items() if s.state == REQUESTED)
+        if requested and self.config.broker_role is not BrokerRole.SLAVE:
+            try:  # its dispatch writes the tombstones at it (`_apply_marker`), as on a running store
+                self._append_marker(requested)
+            except (StoreError, OSError) as exc:
+                log.error(
+                    "deleteTopic %s: its marker was not stored (%s): slaves keep the topic", requested, exc
+                )
         for topic, stone in tombstones.table.items():
             if stone.state == REQUESTED:  # its offset: the recovered log's end
                 tombstones.set(topic, self.commit_log.max_offset(), PENDING)
+            if topic in requested:
                 log.warning("deleteTopic %s was asked for and not begun: finished now", topic)
         pending = sorted(t for t, s in tombstones.table.items() if s.state == PENDING)
         if pending:
