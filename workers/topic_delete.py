@@ -5,10 +5,12 @@ attached, writes a ``requested`` tombstone to config/deletedTopics.json and coun
 TOPIC_DELETE_REQUESTS, all under the flags lock. The supervisor, in its watch loop
 (`carry_out`), then, for each requested topic, under the flags lock:
 
-1. under the put lock: takes the write position as the tombstone's offset, persists it
-   ``pending`` (the commit point: from here a crash is finished at the next start), sets the
-   topic's next queue offsets to 0 and bumps TOPIC_DELETE_GENERATION. A send after it is the
-   new topic's first message, at queue offset 0, above the tombstone;
+1. under the put lock: appends the delete's marker record (rmq_mp/format/topic_marker.py) with
+   the producer's own appender, as a send, and takes its offset as the tombstone's; persists
+   the tombstone ``pending`` (from here a crash is finished at the next start; one between the
+   marker and this is finished by reput or recovery meeting the marker), sets the topic's next
+   queue offsets to 0 and bumps TOPIC_DELETE_GENERATION. A send after it is the new topic's
+   first message, at queue offset 0, above the tombstone and the marker;
 2. marks the topic's group offsets deleted (`shm.queue_offsets.DELETED`, as deleteSubGroup)
    and removes its topics.json entry;
 
@@ -17,8 +19,15 @@ TOPIC_DELETES_DONE, which the command waits for. Reput, seeing the generation mo
 dispatches any record put after step 1, drops the old queue files and resets the queue table's
 dispatched and minimum offsets (`workers/reput.py`), then publishes TOPIC_DELETES_APPLIED.
 
-``RMQ_CRASH_AT=deleteTopic:<step>`` (tests only: begin, tombstone, queues, config; reput: reput's
-step) kills the process with SIGKILL at that step, so the crash tests can stop a delete where they choose.
+The marker carries the delete to slaves in log order (docs/replication.md, "A topic deleted on
+the master"): a SLAVE's reput, meeting it, writes the tombstone at its offset and drops the
+queues as above, its ha worker sets the topic's next offsets to 0 there, and its supervisor
+(`finish_from_log`, when TOPIC_DELETE_MARKERS_APPLIED moves) drops the topic's group offsets
+and topics.json entry as step 2 does, persists consumerOffset.json and marks the tombstone
+``done``. The same runs on a master whose supervisor died between the marker and the tombstone.
+
+``RMQ_CRASH_AT=deleteTopic:<step>`` (tests only: begin, marker, tombstone, queues, config, finish;
+reput: reput-marker, reput) kills the process with SIGKILL at that step, so the crash tests can stop a delete where they choose.
 """
 
 from __future__ import annotations
