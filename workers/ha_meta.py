@@ -104,6 +104,20 @@ class MetaChannel:
         log.error("ha-meta: malformed message from %s, connection closed, nothing applied: %s", peer, exc)
 
 
+def without_deleted(snapshot: ha_meta.Snapshot, tombstones: dict[str, int]) -> ha_meta.Snapshot:
+    """``snapshot`` less the group offsets and config of each topic deleted (``tombstones``:
+    topic -> its delete's marker offset) at or above the master's end when it read them
+    (`Snapshot.built_end`): the old topic's, read before the delete."""
+    old = {topic for topic, bound in tombstones.items() if snapshot.built_end <= bound}
+    if not old:
+        return snapshot
+    return dataclasses.replace(
+        snapshot,
+        offsets={k: q for k, q in snapshot.offsets.items() if k.partition("@")[0] not in old},
+        topics={t: c for t, c in snapshot.topics.items() if t not in old},
+    )
+
+
 def start(store: RunningStore, slave: bool) -> MetaChannel | None:
     """The channel this store's settings ask for (None: none): a SLAVE follows
     haMasterMetaAddress, a master serves haMetaListenPort."""
@@ -423,14 +437,7 @@ class MetaFollower(MetaChannel):
             tombstones = DeletedTopics(path)
             tombstones.load()
             self.tombstones, self.tombstones_mtime_ns = tombstones.bounds(), mtime
-        old = {topic for topic, bound in self.tombstones.items() if snapshot.built_end <= bound}
-        if not old:
-            return snapshot
-        return dataclasses.replace(
-            snapshot,
-            offsets={k: q for k, q in snapshot.offsets.items() if k.partition("@")[0] not in old},
-            topics={t: c for t, c in snapshot.topics.items() if t not in old},
-        )
+        return without_deleted(snapshot, self.tombstones)
 
     def _apply_offsets(self, snapshot: ha_meta.Snapshot) -> None:
         groups, table = self.store.shm.groups, self.table

@@ -1,21 +1,26 @@
 """The deleteTopic marker record (rmq_mp/format/topic_marker.py): its bytes, a hostile body, the
-refusal of a send to its topic, and a store that meets one in its log with no tombstone (what a
-slave's log holds after its master's delete) deleting the topic at that offset when it opens."""
+refusal of a send to its topic, a store that meets one in its log with no tombstone (what a
+slave's log holds after its master's delete) deleting the topic at that offset when it opens,
+and the metadata channel's filter of what a snapshot read before the delete holds of it."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import time
 
 import pytest
 
 from rmq_mp.config.deleted_topics import DONE
 from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.config.topics import TopicConfig
 from rmq_mp.errors import CorruptRecordError
+from rmq_mp.format import ha_meta, record, topic_marker
 from rmq_mp.format import message as m
-from rmq_mp.format import record, topic_marker
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.store.message_store import MessageStore
+from workers.ha_meta import without_deleted
 
 HOST = ("127.0.0.1", 10911)
 
@@ -75,3 +80,16 @@ def test_a_store_meeting_a_marker_in_its_log_deletes_the_topic_there(
     with MessageStore.open(config=small_config) as store:  # met again, nothing changes
         assert [msg.body for msg in store.get_message("T", 0, 0, 10).messages] == [b"new0"]
         assert store.deleted_topics.table["T"].phy_offset == marker
+
+
+def test_a_snapshot_read_before_a_delete_brings_nothing_of_the_topic_back() -> None:
+    """A slave that deleted T at its marker (offset 500) leaves T's offsets and config out of a
+    full snapshot the master read at or below that end, and takes them from one read after."""
+    topics = {t: TopicConfig(t, 3, 3).to_json() for t in ("T", "K")}
+    before = ha_meta.Snapshot(1, 900, 0, offsets={"T@g": {0: 5}, "K@g": {0: 1}}, topics=topics, built_end=500)
+    wire = ha_meta.decode_snapshot(json.loads(ha_meta.encode_snapshot(before)[ha_meta.HEADER_BYTES :]))
+    assert wire.built_end == 500
+    kept = without_deleted(wire, {"T": 500, "Other": 10_000})
+    assert (kept.offsets, set(kept.topics)) == ({"K@g": {0: 1}}, {"K"})
+    after = dataclasses.replace(wire, built_end=501)
+    assert without_deleted(after, {"T": 500}) == after  # the new T's: kept
