@@ -213,6 +213,8 @@ class MessageStore:
             cut_at(self, cut.fork_offset)
             last_exit_ok = False
         self.deleted_topics.load()
+        if cut is not None:
+            self._forget_cut_deletes(cut.fork_offset)
         self._begin_deletes()
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
         if self.writable:
@@ -223,6 +225,21 @@ class MessageStore:
                 fork.clear_pending_cut(root)
             self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
+
+    def _forget_cut_deletes(self, fork_offset: int) -> None:
+        """A slave's log cut where it forks from its master's: a delete whose marker lay at or past
+        the cut is not its master's (the new master never deleted the topic), so its tombstone
+        goes, and the topic's records are its queues' again."""
+        tombstones = self.deleted_topics
+        gone = [
+            t for t, s in tombstones.table.items() if s.state != REQUESTED and s.phy_offset >= fork_offset
+        ]
+        if gone:
+            tombstones.table = {t: s for t, s in tombstones.table.items() if t not in gone}
+            tombstones.persist()
+            log.warning(
+                "deleteTopic %s: its marker was cut with the fork: the topic is its master's again", gone
+            )
 
     def _begin_deletes(self) -> None:
         """Before recovery: a deleted topic's records below its tombstone get no queue entry, and

@@ -19,6 +19,7 @@ from rmq_mp.format import ha_meta, record, topic_marker
 from rmq_mp.format import message as m
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
+from rmq_mp.store import fork
 from rmq_mp.store.message_store import MessageStore
 from workers.ha_meta import without_deleted
 
@@ -93,3 +94,22 @@ def test_a_snapshot_read_before_a_delete_brings_nothing_of_the_topic_back() -> N
     assert (kept.offsets, set(kept.topics)) == ({"K@g": {0: 1}}, {"K"})
     after = dataclasses.replace(wire, built_end=501)
     assert without_deleted(after, {"T": 500}) == after  # the new T's: kept
+
+
+def test_a_delete_cut_with_a_forked_log_is_forgotten(small_config: MessageStoreConfig) -> None:
+    """A slave that applied its old master's delete, then finds its log forks from the new
+    master's below the marker: the cut takes the delete with it, the topic is served again."""
+    with MessageStore.open(config=small_config) as store:
+        for i in range(3):
+            assert store.put_message(m.Message(topic="T", body=b"old%d" % i, queue_id=0)).ok
+        marker = store.commit_log.max_offset()
+        _append(store, topic_marker.encode(record.RecordEncoder(HOST), ["T"], 1), 0)
+        _append(store, record.encode_record(m.Message(topic="T", body=b"new0", queue_id=0), HOST), 0)
+        end = store.commit_log.max_offset()
+    with MessageStore.open(config=small_config) as store:
+        assert [msg.body for msg in store.get_message("T", 0, 0, 10).messages] == [b"new0"]
+        fork.set_aside(store.paths, marker, end, small_config.mapped_file_size_commit_log, "the new master")
+    with MessageStore.open(config=small_config) as store:
+        assert "T" not in store.deleted_topics.table
+        assert store.commit_log.max_offset() == marker
+        assert [msg.body for msg in store.get_message("T", 0, 0, 10).messages] == [b"old0", b"old1", b"old2"]
