@@ -485,6 +485,18 @@ HA_META_APPLIED_FULL = _f(
     doc="SLAVE: full metadata snapshots applied (the master sends one after each change it sees; "
     "the rest of HA_META_APPLIED are heartbeats)",
 )  # fmt: skip
+# Slots 497, 498: a delete met in the log (the marker, rmq_mp/format/topic_marker.py): on a SLAVE
+# (and a master whose supervisor died between the marker and its tombstone) reput writes the
+# tombstone, the supervisor then drops the topic's group offsets and topics.json entry.
+TOPIC_DELETE_MARKERS_APPLIED = _f(
+    "topic_delete_markers_applied", 497, Role.REPUT,
+    doc="deleteTopic markers reput met with no tombstone of theirs yet, and wrote it ('pending')",
+)  # fmt: skip
+TOPIC_DELETE_MARKERS_FINISHED = _f(
+    "topic_delete_markers_finished", 498, Role.SUPERVISOR,
+    doc="topic_delete_markers_applied the supervisor has finished (group offsets, topics.json): the "
+    "metadata channel takes a full snapshot again when it moves",
+)  # fmt: skip
 # Slots 504..507: rmq-admin deleteTopic (rmq_mp/config/deleted_topics.py): asked by rmq-admin, done
 # by the supervisor under the put lock, applied to the queue files by reput.
 TOPIC_DELETE_REQUESTS = _f(

@@ -39,6 +39,7 @@ import socket
 import sys
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -49,8 +50,8 @@ from rmq_mp.config.store_config import (
     parse_host_port,
     peer_allowed,
 )
-from rmq_mp.errors import HaProtocolError, OffsetTableFullError
-from rmq_mp.format import ha_frame, record, record_batch
+from rmq_mp.errors import HaProtocolError, OffsetTableFullError, StoreError
+from rmq_mp.format import ha_frame, record, record_batch, topic_marker
 from rmq_mp.store import fork
 from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
@@ -640,8 +641,16 @@ class HaSlave(ServiceLoop):
                     max_records=SCAN_RECORDS,
                 )
             if scan is not None and len(scan.batch):
-                _queue_ends(scan.batch, queue_ends, queue_starts)
+                batch = scan.batch
+                markers = topic_marker.rows(batch)
+                if markers:  # up to the first marker: it restarts the topics it names
+                    batch = batch.slice(0, markers[0] + 1)
+                _queue_ends(batch, queue_ends, queue_starts)
                 pos = mf.file_from_offset + scan.stop
+                if markers:
+                    marker_at = int(batch.phy_offset[-1]) - mf.file_from_offset
+                    pos = mf.file_from_offset + marker_at + int(batch.size[-1])
+                    self._restart_deleted(mf.buf, marker_at, int(batch.size[-1]), queue_ends, queue_starts)
                 continue
             found = record.check_record(mf.buf, at, at + total, check_crc=False)
             if not found.success or found.size != total:
@@ -651,6 +660,8 @@ class HaSlave(ServiceLoop):
             if key not in queue_ends:
                 queue_starts[key] = found.queue_offset
             queue_ends[key] = max(queue_ends.get(key, 0), found.queue_offset + 1)
+            if found.topic == topic_marker.TOPIC:
+                self._restart_deleted(mf.buf, at, total, queue_ends, queue_starts)
             pos += total
         if pos != self.wrote:
             self._learn_queues(queue_ends, queue_starts)
@@ -678,6 +689,31 @@ class HaSlave(ServiceLoop):
                 queues.set(slot, qo.MIN_OFFSET, first)
             if end > queues.get(slot, qo.NEXT_OFFSET):
                 queues.set(slot, qo.NEXT_OFFSET, end)
+
+    def _restart_deleted(
+        self,
+        buf: Any,
+        at: int,
+        size: int,
+        queue_ends: dict[tuple[str, int], int],
+        queue_starts: dict[tuple[str, int], int],
+    ) -> None:
+        """A deleteTopic marker (rmq_mp/format/topic_marker.py) at ``at`` of ``buf``: the queues
+        of the records before it are entered, then the next offsets of the topics it names go to
+        0, as the master's delete set them under its put lock, so the records after it (the new
+        topic's, from queue offset 0) raise them again. (Reput applies the rest of the delete.)"""
+        try:
+            topics = topic_marker.decode(record.decode_message(buf, at, at + size).body)
+        except StoreError as exc:
+            log.error("ha: deleteTopic marker at %d not applied: %s", at, exc)
+            return
+        self._learn_queues(queue_ends, queue_starts)
+        queue_ends.clear()
+        queue_starts.clear()
+        queues = self.store.shm.queues
+        for topic in topics:
+            for _queue_id, slot in queues.queues_of(topic):
+                queues.set(slot, qo.NEXT_OFFSET, 0)
 
     # -- a log that forks from the master's (workers/ha_fork.py)
 

@@ -30,6 +30,7 @@ connection closed: nothing of it is applied.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import select
 import socket
@@ -38,6 +39,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from rmq_mp.config.deleted_topics import DeletedTopics
 from rmq_mp.config.store_config import parse_allowed_slaves, parse_host_port, peer_allowed
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager
 from rmq_mp.errors import OffsetTableFullError, ShmAttachError
@@ -100,6 +102,20 @@ class MetaChannel:
     def malformed(self, peer: str, exc: Exception) -> None:
         self.table.add(layout.HA_META_MALFORMED, 1)
         log.error("ha-meta: malformed message from %s, connection closed, nothing applied: %s", peer, exc)
+
+
+def without_deleted(snapshot: ha_meta.Snapshot, tombstones: dict[str, int]) -> ha_meta.Snapshot:
+    """``snapshot`` less the group offsets and config of each topic deleted (``tombstones``:
+    topic -> its delete's marker offset) at or above the master's end when it read them
+    (`Snapshot.built_end`): the old topic's, read before the delete."""
+    old = {topic for topic, bound in tombstones.items() if snapshot.built_end <= bound}
+    if not old:
+        return snapshot
+    return dataclasses.replace(
+        snapshot,
+        offsets={k: q for k, q in snapshot.offsets.items() if k.partition("@")[0] not in old},
+        topics={t: c for t, c in snapshot.topics.items() if t not in old},
+    )
 
 
 def start(store: RunningStore, slave: bool) -> MetaChannel | None:
@@ -245,7 +261,23 @@ class MetaServer(MetaChannel):
         peer.sock.close()
 
     def _build(self) -> dict[str, Any]:
-        """The master's metadata now, as a SNAPSHOT's fields (all but seq, masterEnd, full)."""
+        """The master's metadata now, as a SNAPSHOT's fields (all but seq, masterEnd, full). Not
+        while a deleteTopic is under way (the last one kept): ``builtEnd`` past a delete's
+        marker must mean a state without the topic's old offsets and config, which a slave
+        that deleted the topic takes as the new topic's."""
+        done = self.table.get(layout.TOPIC_DELETES_DONE)
+        if self.table.get(layout.TOPIC_DELETE_REQUESTS) != done:
+            return self.content
+        built = self._read_state()
+        if self.table.get(layout.TOPIC_DELETES_DONE) != done:
+            return self.content
+        if {**built, "builtEnd": 0} == {**self.content, "builtEnd": 0}:
+            return (
+                self.content
+            )  # unchanged: no full snapshot for a moved end alone (the older end stays true)
+        return built
+
+    def _read_state(self) -> dict[str, Any]:
         shm = self.store.shm
         # A delivery's put ends before the scheduler publishes its offset, at once after: one
         # below the end a pass ago is in the offsets read now (`Snapshot.delay_from`).
@@ -266,6 +298,7 @@ class MetaServer(MetaChannel):
                 self.topics_mtime_ns = mtime
                 self.topics_json = {t: c.to_json() for t, c in self.topics.table.items()}
         return {  # the master's end goes with each message (`_send_due`): no change of state
+            "builtEnd": self.end_before,
             "resetMs": self.table.get(layout.HA_META_RESET_MS),
             "offsets": offsets,
             "delay": delay,
@@ -296,8 +329,17 @@ class MetaFollower(MetaChannel):
         self.full_logged = False
         self.offsets_applied: dict[str, dict[int, int]] = {}
         """The last full snapshot's offsets, all applied: the next applies what differs."""
+        self.tombstones: dict[str, int] = {}
+        self.tombstones_mtime_ns = -1
+        self.markers_finished = self.table.get(layout.TOPIC_DELETE_MARKERS_FINISHED)
+        """Deletes met in the log this slave has finished (workers/topic_delete.py): when it
+        moves, a full snapshot is applied whole again (what the delete dropped of a new topic)."""
 
     def step(self) -> None:
+        finished = self.table.get(layout.TOPIC_DELETE_MARKERS_FINISHED)
+        if finished != self.markers_finished:
+            self.markers_finished = finished
+            self._refollow()
         if self.sock is None:
             self._connect()
             return
@@ -333,6 +375,18 @@ class MetaFollower(MetaChannel):
         self.reader = ha_meta.MessageReader(ha_meta.SNAPSHOT)
         log.info("ha-meta: following the master's metadata at %s", self.peer)
 
+    def _refollow(self) -> None:
+        """Connect again at once: the master's first snapshot on a connection is full, and is
+        applied whole (a topic deleted here from the log dropped group offsets and a config the
+        master may hold for the topic made again since)."""
+        if self.sock is not None:
+            self.sock.close()
+            self.sock = None
+        self.offsets_applied = {}
+        self.topics_applied = None
+        self.retry_at = 0.0
+        log.info("ha-meta: a topic was deleted from the log: following the master's metadata afresh")
+
     def _disconnect(self, why: str) -> None:
         if self.sock is not None:
             self.sock.close()
@@ -350,6 +404,7 @@ class MetaFollower(MetaChannel):
         if snapshot.full:
             try:
                 with shm.flags_lock("apply the master's consumer offsets"):
+                    snapshot = self._without_deleted(snapshot)
                     self._apply_offsets(snapshot)
                     self._apply_topics(snapshot)
             except ShmAttachError as exc:
@@ -367,6 +422,22 @@ class MetaFollower(MetaChannel):
         if snapshot.full:
             table.add(layout.HA_META_APPLIED_FULL, 1)
         table.add(layout.HA_META_APPLIED, 1)
+
+    def _without_deleted(self, snapshot: ha_meta.Snapshot) -> ha_meta.Snapshot:
+        """``snapshot`` less what it holds of a topic this slave deleted from the log at or above
+        the master's end when the master read it (`Snapshot.built_end`): that is the old topic's
+        state, read before the delete (flags lock held: the tombstone and the supervisor's drop
+        of the topic's offsets are written under it too)."""
+        path = self.store.paths.deleted_topics
+        try:
+            mtime = path.stat().st_mtime_ns
+        except FileNotFoundError:
+            return snapshot
+        if mtime != self.tombstones_mtime_ns:
+            tombstones = DeletedTopics(path)
+            tombstones.load()
+            self.tombstones, self.tombstones_mtime_ns = tombstones.bounds(), mtime
+        return without_deleted(snapshot, self.tombstones)
 
     def _apply_offsets(self, snapshot: ha_meta.Snapshot) -> None:
         groups, table = self.store.shm.groups, self.table

@@ -45,9 +45,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
-from rmq_mp.config.deleted_topics import DeletedTopics
-from rmq_mp.errors import ConfigError
-from rmq_mp.format import native
+from rmq_mp.config.deleted_topics import PENDING, DeletedTopics
+from rmq_mp.errors import ConfigError, StoreError
+from rmq_mp.format import native, topic_marker
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.checkpoint import StoreCheckpoint
@@ -144,6 +144,7 @@ class ReputService(ServiceLoop):
         self.checkpoint = StoreCheckpoint(paths.checkpoint, writable=True)
         self.reporter = reporter
         self.dispatcher = Dispatcher(self.cq_table.find, self.index, self.checkpoint, isolate=True)
+        self.dispatcher.on_marker = self.apply_marker
         self.quarantine: dict[tuple[str, int], Quarantine] = {}
         """Queues (and INDEX_KEY) that refused records, by key; the dispatcher skips them."""
         self.flush_failed: set[str] = set()
@@ -280,6 +281,42 @@ class ReputService(ServiceLoop):
                     queues.set(slot, qo.DISPATCH_ERROR, 0)
         self.deletes_applied = generation
         t.set(layout.TOPIC_DELETES_APPLIED, generation)
+
+    def apply_marker(self, phy_offset: int) -> list[str]:
+        """A deleteTopic marker (rmq_mp/format/topic_marker.py) met at ``phy_offset``, before it or
+        anything after it is dispatched: each topic it names without a tombstone at or past it (a
+        SLAVE replicating its master's delete; a master whose supervisor died between the marker
+        and the tombstone) gets one there, ``pending``, written atomically under the flags lock as
+        the master's supervisor writes it; then `apply_deletes`, as for a delete on this store.
+        Idempotent: met again (a restart, recovery re-dispatching from before it) it finds its
+        tombstone. TOPIC_DELETE_MARKERS_APPLIED moves while a named topic's tombstone is pending,
+        so the supervisor drops its group offsets and topics.json entry (workers/topic_delete.py)."""
+        try:
+            topics = topic_marker.decode(self.store.commit_log.look_message_by_offset(phy_offset).body)
+        except StoreError as exc:
+            log.error("deleteTopic marker at %d not applied: %s", phy_offset, exc)
+            return []
+        pending = False
+        with self.store.shm.flags_lock("deleteTopic marker"):
+            tombstones = DeletedTopics(self.store.paths.deleted_topics)
+            tombstones.load()
+            wrote = False
+            for topic in topics:
+                stone = tombstones.table.get(topic)
+                if stone is None or stone.phy_offset < phy_offset:
+                    tombstones.set(topic, phy_offset, PENDING)
+                    wrote = True
+                    log.info(
+                        "deleteTopic %s: met its marker at %d in the log, deleting it", topic, phy_offset
+                    )
+                pending |= tombstones.table[topic].state == PENDING
+            if wrote:
+                tombstones.persist()
+        crash_point("reput-marker")
+        self.apply_deletes()
+        if pending:
+            self.table.add(layout.TOPIC_DELETE_MARKERS_APPLIED, 1)
+        return topics
 
     # ------------------------------------------------------------------ faults
 

@@ -43,6 +43,7 @@ from rmq_mp.config.offsets import ConsumerOffsetManager, DelayOffsetManager
 from rmq_mp.config.store_config import IGNORED_PROPERTIES, BrokerRole, FlushDiskType, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager, created_queue_nums
 from rmq_mp.errors import ConfigError, ShmAttachError, StoreError, StoreLockedError
+from rmq_mp.format.message import DELETE_TOPIC_MARKER
 from rmq_mp.paths import StorePaths
 from rmq_mp.put import native
 from rmq_mp.put.fence import fence_start
@@ -470,6 +471,10 @@ class Supervisor:
                 topic_delete.carry_out(
                     self, StorePaths.of(self.config.store_path_root_dir, self.config.commit_log_dir)
                 )
+            if t.get(layout.TOPIC_DELETE_MARKERS_APPLIED) != t.get(layout.TOPIC_DELETE_MARKERS_FINISHED):
+                topic_delete.finish_from_log(  # a delete met in the log (a SLAVE's, mostly)
+                    self, StorePaths.of(self.config.store_path_root_dir, self.config.commit_log_dir)
+                )
             t.set(layout.SUPERVISOR_HEARTBEAT_MS, now_ms())
             for handle in self.workers.values():
                 self._check_worker(handle)
@@ -531,8 +536,8 @@ class Supervisor:
         queue_counts: dict[str, int] = {}
         for topic, queue_id, slot in self.shm.queues.queues():
             if (
-                self.shm.queues.get(slot, qo.NEXT_OFFSET) > 0
-            ):  # 0: a deleted topic's (workers/topic_delete.py)
+                self.shm.queues.get(slot, qo.NEXT_OFFSET) > 0 and topic != DELETE_TOPIC_MARKER
+            ):  # 0: a deleted topic's (workers/topic_delete.py); the marker's is no user topic
                 queue_counts[topic] = max(queue_counts.get(topic, 0), queue_id + 1)
         # Under the flags lock, from the file: `rmq-admin updateTopic --name` changes it live.
         assert self.topics is not None

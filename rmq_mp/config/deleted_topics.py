@@ -16,11 +16,15 @@ File (rmq-mp's own; RocketMQ has none)::
 
 ``state`` is how far the delete got, so a crash at any point is finished at the next start:
 
-- ``requested``: rmq-admin asked a running store's supervisor (phyOffset -1, nothing changed
-  yet). A start that finds one finishes it with the recovered log's end as ``phyOffset``.
-- ``pending``: the supervisor took ``phyOffset`` under the put lock and reset the queues' next
-  offsets; the topic's group offsets, its topics.json entry and its old queue files may still
-  be there. A start removes them.
+- ``requested``: rmq-admin asked a running store's supervisor (nothing changed yet; phyOffset
+  the topic's last delete's, -1 none: a marker met in the log at or below it is that delete's).
+  A start that finds one finishes it: it appends the delete's marker (a master) and takes its
+  offset, else the recovered log's end, as ``phyOffset``.
+- ``pending``: the supervisor appended the delete's marker record (rmq_mp/format/topic_marker.py)
+  at ``phyOffset`` under the put lock and reset the queues' next offsets, or reput or recovery
+  met a marker with no tombstone at or past it (a SLAVE replicating its master's delete); the
+  topic's group offsets, its topics.json entry and its old queue files may still be there. The
+  supervisor (workers/topic_delete.py) or the next start removes them.
 - ``done``: all of that is gone and consumerOffset.json was written without the offsets; the
   tombstone only filters the log, and is dropped once the log's first byte reaches phyOffset.
 """

@@ -15,7 +15,7 @@ Every message, either way, is a 16-byte header and a UTF-8 JSON object:
      12     4  crc32     of the payload (zlib), big-endian
 
 HELLO: ``{"brokerName": str}``. SNAPSHOT: ``{"seq": int, "masterEnd": int, "resetMs": int,
-"delayFrom": int, "full": true, "offsets": {"topic@group": {"<queueId>": offset}}, "delay": {"<level>": offset},
+"delayFrom": int, "builtEnd": int, "full": true, "offsets": {"topic@group": {"<queueId>": offset}}, "delay": {"<level>": offset},
 "topics": {"<topic>": <TopicConfig as in topics.json>}}``, or a heartbeat ``{"seq", "masterEnd",
 "resetMs", "full": false}`` when nothing changed since the connection's last full one. A message that breaks any of this
 (magic, version, kind, a length beyond its bound, the checksum, the JSON, a field's type or
@@ -65,6 +65,10 @@ class Snapshot:
     delay_from: int = 0
     """The master's commit-log end a snapshot interval before it read the delay offsets: a
     delivery below it is counted in them; one above may not be (workers/promotion.py looks)."""
+    built_end: int = 0
+    """The master's commit-log end when it read this state (a full snapshot's; 0 unknown): a
+    topic deleted at or above it (its marker in the log, rmq_mp/format/topic_marker.py) may
+    still be in it, and a slave that deleted the topic leaves that topic's entries out."""
     full: bool = True
     """False: a heartbeat, the state unchanged since the last full snapshot on this connection
     (offsets, delay and topics left out): only ``master_end`` and ``reset_ms`` are news."""
@@ -83,6 +87,7 @@ class Snapshot:
             "masterEnd": self.master_end,
             "resetMs": self.reset_ms,
             "delayFrom": self.delay_from,
+            "builtEnd": self.built_end,
             "full": True,
             "offsets": {k: {str(q): o for q, o in v.items()} for k, v in self.offsets.items()},
             "delay": {str(level): o for level, o in self.delay.items()},
@@ -198,6 +203,7 @@ def decode_snapshot(payload: dict[str, Any]) -> Snapshot:
         master_end=_int(payload.get("masterEnd"), "masterEnd"),
         reset_ms=_int(payload.get("resetMs"), "resetMs"),
         delay_from=_int(payload.get("delayFrom", 0), "delayFrom"),
+        built_end=_int(payload.get("builtEnd", 0), "builtEnd"),
         offsets=offsets,
         delay=delay,
         topics=topics,

@@ -43,6 +43,9 @@ RETRY_GROUP_TOPIC_PREFIX = "%RETRY%"
 DLQ_GROUP_TOPIC_PREFIX = "%DLQ%"
 
 SCHEDULE_TOPIC = "SCHEDULE_TOPIC_XXXX"
+DELETE_TOPIC_MARKER = "rmq_sys_DELETE_TOPIC"
+"""rmq-mp's own system topic (TopicValidator's ``rmq_sys_`` prefix): a deleteTopic's marker record
+(`rmq_mp/format/topic_marker.py`); the store writes it, a send to it is refused."""
 
 
 def retry_topic(group: str) -> str:

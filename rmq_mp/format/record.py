@@ -364,6 +364,11 @@ class RecordEncoder:
         if field_ is None:
             if problem := topic_problem(topic):
                 raise RecordRejected(PutMessageStatus.MESSAGE_ILLEGAL, problem)
+            if topic == m.DELETE_TOPIC_MARKER:  # only the store writes it (topic_marker.py)
+                raise RecordRejected(
+                    PutMessageStatus.MESSAGE_ILLEGAL,
+                    f"topic {topic!r} is rmq-mp's own system topic (deleteTopic's marker): a send to it is refused",
+                )
             raw = topic.encode("utf-8")
             field_ = self._topics[topic] = bytes((len(raw),)) + raw
         return field_

@@ -87,11 +87,12 @@ def fence_start(name: str, fenced_by: int, *, wait_s: float = FENCE_WAIT_S) -> F
 
 
 @contextmanager
-def holding_put_lock(name: str, what: str, *, wait_s: float = FENCE_WAIT_S) -> Iterator[None]:
+def holding_put_lock(name: str, what: str, *, wait_s: float = FENCE_WAIT_S) -> Iterator[Producer]:
     """Hold store ``name``'s put lock (a dead holder's taken over, its half-done put undone, as
-    a fence takes it) for a change no put may interleave with: rmq-admin deleteTopic's reset of
-    a topic's next queue offsets (workers/supervisor.py). `FenceRefusedError` when a live
-    producer keeps it ``wait_s``."""
+    a fence takes it) for a change no put may interleave with: rmq-admin deleteTopic's marker
+    record and reset of a topic's next queue offsets (workers/topic_delete.py). Yields the
+    producer holding it (its appender puts under the lock as a send does). `FenceRefusedError`
+    when a live producer keeps it ``wait_s``."""
     producer = attached_producer(name)
     try:
         lock = producer.lock
@@ -102,7 +103,7 @@ def holding_put_lock(name: str, what: str, *, wait_s: float = FENCE_WAIT_S) -> I
                 f"store {name}: producer pid {holder} holds the put lock after {wait_s:g} s; {what} waits"
             )
         try:
-            yield
+            yield producer
         finally:
             lock.release()
     finally:

@@ -8,6 +8,9 @@ Both are idempotent under re-dispatch, which is what lets recovery replay a rang
 columns of many (`record_batch.RecordBatch`) and leaves the same bytes in the same files: each
 queue's entries are appended per queue in blocks, the index keys in blocks.
 
+A deleteTopic marker (rmq_mp/format/topic_marker.py) is handed to `on_marker` before it or any
+record after it is dispatched, a batch split there.
+
 Faults: by default a queue or index that cannot be written raises (recovery stops there). With
 ``isolate`` (reput) it is quarantined instead: its records are skipped from then on, the fault
 is kept in `faults` for the caller, and every other queue and the index go on. The caller
@@ -17,12 +20,13 @@ makes the overlap harmless), and the index with `IndexService.build_index_batch`
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Collection, Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
 from rmq_mp.errors import StoreError
+from rmq_mp.format import topic_marker
 from rmq_mp.format.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE, is_dispatchable
 from rmq_mp.format.record import DispatchRequest
 from rmq_mp.format.record_batch import RecordBatch
@@ -82,6 +86,11 @@ class Dispatcher:
         self.dropped: dict[str, int] = {}
         """Deleted topics (rmq_mp/config/deleted_topics.py): a record of one below its offset
         gets no queue entry (it is no longer the topic's). Its keys are still indexed."""
+        self.on_marker: Callable[[int], Collection[str]] | None = None
+        """Called with a deleteTopic marker's commit-log offset (rmq_mp/format/topic_marker.py)
+        before the marker or anything after it is dispatched: the owner applies the delete (its
+        tombstone, `dropped`, the old queues), so the records after it start the topic anew;
+        returns the topics it names."""
 
     def drops(self, topic: str, phy_offset: int) -> bool:
         """Whether a record of ``topic`` at ``phy_offset`` belongs to a deleted topic."""
@@ -99,6 +108,8 @@ class Dispatcher:
         self.faults.append(DispatchFault(key, phy, end, timestamp, exc))
 
     def dispatch(self, req: DispatchRequest) -> None:
+        if req.topic == topic_marker.TOPIC and self.on_marker is not None:
+            self.on_marker(req.phy_offset)
         if is_dispatchable(req.sys_flag):
             key = (req.topic, req.queue_id)
             if key not in self.quarantined and not (self.dropped and self.drops(req.topic, req.phy_offset)):
@@ -128,6 +139,19 @@ class Dispatcher:
         earlier queues of the batch written, where one at a time would have stopped at the
         record: re-dispatch from the same offset completes either. Isolating, the other queues
         and the index are written and the queue is quarantined.)"""
+        if self.on_marker is not None and (markers := topic_marker.rows(batch)):
+            progress: list[QueueProgress] = []
+            for start, stop in zip([0, *markers], [*markers, len(batch)], strict=True):
+                if start == stop:
+                    continue
+                if start in markers:  # what went before to the topics it deleted is not theirs now
+                    deleted = self.on_marker(int(batch.phy_offset[start]))
+                    progress = [p for p in progress if p.topic not in deleted]
+                progress += self._dispatch_batch(batch.slice(start, stop))
+            return progress
+        return self._dispatch_batch(batch)
+
+    def _dispatch_batch(self, batch: RecordBatch) -> list[QueueProgress]:
         n = len(batch)
         if n == 0:
             return []

@@ -28,7 +28,7 @@ from rmq_mp import validators as v
 from rmq_mp.config.config_manager import CHECKSUMS_NAME, LoadResult
 from rmq_mp.config.deleted_topics import DONE, PENDING, REQUESTED, DeletedTopics
 from rmq_mp.config.offsets import ConsumerOffsetManager
-from rmq_mp.config.store_config import MessageStoreConfig
+from rmq_mp.config.store_config import BrokerRole, MessageStoreConfig
 from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.errors import (
     ConfigError,
@@ -37,12 +37,13 @@ from rmq_mp.errors import (
     InvalidArgumentError,
     InvalidArgumentTypeError,
     MessageNotFoundError,
+    StoreError,
     StoreLockedError,
     StorePathError,
     StoreReadOnlyError,
 )
 from rmq_mp.format import message as m
-from rmq_mp.format import record
+from rmq_mp.format import record, topic_marker
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import (
@@ -130,6 +131,7 @@ class MessageStore:
         self.consumer_offsets = ConsumerOffsetManager(self.paths.consumer_offset)
         """Loaded by a writable `open` (see `_load_consumer_offsets`); the supervisor serves them."""
         self.dispatcher = Dispatcher(self.find_consume_queue, self.index_service, self.checkpoint)
+        self.dispatcher.on_marker = self._apply_marker
         self.topic_queue_table: dict[tuple[str, int], int] = {}
         self.store_host: m.Host = (config.broker_ip1, config.listen_port)
         self.recovery: RecoveryReport | None = None
@@ -211,6 +213,8 @@ class MessageStore:
             cut_at(self, cut.fork_offset)
             last_exit_ok = False
         self.deleted_topics.load()
+        if cut is not None:
+            self._forget_cut_deletes(cut.fork_offset)
         self._begin_deletes()
         self.recovery = recover(self, last_exit_ok=last_exit_ok)
         if self.writable:
@@ -221,6 +225,21 @@ class MessageStore:
                 fork.clear_pending_cut(root)
             self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
+
+    def _forget_cut_deletes(self, fork_offset: int) -> None:
+        """A slave's log cut where it forks from its master's: a delete whose marker lay at or past
+        the cut is not its master's (the new master never deleted the topic), so its tombstone
+        goes, and the topic's records are its queues' again."""
+        tombstones = self.deleted_topics
+        gone = [
+            t for t, s in tombstones.table.items() if s.state != REQUESTED and s.phy_offset >= fork_offset
+        ]
+        if gone:
+            tombstones.table = {t: s for t, s in tombstones.table.items() if t not in gone}
+            tombstones.persist()
+            log.warning(
+                "deleteTopic %s: its marker was cut with the fork: the topic is its master's again", gone
+            )
 
     def _begin_deletes(self) -> None:
         """Before recovery: a deleted topic's records below its tombstone get no queue entry, and
@@ -234,14 +253,84 @@ class MessageStore:
             remove_old_queues(self.cq_table, bounds)
         self.dispatcher.dropped = bounds
 
+    def _append_marker(self, topics: list[str]) -> int:
+        """deleteTopic's marker for ``topics`` (rmq_mp/format/topic_marker.py) appended at the
+        log's end as `put_message` appends, and dispatched (which applies it); its offset."""
+        now_ms = int(time.time() * 1000)
+        encoded = topic_marker.encode(self._encoder_for(self.store_host), topics, now_ms)
+        key = (topic_marker.TOPIC, topic_marker.QUEUE_ID)
+        with self._put_lock:
+            queue_offset = self.topic_queue_table.get(key, 0)
+            sys_flag = record.peek_sys_flag(encoded, 0)
+            result = self.commit_log.append(
+                encoded,
+                sys_flag=sys_flag,
+                queue_offset=queue_offset,
+                store_timestamp=now_ms,
+                crc=self.config.enabled_append_prop_crc,
+            )
+            if result.status is not AppendMessageStatus.PUT_OK:
+                raise StoreError(f"append failed: {result.status.name}")
+            self.topic_queue_table[key] = queue_offset + 1
+            self.dispatcher.dispatch(
+                record.DispatchRequest(
+                    size=result.wrote_bytes,
+                    success=True,
+                    topic=topic_marker.TOPIC,
+                    queue_id=topic_marker.QUEUE_ID,
+                    phy_offset=result.phy_offset,
+                    store_timestamp=now_ms,
+                    queue_offset=queue_offset,
+                    keys=" ".join(topics),
+                    sys_flag=sys_flag,
+                )
+            )
+        return result.phy_offset
+
+    def _apply_marker(self, phy_offset: int) -> list[str]:
+        """A deleteTopic marker met by recovery's dispatch (rmq_mp/format/topic_marker.py): as
+        reput applies one (workers/reput.py `apply_marker`): a named topic without a tombstone at
+        or past it gets one there, ``pending`` (a writable store persists it and removes the old
+        queues; `_finish_deletes` then drops its offsets and config), and its records below it
+        are not dispatched to it from here on. A kill -9 between the marker and its application
+        is finished here: the replay from the checkpoint meets the marker again."""
+        try:
+            topics = topic_marker.decode(self.commit_log.look_message_by_offset(phy_offset).body)
+        except StoreError as exc:
+            log.error("deleteTopic marker at %d not applied: %s", phy_offset, exc)
+            return []
+        tombstones = self.deleted_topics
+        met = {}
+        for topic in topics:
+            stone = tombstones.table.get(topic)
+            if stone is None or stone.phy_offset < phy_offset:
+                tombstones.set(topic, phy_offset, PENDING)
+                met[topic] = phy_offset
+        if met:
+            log.warning("deleteTopic %s: met its marker at %d in the log", ", ".join(met), phy_offset)
+            if self.writable:
+                tombstones.persist()
+                remove_old_queues(self.cq_table, met)
+            self.dispatcher.dropped = {**self.dispatcher.dropped, **met}
+        return topics
+
     def _finish_deletes(self) -> None:
         """After the offsets are loaded: a delete cut short (``pending``) loses its group offsets
         and topics.json entry here, then is ``done``; done tombstones whose records the log no
         longer holds are dropped."""
         tombstones = self.deleted_topics
+        requested = sorted(t for t, s in tombstones.table.items() if s.state == REQUESTED)
+        if requested and self.config.broker_role is not BrokerRole.SLAVE:
+            try:  # its dispatch writes the tombstones at it (`_apply_marker`), as on a running store
+                self._append_marker(requested)
+            except (StoreError, OSError) as exc:
+                log.error(
+                    "deleteTopic %s: its marker was not stored (%s): slaves keep the topic", requested, exc
+                )
         for topic, stone in tombstones.table.items():
             if stone.state == REQUESTED:  # its offset: the recovered log's end
                 tombstones.set(topic, self.commit_log.max_offset(), PENDING)
+            if topic in requested:
                 log.warning("deleteTopic %s was asked for and not begun: finished now", topic)
         pending = sorted(t for t, s in tombstones.table.items() if s.state == PENDING)
         if pending:

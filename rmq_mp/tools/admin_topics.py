@@ -124,7 +124,7 @@ def _delete_running(args: argparse.Namespace, topic: str) -> dict[str, Any]:
             t.set(layout.TOPIC_DELETE_REQUESTS, asked)
             tombstones = DeletedTopics(running.paths.deleted_topics)
             tombstones.load()
-            tombstones.set(topic, -1, REQUESTED)
+            tombstones.set(topic, _prior_offset(tombstones, topic), REQUESTED)
             tombstones.persist()
         _wait_done(running.table, asked)
         if groups:
@@ -138,6 +138,13 @@ def _delete_running(args: argparse.Namespace, topic: str) -> dict[str, Any]:
                 "is finished at the store's next start"
             )
     return {"topic": topic, "queues": len(queues), "groups": ",".join(groups)}
+
+
+def _prior_offset(tombstones: DeletedTopics, topic: str) -> int:
+    """A requested tombstone keeps the offset of the topic's last delete (-1 none): a deleteTopic
+    marker met in the log at or below it is that delete's, not this one's (deleted_topics.py)."""
+    stone = tombstones.table.get(topic)
+    return -1 if stone is None else stone.phy_offset
 
 
 def _wait_done(table: Any, asked: int) -> None:
@@ -175,7 +182,7 @@ def _delete_stopped(args: argparse.Namespace, topic: str) -> dict[str, Any]:
         crashed = paths.abort.exists()
     tombstones = DeletedTopics(paths.deleted_topics)
     tombstones.load()
-    tombstones.set(topic, -1, REQUESTED)
+    tombstones.set(topic, _prior_offset(tombstones, topic), REQUESTED)
     tombstones.persist()
     if crashed:
         print(

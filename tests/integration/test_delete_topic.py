@@ -22,6 +22,8 @@ from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.deleted_topics import DONE, DeletedTopics
 from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.topics import TopicConfigManager
+from rmq_mp.format import record, topic_marker
+from rmq_mp.format.message import DELETE_TOPIC_MARKER
 from rmq_mp.put.producer import Producer
 from rmq_mp.tools.admin import main
 from shm import layout
@@ -213,6 +215,7 @@ def test_delete_topic_on_a_stopped_store(tmp_path: Path, capsys: pytest.CaptureF
     assert DEL not in topics_json(service.root)
     assert f"{DEL}@G" not in persisted_offsets(service.root)
     assert tombstone_state(service.root) == DONE
+    assert marker_at_tombstone(service.root) == [DEL]  # the start that finished it wrote one for slaves
     service = start_service(tmp_path, **SETTINGS)
     assert_deleted(service)
     assert send(service.names.base, DEL, ["new0"]) == [0]
@@ -225,6 +228,18 @@ def test_delete_topic_on_a_stopped_store(tmp_path: Path, capsys: pytest.CaptureF
     with running_service(tmp_path, **SETTINGS) as service:
         assert_deleted(service)
         assert tombstone_state(service.root) == DONE
+    assert marker_at_tombstone(service.root) == [DEL]
+
+
+def marker_at_tombstone(root: Path) -> list[str]:
+    """The topics the deleteTopic marker at DEL's tombstone names (rmq_mp/format/topic_marker.py)."""
+    stones = DeletedTopics(root / "config" / "deletedTopics.json")
+    stones.load()
+    phy = stones.table[DEL].phy_offset
+    data = (root / "commitlog" / f"{0:020d}").read_bytes()
+    message = record.decode_message(data, phy, len(data))
+    assert message.topic == DELETE_TOPIC_MARKER
+    return topic_marker.decode(message.body)
 
 
 def test_delete_topic_while_a_producer_sends_to_it(
