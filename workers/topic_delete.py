@@ -96,17 +96,23 @@ def carry_out(supervisor: Supervisor, paths: StorePaths) -> None:
             if deleted:
                 _delete_under_lock(supervisor, tombstones, deleted)
         if deleted and supervisor.persist_config():
-            with shm.flags_lock("deleteTopic done"):
-                tombstones.load()
-                for topic in deleted:
-                    stone = tombstones.table.get(topic)
-                    if stone is not None and stone.state == PENDING:
-                        tombstones.set(topic, stone.phy_offset, DONE)
-                tombstones.persist()
+            _mark_done(shm, tombstones, deleted, "deleteTopic done")
             log.info("deleteTopic: %s deleted", ", ".join(deleted))
     except (StoreError, OSError) as exc:
         log.error("deleteTopic %s: %s (finished at the next start)", ", ".join(deleted) or "?", exc)
     t.set(layout.TOPIC_DELETES_DONE, requests)
+
+
+def _mark_done(shm: StoreShm, tombstones: DeletedTopics, topics: list[str], purpose: str) -> None:
+    """The delete's last step, once the config without the topics is persisted: their pending
+    tombstones become done (re-read under the flags lock: rmq-admin may have added one)."""
+    with shm.flags_lock(purpose):
+        tombstones.load()
+        for topic in topics:
+            stone = tombstones.table.get(topic)
+            if stone is not None and stone.state == PENDING:
+                tombstones.set(topic, stone.phy_offset, DONE)
+        tombstones.persist()
 
 
 def _delete_under_lock(supervisor: Supervisor, tombstones: DeletedTopics, topics: list[str]) -> None:
@@ -169,13 +175,7 @@ def finish_from_log(supervisor: Supervisor, paths: StorePaths) -> None:
                 _drop_groups_and_config(supervisor, pending)
         crash_point("finish")
         if pending and supervisor.persist_config():
-            with shm.flags_lock("deleteTopic from the log done"):
-                tombstones.load()
-                for topic in pending:
-                    stone = tombstones.table.get(topic)
-                    if stone is not None and stone.state == PENDING:
-                        tombstones.set(topic, stone.phy_offset, DONE)
-                tombstones.persist()
+            _mark_done(shm, tombstones, pending, "deleteTopic from the log done")
             log.info("deleteTopic from the log: %s deleted", ", ".join(pending))
     except (StoreError, OSError) as exc:
         log.error("deleteTopic from the log %s: %s (retried)", ", ".join(pending) or "?", exc)
