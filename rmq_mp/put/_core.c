@@ -635,6 +635,7 @@ typedef struct {
     struct CrcPrepared *crc_pre; /* a batch's CRCs computed before the lock (crc_prepare) */
     size_t crc_pre_len;
     CrcState crc_state; /* the last record length's constants (crc_prepare) */
+    long long crc_misses; /* records whose guessed lock fields were wrong (crc_fill_prepared corrected) */
     int closed;
     Replica rep; /* SYNC_MASTER */
 } Sender;
@@ -963,7 +964,7 @@ static inline void crc_guess(uint8_t *r, int64_t queue_offset, int64_t phy_offse
 /* Under the lock, once [20, 64) is patched: the ten digits after `covered` bytes and the
  * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes; none
  * changed (the guess held), the digits crc_prepare wrote stand. */
-static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
+static inline int crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
     uint32_t delta, d[6], was, changed = 0;
     for (int k = 0; k < 6; k++) {
         memcpy(&d[k], r + CRC_WORD_AT[k], 4);
@@ -971,7 +972,7 @@ static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPr
         d[k] ^= was;
         changed |= d[k];
     }
-    if (!changed) return;
+    if (!changed) return 0;
 #ifdef RMQ_HAVE_CLMUL
     if (has_clmul) {
         /* a changed 32-bit word w at k, read little-endian as the register reads bytes, adds
@@ -985,6 +986,7 @@ static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPr
         delta = crc_multiply(pre->shift, ~crc32_table(~0u, x, sizeof x));
     }
     crc_write_digits(r, covered, (pre->crc ^ delta) & 0x7FFFFFFFu);
+    return 1;
 }
 
 /* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms,
@@ -1712,8 +1714,8 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
         if (s->crc_tail_len)
-            crc_fill_prepared(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                              &crcs[i]);
+            s->crc_misses += crc_fill_prepared(
+                r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len, &crcs[i]);
     }
     int64_t end = wrote + size;
     /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
@@ -2649,6 +2651,8 @@ static PyMemberDef Sender_members[] = {
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
+    {"crc_misses", T_LONGLONG, offsetof(Sender, crc_misses), READONLY,
+     "records whose whole-record CRC was corrected under the lock (its fields guessed wrong)"},
     {"why", T_INT, offsetof(Sender, why), READONLY, "why the last send went to the reference (REF_*)"},
     {"rotated", T_OBJECT, offsetof(Sender, rotated), READONLY,
      "send_items: the queue id rotated for the item it handed back (None: none rotated)"},
