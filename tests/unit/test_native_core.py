@@ -135,11 +135,12 @@ def test_the_crc_combined_with_the_bodys_is_the_whole_records(
     clmul: bool,
     guess: str | None,
 ) -> None:
-    """A send's whole-record CRC reads the body once: encode_into's CRC of it (the body CRC
-    field's, before its mask) is combined with the header's and the rest's (topic and properties:
-    under 64 bytes at 128 B bodies, a pass of its own) instead of a pass over the whole record.
-    The digits are `record.fill_record_crc`'s whatever the lengths (an empty body, a rest of one
-    byte to several blocks), the header's (IPv4 or IPv6 store host) and the guess."""
+    """A send's whole-record CRC reads a body of 256 B or more once (the hook: any body):
+    encode_into's CRC of it (the body CRC field's, before its mask) is combined with the header's
+    and the rest's (topic and properties, often under 64 bytes: a pass of its own) instead of a
+    pass over the whole record. The digits are `record.fill_record_crc`'s whatever the lengths
+    (an empty body, a rest of one byte to several blocks), the header's (IPv4 or IPv6 store
+    host) and the guess."""
     assert core is not None
     header = bytearray(head[:fixed])
     header[fixed - 4 : fixed] = len(body).to_bytes(4, "big")
