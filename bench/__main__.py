@@ -25,8 +25,10 @@ Scenarios (``--scenario``, repeatable; default all):
             normal and abnormal recovery time (bench/scale.py).
   crc       the whole-record CRC's put cost: ASYNC send and send_batch, 1 producer, 128 B, with
             enabledAppendPropCRC off and on in alternating stores (off on on off); ratio on/off;
-            then both settings on one store, alternating blocks of calls in one process (that part
-            alone: crc-same-store).
+            then both settings on one store, alternating blocks of calls in one process beside a
+            second CRC-off producer as the control (the median round ratio on/off printed beside
+            the control's, with quartiles and range; per record wall, producer, store and reput
+            CPU; the CRCs the lock corrected). That part alone: crc-same-store.
 ``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
 Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 """
@@ -265,8 +267,8 @@ class Bench:
         the records whose CRC the lock had to correct (its fields guessed wrong)."""
         rounds = 12 if self.quick else 42
         rows = []
-        print(f"{'one store':<10}{'on/off median':>14}{'[p25 p75]':>14}{'[min max]':>14}{'ctl/off median':>15}"
-              f"{'[p25 p75]':>14}{'[min max]':>14}{'cpu on/off':>11}")  # fmt: skip
+        print(f"{'one store':<10}{'on/off median':>14}{'[p25 p75]':>14}{'[min max]':>15}{'ctl/off median':>15}"
+              f"{'[p25 p75]':>14}{'[min max]':>15}{'cpu on/off':>11}")  # fmt: skip
         # blocks of ~20-30 ms here: shorter ones (6 ms) let one co-tenant burst swing a round 2x
         for api, batch, block in (("send", 1, 30_000), ("batch100", 100, 600)):
             with self.store("ASYNC", enabledAppendPropCRC="true") as service:
@@ -282,8 +284,8 @@ class Bench:
             assert not got["failures"], got["failures"]
             row = {"api": api, "block_calls": block, **_crc_rounds(got, block * batch, rounds)}
             a, c = row["on_off"], row["ctl_off"]
-            print(f"{api:<10}{a['median']:>14.3f}{a['p25']:>8.3f}{a['p75']:>6.3f}{a['min']:>8.3f}{a['max']:>6.3f}"
-                  f"{c['median']:>15.3f}{c['p25']:>8.3f}{c['p75']:>6.3f}{c['min']:>8.3f}{c['max']:>6.3f}"
+            print(f"{api:<10}{a['median']:>14.3f}{a['p25']:>8.3f}{a['p75']:>6.3f}{a['min']:>8.3f}{a['max']:>7.3f}"
+                  f"{c['median']:>15.3f}{c['p25']:>8.3f}{c['p75']:>6.3f}{c['min']:>8.3f}{c['max']:>7.3f}"
                   f"{row['cpu_on_off']['median']:>11.3f}", flush=True)  # fmt: skip
             rows.append(row)
         print(f"{'ns/record':<10}{'wall on/off/ctl':>22}{'producer cpu':>20}{'store cpu':>20}{'reput cpu':>20}"
