@@ -25,8 +25,10 @@ Scenarios (``--scenario``, repeatable; default all):
             normal and abnormal recovery time (bench/scale.py).
   crc       the whole-record CRC's put cost: ASYNC send and send_batch, 1 producer, 128 B, with
             enabledAppendPropCRC off and on in alternating stores (off on on off); ratio on/off;
-            then both settings on one store, alternating blocks of calls in one process (that part
-            alone: crc-same-store).
+            then both settings on one store, alternating blocks of calls in one process beside a
+            second CRC-off producer as the control (the median round ratio on/off printed beside
+            the control's, with quartiles and range; per record wall, producer, store and reput
+            CPU; the CRCs the lock corrected). That part alone: crc-same-store.
 ``--quick`` shrinks everything (fewer rows, shorter windows, 128 MiB recovery) to a few minutes.
 Run it under ``flock /tmp/rmq-heavy.lock`` on shared machines.
 """
@@ -92,6 +94,35 @@ LAG_SLOPE_BOUND_BYTES_PER_S = 1 << 20
 
 def _ratio(value: float, base: float) -> float:
     return value / base if base else float("nan")
+
+
+def _crc_rounds(got: dict[str, Any], calls: int, rounds: int) -> dict[str, Any]:
+    """`crc_pair_worker`'s blocks summed: per round the on/off and ctl/off throughput ratios (the
+    second setting's summed block times over the first's), their spread, and ns per record."""
+
+    def per_round(a: str, b: str, key: str = "wall") -> list[float]:
+        xs, ys = got[a][key], got[b][key]
+        return [(ys[2 * r] + ys[2 * r + 1]) / (xs[2 * r] + xs[2 * r + 1]) for r in range(rounds)]
+
+    settings = ("on", "off", "ctl")
+    on_off, ctl_off = per_round("on", "off"), per_round("ctl", "off")
+    cpu_on_off = per_round("on", "off", "cpu")
+    return {
+        "rounds": rounds, "blocks": {k: got[k] for k in settings},
+        "round_ratios": on_off, "control_round_ratios": ctl_off, "cpu_round_ratios": cpu_on_off,
+        "on_off": _spread(on_off), "ctl_off": _spread(ctl_off), "cpu_on_off": _spread(cpu_on_off),
+        "ratio": _spread(on_off)["median"],
+        "ns_per_record": {setting: {key: sum(got[setting][key]) / (calls * rounds * 2) * 1e9
+                                    for key in ("wall", "cpu", "store_cpu", "reput_cpu")} for setting in settings},
+        "crc_misses": int(sum(got["on"]["crc_misses"])), "records_on": calls * rounds * 2,
+        "record_bytes": got["bytes"],
+    }  # fmt: skip
+
+
+def _spread(values: list[float]) -> dict[str, float]:
+    """Median, quartiles and range: how far apart a run's rounds lie, printed beside its median."""
+    p25, median, p75 = (float(x) for x in np.percentile(values, [25, 50, 75]))
+    return {"median": median, "p25": p25, "p75": p75, "min": min(values), "max": max(values)}
 
 
 class Bench:
@@ -227,39 +258,47 @@ class Bench:
             self.crc_same_store()
 
     def crc_same_store(self) -> None:
-        """The same cost with both settings on one store at one time (`crc_pair_worker`): blocks
-        of calls, on off off on, per round; the ratio is of the setting's summed block times and,
-        beside it, the median and lowest of the rounds' ratios."""
-        rounds = 10 if self.quick else 25
+        """The same cost with both settings on one store at one time (`crc_pair_worker`): per round
+        six blocks of calls, two each of CRC on, off and a second off producer (the control), in
+        rotating symmetric orders. The figure is the median of the rounds' on/off ratios (summed
+        off block times over summed on ones) with its quartiles and range, and beside it the
+        control's off/ctl ratio the same way: the noise floor a ratio must be read against. Then per
+        record: wall, this producer's CPU, the store's processes' CPU and reput's, on vs off, and
+        the records whose CRC the lock had to correct (its fields guessed wrong)."""
+        rounds = 12 if self.quick else 42
         rows = []
-        print(f"{'one store':<11}{'crc off msgs/s':>16}{'crc on msgs/s':>15}{'on/off':>8}"
-              f"{'median round':>14}{'lowest round':>14}{'bytes off/on':>14}")  # fmt: skip
+        print(f"{'one store':<10}{'on/off median':>14}{'[p25 p75]':>14}{'[min max]':>15}{'ctl/off median':>15}"
+              f"{'[p25 p75]':>14}{'[min max]':>15}{'cpu on/off':>11}")  # fmt: skip
         # blocks of ~20-30 ms here: shorter ones (6 ms) let one co-tenant burst swing a round 2x
         for api, batch, block in (("send", 1, 30_000), ("batch100", 100, 600)):
             with self.store("ASYNC", enabledAppendPropCRC="true") as service:
+                pids = {role: service.worker_pid(role) for role in layout.ROLES}
+                pids = {"supervisor": service.process.pid, **{k: v for k, v in pids.items() if v}}
                 out = CTX.Queue()
                 proc = CTX.Process(
-                    target=crc_pair_worker, args=(service.names.base, 128, batch, block, rounds, out)
+                    target=crc_pair_worker, args=(service.names.base, 128, batch, block, rounds, pids, out)
                 )
                 proc.start()
                 got = out.get(timeout=600)
                 proc.join(60)
-            assert not got["failures"], got
-            calls = block * batch
-            on_s, off_s = got["on"], got["off"]
-            per_round = [
-                (off_s[2 * r] + off_s[2 * r + 1]) / (on_s[2 * r] + on_s[2 * r + 1]) for r in range(rounds)
-            ]
-            row = {
-                "api": api, "block_calls": block, "rounds": rounds, "on_block_s": on_s, "off_block_s": off_s,
-                "off_msgs_per_s": calls * len(off_s) / sum(off_s), "on_msgs_per_s": calls * len(on_s) / sum(on_s),
-                "ratio": sum(off_s) / sum(on_s), "round_ratios": per_round,
-                "record_bytes_off": got["off_bytes"], "record_bytes_on": got["on_bytes"],
-            }  # fmt: skip
-            print(f"{api:<11}{row['off_msgs_per_s']:>16.0f}{row['on_msgs_per_s']:>15.0f}{row['ratio']:>8.3f}"
-                  f"{float(np.median(per_round)):>14.3f}{min(per_round):>14.3f}"
-                  f"{got['off_bytes']:>8}/{got['on_bytes']}", flush=True)  # fmt: skip
+            assert not got["failures"], got["failures"]
+            row = {"api": api, "block_calls": block, **_crc_rounds(got, block * batch, rounds)}
+            a, c = row["on_off"], row["ctl_off"]
+            print(f"{api:<10}{a['median']:>14.3f}{a['p25']:>8.3f}{a['p75']:>6.3f}{a['min']:>8.3f}{a['max']:>7.3f}"
+                  f"{c['median']:>15.3f}{c['p25']:>8.3f}{c['p75']:>6.3f}{c['min']:>8.3f}{c['max']:>7.3f}"
+                  f"{row['cpu_on_off']['median']:>11.3f}", flush=True)  # fmt: skip
             rows.append(row)
+        print(f"{'ns/record':<10}{'wall on/off/ctl':>22}{'producer cpu':>20}{'store cpu':>20}{'reput cpu':>20}"
+              f"{'crc misses':>12}{'bytes on/off':>14}")  # fmt: skip
+        for row in rows:
+            per = row["ns_per_record"]
+
+            def three(key: str, per: dict[str, dict[str, float]] = per) -> str:
+                return "/".join(f"{per[setting][key]:.0f}" for setting in ("on", "off", "ctl"))
+
+            print(f"{row['api']:<10}{three('wall'):>22}{three('cpu'):>20}{three('store_cpu'):>20}"
+                  f"{three('reput_cpu'):>20}{row['crc_misses']:>6}/{row['records_on']:<6}"
+                  f"{row['record_bytes']['on']:>7}/{row['record_bytes']['off']}", flush=True)  # fmt: skip
         self.results["crc_same_store"] = rows
 
     # ---------------------------------------------------------------- e2e latency

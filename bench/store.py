@@ -98,14 +98,43 @@ def put_worker(
     out.put((sent, failures, elapsed, latencies_ns))
 
 
-def crc_pair_worker(name: str, body_size: int, batch: int, block: int, rounds: int, out: Any) -> None:
-    """The whole-record CRC's cost on one store at one time: two producers in this process, one
-    writing the CRC (the store's setting) and one built from the same attach with
-    ``enabled_append_prop_crc`` off (records without it are what a 4.9.8 store writes; every reader
-    takes both). ``rounds`` of four timed blocks of ``block`` calls, on off off on, each call
-    `send` (``batch`` 1) or `send_batch` of a `MessageBatch`; every status checked. A co-tenant's
-    burst then hits one block of a round, not one setting's whole store. Reports {"on": [block
-    seconds], "off": [...], "failures": n, "on_bytes": record size on, "off_bytes": ...}."""
+CRC_ORDERS = (
+    ("on", "off", "ctl", "ctl", "off", "on"),
+    ("off", "ctl", "on", "on", "ctl", "off"),
+    ("ctl", "on", "off", "off", "on", "ctl"),
+)
+"""`crc_pair_worker`'s block orders, one a round in turn: each setting first, middle and last as
+often, and each round symmetric, so a drift within a round or across rounds favours none."""
+
+
+def cpu_ns(pids: list[int]) -> int:
+    """CPU time of every thread of ``pids`` in ns (/proc/PID/task/TID/schedstat: the scheduler's
+    own run time, exact; psutil's cpu_times counts in 10 ms ticks, too coarse for 20 ms blocks)."""
+    total = 0
+    for pid in pids:
+        try:
+            for tid in os.listdir(f"/proc/{pid}/task"):
+                with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+                    total += int(f.read().split()[0])
+        except (FileNotFoundError, ProcessLookupError):
+            continue
+    return total
+
+
+def crc_pair_worker(
+    name: str, body_size: int, batch: int, block: int, rounds: int, store_pids: dict[str, int], out: Any
+) -> None:
+    """The whole-record CRC's cost on one store at one time: three producers in this process, one
+    writing the CRC (the store's setting: "on") and two built from one attach with
+    ``enabled_append_prop_crc`` off ("off" and the control "ctl", the same settings: their ratio is
+    the noise floor printed beside on/off; records without the CRC are what a 4.9.8 store writes
+    and every reader takes both). ``rounds`` of six timed blocks of ``block`` calls in the orders
+    of CRC_ORDERS, each call `send` (``batch`` 1) or `send_batch` of a `MessageBatch`; every status
+    checked. A co-tenant's burst then hits a block of a round, not a setting's whole store. Per
+    block: wall s, this process's CPU s, the store's processes' CPU s (``store_pids``, role ->
+    pid; and reput's alone) and the records whose CRC the lock corrected (a wrong guess of its
+    fields). Reports {setting: {"wall": [...], "cpu", "store_cpu", "reput_cpu", "crc_misses"},
+    "failures": n, "bytes": {setting: record size}}."""
     import dataclasses
 
     from rmq_mp.format.message_batch import MessageBatch
@@ -115,23 +144,37 @@ def crc_pair_worker(name: str, body_size: int, batch: int, block: int, rounds: i
 
     body = os.urandom(body_size)
     items = MessageBatch(TOPIC, [body] * batch, queue_id=0)
-    times: dict[str, list[float]] = {"on": [], "off": []}
+    blocks: dict[str, dict[str, list[float]]] = {
+        setting: {"wall": [], "cpu": [], "store_cpu": [], "reput_cpu": [], "crc_misses": []}
+        for setting in ("on", "off", "ctl")
+    }
     failures = 0
     sizes: dict[str, int] = {}
-    plain = RunningStore.attach(name, Role.PRODUCER, writable_log=True)
-    plain.config = dataclasses.replace(plain.config, enabled_append_prop_crc=False)
-    with Producer.attach(name) as on, Producer(plain) as off:
+    plain = [RunningStore.attach(name, Role.PRODUCER, writable_log=True) for _ in range(2)]
+    for store in plain:
+        store.config = dataclasses.replace(store.config, enabled_append_prop_crc=False)
+    all_pids = list(store_pids.values())
+    reput_pid = [store_pids["reput"]]
+    with Producer.attach(name) as on, Producer(plain[0]) as off, Producer(plain[1]) as ctl:
         assert on.encoder.append_crc, "the store must run with the CRC on"
         assert not off.encoder.append_crc
-        producers = {"on": on, "off": off}
+        assert not ctl.encoder.append_crc
+        producers = {"on": on, "off": off, "ctl": ctl}
         for setting, producer in producers.items():
             for _ in range(2000):  # warm up: first touch, imports, caches
                 first = producer.send(TOPIC, body, queue_id=0)
             second = producer.send(TOPIC, body, queue_id=0)
             sizes[setting] = second.commit_log_offset - first.commit_log_offset
-        for _ in range(rounds):
-            for setting in ("on", "off", "off", "on"):
+
+        def misses(producer: Producer) -> int:
+            return int(getattr(producer._native, "crc_misses", 0))
+
+        for r in range(rounds):
+            for setting in CRC_ORDERS[r % len(CRC_ORDERS)]:
                 producer = producers[setting]
+                got = blocks[setting]
+                missed, store0, reput0 = misses(producer), cpu_ns(all_pids), cpu_ns(reput_pid)
+                cpu0 = time.process_time()
                 began = time.perf_counter()
                 if batch == 1:
                     for i in range(block):
@@ -139,8 +182,12 @@ def crc_pair_worker(name: str, body_size: int, batch: int, block: int, rounds: i
                 else:
                     for _ in range(block):
                         failures += producer.send_batch(items).failures
-                times[setting].append(time.perf_counter() - began)
-    out.put({**times, "failures": failures, "on_bytes": sizes["on"], "off_bytes": sizes["off"]})
+                got["wall"].append(time.perf_counter() - began)
+                got["cpu"].append(time.process_time() - cpu0)
+                got["store_cpu"].append((cpu_ns(all_pids) - store0) / 1e9)
+                got["reput_cpu"].append((cpu_ns(reput_pid) - reput0) / 1e9)
+                got["crc_misses"].append(misses(producer) - missed)
+    out.put({**blocks, "failures": failures, "bytes": sizes})
 
 
 def e2e_consumer(name: str, store_dir: str, expected: int, ready: Any, out: Any) -> None:

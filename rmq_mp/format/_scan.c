@@ -70,9 +70,23 @@ static inline int64_t index_hash(uint32_t h) {
 }
 
 /* Every byte in 0x01..0x7F: ASCII without NUL (the bytes are the text's code units). */
+/* No byte >= 0x80 and none 0, eight at a time (a byte loop was a third of a 128 B record's
+ * scan; the whole-record CRC's 21 bytes of properties cost 10 ns of it): a byte with its high
+ * bit set shows in w itself, and where none has, (w - 0x01..) & ~w has a high bit exactly where
+ * some byte is 0. The last eight overlap the words before where n is not a multiple. */
 static inline int plain_ascii(const uint8_t *p, Py_ssize_t n) {
-    uint8_t bad = 0;
-    for (Py_ssize_t i = 0; i < n; i++) bad |= (uint8_t)((p[i] & 0x80) | (p[i] == 0));
+    const uint64_t ones = 0x0101010101010101u, highs = 0x8080808080808080u;
+    uint64_t bad = 0, w;
+    if (n < 8) {
+        for (Py_ssize_t i = 0; i < n; i++) bad |= (uint64_t)((p[i] & 0x80) | (p[i] == 0));
+        return !bad;
+    }
+    for (Py_ssize_t i = 0; i + 8 <= n; i += 8) {
+        memcpy(&w, p + i, 8);
+        bad |= (((w - ones) & ~w) | w) & highs;
+    }
+    memcpy(&w, p + n - 8, 8);
+    bad |= (((w - ones) & ~w) | w) & highs;
     return !bad;
 }
 

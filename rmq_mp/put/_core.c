@@ -27,7 +27,8 @@
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
  *   properties, its CRC and digits computed before the put lock over the lock's fields as
  *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
- *   crc_guess, crc_prepare, crc_fill_prepared).
+ *   crc_guess, crc_prepare, crc_fill_prepared); a body from 256 B read once, its CRC-32 from
+ *   the body CRC field's pass combined with the header's and the rest's (crc_prepare_split).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -102,6 +103,19 @@ static uint32_t crc32_table(uint32_t crc, const uint8_t *p, size_t n) {
 #if defined(__x86_64__) && defined(__GNUC__)
 #include <immintrin.h>
 #define RMQ_HAVE_CLMUL 1
+/* The CRC of the 128-bit lane `a`: 128 -> 64 bits (x^64), then Barrett to 32 (P, floor(x^64 / P)). */
+__attribute__((target("pclmul,sse4.1"))) static inline uint32_t clmul_reduce(__m128i a) {
+    const __m128i k128 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    const __m128i k64 = _mm_set_epi64x(0, 0x0163cd6124);
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    a = _mm_xor_si128(_mm_srli_si128(a, 8), _mm_clmulepi64_si128(a, k128, 0x10));
+    a = _mm_xor_si128(_mm_srli_si128(a, 4), _mm_clmulepi64_si128(_mm_and_si128(a, low32), k64, 0x00));
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(a, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(a, t), 1);
+}
+
 /* CRC-32 by carry-less multiplication (Intel, "Fast CRC Computation for Generic Polynomials
  * Using PCLMULQDQ Instruction", 2009: the bit-reflected variant). Four 128-bit lanes fold 64
  * bytes a step with x^(512+64) and x^512 mod P, fold into one lane (x^(128+64), x^128), take in
@@ -113,9 +127,6 @@ __attribute__((target("pclmul,sse4.1"))) static inline uint32_t clmul_fold(__m12
                                                                             size_t n) {
     const __m128i k512 = _mm_set_epi64x(0x01c6e41596, 0x0154442bd4);
     const __m128i k128 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
-    const __m128i k64 = _mm_set_epi64x(0, 0x0163cd6124);
-    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
     __m128i a = first;
     __m128i b = _mm_loadu_si128((const __m128i *)p);
     __m128i c = _mm_loadu_si128((const __m128i *)(p + 16));
@@ -135,12 +146,7 @@ __attribute__((target("pclmul,sse4.1"))) static inline uint32_t clmul_fold(__m12
     a = FOLD(a, k128, d);
     for (; n >= 16; p += 16, n -= 16) a = FOLD(a, k128, _mm_loadu_si128((const __m128i *)p));
 #undef FOLD
-    /* 128 -> 64 bits, then 64 -> 32 (Barrett). */
-    a = _mm_xor_si128(_mm_srli_si128(a, 8), _mm_clmulepi64_si128(a, k128, 0x10));
-    a = _mm_xor_si128(_mm_srli_si128(a, 4), _mm_clmulepi64_si128(_mm_and_si128(a, low32), k64, 0x00));
-    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(a, low32), barrett, 0x10);
-    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
-    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(a, t), 1);
+    return clmul_reduce(a);
 }
 
 /* ``n`` bytes, a multiple of 16, at least 64; ``crc`` is not inverted here. */
@@ -162,6 +168,23 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc32_clmul_raw(c
     __m128i mask = _mm_loadu_si128((const __m128i *)(shuffle + 16 - lead));
     __m128i first = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p), mask);
     return clmul_fold(first, p + 16 - lead, n + lead - 16);
+}
+
+/* The same for 0 < ``n`` < 64 (the few bytes after a record's body): one lane, each further block
+ * folded in by x^(128+64) and x^128, then reduced. Reads 16 bytes from ``p`` even where ``n`` is
+ * less (a record's CRC tail follows; the bytes past ``n`` are shuffled out). */
+__attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc32_clmul_raw_short(const uint8_t *p, size_t n) {
+    static const uint8_t shuffle[32] = {0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80, 0x80,
+                                        0x80, 0x80, 0x80, 0x80, 0x80, 0,    1,    2,    3,    4,    5,
+                                        6,    7,    8,    9,    10,   11,   12,   13,   14,   15};
+    const __m128i k128 = _mm_set_epi64x(0x00ccaa009e, 0x01751997d0);
+    size_t lead = (16 - n % 16) % 16;
+    __m128i a = _mm_shuffle_epi8(_mm_loadu_si128((const __m128i *)p),
+                                 _mm_loadu_si128((const __m128i *)(shuffle + 16 - lead)));
+    for (p += 16 - lead, n += lead; n > 16; p += 16, n -= 16)
+        a = _mm_xor_si128(_mm_xor_si128(_mm_clmulepi64_si128(a, k128, 0x00), _mm_clmulepi64_si128(a, k128, 0x11)),
+                          _mm_loadu_si128((const __m128i *)p));
+    return clmul_reduce(a);
 }
 
 static int has_clmul;
@@ -222,16 +245,20 @@ static inline Py_ssize_t fixed_size(const Hosts *h) { return 80 + h->store_ip_le
 #define POS_STORE_TIMESTAMP (POS_BORN_HOST + 8)
 
 /* One record with QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP 0 (patched under the lock).
- * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. */
+ * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. `body_crc` (may be
+ * NULL) gets the body's CRC-32 before the field's mask (the whole-record CRC reuses it:
+ * crc_prepare). */
 static Py_ssize_t encode_into(uint8_t *out, const Hosts *h, const uint8_t *topic_field, Py_ssize_t topic_len,
                               const uint8_t *body, Py_ssize_t body_len, int32_t queue_id, int32_t flag,
-                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len) {
+                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len, uint32_t *body_crc) {
     Py_ssize_t fixed = fixed_size(h);
     Py_ssize_t total = fixed + body_len + topic_len + 2 + props_len;
     uint8_t *p = out;
+    uint32_t crc = body_len ? crc32_of(0, body, (size_t)body_len) : 0;
+    if (body_crc) *body_crc = crc;
     put32(p, (uint32_t)total);
     put32(p + 4, (uint32_t)MESSAGE_MAGIC_CODE);
-    put32(p + 8, body_len ? crc32_of(0, body, (size_t)body_len) & 0x7FFFFFFFu : 0);
+    put32(p + 8, crc & 0x7FFFFFFFu);
     put32(p + 12, (uint32_t)queue_id);
     put32(p + 16, (uint32_t)flag);
     memset(p + 20, 0, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
@@ -464,7 +491,7 @@ static PyObject *py_encode_own(PyObject *self, PyObject *args) {
     out = PyByteArray_FromStringAndSize(NULL, total);
     if (out)
         encode_into((uint8_t *)PyByteArray_AS_STRING(out), &h, topic_field.buf, topic_field.len, body.buf,
-                    body.len, (int32_t)queue_id, (int32_t)flag, born_ms, props.buf, props.len);
+                    body.len, (int32_t)queue_id, (int32_t)flag, born_ms, props.buf, props.len, NULL);
 done:
     PyBuffer_Release(&topic_field);
     PyBuffer_Release(&body);
@@ -565,6 +592,12 @@ typedef struct {
     uint32_t shift;     /* x^(8 (covered - 64)) mod P */
     uint32_t ones;      /* ~0 * x^(8 covered) mod P */
     uint32_t factor[6]; /* CrcPrepared.factor */
+    /* the record in three (crc_prepare_split): for `fixed` header bytes, then `after` bytes past
+     * the body, `covered` in all */
+    Py_ssize_t split_fixed, split_after, split_covered;
+    uint32_t head_ones;  /* ~0 * x^(8 fixed) ^ ~0 mod P */
+    uint32_t head_shift; /* x^(8 (covered - fixed)) mod P: the header's CRC past body and rest */
+    uint32_t body_shift; /* x^(8 after) mod P: the body's past the rest */
 } CrcState;
 
 typedef struct {
@@ -631,10 +664,12 @@ typedef struct {
     Py_ssize_t batch_failed;
     int64_t batch_hold_ns;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
+    uint32_t *body_crcs; /* and their bodies' CRC-32s (encode_into), as many */
     size_t starts_len;
     struct CrcPrepared *crc_pre; /* a batch's CRCs computed before the lock (crc_prepare) */
     size_t crc_pre_len;
     CrcState crc_state; /* the last record length's constants (crc_prepare) */
+    long long crc_misses; /* records whose guessed lock fields were wrong (crc_fill_prepared corrected) */
     int closed;
     Replica rep; /* SYNC_MASTER */
 } Sender;
@@ -731,6 +766,7 @@ static void Sender_dealloc(Sender *s) {
     PyMem_Free(s->pbuf);
     PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
+    PyMem_Free(s->body_crcs);
     PyMem_Free(s->crc_pre);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -920,8 +956,66 @@ static inline uint32_t crc_raw(const uint8_t *p, Py_ssize_t n) {
     return ~crc32_of(~0u, p, (size_t)n);
 }
 
+/* The raw CRC of 0 <= `n` < 64 bytes at `p`, followed by at least 16 - n readable bytes. */
+static inline uint32_t crc_raw_short(const uint8_t *p, Py_ssize_t n) {
+    if (n == 0) return 0;
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul) return crc32_clmul_raw_short(p, (size_t)n);
+#endif
+    return ~crc32_table(~0u, p, (size_t)n);
+}
+
+#ifdef RMQ_HAVE_CLMUL
+/* a0 * f0 ^ a1 * f1 mod P: crc_multiply_sum6's two-product form (one reduction). */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum2(uint32_t a0, uint32_t f0, uint32_t a1,
+                                                                            uint32_t f1) {
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    __m128i v = _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a0), _mm_cvtsi32_si128((int)f0), 0x00),
+                              _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a1), _mm_cvtsi32_si128((int)f1), 0x00));
+    v = _mm_slli_epi64(v, 1);
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
+}
+#endif
+
+/* From which body length a send's record is read in three (crc_prepare_split) rather than whole:
+ * the split costs the same ~27 ns whatever the body, a whole pass 28 ns at 128 B and 8.4 ns more
+ * each further 128 B in a hot loop (scratch harness); in a send, where the extra passes' code and
+ * constants are cold, the split measured ~10 ns dearer than the whole pass at 128 B. The test
+ * hook sets it to 0 to check the split at every length. */
+#define CRC_SPLIT_MIN_BODY 256
+static Py_ssize_t crc_split_min_body = CRC_SPLIT_MIN_BODY;
+
+/* The CRC of a record's first `covered` bytes without a pass over its body, whose CRC-32
+ * encode_into computed for the body CRC field (`body_crc`, before the mask): the header's
+ * `fixed` bytes (>= 64: crc_raw) and the `after` bytes from the body's end (topic, properties:
+ * crc_raw_short where fewer than 64) by their own passes, combined as zlib's crc32_combine
+ * does. The register after the header from ~0 is H = raw(head) ^ ~0 * x^(8 fixed); after the
+ * body (its CRC c = ~(raw(body) ^ ~0 * x^(8 len))) (H ^ ~0) * x^(8 len) ^ ~c; after the rest
+ * that times x^(8 after) ^ raw(rest); the CRC is its inverse. */
+static uint32_t crc_prepare_split(const uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
+                                  uint32_t body_crc, CrcState *st) {
+    Py_ssize_t after = covered - fixed - body_len;
+    if (fixed != st->split_fixed || after != st->split_after || covered != st->split_covered) {
+        st->head_ones = crc_multiply(crc_shift_of((uint64_t)fixed), ~0u) ^ ~0u;
+        st->head_shift = crc_shift_of((uint64_t)(covered - fixed));
+        st->body_shift = crc_shift_of((uint64_t)after);
+        st->split_fixed = fixed, st->split_after = after, st->split_covered = covered;
+    }
+    const uint8_t *tail = r + covered - after;
+    uint32_t head = crc_raw(r, fixed) ^ st->head_ones;
+    uint32_t rest = after >= 64 ? crc_raw(tail, after) : crc_raw_short(tail, after);
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul) return ~(crc_multiply_sum2(head, st->head_shift, ~body_crc, st->body_shift) ^ rest);
+#endif
+    return ~(crc_multiply(head, st->head_shift) ^ crc_multiply(~body_crc, st->body_shift) ^ rest);
+}
+
 /* The ten digits of a whole-record CRC (31 bits) after the property's name, least significant
- * first (`MessageDecoder.createCrc32`): two chains of five, half the latency of one of ten. */
+ * first (`MessageDecoder.createCrc32`): two chains of five, half the latency of one of ten. (A
+ * two-digit table was 3 ns faster in a hot loop and no faster in a send, where it is cold.) */
 static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc) {
     uint8_t *digits = r + covered + CRC_DIGITS_AT;
     uint32_t high = crc / 100000, low = crc - high * 100000;
@@ -936,14 +1030,23 @@ static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc
  * into [20, 64) before this: crc_guess); crc_fill_prepared corrects them under the lock where
  * the guess was wrong. What depends on the length alone is kept in `st` for the next record (a
  * sender's records mostly share one). */
-static void crc_prepare(uint8_t *r, Py_ssize_t covered, CrcState *st, CrcPrepared *out) {
+static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, const uint32_t *body_crc, CrcState *st,
+                        CrcPrepared *out) {
     if (covered != st->covered) {
         st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
         st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
         for (int k = 0; k < 6; k++) st->factor[k] = crc_multiply(st->shift, crc_word_factor[k]);
         st->covered = covered;
     }
-    out->crc = ~(crc_raw(r, covered) ^ st->ones); /* the initial ~0 run through `covered` bytes, inverted at the end */
+    uint32_t body_len = 0;
+    if (body_crc) {
+        memcpy(&body_len, r + fixed - 4, 4); /* BODYLENGTH, the header's last field */
+        body_len = __builtin_bswap32(body_len);
+    }
+    if (body_crc && (Py_ssize_t)body_len >= crc_split_min_body)
+        out->crc = crc_prepare_split(r, covered, fixed, (Py_ssize_t)body_len, *body_crc, st);
+    else /* the initial ~0 run through `covered` bytes, inverted at the end */
+        out->crc = ~(crc_raw(r, covered) ^ st->ones);
     out->shift = st->shift;
     memcpy(out->factor, st->factor, sizeof out->factor);
     memcpy(out->window, r + CRC_WINDOW_AT, sizeof out->window);
@@ -963,7 +1066,7 @@ static inline void crc_guess(uint8_t *r, int64_t queue_offset, int64_t phy_offse
 /* Under the lock, once [20, 64) is patched: the ten digits after `covered` bytes and the
  * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes; none
  * changed (the guess held), the digits crc_prepare wrote stand. */
-static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
+static inline int crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
     uint32_t delta, d[6], was, changed = 0;
     for (int k = 0; k < 6; k++) {
         memcpy(&d[k], r + CRC_WORD_AT[k], 4);
@@ -971,7 +1074,7 @@ static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPr
         d[k] ^= was;
         changed |= d[k];
     }
-    if (!changed) return;
+    if (!changed) return 0;
 #ifdef RMQ_HAVE_CLMUL
     if (has_clmul) {
         /* a changed 32-bit word w at k, read little-endian as the register reads bytes, adds
@@ -985,18 +1088,23 @@ static inline void crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPr
         delta = crc_multiply(pre->shift, ~crc32_table(~0u, x, sizeof x));
     }
     crc_write_digits(r, covered, (pre->crc ^ delta) & 0x7FFFFFFFu);
+    return 1;
 }
 
 /* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms,
- * guess=None) prepares the record as it is (or with the lock's fields guessed: (queue_offset,
- * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. */
+ * guess=None, fixed=0) prepares the record as it is (or with the lock's fields guessed: (queue_offset,
+ * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. With
+ * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the body's CRC is given, as
+ * encode_into gives a send's, and the record read in three (crc_prepare_split). */
 static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     Py_buffer rec;
     Py_ssize_t tail_len;
     long long queue_offset, phy_offset, store_ms;
     PyObject *guess = Py_None;
     long long guessed[3];
-    if (!PyArg_ParseTuple(args, "w*nLLL|O", &rec, &tail_len, &queue_offset, &phy_offset, &store_ms, &guess))
+    Py_ssize_t fixed = 0;
+    if (!PyArg_ParseTuple(args, "w*nLLL|On", &rec, &tail_len, &queue_offset, &phy_offset, &store_ms, &guess,
+                          &fixed))
         return NULL;
     if (guess != Py_None && !PyArg_ParseTuple(guess, "LLL", &guessed[0], &guessed[1], &guessed[2])) {
         PyBuffer_Release(&rec);
@@ -1008,10 +1116,23 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "a record of at least %d bytes and its CRC tail", CRC_WINDOW_END);
     }
     uint8_t *r = rec.buf;
+    uint32_t body_crc = 0;
+    if (fixed) {
+        uint32_t body_len = 0;
+        if (fixed >= CRC_WINDOW_END && fixed <= covered) memcpy(&body_len, r + fixed - 4, 4);
+        body_len = __builtin_bswap32(body_len);
+        if (fixed < CRC_WINDOW_END || fixed > covered || (Py_ssize_t)body_len > covered - fixed) {
+            PyBuffer_Release(&rec);
+            return PyErr_Format(PyExc_ValueError, "a header of at least %d bytes whose body fits", CRC_WINDOW_END);
+        }
+        body_crc = body_len ? crc32_of(0, r + fixed, body_len) : 0;
+    }
     CrcState st = {0};
     CrcPrepared pre;
     if (guess != Py_None) crc_guess(r, guessed[0], guessed[1], guessed[2]);
-    crc_prepare(r, covered, &st, &pre);
+    crc_split_min_body = 0; /* the split at every body length */
+    crc_prepare(r, covered, fixed, fixed ? &body_crc : NULL, &st, &pre);
+    crc_split_min_body = CRC_SPLIT_MIN_BODY;
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
@@ -1634,14 +1755,16 @@ static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
 }
 
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
- * record at 0), of the queue whose next offset is queues[next_word]. The journal first, then the
+ * record at 0), of the queue whose next offset is queues[next_word]; body_crcs[i] its body's
+ * CRC-32 (NULL: not known, the whole-record CRC reads the body again). The journal first, then the
  * bytes, the queue's next offset and the write position (the commit point), as
  * `Appender._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
  * (nothing changed: the records do not fit the cached file, or the lock was not had within a
  * slice), -1 with an exception. */
 /* (s->why says why when this hands back; s->put_waits whether a SYNC flush request is made.) */
-static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts, int64_t slot,
-                         Py_ssize_t next_word, int64_t born_ms, Placed *out) {
+static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts,
+                         const uint32_t *body_crcs, int64_t slot, Py_ssize_t next_word, int64_t born_ms,
+                         Placed *out) {
     int64_t *w = words_of(&s->table);
     uint32_t *lock = (uint32_t *)&w[s->w[W_LOCK]];
     uint32_t pid = (uint32_t)s->pid;
@@ -1666,7 +1789,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             uint8_t *r = s->scratch + (starts ? starts[i] : 0);
             crc_guess(r, guess_queue + i, guess_wrote + (starts ? starts[i] : 0), born_ms);
             crc_prepare(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                        &s->crc_state, &crcs[i]);
+                        fixed_size(&s->hosts), body_crcs ? &body_crcs[i] : NULL, &s->crc_state, &crcs[i]);
         }
     }
     if (!lock_try(lock, pid)) {
@@ -1712,8 +1835,8 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
         put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
         if (s->crc_tail_len)
-            crc_fill_prepared(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                              &crcs[i]);
+            s->crc_misses += crc_fill_prepared(
+                r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len, &crcs[i]);
     }
     int64_t end = wrote + size;
     /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
@@ -2139,14 +2262,15 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         uniq_str = Py_NewRef(pr.uniq_given);
     }
     if (!uniq_str) goto done;
+    uint32_t body_crc;
     encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len, body_p,
-                body_len, (int32_t)record_queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len);
+                body_len, (int32_t)record_queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len, &body_crc);
     if (view.obj) PyBuffer_Release(&view); /* the body is in the record now */
     /* ---- the put */
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
-    int put = append_locked(s, size, 1, NULL, slot, next_word, born_ms, &placed);
+    int put = append_locked(s, size, 1, NULL, &body_crc, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (put < 0 || (put && pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)) {
@@ -2235,6 +2359,9 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
         Py_ssize_t *p = PyMem_Realloc(s->starts, (size_t)n * sizeof(Py_ssize_t));
         if (!p) return PyErr_NoMemory();
         s->starts = p;
+        uint32_t *crcs = PyMem_Realloc(s->body_crcs, (size_t)n * sizeof(uint32_t));
+        if (!crcs) return PyErr_NoMemory();
+        s->body_crcs = crcs;
         s->starts_len = (size_t)n;
     }
     PyObject **items = PySequence_Fast_ITEMS(bodies);
@@ -2281,7 +2408,8 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
         }
         s->starts[i] = at;
         at += encode_into(s->scratch + at, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
-                          body_p, body_len, (int32_t)queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len);
+                          body_p, body_len, (int32_t)queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len,
+                          &s->body_crcs[i]);
         if (view.obj) PyBuffer_Release(&view);
         if (i == 0) record_size = at;
         uniform &= at - s->starts[i] == record_size;
@@ -2291,7 +2419,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
-    int done = append_locked(s, size, n, s->starts, slot, next_word, born_ms, &placed);
+    int done = append_locked(s, size, n, s->starts, s->body_crcs, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (done <= 0 || (pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
@@ -2428,7 +2556,7 @@ static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = wait;
-    int put = append_locked(s, size, 1, NULL, slot, next_word, now_ms, &placed);
+    int put = append_locked(s, size, 1, NULL, NULL, slot, next_word, now_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (put < 0 || (put && wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
@@ -2649,6 +2777,8 @@ static PyMemberDef Sender_members[] = {
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
+    {"crc_misses", T_LONGLONG, offsetof(Sender, crc_misses), READONLY,
+     "records whose whole-record CRC was corrected under the lock (its fields guessed wrong)"},
     {"why", T_INT, offsetof(Sender, why), READONLY, "why the last send went to the reference (REF_*)"},
     {"rotated", T_OBJECT, offsetof(Sender, rotated), READONLY,
      "send_items: the queue id rotated for the item it handed back (None: none rotated)"},
@@ -2680,7 +2810,8 @@ static PyMethodDef methods[] = {
     {"crc32", py_crc32, METH_VARARGS, "crc32(data, start=0) -> int: zlib.crc32"},
     {"_set_clmul", py_set_clmul, METH_O, "_set_clmul(on) -> bool: test hook, the CRC by table alone; CPU has it"},
     {"_crc_fill_prepared", py_crc_fill_prepared, METH_VARARGS,
-     "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms, guess=None), the put's CRC"},
+     "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms, guess=None, fixed=0), "
+     "the put's CRC"},
     {"encode_own", py_encode_own, METH_VARARGS,
      "encode_own(topic_field, body, queue_id, flag, born_ms, props, born_ip, born_port, store_ip, store_port)"
      " -> bytearray: RecordEncoder.encode_own"},

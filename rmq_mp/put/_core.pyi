@@ -38,6 +38,7 @@ class Sender:
     fresh_until_ns: int
     last_hold_ns: int
     sent: int
+    crc_misses: int
     def __init__(self, settings: dict[str, Any], /) -> None: ...
     def send_kw(
         self,

@@ -113,6 +113,66 @@ def test_the_crc_prepared_before_the_lock_is_the_whole_records(
 
 
 @needs_core
+@settings(max_examples=500)
+@given(
+    head=st.binary(min_size=100, max_size=100),
+    fixed=st.sampled_from([88, 100]),
+    body=st.one_of(st.binary(max_size=200), st.binary(max_size=5000)),
+    rest=st.binary(min_size=1, max_size=300),
+    fields=st.tuples(JAVA_LONG, JAVA_LONG, JAVA_LONG),
+    clmul=st.booleans(),
+    guess=st.sampled_from(["right", "wrong", None]),
+)
+@example(head=bytes(100), fixed=88, body=b"", rest=b"\x02", fields=(1, 2, 3), clmul=True, guess="right")
+@example(head=bytes(100), fixed=88, body=bytes(128), rest=bytes(54), fields=(1, 2, 3), clmul=True, guess=None)
+@example(head=bytes(100), fixed=100, body=b"x", rest=bytes(64), fields=(1, 2, 3), clmul=False, guess="wrong")
+def test_the_crc_combined_with_the_bodys_is_the_whole_records(
+    head: bytes,
+    fixed: int,
+    body: bytes,
+    rest: bytes,
+    fields: tuple[int, int, int],
+    clmul: bool,
+    guess: str | None,
+) -> None:
+    """A send's whole-record CRC reads a body of 256 B or more once (the hook: any body):
+    encode_into's CRC of it (the body CRC field's, before its mask) is combined with the header's
+    and the rest's (topic and properties, often under 64 bytes: a pass of its own) instead of a
+    pass over the whole record. The digits are `record.fill_record_crc`'s whatever the lengths
+    (an empty body, a rest of one byte to several blocks), the header's (IPv4 or IPv6 store
+    host) and the guess."""
+    assert core is not None
+    header = bytearray(head[:fixed])
+    header[fixed - 4 : fixed] = len(body).to_bytes(4, "big")
+    data = bytearray(header + body + rest + record.CRC_PLACEHOLDER)
+    want = bytearray(data)
+    record.patch_record(want, 0, *fields, 0)
+    record.fill_record_crc(want, 0, len(want))
+    guessed = {"right": fields, "wrong": (fields[0] ^ 1, fields[1], fields[2] ^ 7), None: None}[guess]
+    try:
+        core._set_clmul(clmul)
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, *fields, guessed, fixed)
+    finally:
+        core._set_clmul(True)
+    assert data == want
+
+
+@needs_core
+def test_a_header_shorter_than_the_lock_fields_or_a_body_past_the_record_is_refused() -> None:
+    """The hook's own checks: the split needs the 64 bytes the lock fixes in the header and a
+    BODYLENGTH that fits; bad input is a ValueError, not a read past the buffer."""
+    assert core is not None
+    data = bytearray(bytes(90) + record.CRC_PLACEHOLDER)
+    with pytest.raises(ValueError, match="header"):
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, 0, 0, 0, None, 60)
+    with pytest.raises(ValueError, match="header"):
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, 0, 0, 0, None, 91)
+    data[84:88] = (3).to_bytes(4, "big")
+    with pytest.raises(ValueError, match="header"):
+        core._crc_fill_prepared(data, record.CRC32_RESERVED_LEN, 0, 0, 0, None, 88)
+
+
+@needs_core
 @settings(max_examples=300)
 @given(
     topic=st.text(st.characters(categories=("L", "N")), min_size=1, max_size=40).filter(

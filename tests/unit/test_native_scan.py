@@ -62,3 +62,26 @@ def test_without_a_compiler_numpy_runs_and_says_so_once() -> None:
     assert "compiled record scan is not built" in done.stdout
     assert len(done.stderr.splitlines()) == 1, done.stderr
     assert "compiled record scan is not built" in done.stderr
+
+
+def test_the_scan_hands_back_a_non_ascii_or_nul_byte_anywhere_in_topic_or_properties() -> None:
+    """The compiled scan takes only plain ASCII topics and properties (no byte >= 0x80, no NUL;
+    the numpy decoder reads the rest), checked eight bytes at a time with the last eight
+    overlapping: every length to 40 and every position, with the bytes on either side of each
+    bound."""
+    scan = native.scan.active
+    if scan is None:
+        pytest.skip(f"no compiled scan: {native.scan.why_reference}")
+    from rmq_mp.format.record import RecordEncoder
+
+    encoder = RecordEncoder(("10.0.0.1", 10911), ("10.0.0.2", 5555))
+    cols, keys = bytearray(8 * 8), bytearray(2 * 8)
+    for n in range(1, 41):
+        for at in range(n):
+            for byte, plain in ((0x00, False), (0x01, True), (0x7F, True), (0x80, False), (0xFF, False)):
+                text = bytearray(b"k" * n)
+                text[at] = byte
+                for topic, props in ((bytes(text), b"a\x01b"), (b"T", bytes(text))):
+                    rec = bytes(encoder.encode_own(bytes([len(topic)]) + topic, b"body", 0, 0, 0, props))
+                    got = scan.scan(rec, 0, len(rec), 1, False, {}, [], cols, 0, keys, 0)
+                    assert (got[0] == 1) is plain, (n, at, byte, topic, props, got)
