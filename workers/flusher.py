@@ -20,6 +20,7 @@ the interval, never in a loop. Final pass: flush everything (10 tries).
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 
@@ -56,6 +57,10 @@ class FlusherService(ServiceLoop):
         """FLUSH_REQUEST_SEQ when the last pass completed them."""
         self.woken_at = 0.0
         """time.monotonic() when the last pass completed them."""
+        self.left_open = 0
+        """Requests the last pass left waiting (they came during its fsync)."""
+        self.gather_group_max = 2 * (os.cpu_count() or 1)
+        """The most producers a gather waits for (`gather`)."""
         self.fsync_s = 0.0
         """A moving average of one flush's duration: what gathering may cost at most."""
 
@@ -155,6 +160,7 @@ class FlusherService(ServiceLoop):
             self.store.shm.flush_done(slot).release()
         if completed:
             self.woken, self.woken_after_ticket, self.woken_at = len(completed), last_ticket, time.monotonic()
+            self.left_open = last_ticket - self.answered_through
 
     def gather(self) -> None:
         """SYNC: before a flush, wait for the waiters the last pass woke to put again, bounded by
@@ -164,11 +170,15 @@ class FlusherService(ServiceLoop):
         per fsync with 4 producers, bench/NOTES.md); they return within tens of microseconds,
         and a flush that waits for them serves all of them in one fsync. Waiting longer than a
         flush takes never pays (the late ones would be served by the next one as soon), and a
-        producer that does not put again costs at most that bound once. Sleeps on the wakeup
-        semaphore, woken by each new request: no busy wait."""
+        producer that does not put again costs at most that bound once. Only while the group is
+        at most two producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU a put)
+        before it puts again, and with 8 producers on 2 cores the last ones came back about a
+        flush later, so waiting for them cost 0.85x the throughput (bench/NOTES.md), while
+        flushing at once already served about half of them. Sleeps on the wakeup semaphore,
+        woken by each new request: no busy wait."""
         expected = self.woken
         self.woken = 0
-        if expected <= 0 or self.gather_max_s <= 0:
+        if expected <= 0 or self.gather_max_s <= 0 or expected + self.left_open > self.gather_group_max:
             return
         deadline = self.woken_at + min(self.fsync_s, self.gather_max_s)
         since = self.woken_after_ticket
