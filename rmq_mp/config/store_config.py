@@ -479,8 +479,9 @@ class MessageStoreConfig:
     # 2026-11-26 sync20). Only raised: a reput already nicer (started under `nice`) keeps its own.
     reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
-    # the producers its last flush woke to put again (never longer than a flush takes), so one
-    # fsync serves them all; 0 = flush as soon as a request waits (RocketMQ's GroupCommitService),
+    # the producers its last flush woke to put again (never longer than a flush takes, and only
+    # while they are at most two a CPU), so one fsync serves them all; 0 = flush as soon as a
+    # request waits (RocketMQ's GroupCommitService),
     # which splits closed-loop producers into two groups that each wait through the other's fsync
     # (bench/NOTES.md, 2026-11-27 syncgrp).
     sync_flush_gather_max_us: int = _prop(500, ge=0, le=100_000)
