@@ -4,7 +4,8 @@ closed loop, as every SYNC sender is): the flusher waits, up to one flush's dura
 fsync serves all of them. Without it (0, RocketMQ's GroupCommitService) a flush starts as soon
 as one request waits and the others wait through it: on a disk (bench.sync_group) the producers
 split into two groups that alternate, about two puts per fsync with four producers; here, where
-FUSE also holds a file's writes while it is fsynced, 1.3 (3.1-3.4 with gathering, measured).
+FUSE also holds a file's writes while it is fsynced, 1.3 (3.1-3.4 with gathering, measured
+alone; once above 2.0 under a parallel run, hence the bounds).
 A slow disk for real (tests.faultfs, 20 ms a fsync) makes a producer's turn between two puts
 far shorter than a flush, on a loaded machine too."""
 
@@ -40,7 +41,7 @@ def sync_producer(root: str, index: int, start: Any, out: Any) -> None:
     out.put([(r.status.name, r.commit_log_offset, flushed) for r in results])
 
 
-@pytest.mark.parametrize(("gather_us", "low", "high"), [("100000", 2.5, 4.0), ("0", 1.0, 2.0)])
+@pytest.mark.parametrize(("gather_us", "low", "high"), [("100000", 2.7, 4.0), ("0", 1.0, 2.5)])
 def test_a_sync_flush_serves_every_producer_its_last_flush_woke(
     faulty_dir: tuple[Path, Path], gather_us: str, low: float, high: float
 ) -> None:
