@@ -478,6 +478,12 @@ class MessageStoreConfig:
     # CPU time they leave and still keeps up, for more consumer delay at full load (bench/NOTES.md,
     # 2026-11-26 sync20). Only raised: a reput already nicer (started under `nice`) keeps its own.
     reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
+    # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
+    # the producers its last flush woke to put again (never longer than a flush takes, and only
+    # while they are at most two a CPU), so one fsync serves them all; 0 = flush as soon as a
+    # request waits (RocketMQ's GroupCommitService), which splits closed-loop producers into two
+    # groups that each wait through the other's fsync (bench/NOTES.md, 2026-11-27 syncgrp).
+    sync_flush_gather_max_us: int = _prop(500, ge=0, le=100_000)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
     # start, 264 B of shared memory each). A send to one more queue is refused
     # LMQ_CONSUME_QUEUE_NUM_EXCEEDED naming this key.
