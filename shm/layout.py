@@ -516,6 +516,11 @@ TOPIC_DELETES_APPLIED = _f(
     doc="the topic_delete_generation reput has applied: old queue files gone, queue offsets reset "
     "(readers drop their cached queues when it moves)",
 )  # fmt: skip
+QUEUE_RESETS = _f(
+    "queue_resets", 215, Role.REPUT, lock=Lock.FLAGS,
+    doc="odd while reput removes deleted topics' queues and zeroes their offsets, even once done: the "
+    "cleaner publishes a queue minimum, and deletes its files, only if it held still since the plan",
+)  # fmt: skip
 
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""

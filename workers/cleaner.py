@@ -47,7 +47,7 @@ from rmq_mp.config.offsets import TOPIC_GROUP_SEPARATOR
 from rmq_mp.format.queue_entry import effective_file_size
 from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.cleaning import DELETE_FILES_BATCH_MAX, describe_triggers, explain
-from rmq_mp.store.consume_queue import plan_expired_files, read_entry
+from rmq_mp.store.consume_queue import ExpiredQueueFiles, plan_expired_files, read_entry
 from rmq_mp.store.disk import DiskLevel, DiskThresholds, disk_used_ratio
 from rmq_mp.store.index_service import expired_index_files
 from rmq_mp.store.mapped_file import offset_to_file_name
@@ -352,14 +352,33 @@ class CleanerService(ServiceLoop):
         pending = self.table.get(layout.CLEAN_PENDING_OFFSET)
         return pending if pending >= 0 else self.table.get(layout.MIN_OFFSET)
 
+    def _publish(self, plan: ExpiredQueueFiles, slot: int, resets: int) -> bool:
+        """One queue's new minimum, then its expired files, unless reput removed or reset a
+        deleted topic's queues since the plan (QUEUE_RESETS moved): the plan may be of the old
+        topic's queue, whose minimum must not land on the new one's slot, nor its file names
+        delete the new queue's files. Under the flags lock, which reput's QUEUE_RESETS takes."""
+        queues = self.store.shm.queues
+        if not plan.paths and (slot < 0 or plan.min_queue_offset <= queues.get(slot, qo.MIN_OFFSET)):
+            return True  # nothing to change: no lock
+        with self.store.shm.flags_lock("clean consume queue"):
+            if self.table.get(layout.QUEUE_RESETS) != resets:
+                return False
+            if slot >= 0 and plan.min_queue_offset > queues.get(slot, qo.MIN_OFFSET):
+                queues.set(slot, qo.MIN_OFFSET, plan.min_queue_offset)  # published first
+            for path in plan.paths:
+                path.unlink(missing_ok=True)
+        return True
+
     def clean_consume_queues(self) -> None:
         """CleanConsumeQueueService: once the commit-log minimum rose, drop what points below it."""
         min_phy = self.lowest_stored_offset()
         if min_phy <= self.table.get(layout.CLEAN_CQ_MIN_PHY_OFFSET):
             return
+        t = self.table
         queues = self.store.shm.queues
         root = self.store.paths.consume_queue
         cq_files = 0
+        deferred = False
         for topic_dir in sorted(root.iterdir()) if root.is_dir() else []:
             try:  # a deleted topic's directory (rmq-admin deleteTopic) may go meanwhile
                 queue_dirs = sorted(topic_dir.iterdir())
@@ -368,25 +387,27 @@ class CleanerService(ServiceLoop):
             for queue_dir in queue_dirs:
                 if not queue_dir.name.isdigit() or not queue_dir.is_dir():
                     continue
+                resets = t.get(layout.QUEUE_RESETS)
                 try:
-                    plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
+                    plan = (
+                        plan_expired_files(queue_dir, self.cq_file_size, min_phy) if resets % 2 == 0 else None
+                    )
                 except FileNotFoundError:
                     continue
                 slot = queues.find(topic_dir.name, int(queue_dir.name))
-                if slot >= 0 and plan.min_queue_offset > queues.get(slot, qo.MIN_OFFSET):
-                    queues.set(slot, qo.MIN_OFFSET, plan.min_queue_offset)  # published first
-                for path in plan.paths:
-                    path.unlink(missing_ok=True)
+                if plan is None or not self._publish(plan, slot, resets):
+                    deferred = True  # reput is resetting a deleted topic's queues: the next pass
+                    continue
                 if plan.paths:
                     cq_files += len(plan.paths)
                     time.sleep(self.store.config.delete_consume_queue_files_interval / 1000)
         index_files = expired_index_files(self.store.paths.index, min_phy)
         for path in index_files:
             path.unlink(missing_ok=True)
-        t = self.table
         t.add(layout.CLEAN_CQ_DELETED_FILES, cq_files)
         t.add(layout.CLEAN_INDEX_DELETED_FILES, len(index_files))
-        t.set(layout.CLEAN_CQ_MIN_PHY_OFFSET, min_phy)
+        if not deferred:
+            t.set(layout.CLEAN_CQ_MIN_PHY_OFFSET, min_phy)
         if cq_files or index_files:
             log.info(
                 "consume queues and index follow the commit-log minimum %d: deleted %d queue files, "

@@ -263,6 +263,20 @@ class ReputService(ServiceLoop):
         tombstones.load()
         bounds = tombstones.bounds()
         self.dispatcher.dropped = bounds
+        if bounds:
+            # QUEUE_RESETS odd meanwhile (also when a reput killed here left it odd): the cleaner
+            # publishes no queue minimum it planned before (workers/cleaner.py)
+            with self.store.shm.flags_lock("deleteTopic queues"):
+                resets = t.get(layout.QUEUE_RESETS)
+                t.set(layout.QUEUE_RESETS, resets + 1 + resets % 2)
+            self._reset_deleted_queues(bounds)
+            with self.store.shm.flags_lock("deleteTopic queues"):
+                t.add(layout.QUEUE_RESETS, 1)
+        self.deletes_applied = generation
+        t.set(layout.TOPIC_DELETES_APPLIED, generation)
+
+    def _reset_deleted_queues(self, bounds: dict[str, int]) -> None:
+        """`apply_deletes`' removal and reset, while QUEUE_RESETS is odd."""
         queues = self.store.shm.queues
         if remove_old_queues(self.cq_table, bounds):
             crash_point("reput")
@@ -279,8 +293,6 @@ class ReputService(ServiceLoop):
                     queues.set(slot, qo.MIN_OFFSET, 0)
                     queues.set(slot, qo.LAST_STORE_TS, 0)
                     queues.set(slot, qo.DISPATCH_ERROR, 0)
-        self.deletes_applied = generation
-        t.set(layout.TOPIC_DELETES_APPLIED, generation)
 
     def apply_marker(self, phy_offset: int) -> list[str]:
         """A deleteTopic marker (rmq_mp/format/topic_marker.py) met at ``phy_offset``, before it or

@@ -15,6 +15,7 @@ import pytest
 
 from rmq_mp.config.deleted_topics import DONE
 from rmq_mp.tools.admin import main
+from shm import layout
 from tests.integration.test_delete_topic import (
     DEL,
     SETTINGS,
@@ -26,7 +27,7 @@ from tests.integration.test_delete_topic import (
     tombstone_state,
     topics_json,
 )
-from tests.service import running_service, start_service, wait_processes_gone
+from tests.service import running_service, start_service, wait_processes_gone, wait_until
 
 SUPERVISOR_STEPS = ["begin", "tombstone", "queues", "config"]
 
@@ -75,5 +76,9 @@ def test_reput_killed_inside_a_delete(
         assert service.worker_pid("reput") != reput  # it died inside the delete and was restarted
         assert not psutil.pid_exists(reput)
         assert_deleted(service)
+        # QUEUE_RESETS was odd when it died; the restarted reput's first pass makes it even, or
+        # the cleaner would never clean a queue again
+        wait_until(lambda: service.read(layout.QUEUE_RESETS) % 2 == 0, 30, "queue resets even")
+        assert service.read(layout.QUEUE_RESETS) > 0
         assert tombstone_state(service.root) == DONE
     check_finished(tmp_path)

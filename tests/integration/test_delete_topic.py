@@ -24,10 +24,15 @@ from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.topics import TopicConfigManager
 from rmq_mp.format import record, topic_marker
 from rmq_mp.format.message import DELETE_TOPIC_MARKER
+from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.put.producer import Producer
+from rmq_mp.store.consume_queue import plan_expired_files
+from rmq_mp.store.running_store import RunningStore
 from rmq_mp.tools.admin import main
 from shm import layout
+from shm.roles import Role
 from tests.service import RunningService, running_service, start_service, wait_processes_gone, wait_until
+from workers.cleaner import CleanerService
 
 DEL, KEEP = "Del", "Keep"
 SETTINGS = {"flushConsumerOffsetInterval": "100"}
@@ -285,3 +290,39 @@ def test_delete_topic_while_a_producer_sends_to_it(
         assert read_all(name, DEL) == expected
     with running_service(tmp_path, **SETTINGS) as service:
         assert read_all(service.names.base, DEL) == expected
+
+
+def test_a_cleaner_plan_made_before_a_delete_touches_nothing_of_the_new_topic(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The cleaner plans a queue's expiry (a new minimum, files to delete) from the files, then
+    publishes it. A delete whose reput removes and resets the queue in between makes that plan
+    the old topic's: its minimum must not land on the new topic's queue, nor its file names
+    delete the new queue's files (QUEUE_RESETS). Here the store's own cleaner code publishes a
+    plan made before `deleteTopic` and a send to the new topic; without the check the new
+    topic's queue 0 would start at 6 with its first file deleted."""
+    with running_service(tmp_path, mappedFileSizeConsumeQueue=str(4 * CQ_STORE_UNIT_SIZE)) as service:
+        name = service.names.base
+        send(name, DEL, [f"old{i}" for i in range(20)])  # 10 a queue: 3 files of 4 entries
+        dispatched(service, DEL, 20)
+        with Consumer.attach(name, "probe") as probe:
+            sixth = probe.pull(DEL, 0, 6, 1).messages[0].commit_log_offset
+        queue_dir = service.root / "consumequeue" / DEL / "0"
+        store = RunningStore.attach(name, Role.CLEANER)
+        try:
+            cleaner = CleanerService(store)
+            resets = service.read(layout.QUEUE_RESETS)
+            plan = plan_expired_files(queue_dir, 4 * CQ_STORE_UNIT_SIZE, sixth)
+            assert (len(plan.paths), plan.min_queue_offset) == (1, 6)  # entries 0-3 gone, 4-5 below
+            assert admin(capsys, "deleteTopic", "-n", name, "-t", DEL)[0] == 0
+            assert send(name, DEL, [f"new{i}" for i in range(10)]) == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]
+            dispatched(service, DEL, 10)
+            assert plan.paths[0].exists()  # the same name, now the new queue's first file
+            assert not cleaner._publish(plan, store.shm.queues.find(DEL, 0), resets)
+        finally:
+            store.close()
+        assert plan.paths[0].exists()
+        assert read_all(name, DEL) == sorted((i % 2, i // 2, f"new{i}") for i in range(10))
+        after = service.read(layout.QUEUE_RESETS)  # the delete's reset, and the marker's (reput)
+        assert after >= resets + 2, after
+        assert after % 2 == 0, after
