@@ -23,6 +23,7 @@ import shutil
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +36,26 @@ TOPICS = ("Orders", "Payments")
 QUEUES = 4
 
 
-def build_store(root: Path, messages: int, seed: int = 7) -> MessageStoreConfig:
+def read_message(i: int, rnd: random.Random) -> Message:
+    """The i-th message of this bench's store: tags, keys and a user property."""
+    props = {"TAGS": f"Tag{i % 5}", "KEYS": f"order-{i} customer-{i % 1000}", "seq": str(i)}
+    return Message(
+        topic=TOPICS[i % 2],
+        body=rnd.randbytes(rnd.randint(100, 700)),
+        properties=props,
+        queue_id=i % QUEUES,
+        born_timestamp=1_700_000_000_000 + i,
+    )
+
+
+def build_store(
+    root: Path,
+    messages: int,
+    seed: int = 7,
+    message_of: Callable[[int, random.Random], Message] = read_message,
+) -> MessageStoreConfig:
+    """A store of ``messages`` written by the library writer (64 MiB files, no index), the i-th
+    message ``message_of(i, rnd)`` with one seeded random source: the Spark benches' input."""
     config = MessageStoreConfig().replace(
         store_path_root_dir=str(root),
         mapped_file_size_commit_log=64 << 20,
@@ -45,15 +65,7 @@ def build_store(root: Path, messages: int, seed: int = 7) -> MessageStoreConfig:
     rnd = random.Random(seed)
     with MessageStore.open(config=config) as store:
         for i in range(messages):
-            props = {"TAGS": f"Tag{i % 5}", "KEYS": f"order-{i} customer-{i % 1000}", "seq": str(i)}
-            message = Message(
-                topic=TOPICS[i % 2],
-                body=rnd.randbytes(rnd.randint(100, 700)),
-                properties=props,
-                queue_id=i % QUEUES,
-                born_timestamp=1_700_000_000_000 + i,
-            )
-            result = store.put_message(message)
+            result = store.put_message(message_of(i, rnd))
             assert result.ok, result
     return config
 

@@ -27,34 +27,21 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.spark_read import QUEUES, TOPICS, _time
-from rmq_mp.config.store_config import MessageStoreConfig
+from bench.spark_read import QUEUES, TOPICS, _time, build_store
 from rmq_mp.format.message import Message
-from rmq_mp.store.message_store import MessageStore
 
 RESULTS = Path(__file__).resolve().parent / "results"
 TAG = "Tag3"
 
 
-def build_store(root: Path, messages: int, seed: int = 7) -> MessageStoreConfig:
-    config = MessageStoreConfig().replace(
-        store_path_root_dir=str(root),
-        mapped_file_size_commit_log=64 << 20,
-        mapped_file_size_consume_queue=300_000 * 20,
-        message_index_enable=False,
+def tag_message(i: int, rnd: random.Random) -> Message:
+    """The i-th message: tags Tag0..Tag9 in turn, a key, two topics of four queues."""
+    return Message(
+        topic=TOPICS[i % 2],
+        body=rnd.randbytes(rnd.randint(100, 700)),
+        properties={"TAGS": f"Tag{i % 10}", "KEYS": f"order-{i}"},
+        queue_id=(i // 2) % QUEUES,
     )
-    rnd = random.Random(seed)
-    with MessageStore.open(config=config) as store:
-        for i in range(messages):
-            message = Message(
-                topic=TOPICS[i % 2],
-                body=rnd.randbytes(rnd.randint(100, 700)),
-                properties={"TAGS": f"Tag{i % 10}", "KEYS": f"order-{i}"},
-                queue_id=(i // 2) % QUEUES,
-            )
-            result = store.put_message(message)
-            assert result.ok, result
-    return config
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -68,7 +55,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
 
     work = Path(tempfile.mkdtemp(prefix="rmq-bench-spark-tags-"))
     try:
-        build_store(work / "store", args.messages)
+        build_store(work / "store", args.messages, message_of=tag_message)
         spark = local_session("bench.spark_tags", master=args.master, work_dir=work / "spark")
         try:
             store = str(work / "store")
