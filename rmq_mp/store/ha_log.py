@@ -14,7 +14,8 @@ what its log is, written with the project's atomic, checksummed config writes
 - ``confirmed``: ``"all"`` (every byte came from, or was compared equal with, that master's
   log, and it appends only that master's bytes) or an offset below which it is.
 
-Who writes it: the supervisor at each start (`start_window`) when what it finds changes it; the
+Who writes it: the supervisor at each start (`start_window`) when what it finds changes it (a
+master retires a SLAVE's record; with none it writes none: a missing record confirms nothing); the
 ha worker when a comparison ends ("equal": all of it; a fork at C: C) and the promotion (a
 master from then on). A start as a SLAVE of address M caps its read window (`FORK_READ_END`,
 and `HA_UNCONFIRMED_FROM` saying it is only unconfirmed) at the confirmed offset, or at its
@@ -127,7 +128,7 @@ def start_window(config: MessageStoreConfig, root: Path, first_byte: int, end: i
     what the log is now. ``config`` carries the role this start runs as (a promotion's)."""
     record = load(root)
     if config.broker_role is not BrokerRole.SLAVE:
-        if record is None or record.role != config.broker_role.value:
+        if record is not None and record.role != config.broker_role.value:
             write(root, LogRecord(config.broker_role.value))  # what it appends is its own
         return -1
     if not config.ha_master_address:  # no master to compare with: nothing replicates
