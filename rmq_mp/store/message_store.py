@@ -44,7 +44,7 @@ from rmq_mp.errors import (
 )
 from rmq_mp.format import message as m
 from rmq_mp.format import record, topic_marker
-from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import (
     AppendMessageStatus,
@@ -60,6 +60,7 @@ from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.store.dispatch import Dispatcher
 from rmq_mp.store.index_service import IndexService
+from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
 from rmq_mp.store.recovery import RecoveryReport, cut_at, recover
@@ -823,6 +824,29 @@ def queue_end_below(low: int, high: int, phy_at: Callable[[int], int], read_end:
         else:
             low = mid + 1
     return low
+
+
+def queue_end_in_files(
+    config: MessageStoreConfig, topic: str, queue_id: int, low: int, high: int, read_end: int
+) -> int:
+    """`queue_end_below` with each entry read from the queue's files by position, for a reader that
+    holds no ConsumeQueue (rmq-admin consumerProgress, status' lag); an entry whose file is gone
+    counts as below the window (the cleaner's, which only takes the oldest)."""
+    size = config.mapped_file_size_consume_queue
+
+    def phy_at(offset: int) -> int:
+        position = offset * CQ_STORE_UNIT_SIZE
+        path = (
+            config.consume_queue_dir / topic / str(queue_id) / offset_to_file_name(position - position % size)
+        )
+        try:
+            with path.open("rb") as f:
+                raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, position % size)
+        except FileNotFoundError:
+            return 0
+        return int(CQ_ENTRY.unpack(raw)[0]) if len(raw) == CQ_STORE_UNIT_SIZE else 0
+
+    return queue_end_below(low, high, phy_at, read_end)
 
 
 def read_queue(

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
+import sys
 from pathlib import Path
 
 import psutil
@@ -21,7 +22,7 @@ from shm import layout
 from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.relay import Relay
 from tests.ha.test_fork import HB, _admin, _bodies, _read
-from tests.service import RunningService, wait_until
+from tests.service import ROOT, RunningService, wait_until
 
 TOPICS = ("HaTopic", "OnlyB", "OnlyA")
 
@@ -38,6 +39,10 @@ def _written_apart(tmp_path: Path) -> tuple[RunningService, int, int]:
     b = start_master(tmp_path, "b", **HB)
     put(b, 500, body_bytes=111)
     put(b, 200, body_bytes=90, topic="OnlyB")
+    group = _admin(
+        "resetOffsetByTime", "--name", b.names.base, "-g", "G", "-t", "HaTopic", "-s", "0", "--create-group"
+    )
+    assert group.returncode == 0, group.stderr  # group G at queue offset 0 of each HaTopic queue
     assert b.stop() == 0
     return a, shared, a_end
 
@@ -54,7 +59,18 @@ def _lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
     return [json.loads(line) for line in done.stdout.splitlines() if line.startswith("{")]
 
 
-def _assert_window(service: RunningService, read_end: int, theirs: dict[tuple[str, int, int], bytes]) -> None:
+def _find(document: object, key: str) -> list[dict[str, object]]:
+    """The list under ``key`` anywhere in a JSON document."""
+    if isinstance(document, dict):
+        if key in document:
+            return list(document[key])
+        return [row for value in document.values() for row in _find(value, key)]
+    return []
+
+
+def _assert_window(
+    service: RunningService, read_end: int, theirs: dict[tuple[str, int, int], bytes], *, group: bool = False
+) -> None:
     """Every reader of the running ``service`` stops at ``read_end``: what a consumer pulling each
     queue from 0 gets is exactly the master's records below it (``theirs``: topic, queue id,
     queue offset -> body), `max_offset`, the Spark plan and rmq-admin's topicStatus end each queue
@@ -99,6 +115,17 @@ def _assert_window(service: RunningService, read_end: int, theirs: dict[tuple[st
     assert "not printed" in printed.stderr
     found = _lines(_admin("queryMsgByKey", "--name", service.names.base, "-t", "OnlyB", "-k", "k1", "--json"))
     assert found == [], "queryMsgByKey: nothing past the window"
+    if group:  # consumerProgress' broker offsets and status' lag: to the window's end too
+        progress = _lines(_admin("consumerProgress", "--name", service.names.base, "-g", "G", "--json"))
+        assert {(r["topic"], r["queueId"]): r["brokerOffset"] for r in progress} == {
+            key: end for key, end in ends.items() if key[0] == "HaTopic" and key in planned
+        }
+        shown = subprocess.run(
+            [sys.executable, "run.py", "status", "--conf", str(service.conf), "--json"],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        )  # fmt: skip
+        [row] = [r for r in _find(json.loads(shown.stdout), "consumer_groups") if r["group"] == "G"]
+        assert row["lag"] == sum(end for key, end in ends.items() if key[0] == "HaTopic")
 
 
 def _assert_stopped_window(root: Path, read_end: int) -> None:
@@ -139,7 +166,7 @@ def test_a_returning_old_master_serves_nothing_before_its_first_comparison(tmp_p
     with Relay(a.read(layout.HA_LISTEN_PORT)) as relay:
         relay.cut(hold=True)  # A out of reach: every connection refused until healed
         b = start_slave(tmp_path, relay.port, "b", **HB)
-        _assert_window(b, 0, theirs)
+        _assert_window(b, 0, theirs, group=True)
         assert b.read(layout.FORK_READ_END) == b.read(layout.HA_UNCONFIRMED_FROM) == 0
         assert "is not confirmed as" in (b.root / "logs" / "supervisor.log").read_text()
         assert ha_log.load(b.root) == ha_log.LogRecord("SLAVE", f"127.0.0.1:{relay.port}", 0)
@@ -172,7 +199,7 @@ def test_a_kill_before_the_cut_was_recorded_keeps_the_window_at_the_fork(tmp_pat
         _assert_stopped_window(b.root, shared)
         relay.cut(hold=True)
         b = start_slave(tmp_path, relay.port, "b", **HB)
-        _assert_window(b, shared, theirs)
+        _assert_window(b, shared, theirs, group=True)
         assert b.read(layout.FORK_READ_END) == b.read(layout.HA_UNCONFIRMED_FROM) == shared
         assert len(_bodies(b, "HaTopic")) == 800, "what is below the fork is served"
         relay.heal()
