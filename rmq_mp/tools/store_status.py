@@ -173,6 +173,8 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
             "state": SLAVE_STATES.get(t.get(layout.HA_SLAVE_STATE), "?"),
             "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
             "fork_offset": t.get(layout.HA_SLAVE_FORK_OFFSET),
+            "read_end": t.get(layout.FORK_READ_END),
+            "unconfirmed_from": t.get(layout.HA_UNCONFIRMED_FROM),
             "connects": t.get(layout.HA_SLAVE_CONNECTS),
             "last_heard_age_ms": current_ms - heard if heard else None,
         }
@@ -224,7 +226,12 @@ def replication_summary(r: dict[str, Any]) -> list[str]:
             f"replica  SLAVE of {r['master'] or '(no haMasterAddress)'}  {r['state']}  received "
             f"{r['received_end']}  connects {r['connects']}  last heard "
             f"{'never' if heard is None else f'{heard} ms ago'}"
-            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else ""),
+            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else "")
+            + (
+                f"  serves nothing from {r['unconfirmed_from']} (not yet confirmed as its master's)"
+                if r.get("unconfirmed_from", -1) >= 0
+                else ""
+            ),
             f"metadata from {r['meta_master'] or '(no haMasterMetaAddress)'}  snapshots "
             f"{r['meta_snapshots_applied']}  last {_ago(r['meta_applied_age_ms'])}  master end heard "
             f"{r['master_end_heard']}  malformed {r['meta_malformed']}",

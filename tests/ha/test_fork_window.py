@@ -126,6 +126,11 @@ def _assert_window(
         )  # fmt: skip
         [row] = [r for r in _find(json.loads(shown.stdout), "consumer_groups") if r["group"] == "G"]
         assert row["lag"] == sum(end for key, end in ends.items() if key[0] == "HaTopic")
+        text = subprocess.run(
+            [sys.executable, "run.py", "status", "--conf", str(service.conf)],
+            cwd=ROOT, capture_output=True, text=True, check=True,
+        ).stdout  # fmt: skip
+        assert f"serves nothing from {read_end} (not yet confirmed as its master's)" in text
 
 
 def _assert_stopped_window(root: Path, read_end: int) -> None:
