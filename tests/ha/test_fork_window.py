@@ -207,6 +207,19 @@ def test_a_kill_before_the_cut_was_recorded_keeps_the_window_at_the_fork(tmp_pat
         _assert_window(b, shared, theirs, group=True)
         assert b.read(layout.FORK_READ_END) == b.read(layout.HA_UNCONFIRMED_FROM) == shared
         assert len(_bodies(b, "HaTopic")) == 800, "what is below the fork is served"
+        assert b.stop() == 0  # stopped cleanly (no shared memory left): rmq-spark reads its files
+        counted = subprocess.run(
+            [sys.executable, "-m", "rmq_mp.spark.jobs", "stats", "--store", str(b.root), "--json"],
+            cwd=ROOT, capture_output=True, text=True, timeout=300,
+        )  # fmt: skip
+        assert counted.returncode == 0, counted.stderr[-2000:]
+        queues = json.loads(counted.stdout)["queues"]
+        assert sum(q["count"] for q in queues if q["topic"] == "HaTopic") == 800, "rmq-spark: below the fork"
+        assert not [q for q in queues if q["topic"] == "OnlyB"]
+        assert f"records from commit-log offset {shared} are left out" in counted.stderr
+        _assert_stopped_window(b.root, shared)
+        b = start_slave(tmp_path, relay.port, "b", **HB)
+        assert b.read(layout.FORK_READ_END) == shared
         relay.heal()
         _converged(a, b, a_end)
 
