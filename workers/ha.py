@@ -774,6 +774,8 @@ class HaSlave(ServiceLoop):
             return outcome.tail
         if verdict is ha_fork.Verdict.NEXT_PROBE:
             self.probe += 1
+            if outcome.differs:
+                self._unconfirmed_from(outcome.offset)
             raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
         self._halt(outcome)
         return None
@@ -799,6 +801,28 @@ class HaSlave(ServiceLoop):
             master,
             end,
             unconfirmed,
+        )
+
+    def _unconfirmed_from(self, offset: int) -> None:
+        """The master holds other bytes at ``offset`` (a master that changed under the same address:
+        it lost its tail and wrote on, or another store answers there): whatever this slave's log
+        was confirmed as, readers stop there now (and the next start too, from the record) until
+        the comparison, probing further back, finds where the logs part."""
+        read_end = self.table.get(layout.FORK_READ_END)
+        if 0 <= read_end <= offset:
+            return
+        master = f"{self.master[0]}:{self.master[1]}"
+        try:
+            ha_log.write(self.store.paths.root, ha_log.LogRecord(BrokerRole.SLAVE.value, master, offset))
+        except OSError as exc:
+            log.error("ha: %s not written (%s)", ha_log.FILE_NAME, exc)
+        self.table.set(layout.HA_UNCONFIRMED_FROM, offset)
+        self.table.set(layout.FORK_READ_END, offset)
+        log.warning(
+            "ha: the master %s holds other bytes than this slave's record at %d: nothing from there is "
+            "served until the comparison finds where the logs part",
+            master,
+            offset,
         )
 
     def _halt(self, outcome: ha_fork.Outcome) -> None:

@@ -21,7 +21,7 @@ from rmq_mp.store import fork, ha_log
 from shm import layout
 from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.relay import Relay
-from tests.ha.test_fork import HB, _admin, _bodies, _read
+from tests.ha.test_fork import HB, _admin, _bodies, _read, _served
 from tests.service import ROOT, RunningService, wait_until
 
 TOPICS = ("HaTopic", "OnlyB", "OnlyA")
@@ -283,3 +283,51 @@ def test_a_slave_ahead_re_pointed_at_a_promoted_slave_serves_nothing_before_comp
         assert _bodies(s2, "OnlyA") == {}
         assert _bodies(s2, "AfterPromotion") == _bodies(s1, "AfterPromotion")
         assert f"forks from its master's at {shared}" in (s2.root / "logs" / "ha.log").read_text()
+
+
+def _last_record(service: RunningService, topic: str) -> int:
+    """The commit-log offset of the last record of ``topic`` the store serves."""
+    with Consumer.attach(service.names.base, "last") as consumer:
+        return max(
+            m.commit_log_offset
+            for q in range(8)
+            for m in consumer.pull(topic, q, max(consumer.max_offset(topic, q) - 1, 0), 1).messages
+        )
+
+
+def test_a_confirmed_slave_stops_where_a_master_replaced_under_its_address_differs(tmp_path: Path) -> None:
+    """B follows A (its record: all of its log is A's). A is replaced at the address B follows by
+    A2, a copy of A's log up to ``shared`` that wrote on (a master that lost its tail): B's first
+    probe finds other bytes at its last record X, and from then on nothing from X is served (after
+    a restart too), until its comparison, let through again, finds the fork and converges on A2."""
+    a = start_master(tmp_path, "a", **HB)
+    with Relay(a.read(layout.HA_LISTEN_PORT)) as relay:
+        b = start_slave(tmp_path, relay.port, "b", **HB)
+        shared = put(a, 600, body_bytes=300)
+        wait_caught_up(b, shared)
+        copied = _admin("copyLog", "--name", a.names.base, "--to", str(tmp_path / "a2"))
+        assert copied.returncode == 0, copied.stderr
+        a_end = put(a, 200, body_bytes=250)
+        wait_caught_up(b, a_end)
+        last = _last_record(a, "HaTopic")
+        assert len(_bodies(b, "HaTopic")) == 800
+        relay.cut(hold=True)
+        assert a.stop() == 0
+        a2 = start_master(tmp_path, "a2", **HB)
+        a2_end = put(a2, 400, body_bytes=200, topic="AfterLoss")
+        assert a2_end > a_end
+        relay.retarget(a2.read(layout.HA_LISTEN_PORT))
+        relay.hold_after(1)  # one probe gets through, the next is refused
+        wait_until(lambda: b.read(layout.FORK_READ_END) == last, 60, "B to stop at its last record")
+        assert b.read(layout.HA_UNCONFIRMED_FROM) == last
+        assert len(_served(b, "HaTopic")) == 799, "everything below its last record, nothing from it"
+        with Consumer.attach(b.names.base, "ends") as consumer:
+            assert sum(consumer.max_offset("HaTopic", q) for q in range(8)) == 799
+        assert ha_log.load(b.root) == ha_log.LogRecord("SLAVE", f"127.0.0.1:{relay.port}", last)
+        assert b.stop() == 0
+        b = start_slave(tmp_path, relay.port, "b", **HB)  # the record keeps the window there
+        assert len(_served(b, "HaTopic")) == 799
+        assert b.read(layout.FORK_READ_END) == last
+        relay.heal()
+        _converged(a2, b, a2_end)
+        assert f"forks from its master's at {shared}" in (b.root / "logs" / "ha.log").read_text()
