@@ -475,7 +475,8 @@ FORK_READ_END = _f(
     "fork_read_end", 494, Role.SUPERVISOR, Role.HA,
     doc="SLAVE: readers serve nothing at or past this commit-log offset, where its log forks from its "
     "master's (the ha worker sets it the moment it finds the fork, the supervisor's restart cuts "
-    "there); -1 none (the supervisor's start)",
+    "there), or from where it is not yet confirmed as its master's (HA_UNCONFIRMED_FROM, set by the "
+    "supervisor's start); -1 none",
 )  # fmt: skip
 FORK_RESTARTS = _f(
     "fork_restarts", 495, Role.SUPERVISOR, doc="restarts this supervisor made by itself to cut a forked log"
@@ -496,6 +497,12 @@ TOPIC_DELETE_MARKERS_FINISHED = _f(
     "topic_delete_markers_finished", 498, Role.SUPERVISOR,
     doc="topic_delete_markers_applied the supervisor has finished (group offsets, topics.json): the "
     "metadata channel takes a full snapshot again when it moves",
+)  # fmt: skip
+HA_UNCONFIRMED_FROM = _f(
+    "ha_unconfirmed_from", 499, Role.SUPERVISOR, Role.HA,
+    doc="SLAVE: its log is confirmed as its master's only below this offset (rmq_mp/store/ha_log.py: "
+    "set by the supervisor's start, FORK_READ_END equal to it, until the ha worker's first comparison "
+    "finds the logs equal); -1 all of it, or a fork was found (then FORK_READ_END alone)",
 )  # fmt: skip
 # Slots 504..507: rmq-admin deleteTopic (rmq_mp/config/deleted_topics.py): asked by rmq-admin, done
 # by the supervisor under the put lock, applied to the queue files by reput.

@@ -37,6 +37,7 @@ class PointerTable:
         table.set(layout.MAGIC, layout.MAGIC_VALUE)
         table.set(layout.VERSION, layout.LAYOUT_VERSION)
         table.set(layout.FORK_READ_END, -1)  # no fork: readable_end is not bounded by it
+        table.set(layout.HA_UNCONFIRMED_FROM, -1)
         return table
 
     @classmethod
@@ -98,7 +99,8 @@ class PointerTable:
         may read the CommitLog: FLUSHED under SYNC_FLUSH (RocketMQ 5.3, #8239: a SYNC put is
         acknowledged once flushed, so nothing unflushed is served or dispatched), else
         `written_end`. Never past `FORK_READ_END` while it is set (a slave whose log forks from
-        its master's there serves nothing of its own tail). The one rule: every process reads it
+        its master's there, or is not yet confirmed as its master's from there, serves nothing of
+        that tail). The one rule: every process reads it
         from these words."""
         if self._words[layout.FLUSH_DISK_SYNC.index]:
             end = self._words[layout.FLUSHED_POSITION.index]

@@ -52,7 +52,7 @@ from rmq_mp.config.store_config import (
 )
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError, StoreError
 from rmq_mp.format import ha_frame, record, record_batch, topic_marker
-from rmq_mp.store import fork
+from rmq_mp.store import fork, ha_log
 from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
 from shm import queue_offsets as qo
@@ -769,13 +769,61 @@ class HaSlave(ServiceLoop):
             )
             self.check = None
             self.probe = 0
+            self._confirmed(outcome.offset)
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
             return outcome.tail
         if verdict is ha_fork.Verdict.NEXT_PROBE:
             self.probe += 1
+            if outcome.differs:
+                self._unconfirmed_from(outcome.offset)
             raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
         self._halt(outcome)
         return None
+
+    def _confirmed(self, end: int) -> None:
+        """The first comparison found this slave's log its master's to its ``end``: recorded
+        (rmq_mp/store/ha_log.py) so the next start serves it at once, and the read window a start
+        capped is lifted. A record that cannot be written only makes the next start compare first."""
+        unconfirmed = self.table.get(layout.HA_UNCONFIRMED_FROM)
+        if unconfirmed < 0:
+            return
+        master = f"{self.master[0]}:{self.master[1]}"
+        try:
+            ha_log.write(self.store.paths.root, ha_log.LogRecord(BrokerRole.SLAVE.value, master, None))
+        except OSError as exc:
+            log.error(
+                "ha: %s not written (%s): the next start compares before it serves", ha_log.FILE_NAME, exc
+            )
+        self.table.set(layout.HA_UNCONFIRMED_FROM, -1)
+        self.table.set(layout.FORK_READ_END, -1)
+        log.warning(
+            "ha: this slave's log is its master %s's to its end %d: served past %d again",
+            master,
+            end,
+            unconfirmed,
+        )
+
+    def _unconfirmed_from(self, offset: int) -> None:
+        """The master holds other bytes at ``offset`` (a master that changed under the same address:
+        it lost its tail and wrote on, or another store answers there): whatever this slave's log
+        was confirmed as, readers stop there now (and the next start too, from the record) until
+        the comparison, probing further back, finds where the logs part."""
+        read_end = self.table.get(layout.FORK_READ_END)
+        if 0 <= read_end <= offset:
+            return
+        master = f"{self.master[0]}:{self.master[1]}"
+        try:
+            ha_log.write(self.store.paths.root, ha_log.LogRecord(BrokerRole.SLAVE.value, master, offset))
+        except OSError as exc:
+            log.error("ha: %s not written (%s)", ha_log.FILE_NAME, exc)
+        self.table.set(layout.HA_UNCONFIRMED_FROM, offset)
+        self.table.set(layout.FORK_READ_END, offset)
+        log.warning(
+            "ha: the master %s holds other bytes than this slave's record at %d: nothing from there is "
+            "served until the comparison finds where the logs part",
+            master,
+            offset,
+        )
 
     def _halt(self, outcome: ha_fork.Outcome) -> None:
         """FORKED: set the slave's own bytes aside and stop; REFUSED: stop, saying where."""
@@ -797,9 +845,14 @@ class HaSlave(ServiceLoop):
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_REFUSED)
         else:
             # Before anything else: from now on no reader is served a record at or past the fork
-            # (PointerTable.readable_end); the cut keeps it so, and a refusal below too.
+            # (PointerTable.readable_end); the cut keeps it so, and a refusal below too. It is a
+            # fork now, no longer only unconfirmed (promote refuses it even forced).
+            self.table.set(layout.HA_UNCONFIRMED_FROM, -1)
             self.table.set(layout.FORK_READ_END, outcome.offset)
-            try:
+            try:  # a kill -9 from here on: the next start serves nothing past the fork either
+                ha_log.write(
+                    self.store.paths.root, ha_log.LogRecord(BrokerRole.SLAVE.value, master, outcome.offset)
+                )
                 folder = fork.set_aside(self.store.paths, outcome.offset, end, self.file_size, master)
             except OSError as exc:  # a full disk: nothing cut, nothing recorded; say so and refuse
                 log.error(

@@ -50,6 +50,9 @@ class Outcome:
     tail: ha_frame.Frame | None = None
     """MATCHED: the part of the frame past the slave's end, to append."""
     why: str = ""
+    differs: bool = False
+    """NEXT_PROBE: the master holds other bytes at `offset` (not merely nothing): this slave's log
+    is not its master's from there, whatever it was confirmed as."""
 
 
 _PENDING = Outcome(Verdict.PENDING)
@@ -129,32 +132,32 @@ class ForkCheck:
         if not frame.data:  # a heartbeat: the master has nothing past pos now
             if self.pos == self.start:
                 return self._below(f"the master has nothing at {self.start}")
-            return self._forked(self.pos, f"the master's log ends at {self.pos}")
+            return self._forked(self.pos, f"the master's log ends at {self.pos}", differs=False)
         n = min(len(frame.data), self.end - self.pos)
         mf = self.log.file_at(self.pos)
         at = self.pos - mf.file_from_offset
         own = bytes(mf.buf[at : at + n])
         theirs = frame.data[:n]
         if own != theirs:
-            differs = next(i for i in range(n) if own[i] != theirs[i])
-            return self._forked(self.pos + differs, f"the bytes at {self.pos + differs} differ")
+            first = next(i for i in range(n) if own[i] != theirs[i])
+            return self._forked(self.pos + first, f"the bytes at {self.pos + first} differ", differs=True)
         self.pos += n
         if self.pos < self.end:
             return _PENDING
         rest = frame.data[n:]
         return Outcome(Verdict.MATCHED, self.end, ha_frame.Frame(self.end, rest) if rest else None)
 
-    def _forked(self, differs: int, why: str) -> Outcome:
-        """The logs part at the start of this slave's record holding ``differs`` (the master's
+    def _forked(self, at: int, why: str, *, differs: bool) -> Outcome:
+        """The logs part at the start of this slave's record holding ``at`` (the master's
         end counts as a difference when the slave has more)."""
         boundary = pos = self.start
-        while pos <= differs and pos < self.end:
+        while pos <= at and pos < self.end:
             boundary, pos = pos, next_record(self.log, pos, self.file_size)
         if boundary == self.start and not self.last:
-            return self._below(f"{why}, in the record at {self.start}")
+            return self._below(f"{why}, in the record at {self.start}", differs=differs)
         return Outcome(Verdict.FORKED, boundary, why=why)
 
-    def _below(self, why: str) -> Outcome:
+    def _below(self, why: str, *, differs: bool = False) -> Outcome:
         if self.last:
             return Outcome(Verdict.REFUSED, self.start, why=why)
-        return Outcome(Verdict.NEXT_PROBE, self.start, why=why)
+        return Outcome(Verdict.NEXT_PROBE, self.start, why=why, differs=differs)

@@ -34,12 +34,13 @@ from rmq_mp.format import message as m
 from rmq_mp.format import record
 from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.paths import StorePaths
-from rmq_mp.store import schedule
+from rmq_mp.store import ha_log, schedule
 from rmq_mp.store.running_store import RunningStore
 from rmq_mp.tools.promote import master_answers
 from shm import layout
 from shm import schedule_offsets as so
 from shm.names import ShmNames
+from shm.pointer_table import PointerTable
 from shm.store_shm import StoreShm
 from workers.worker_handle import WorkerHandle, replicates
 
@@ -184,6 +185,20 @@ def skip_delivered_delays(supervisor: Supervisor) -> int:
     return skipped
 
 
+def _forked(table: PointerTable, role: BrokerRole) -> bool:
+    """A fork found and not cut yet (the read window ends at it and is not merely unconfirmed):
+    refused, said once."""
+    fork_offset = table.get(layout.FORK_READ_END)
+    if fork_offset < 0 or table.get(layout.HA_UNCONFIRMED_FROM) >= 0:
+        return False
+    log.error(
+        "promotion to %s refused: this slave's log forks from its master's at %d (what follows "
+        "is not the master's); the store restarts to cut it there",
+        role.value, fork_offset,
+    )  # fmt: skip
+    return True
+
+
 def promote(supervisor: Supervisor) -> None:
     """Carry out PROMOTE_REQUEST (module docstring); the request word is cleared either way."""
     shm = supervisor.shm
@@ -197,17 +212,23 @@ def promote(supervisor: Supervisor) -> None:
         if role is BrokerRole.SLAVE or config.broker_role is not BrokerRole.SLAVE:
             log.error("promotion to %s refused: this store runs as %s", role.value, config.broker_role.value)
             return
-        if (fork_offset := table.get(layout.FORK_READ_END)) >= 0:  # its own restart cuts it first
-            log.error(
-                "promotion to %s refused: this slave's log forks from its master's at %d (what follows "
-                "is not the master's); the store restarts to cut it there",
-                role.value, fork_offset,
-            )  # fmt: skip
+        if _forked(table, role):  # its own restart cuts it first
             return
         began = time.monotonic()
         handle = supervisor.workers.pop("ha", None)
         if handle is not None and handle.process is not None:
             supervisor._stop_worker(handle)
+        if _forked(table, role):  # found while the worker stopped: it goes on as a slave
+            raise StoreError("the slave found a fork while its ha worker stopped")
+        ha_log.write(Path(config.store_path_root_dir), ha_log.LogRecord(role.value))  # its own log now
+        if (unconfirmed := table.get(layout.HA_UNCONFIRMED_FROM)) >= 0:  # rmq-admin promote --force
+            log.warning(
+                "promoted with its log confirmed as its master's only below %d (--force): what follows "
+                "is served as this master's own",
+                unconfirmed,
+            )
+            table.set(layout.HA_UNCONFIRMED_FROM, -1)
+            table.set(layout.FORK_READ_END, -1)
         skip_delivered_delays(supervisor)  # the scheduler delivers nothing until the role changes
         promoted = config.replace(broker_role=role)
         _write_atomically(

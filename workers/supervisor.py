@@ -47,6 +47,7 @@ from rmq_mp.format.message import DELETE_TOPIC_MARKER
 from rmq_mp.paths import StorePaths
 from rmq_mp.put import native
 from rmq_mp.put.fence import fence_start
+from rmq_mp.store import ha_log
 from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, queue_id_of
@@ -306,6 +307,11 @@ class Supervisor:
         ):
             t.set(f, end)
         t.set(layout.MIN_OFFSET, store.min_phy_offset())
+        # A slave serves nothing it has not confirmed as its master's (rmq_mp/store/ha_log.py):
+        # the window is capped before any worker or client attaches, until the ha worker compares.
+        unconfirmed = ha_log.start_window(cfg, store.paths.root, store.min_phy_offset(), end)
+        t.set(layout.HA_UNCONFIRMED_FROM, unconfirmed)
+        t.set(layout.FORK_READ_END, unconfirmed)
         t.set(layout.CLEAN_PENDING_OFFSET, -1)  # a file a crashed run left unavailable is back
         t.set(layout.FORK_RESTARTS, self.fork_restarts)
         t.set(layout.CLEAN_LAST_OUTCOME_OFFSET, -1)

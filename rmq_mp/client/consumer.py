@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
+from functools import partial
 
 from rmq_mp import validators as v
 from rmq_mp.client.local_offsets import LocalFileOffsetStore, check_client_id
@@ -47,7 +48,7 @@ from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.mapping_pool import process_pool
-from rmq_mp.store.message_store import offset_status, read_queue
+from rmq_mp.store.message_store import offset_status, queue_end_below, read_queue
 from rmq_mp.store.read_damage import ReadSkips, shm_counter
 from rmq_mp.store.reporter import Reporter
 from rmq_mp.store.running_store import (
@@ -656,7 +657,7 @@ class Consumer:
         if where is ConsumeFromWhere.CONSUME_FROM_FIRST_OFFSET:
             return 0
         retry = topic.startswith(RETRY_GROUP_TOPIC_PREFIX)
-        end = self._offsets(topic, queue_id)[2]
+        end = self.max_offset(topic, queue_id)  # within a slave's read window
         if where is ConsumeFromWhere.CONSUME_FROM_LAST_OFFSET:
             return 0 if retry else end
         return end if retry else self.search_offset(topic, queue_id, self.consume_timestamp_ms)
@@ -669,10 +670,23 @@ class Consumer:
 
     def max_offset(self, topic: str, queue_id: int) -> int:
         """The queue's end: one past its last dispatched message, what a pull can reach
-        (MQAdmin.maxOffset; 0 for an unknown queue)."""
+        (MQAdmin.maxOffset; 0 for an unknown queue). On a slave whose read window ends short of
+        its log (`FORK_READ_END`: a fork not cut yet, a log not yet confirmed as its master's),
+        its first entry at or past the window's end, where a pull stops too."""
         topic, queue_id = v.check_topic(topic), v.check_queue_id(queue_id)
         self._check_running()
-        return self._offsets(topic, queue_id)[2]
+        for attempt in range(READ_ATTEMPTS):
+            slot, low, high = self._offsets(topic, queue_id)
+            read_end = self.store.table.get(layout.FORK_READ_END)
+            if slot < 0 or read_end < 0 or low >= high:
+                return high
+            try:
+                cq = self._queue_view(topic, queue_id, low, high)
+                return queue_end_below(low, high, partial(_entry_phy, cq), read_end)
+            except FileNotFoundError:  # the cleaner deleted a queue file meanwhile: read the offsets again
+                if attempt == READ_ATTEMPTS - 1:
+                    raise
+        raise AssertionError("unreachable")
 
     def _queues_or_assignment(self, queues: Iterable[tuple[str, int]] | None) -> list[tuple[str, int]]:
         if queues is None:
@@ -1034,6 +1048,11 @@ class _Hold:
             c = self.consumer
             c._holds.remove(self.phy_offset)
             c.waiters.set(c._waiter_slot, wt.HOLD, min(c._holds, default=wt.NO_HOLD))
+
+
+def _entry_phy(cq: ConsumeQueue, offset: int) -> int:
+    """The commit-log offset of a queue's entry (0 where there is none: below any window)."""
+    return (cq.get_entry(offset) or (0,))[0]
 
 
 def _seconds(value: object, what: str) -> float:

@@ -8,7 +8,8 @@
 Common options: ``--conf FILE`` / ``--set key=value`` for the settings that shape the files (as
 `rmq-admin`), ``--master`` (default ``local[*]``), ``--json`` (one JSON report on stdout).
 A running store (directory or shm name) is read up to its readable end when the job starts
-(`running_readable_end`). Progress (tasks done / total) goes to stderr while the job runs. Exit status: 0 when the job
+(`running_readable_end`); export and stats on a stopped slave stop where its log is not
+confirmed as its master's (`ha_log.stopped_read_end`). Progress (tasks done / total) goes to stderr while the job runs. Exit status: 0 when the job
 found nothing wrong, 1 when `audit` or `rebuild-index` found a problem, 2 for a usage or store
 error (one line, as `rmq-admin`; a bad store, ``--topic`` or ``--target`` before Spark starts).
 The report is printed when the job ends; a closed pipe (``| head -1``) ends it quietly.
@@ -45,6 +46,7 @@ from rmq_mp.spark.segments import (
     rebuild_segment,
     stats_segment,
 )
+from rmq_mp.store import ha_log
 from rmq_mp.store.index_service import IndexService, index_keys
 from rmq_mp.store.reporter import Reporter
 
@@ -438,6 +440,15 @@ def _run(spark: Any, args: argparse.Namespace, config: MessageStoreConfig, progr
     end = running_readable_end(args.store)
     if end is not None and progress is not None:
         print(f"{args.command}: running store: read up to its readable end, offset {end}", file=progress)
+    if end is None and args.command in ("export", "stats"):  # the jobs that hand out messages
+        window = ha_log.stopped_read_end(config.root_dir)  # a stopped slave's: a fork, an unconfirmed log
+        if window >= 0:
+            end = window
+            print(
+                f"{args.command}: records from commit-log offset {window} are left out: this slave's log "
+                f"is not confirmed as its master's from there (docs/replication.md)",
+                file=sys.stderr,
+            )
     if args.command == "audit":
         reports = audit(spark, config, readable_end=end, out=progress)
         if args.json:

@@ -19,7 +19,7 @@ from rmq_mp.config.store_config import MessageStoreConfig, parse_properties
 from rmq_mp.errors import DataLossError, ShmAttachError, StoreError
 from rmq_mp.format.queue_entry import CQ_ENTRY_DTYPE, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.store.mapped_file import offset_to_file_name
-from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.message_store import MessageStore, queue_end_below
 from rmq_mp.store.running_store import resolve_names
 from shm import layout
 from shm import queue_offsets as qo
@@ -167,16 +167,15 @@ def queue_ranges(store: StoreRef, topics: frozenset[str] | None = None) -> list[
 
 
 def _below_fork(store: StoreRef, topic: str, queue_id: int, low: int, high: int, fork_read_end: int) -> int:
-    """The first queue offset in ``[low, high)`` whose entry is at or past a forked slave's
+    """The first queue offset in ``[low, high)`` whose entry is at or past a slave's
     `FORK_READ_END` (``high`` when none is): a read planned now ends there, as a consumer's pull
-    does (a queue's entries rise with the commit log, so a binary search finds it)."""
-    while low < high:
-        mid = (low + high) // 2
-        if int(read_cq_entries(store, topic, queue_id, mid, mid + 1)["phy"][0]) >= fork_read_end:
-            high = mid
-        else:
-            low = mid + 1
-    return low
+    does (`queue_end_below`, the search `Consumer.max_offset` makes)."""
+    return queue_end_below(
+        low,
+        high,
+        lambda offset: int(read_cq_entries(store, topic, queue_id, offset, offset + 1)["phy"][0]),
+        fork_read_end,
+    )
 
 
 def read_cq_entries(store: StoreRef, topic: str, queue_id: int, start: int, end: int) -> np.ndarray:

@@ -18,7 +18,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from types import TracebackType
@@ -44,7 +44,7 @@ from rmq_mp.errors import (
 )
 from rmq_mp.format import message as m
 from rmq_mp.format import record, topic_marker
-from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
+from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.format.record import RecordRejected
 from rmq_mp.outcomes import (
     AppendMessageStatus,
@@ -54,12 +54,13 @@ from rmq_mp.outcomes import (
     PutMessageStatus,
 )
 from rmq_mp.paths import StorePaths, fsync_dir
-from rmq_mp.store import fork, put_rules, read_damage
+from rmq_mp.store import fork, ha_log, put_rules, read_damage
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.commit_log import CommitLog
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.store.dispatch import Dispatcher
 from rmq_mp.store.index_service import IndexService
+from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.mapping_pool import process_pool
 from rmq_mp.store.read_damage import INDEX_ENTRY_INVALID, RECORD_INVALID, ReadSkips, queue_message
 from rmq_mp.store.recovery import RecoveryReport, cut_at, recover
@@ -142,6 +143,11 @@ class MessageStore:
         """Store host -> its encoder (a `Message` may name its own store host)."""
         self._lock_fd = -1
         self._closed = False
+        self.read_end = -1
+        """A reader's window (read-only opens): nothing at or past this commit-log offset is served
+        or counted, -1 none. A stopped store's comes from its files (`ha_log.stopped_read_end`: a
+        fork not cut yet, a slave's log not confirmed as its master's); rmq-admin sets a running
+        store's from its pointer table (`FORK_READ_END`)."""
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -225,6 +231,8 @@ class MessageStore:
                 fork.clear_pending_cut(root)
             self.paths.abort.touch(mode=file_modes.file_mode())
             fsync_dir(root)
+        else:
+            self.read_end = ha_log.stopped_read_end(root)
 
     def _forget_cut_deletes(self, fork_offset: int) -> None:
         """A slave's log cut where it forks from its master's: a delete whose marker lay at or past
@@ -585,11 +593,11 @@ class MessageStore:
         return self.cq_table.topics()
 
     def queue_status(self, topic: str) -> list[QueueStatus]:
-        """Per-queue min/max offsets and the store time of the newest message."""
+        """Per-queue min/max offsets and the store time of the newest message (within `read_end`)."""
         result = []
         for queue_id in sorted(self.cq_table.queues.get(topic, {})):
             cq = self.cq_table.queues[topic][queue_id]
-            max_offset = cq.max_offset_in_queue()
+            max_offset = self._queue_end(cq)
             last = cq.get_entry(max_offset - 1) if max_offset > cq.min_offset_in_queue() else None
             last_update = self.commit_log.store_timestamp_at(last[0], last[1]) if last else 0
             result.append(
@@ -622,7 +630,25 @@ class MessageStore:
             max_offset=cq.max_offset_in_queue(),
             skips=self.read_skips,
             tags=tags,
+            fork_read_end=self.read_end,
         )
+
+    def _queue_end(self, cq: ConsumeQueue) -> int:
+        """The queue's max offset within `read_end`."""
+        return queue_end_below(
+            cq.min_offset_in_queue(),
+            cq.max_offset_in_queue(),
+            lambda offset: (cq.get_entry(offset) or (0,))[0],
+            self.read_end,
+        )
+
+    def _check_served(self, phy_offset: int) -> None:
+        """`MessageNotFoundError` for a record at or past `read_end`: it is not served."""
+        if 0 <= self.read_end <= phy_offset:
+            raise MessageNotFoundError(
+                f"commit-log offset {phy_offset} is past this store's read window {self.read_end} (its "
+                f"log is not its master's from there: docs/replication.md)"
+            )
 
     def look_message_by_queue_offset(self, topic: str, queue_id: int, queue_offset: int) -> m.MessageExt:
         """The message at one queue offset, checked as a pull checks it: `MessageNotFoundError`
@@ -636,6 +662,7 @@ class MessageStore:
         )
         if entry is None or entry[1] == PRE_BLANK_SIZE:
             raise MessageNotFoundError(f"{topic}/{queue_id} has no message at queue offset {queue_offset}")
+        self._check_served(entry[0])
         try:
             return queue_message(
                 self.commit_log, entry[:2], topic=topic, queue_id=queue_id, queue_offset=queue_offset
@@ -650,9 +677,9 @@ class MessageStore:
         """The record at a commit-log offset; MessageNotFoundError where the log holds none,
         CorruptRecordError (BodyCrcError for a body whose CRC fails) for a record that must not
         be served: a damaged record is never returned."""
-        return self.commit_log.look_message_by_offset(
-            v.check_offset(phy_offset, "phy_offset", negative_ok=True)
-        )
+        phy_offset = v.check_offset(phy_offset, "phy_offset", negative_ok=True)
+        self._check_served(phy_offset)
+        return self.commit_log.look_message_by_offset(phy_offset)
 
     def view_message_by_id(self, msg_id: str) -> m.MessageExt:
         """The record an offset msgId names (`viewMessageById`), checked as
@@ -660,6 +687,7 @@ class MessageStore:
         if not isinstance(msg_id, str):
             raise InvalidArgumentTypeError(f"msg_id must be a str, not {type(msg_id).__name__}")
         _host, phy_offset = m.decode_message_id(msg_id)
+        self._check_served(phy_offset)
         return self.commit_log.look_message_by_offset(phy_offset)
 
     def query_message(
@@ -686,7 +714,7 @@ class MessageStore:
         found = []
         deleted_below = self.dispatcher.dropped.get(topic, -1)  # rmq-admin deleteTopic's tombstone
         for phy in self.index_service.query_offset(f"{topic}#{key}", max_num, begin, end):
-            if phy < deleted_below:
+            if phy < deleted_below or 0 <= self.read_end <= phy:
                 continue
             try:
                 msg = self.commit_log.look_message_by_offset(phy)
@@ -714,9 +742,13 @@ class MessageStore:
         sound, else at the next file, as reput does)."""
         offset = self.commit_log.min_offset() if from_offset is None else from_offset
         end = self.commit_log.max_offset()
+        if self.read_end >= 0:
+            end = min(end, self.read_end)
         while offset < end:
             resume = end
             for phy, req in self.commit_log.iter_dispatch(offset, check_crc=False):
+                if phy >= end:  # `read_end`: nothing past the window
+                    return
                 if req.success:
                     if req.size > 0:
                         try:
@@ -775,6 +807,46 @@ def offset_status(offset: int, min_offset: int, max_offset: int) -> GetMessageRe
         next_offset = min_offset if min_offset == 0 else max_offset
         return GetMessageResult(GetMessageStatus.OFFSET_OVERFLOW_BADLY, next_offset, min_offset, max_offset)
     return None
+
+
+def queue_end_below(low: int, high: int, phy_at: Callable[[int], int], read_end: int) -> int:
+    """A queue's end for a reader whose window ends at commit-log offset ``read_end`` (a slave's
+    `FORK_READ_END`, -1 none): the first queue offset in ``[low, high)`` whose entry (``phy_at``:
+    its commit-log offset) is at or past it, ``high`` when none is. A queue's entries rise with
+    the log, so a binary search finds it; the one search `Consumer.max_offset`, topicStatus and the
+    Spark source's plan share, so each ends a queue where a pull does (`read_queue`)."""
+    if read_end < 0:
+        return high
+    while low < high:
+        mid = (low + high) // 2
+        if phy_at(mid) >= read_end:
+            high = mid
+        else:
+            low = mid + 1
+    return low
+
+
+def queue_end_in_files(
+    config: MessageStoreConfig, topic: str, queue_id: int, low: int, high: int, read_end: int
+) -> int:
+    """`queue_end_below` with each entry read from the queue's files by position, for a reader that
+    holds no ConsumeQueue (rmq-admin consumerProgress, status' lag); an entry whose file is gone
+    counts as below the window (the cleaner's, which only takes the oldest)."""
+    size = config.mapped_file_size_consume_queue
+
+    def phy_at(offset: int) -> int:
+        position = offset * CQ_STORE_UNIT_SIZE
+        path = (
+            config.consume_queue_dir / topic / str(queue_id) / offset_to_file_name(position - position % size)
+        )
+        try:
+            with path.open("rb") as f:
+                raw = os.pread(f.fileno(), CQ_STORE_UNIT_SIZE, position % size)
+        except FileNotFoundError:
+            return 0
+        return int(CQ_ENTRY.unpack(raw)[0]) if len(raw) == CQ_STORE_UNIT_SIZE else 0
+
+    return queue_end_below(low, high, phy_at, read_end)
 
 
 def read_queue(

@@ -141,6 +141,15 @@ def run(args: argparse.Namespace) -> int:
         if args.command == "printMsg":
             begin, end = args.begin, args.end if args.end is not None else MAX_TIMESTAMP
             first = store.min_phy_offset()
+            if 0 <= store.read_end < store.max_phy_offset():
+                # Not printed, as no reader is served them: they are not this slave's master's
+                # (or not yet known to be), and the cut or the next comparison decides.
+                print(
+                    f"rmq-admin: records at commit-log offsets [{store.read_end}, {store.max_phy_offset()}) "
+                    f"are not printed: this slave's log is not confirmed as its master's from "
+                    f"{store.read_end} (docs/replication.md, 'The read window')",
+                    file=sys.stderr,
+                )
             with progress("printMsg", total=store.max_phy_offset() - first, unit="bytes") as bar:
                 return print_messages(
                     (

@@ -168,7 +168,26 @@ def open_store(args: argparse.Namespace) -> MessageStore:
         (Path(root) / name).exists() for name in ("consumequeue", "index", "checkpoint")
     ):
         raise StoreError("not a store directory (no commitlog/, consumequeue/, index/ or checkpoint)")
-    return MessageStore.open(config=config, read_only=True)
+    store = MessageStore.open(config=config, read_only=True)
+    if args.name:  # a running store: its readers' window is the one in its pointer table
+        try:
+            store.read_end = running_read_end(args.name)
+        except BaseException:
+            store.close()
+            raise
+    return store
+
+
+def running_read_end(name: str) -> int:
+    """A running store's read window end (`FORK_READ_END`: a fork not cut yet, a slave's log not
+    yet confirmed as its master's; -1 none), read once: what its consumers are served up to."""
+    from rmq_mp.store.running_store import resolve_names
+
+    table = PointerTable.attach(resolve_names(name).pointer_table, Role.CONSUMER)
+    try:
+        return table.get(layout.FORK_READ_END)
+    finally:
+        table.close()
 
 
 def _file_lengths(directory: Path, digits: int = 20) -> set[int]:

@@ -23,7 +23,7 @@ from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager
 from rmq_mp.errors import StoreError
 from rmq_mp.format.message import MessageExt
-from rmq_mp.store.message_store import MessageStore
+from rmq_mp.store.message_store import MessageStore, queue_end_in_files
 from rmq_mp.store.running_store import RunningStore
 from rmq_mp.tools.admin_common import (
     attach_running,
@@ -46,6 +46,7 @@ from rmq_mp.tools.store_status import (
     format_table_levels,
     replication_summary,
 )
+from shm import layout
 from shm import members as mb
 from shm import queue_offsets as qo
 from shm.pointer_table import pid_alive, pid_alive_since
@@ -166,12 +167,12 @@ def consumer_progress(args: argparse.Namespace) -> int:
                     continue
                 committed.setdefault((group, topic), {})[queue_id] = offset
                 clients[(group, topic, queue_id)] = _owner_client(running, shm.groups.get(slot, qo.OWNER))
+            read_end = running.table.get(layout.FORK_READ_END)  # a slave's window: as its pulls end
             for topic, queue_id, slot in shm.queues.queues():
-                queues.setdefault(topic, {})[queue_id] = (
-                    shm.queues.get(slot, qo.MIN_OFFSET),
-                    shm.queues.get(slot, qo.DISPATCHED),
-                    shm.queues.get(slot, qo.LAST_STORE_TS),
-                )
+                low, high = shm.queues.get(slot, qo.MIN_OFFSET), shm.queues.get(slot, qo.DISPATCHED)
+                if read_end >= 0:
+                    high = max(low, queue_end_in_files(running.config, topic, queue_id, low, high, read_end))
+                queues.setdefault(topic, {})[queue_id] = (low, high, shm.queues.get(slot, qo.LAST_STORE_TS))
     else:
         with open_store(args) as store:
             offsets = ConsumerOffsetManager(store.paths.consumer_offset)

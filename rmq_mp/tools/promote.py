@@ -12,6 +12,8 @@ Refused, with one line, unless ``--force``:
 - the store is not a running SLAVE (never forced);
 - its log forks from its master's and is not cut yet (never forced: it restarts by itself to
   cut there first, workers/ha_fork.py);
+- its log is not yet confirmed as its master's past some offset (HA_UNCONFIRMED_FROM: a returning
+  old master, a slave re-pointed at a new master, before its first comparison; rmq_mp/store/ha_log.py);
 - its master still answers on haMasterAddress, or the slave is connected to it (two masters);
 - the slave holds less of the master's commit log than the master last said it had
   (HA_META_MASTER_END, from the metadata channel): the difference would be lost. Under
@@ -72,13 +74,20 @@ def check(store: RunningStore, args: argparse.Namespace) -> tuple[BrokerRole, di
         "wrotePosition": t.get(layout.WROTE_POSITION),
         "metaSnapshotsApplied": t.get(layout.HA_META_APPLIED),
     }
-    if (fork_offset := t.get(layout.FORK_READ_END)) >= 0:  # never forced: it is cut there first
+    unconfirmed = t.get(layout.HA_UNCONFIRMED_FROM)
+    if (fork_offset := t.get(layout.FORK_READ_END)) >= 0 and unconfirmed < 0:  # never forced: cut first
         raise StoreError(
             f"promote refused: {shown}'s log forks from its master's at {fork_offset} (what follows is "
             f"not the master's); it restarts by itself to cut there: promote it once it has"
         )
     if args.force:
         return role, facts
+    if unconfirmed >= 0:
+        raise StoreError(
+            f"promote refused: {shown}'s log is confirmed as its master {cfg.ha_master_address}'s only "
+            f"below {unconfirmed} (it has not compared its log with that master since it started, and "
+            f"serves nothing past it); --force to promote it with its bytes from {unconfirmed} as its own"
+        )
     if t.get(layout.HA_SLAVE_STATE) == layout.SLAVE_CONNECTED or (
         cfg.ha_master_address and master_answers(cfg.ha_master_address)
     ):

@@ -20,6 +20,7 @@ from rmq_mp.outcomes import RunningFlags
 from rmq_mp.store.cleaning import CleanerStatistics
 from rmq_mp.store.disk import disk_used_ratio
 from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.message_store import queue_end_in_files
 from rmq_mp.store.running_store import promoted_role
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, LevelProgress, queue_id_of
 from shm import layout
@@ -172,6 +173,8 @@ def replication_status(shm: StoreShm, config: MessageStoreConfig) -> dict[str, A
             "state": SLAVE_STATES.get(t.get(layout.HA_SLAVE_STATE), "?"),
             "received_end": t.get(layout.HA_SLAVE_RECEIVED_END),
             "fork_offset": t.get(layout.HA_SLAVE_FORK_OFFSET),
+            "read_end": t.get(layout.FORK_READ_END),
+            "unconfirmed_from": t.get(layout.HA_UNCONFIRMED_FROM),
             "connects": t.get(layout.HA_SLAVE_CONNECTS),
             "last_heard_age_ms": current_ms - heard if heard else None,
         }
@@ -223,7 +226,12 @@ def replication_summary(r: dict[str, Any]) -> list[str]:
             f"replica  SLAVE of {r['master'] or '(no haMasterAddress)'}  {r['state']}  received "
             f"{r['received_end']}  connects {r['connects']}  last heard "
             f"{'never' if heard is None else f'{heard} ms ago'}"
-            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else ""),
+            + (f"  at offset {r['fork_offset']}" if r.get("fork_offset", -1) >= 0 else "")
+            + (
+                f"  serves nothing from {r['unconfirmed_from']} (not yet confirmed as its master's)"
+                if r.get("unconfirmed_from", -1) >= 0
+                else ""
+            ),
             f"metadata from {r['meta_master'] or '(no haMasterMetaAddress)'}  snapshots "
             f"{r['meta_snapshots_applied']}  last {_ago(r['meta_applied_age_ms'])}  master end heard "
             f"{r['master_end_heard']}  malformed {r['meta_malformed']}",
@@ -365,21 +373,23 @@ def _ops_sections(shm: StoreShm, snap: dict[str, int], config: MessageStoreConfi
         "recovery_ms": snap["recovery_ms"],
         "metrics_port": snap["metrics_port"],
         "producer_metrics": metrics,
-        "consumer_groups": consumer_lags(shm),
+        "consumer_groups": consumer_lags(shm, config),
         "delay_levels": delay_levels(shm, config),
     }
 
 
-def consumer_lags(shm: StoreShm) -> list[dict[str, Any]]:
+def consumer_lags(shm: StoreShm, config: MessageStoreConfig) -> list[dict[str, Any]]:
     """Per group and topic: messages dispatched but not committed, over every queue of the topic
     (a queue the group never committed counts from its min offset), as consumerProgress's Diff,
-    and the group's live members (shm/members.py)."""
+    and the group's live members (shm/members.py). A slave's queues end at its read window, as its
+    pulls do (`FORK_READ_END`)."""
     by_topic: dict[str, dict[int, tuple[int, int]]] = {}
+    read_end = shm.table.get(layout.FORK_READ_END)
     for topic, queue_id, slot in shm.queues.queues():
-        by_topic.setdefault(topic, {})[queue_id] = (
-            shm.queues.get(slot, qo.MIN_OFFSET),
-            shm.queues.get(slot, qo.DISPATCHED),
-        )
+        low, high = shm.queues.get(slot, qo.MIN_OFFSET), shm.queues.get(slot, qo.DISPATCHED)
+        if read_end >= 0:
+            high = max(low, queue_end_in_files(config, topic, queue_id, low, high, read_end))
+        by_topic.setdefault(topic, {})[queue_id] = (low, high)
     committed: dict[tuple[str, str], dict[int, int]] = {}
     for key, queue_id, slot in shm.groups.queues():
         topic, _, group = key.partition("@")

@@ -83,6 +83,8 @@ class Relay:
         self.up_mode = self.down_mode = "flow"
         self.rate: float | None = None
         self.hold = False
+        self.let_through: int | None = None
+        """`hold_after`: the count of accepted connections past which new ones are refused."""
         self.accepted = 0
         """Connections accepted so far (a reconnect shows here)."""
         self.forwarded = {"up": 0, "down": 0}
@@ -116,6 +118,25 @@ class Relay:
             for pair in list(self.pairs):
                 self._end(pair, reset=how == "rst")
             self.hold = hold
+
+        self._do(action)
+
+    def hold_after(self, connections: int) -> None:
+        """Let ``connections`` more connections through (a `cut` with ``hold`` lifted), then refuse
+        every new one (as that does, the open ones left as they are) until healed."""
+
+        def action() -> None:
+            self.hold = False
+            self.let_through = self.accepted + connections
+
+        self._do(action)
+
+    def retarget(self, master_port: int, master_host: str = "127.0.0.1") -> None:
+        """Connect new connections to another master at the same address the slave knows (a store
+        replaced under its master's address)."""
+
+        def action() -> None:
+            self.master = (master_host, master_port)
 
         self._do(action)
 
@@ -153,6 +174,7 @@ class Relay:
             self.up_mode = self.down_mode = "flow"
             self.rate = None
             self.hold = False
+            self.let_through = None
             while self.zombies:
                 _reset(self.zombies.pop())
 
@@ -275,7 +297,7 @@ class Relay:
         except BlockingIOError:
             return
         self.accepted += 1
-        if self.hold:
+        if self.hold or (self.let_through is not None and self.accepted > self.let_through):
             _reset(client)
             return
         try:

@@ -91,6 +91,7 @@ def test_forks_at_the_start_of_the_first_record_that_differs(
     assert outcomes[-1].verdict is Verdict.FORKED
     assert outcomes[-1].offset == master_starts[fork_index]
     assert all(o.verdict is Verdict.NEXT_PROBE for o in outcomes[:-1])
+    assert outcomes[0].differs, "other bytes at the slave's last record: its log is not the master's there"
 
 
 def test_matching_logs_hand_on_what_lies_past_the_slaves_end(
@@ -134,6 +135,7 @@ def test_nothing_at_the_probe_asks_further_back_then_refuses(
         outcome = check.feed(ha_frame.Frame(starts[3], b""))
         assert (outcome.verdict, outcome.offset) == (verdict, starts[3])
         assert f"nothing at {starts[3]}" in outcome.why
+        assert not outcome.differs, "nothing there (a master behind, or a cleaner gap) is no difference"
 
 
 def test_a_first_record_that_differs_at_the_slaves_first_byte_shares_nothing(
