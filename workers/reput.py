@@ -13,7 +13,8 @@ RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). W
 producers, committer or flusher, else every 100 ms (RocketMQ polls every 1 ms; waking on events
 keeps an idle store idle); under plain ASYNC_FLUSH it watches for the next record a little after
 a pass before sleeping (`spin_s`); under SYNC_FLUSH or with the pool its passes start at most
-every `reputBatchIntervalMs`.
+every `reputBatchIntervalMs`. Under SYNC_FLUSH it runs at nice `reputSyncFlushNice` and SCHED_IDLE
+(`reputSyncFlushSchedIdle`): off the acknowledgement path, it gives way to any woken producer.
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
 mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
 offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
@@ -194,6 +195,14 @@ class ReputService(ServiceLoop):
         producer's turn on a CPU, and reput's passes took both (its records are readable only
         at each flush anyway). Elsewhere consumers' latency runs through reput: 0."""
         return self.store.config.reput_sync_flush_nice if self.store.sync_flush else 0
+
+    def idle_scheduled(self) -> bool:
+        """`reputSyncFlushSchedIdle` under SYNC_FLUSH: at nice 19 a reput pass (~0.4 ms of CPU at
+        4 SYNC producers on 2 cores) still held its CPU until it ended, and a producer woken by
+        its flush waited it out (4 producers, put p99 0.64-2.1 ms; 0.44-0.58 under SCHED_IDLE,
+        bench/NOTES.md).
+        Its records become readable only at each flush anyway."""
+        return self.store.sync_flush and self.store.config.reput_sync_flush_sched_idle
 
     def min_pass_interval_s(self) -> float:
         """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each

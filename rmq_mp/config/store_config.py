@@ -478,6 +478,14 @@ class MessageStoreConfig:
     # CPU time they leave and still keeps up, for more consumer delay at full load (bench/NOTES.md,
     # 2026-11-26 sync20). Only raised: a reput already nicer (started under `nice`) keeps its own.
     reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
+    # rmq-mp addition: under SYNC_FLUSH reput also runs SCHED_IDLE. A CPU running only
+    # SCHED_IDLE tasks counts as idle when the kernel places a woken task, which then preempts
+    # them: a producer woken by its flush no longer waits out a reput pass (17 records and
+    # ~0.4 ms of CPU at 4 SYNC producers), which at nice 19 still held a CPU until it ended.
+    # 2-core VM, 4 producers, put p99 flushing at once 444-490 us against 713-2,096 at nice 19
+    # alone, gathering 509-581 against 641-777 (bench/NOTES.md, 2026-11-27 syncp99). Consumers
+    # wait longer for dispatch while other work keeps every CPU busy.
+    reput_sync_flush_sched_idle: bool = True
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
     # the producers its last flush woke to put again (never longer than a flush takes, and only
     # while they are at most two a CPU), so one fsync serves them all; 0 = flush as soon as a

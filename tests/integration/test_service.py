@@ -427,17 +427,26 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
         assert bodies == [b"%d" % i for i in range(1, min(sent, 33))]
 
 
-@pytest.mark.parametrize("mode", ["SYNC_FLUSH", "ASYNC_FLUSH"])
-def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "sched_idle"), [("SYNC_FLUSH", "true"), ("SYNC_FLUSH", "false"), ("ASYNC_FLUSH", "true")]
+)
+def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(
+    tmp_path: Path, mode: str, sched_idle: str
+) -> None:
     """Under SYNC_FLUSH reput's passes are off the acknowledgement path and took CPU from it: reput
-    runs at nice reputSyncFlushNice (19); the flusher, and reput under ASYNC_FLUSH (consumers'
-    latency path), at the supervisor's own. The allocator runs at nice 19 in both: its files are
-    work ahead of need."""
-    with running_service(tmp_path, flushDiskType=mode) as service:
+    runs at nice reputSyncFlushNice (19) and SCHED_IDLE (reputSyncFlushSchedIdle); the flusher,
+    and reput under ASYNC_FLUSH (consumers' latency path), at the supervisor's own nice and
+    SCHED_OTHER. The allocator runs at nice 19 in both: its files are work ahead of need."""
+    with running_service(tmp_path, flushDiskType=mode, reputSyncFlushSchedIdle=sched_idle) as service:
         base = psutil.Process(service.process.pid).nice()
         assert psutil.Process(service.worker_pid("flusher")).nice() == base
+        assert os.sched_getscheduler(service.worker_pid("flusher")) == os.SCHED_OTHER
         reput = psutil.Process(service.worker_pid("reput")).nice()
         assert reput == (max(base, 19) if mode == "SYNC_FLUSH" else base)
+        idle = mode == "SYNC_FLUSH" and sched_idle == "true"
+        assert os.sched_getscheduler(service.worker_pid("reput")) == (
+            os.SCHED_IDLE if idle else os.SCHED_OTHER
+        )
         assert psutil.Process(service.worker_pid("allocator")).nice() == max(base, 19), "work ahead of need"
 
 
