@@ -173,8 +173,9 @@ class FlusherService(ServiceLoop):
         and a flush that waits for them serves all of them in one fsync. A request's age bounds
         the wait rather than the time since the pass woke them: a put that came during the last
         fsync (left open) has already waited about half of one, and waiting a whole flush more
-        for the others made it the tail (p99 worse than flushing at once in 3 of 4 runs); so a
-        put waits at most about one flush before its own starts, as when flushing at once. The
+        for the others made it the tail (with reput SCHED_IDLE, p99 worse than flushing at once
+        in 5 of 5 pairs; 13 of 16 still, bench/NOTES.md); so a put waits about one flush at
+        most before its own starts, as when flushing at once. The
         age is counted from when this loop first sees a request (it is woken by each one), or
         from the middle of the last fsync for one left open. Only while the group is at most two
         producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU a put) before it puts
