@@ -484,8 +484,9 @@ class MessageStoreConfig:
     # ~0.4 ms of CPU at 4 SYNC producers), which at nice 19 still held a CPU until it ended.
     # 2-core VM, 4 producers, put p99 flushing at once 444-490 us against 713-2,096 at nice 19
     # alone, gathering 509-581 against 641-777 (bench/NOTES.md, 2026-11-27 syncp99). Consumers
-    # wait longer for dispatch while other work keeps every CPU busy (beside two CPU-bound
-    # processes, up to 2.5 s after the last of 3,000 sends, against 0.18 s at nice 19).
+    # wait longer for dispatch while other work keeps every CPU busy, so a pass that starts 64
+    # KiB behind runs SCHED_OTHER (beside two CPU-bound processes, up to 0.73 s after the last
+    # of 3,000 sends, against 0.21 s at nice 19 alone and 2.5 s always idle).
     reput_sync_flush_sched_idle: bool = True
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
     # the producers its last flush woke to put again (never once the oldest request waiting has

@@ -450,6 +450,40 @@ def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(
         assert psutil.Process(service.worker_pid("allocator")).nice() == max(base, 19), "work ahead of need"
 
 
+def test_reput_leaves_sched_idle_while_it_is_behind(tmp_path: Path) -> None:
+    """reputSyncFlushSchedIdle only while reput keeps up: held off the CPU (SIGSTOP) while flushed
+    SYNC puts pile up past IDLE_BACKLOG_BYTES, its next pass runs SCHED_OTHER (counted in
+    REPUT_BEHIND_PASSES) and dispatches them; a pass that starts close behind goes back to
+    SCHED_IDLE."""
+    from workers.reput import IDLE_BACKLOG_BYTES
+
+    with (
+        running_service(tmp_path, flushDiskType="SYNC_FLUSH") as service,
+        Producer.attach(service.root) as producer,
+    ):
+        reput = service.worker_pid("reput")
+        assert os.sched_getscheduler(reput) == os.SCHED_IDLE
+        assert service.read(layout.REPUT_BEHIND_PASSES) == 0
+        body = b"b" * 4096
+        os.kill(reput, signal.SIGSTOP)
+        try:
+            sent = [
+                producer.send("Behind", body, queue_id=0) for _ in range(IDLE_BACKLOG_BYTES // len(body) + 2)
+            ]
+        finally:
+            os.kill(reput, signal.SIGCONT)
+        assert all(r.status is PutMessageStatus.PUT_OK for r in sent)
+        wait_until(lambda: service.read(layout.REPUT_BEHIND_PASSES) >= 1, 10, "a pass that starts behind")
+        end = sent[-1].commit_log_offset
+        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) > end, 10, "reput to catch up")
+        assert producer.send("Behind", b"close", queue_id=0).ok
+        wait_until(
+            lambda: os.sched_getscheduler(reput) == os.SCHED_IDLE, 10, "a pass close behind: SCHED_IDLE"
+        )
+        passes = service.read(layout.REPUT_BEHIND_PASSES)
+        assert 1 <= passes <= 3, f"{passes} passes started behind"
+
+
 def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
     settings = dict(
         transientStorePoolEnable="true",
