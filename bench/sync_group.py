@@ -2,27 +2,32 @@
 
 bench.shapes' `rocketmq` SYNC row (SYNC_FLUSH, ``--producers`` processes of ``--messages`` sends
 after 500 each, tags TagA, one key as a list, 8 queues, 1 GiB files, pool off), ``--runs`` times
-on fresh stores, each printed with what a group commit holds over the timed window: sends and
+on fresh stores, each printed with its msgs/s, the send latency (p99 of the worst producer, as
+bench.shapes prints it, and p50/p99 over every send) and what a group commit holds over the timed window: sends and
 bytes per fsync (the store's put and flush counters), the wall time per fsync, and the CPU each
 process used (flusher, reput, allocator, the producers together). ``--gather-us`` sets `syncFlushGatherMaxUs` (repeated: the values alternate run by
 run, for a same-machine A/B; 0 is RocketMQ's flush-at-once). ``--settle`` starts timing
 only once the allocator is idle (its files warmed: steady state); without it the window may
-overlap the warming of the first 3 GiB, as bench.shapes' row does. The RocketMQ figure beside
+overlap the warming of the first 3 GiB, as bench.shapes' row does. With two ``--gather-us``
+values it ends with the pairs side by side (run 1 against 2, 3 against 4, ...): each one's
+msgs/s ratio and whether the second's p99 is no worse. The RocketMQ figure beside
 it is the issue's (17.8k msgs/s, 4 Java threads, another day): not same-run.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import psutil
 
 from bench.service import RunningService, running_service, wait_until
-from bench.shapes import ROCKETMQ_SYNC_MSGS_S, rocketmq_worker
+from bench.shapes import ROCKETMQ_SYNC_MSGS_S, TOPIC
 from bench.store import CTX
 from shm import layout
 
@@ -41,6 +46,27 @@ def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
             total += t.user + t.system
         used[role] = total
     return used
+
+
+def sync_worker(name: str, messages: int, warmup: int, start: Any, out: Any) -> None:
+    """bench.shapes' `rocketmq_worker` (tags TagA, one key as a list, 8 queues in turn), handing
+    back every send's latency (us), so the run's percentiles pool all producers."""
+    from rmq_mp.put.producer import Producer
+
+    body = os.urandom(128)
+    latencies = np.empty(messages, dtype=np.float64)
+    failures = 0
+    with Producer.attach(name) as producer:
+        for i in range(warmup):
+            failures += not producer.send(TOPIC, body, tags="TagA", keys=[f"k{i}"], queue_id=i & 7).ok
+        start.wait()
+        began = time.perf_counter()
+        for i in range(messages):
+            t = time.perf_counter_ns()
+            failures += not producer.send(TOPIC, body, tags="TagA", keys=[f"key-{i}"], queue_id=i & 7).ok
+            latencies[i] = (time.perf_counter_ns() - t) / 1000
+        elapsed = time.perf_counter() - began
+    out.put((messages, failures, elapsed, latencies))
 
 
 def _allocator_idle(service: RunningService) -> bool:
@@ -66,7 +92,7 @@ def one_run(
         out = CTX.Queue()
         start = CTX.Barrier(producers + 1)
         procs = [
-            CTX.Process(target=rocketmq_worker, args=(service.names.base, messages, 500, start, out))
+            CTX.Process(target=sync_worker, args=(service.names.base, messages, 500, start, out))
             for _ in range(producers)
         ]
         for p in procs:
@@ -88,9 +114,12 @@ def one_run(
             assert p.exitcode == 0, f"producer exited {p.exitcode}"
     wall_s = max(r[2] for r in results)
     sends, fsyncs, flushed_bytes = (a - b for a, b in zip(after, before, strict=True))
+    pooled = np.concatenate([r[3] for r in results])
     return {
         "msgs_s": sum(r[0] for r in results) / wall_s,
-        "p99_us": max(r[3] for r in results),
+        "p99_us": max(float(np.percentile(r[3], 99)) for r in results),
+        "pooled_p50_us": float(np.percentile(pooled, 50)),
+        "pooled_p99_us": float(np.percentile(pooled, 99)),
         "failures": sum(r[1] for r in results),
         "sends_per_fsync": sends / max(fsyncs, 1),
         "bytes_per_fsync": flushed_bytes / max(fsyncs, 1),
@@ -117,10 +146,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     args = parser.parse_args(argv)
     gathers = args.gather_us or [500]
+    runs: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix="bench-sync-group-") as tmp:
         for run in range(args.runs):
             gather_us = gathers[run % len(gathers)]
             r = one_run(Path(tmp), run, args.producers, args.messages, args.file_mib, args.settle, gather_us)
+            runs.append(r)
             cpu = " ".join(
                 f"{role} {r['cpu_us_per_send'][role]:.0f} us ({r['cpu_cores'][role]:.2f} cores)"
                 for role in r["cpu_cores"]
@@ -128,12 +159,37 @@ def main(argv: list[str] | None = None) -> int:
             print(
                 f"gather {gather_us:>3} us, SYNC {args.producers} producers: {r['msgs_s'] / 1e3:.1f}k msgs/s "
                 f"({r['msgs_s'] / ROCKETMQ_SYNC_MSGS_S:.2f}x the issue's RocketMQ 17.8k, NOT same-run), "
-                f"p99 {r['p99_us']:.0f} us, failures {r['failures']}; "
+                f"p99 {r['p99_us']:.0f} us (the worst producer's; all sends: p50 {r['pooled_p50_us']:.0f}, "
+                f"p99 {r['pooled_p99_us']:.0f}), failures {r['failures']}; "
                 f"{r['sends_per_fsync']:.2f} sends / {r['bytes_per_fsync']:.0f} B per fsync, "
                 f"{r['us_per_fsync']:.0f} us per fsync; CPU per send: {cpu}",
                 flush=True,
             )
+    if len(gathers) == 2:
+        _pairs(gathers, runs)
     return 0
+
+
+def _pairs(gathers: list[int], runs: list[dict[str, Any]]) -> None:
+    """The A/B side by side: each pair's msgs/s ratio, p99s (the worst producer's, and over all
+    sends) and whether the second setting's is no worse; medians of msgs/s."""
+    pairs = list(zip(runs[0::2], runs[1::2], strict=False))
+    held = held_pooled = 0
+    for i, (a, b) in enumerate(pairs, 1):
+        held += b["p99_us"] <= a["p99_us"]
+        held_pooled += b["pooled_p99_us"] <= a["pooled_p99_us"]
+        print(
+            f"pair {i}: {a['msgs_s'] / 1e3:.1f}k / {b['msgs_s'] / 1e3:.1f}k msgs/s ({b['msgs_s'] / a['msgs_s']:.2f}x), "
+            f"p99 {a['p99_us']:.0f} / {b['p99_us']:.0f} us (all sends {a['pooled_p99_us']:.0f} / "
+            f"{b['pooled_p99_us']:.0f}), p50 {a['pooled_p50_us']:.0f} / {b['pooled_p50_us']:.0f}, "
+            f"{a['sends_per_fsync']:.2f} / {b['sends_per_fsync']:.2f} puts per fsync"
+        )
+    if pairs:
+        medians = [float(np.median([p[k]["msgs_s"] for p in pairs])) / 1e3 for k in (0, 1)]
+        print(
+            f"gather {gathers[0]} / {gathers[1]} us: median {medians[0]:.1f}k / {medians[1]:.1f}k msgs/s; "
+            f"{gathers[1]} us's p99 no worse in {held} of {len(pairs)} pairs ({held_pooled} over all sends)"
+        )
 
 
 if __name__ == "__main__":

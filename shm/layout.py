@@ -529,6 +529,12 @@ QUEUE_RESETS = _f(
     "cleaner publishes a queue minimum, and deletes its files, only if it held still since the plan",
 )  # fmt: skip
 
+# Slot 508: reput's scheduling under SYNC_FLUSH (workers/reput.py `follow_backlog`).
+REPUT_BEHIND_PASSES = _f(
+    "reput_behind_passes", 508, Role.REPUT,
+    doc="reputSyncFlushSchedIdle: passes that started IDLE_BACKLOG_BYTES behind and so left SCHED_IDLE",
+)  # fmt: skip
+
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""
 

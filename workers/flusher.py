@@ -5,7 +5,8 @@ Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeServ
 (RocketMQ 4.9.8 does: issue #2706); the failure is counted and waiting producers time out.
 
 - SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): wait
-  for the producers the last flush woke to put again (`gather`, bounded by a flush's duration),
+  for the producers the last flush woke to put again (`gather`, while the oldest request waiting
+  is younger than a flush's duration),
   flush ``[flushed, wrote)``, then complete every open request (the tickets after the last one
   answered) at or below the flushed offset and time out those past their deadline (the
   watcher's job); wake reput, since under SYNC_FLUSH consumers see only flushed records.
@@ -62,7 +63,7 @@ class FlusherService(ServiceLoop):
         self.gather_group_max = 2 * (os.cpu_count() or 1)
         """The most producers a gather waits for (`gather`)."""
         self.fsync_s = 0.0
-        """A moving average of one flush's duration: what gathering may cost at most."""
+        """A moving average of one flush's duration: how long a request may wait for a gather."""
 
     def interval_s(self) -> float:
         cfg = self.store.config
@@ -163,31 +164,47 @@ class FlusherService(ServiceLoop):
             self.left_open = last_ticket - self.answered_through
 
     def gather(self) -> None:
-        """SYNC: before a flush, wait for the waiters the last pass woke to put again, bounded by
-        one flush's duration (`syncFlushGatherMaxUs` at most). Each producer waits for its own put's flush
+        """SYNC: before a flush, wait for the waiters the last pass woke to put again, while the
+        oldest request waiting is younger than one flush (a moving average) and for at most
+        `syncFlushGatherMaxUs` after that pass. Each producer waits for its own put's flush
         before it sends again, so flushing as soon as one request is there splits the producers
         into two groups that alternate, each waiting through the other's fsync (2.25 requests
         per fsync with 4 producers, bench/NOTES.md); they return within tens of microseconds,
-        and a flush that waits for them serves all of them in one fsync. Waiting longer than a
-        flush takes never pays (the late ones would be served by the next one as soon), and a
-        producer that does not put again costs at most that bound once. Only while the group is
-        at most two producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU a put)
-        before it puts again, and with 8 producers on 2 cores the last ones came back about a
-        flush later, so waiting for them cost 0.85x the throughput (bench/NOTES.md), while
-        flushing at once already served about half of them. Sleeps on the wakeup semaphore,
-        woken by each new request: no busy wait."""
+        and a flush that waits for them serves all of them in one fsync. A request's age bounds
+        the wait rather than the time since the pass woke them: a put that came during the last
+        fsync (left open) has already waited about half of one, and waiting a whole flush more
+        for the others made it the tail (with reput SCHED_IDLE, p99 worse than flushing at once
+        in 5 of 5 pairs; 13 of 16 still, bench/NOTES.md); so a put waits about one flush at
+        most before its own starts, as when flushing at once. The
+        age is counted from when this loop first sees a request (it is woken by each one), or
+        from the middle of the last fsync for one left open. Only while the group is at most two
+        producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU a put) before it puts
+        again, and with 8 producers on 2 cores the last ones came back about a flush later, so
+        waiting for them cost 0.85x the throughput (bench/NOTES.md), while flushing at once
+        already served about half of them. Sleeps on the wakeup semaphore, woken by each new
+        request: no busy wait."""
         expected = self.woken
         self.woken = 0
         if expected <= 0 or self.gather_max_s <= 0 or expected + self.left_open > self.gather_group_max:
             return
-        deadline = self.woken_at + min(self.fsync_s, self.gather_max_s)
+        flush_s = self.fsync_s
+        cap = self.woken_at + self.gather_max_s
+        oldest = self.woken_at - flush_s / 2 if self.left_open else 0.0
+        """When the oldest request waiting came (0.0: none yet)."""
         since = self.woken_after_ticket
+        seq = self.table.get
 
         def gathered() -> bool:
-            return self.table.get(layout.FLUSH_REQUEST_SEQ) - since >= expected
+            return seq(layout.FLUSH_REQUEST_SEQ) - since >= expected
 
-        while not gathered() and (remaining := deadline - time.monotonic()) > 0:
-            self.wakeup.wait(remaining, gathered)
+        while not gathered():
+            now = time.monotonic()
+            if not oldest and seq(layout.FLUSH_REQUEST_SEQ) > since:
+                oldest = now
+            deadline = min(cap, oldest + flush_s) if oldest else cap
+            if deadline <= now:
+                return
+            self.wakeup.wait(deadline - now, gathered)
 
     def do_work(self) -> None:
         if self.sync:

@@ -13,7 +13,9 @@ RocketMQ: an msync of the whole mapping stalled dispatch 3-4 ms every second). W
 producers, committer or flusher, else every 100 ms (RocketMQ polls every 1 ms; waking on events
 keeps an idle store idle); under plain ASYNC_FLUSH it watches for the next record a little after
 a pass before sleeping (`spin_s`); under SYNC_FLUSH or with the pool its passes start at most
-every `reputBatchIntervalMs`.
+every `reputBatchIntervalMs`. Under SYNC_FLUSH it runs at nice `reputSyncFlushNice` and SCHED_IDLE
+(`reputSyncFlushSchedIdle`): off the acknowledgement path, it gives way to any woken producer,
+while it keeps up (`follow_backlog`).
 When the cleaner deleted ConsumeQueue and index files below the CommitLog minimum, drops its
 mappings of them (a mapping keeps a deleted file's disk space) and takes the queues' new minimum
 offsets. Final pass: dispatch to the end, flush queues, index and checkpoint.
@@ -39,6 +41,7 @@ still stops dispatch at the valid end.
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import time
 from collections.abc import Callable
@@ -65,6 +68,10 @@ from workers.topic_delete import crash_point
 
 log = logging.getLogger("rmq_mp.reput")
 MAX_RECORDS_PER_PASS = 20_000
+IDLE_BACKLOG_BYTES = 64 << 10
+"""Under `reputSyncFlushSchedIdle`, a pass that starts this far behind the readable end runs
+SCHED_OTHER (at its nice value) until one starts closer: a prompt reput is 1-2 ms of puts
+behind (~8 KiB a ms at 30k SYNC puts/s), one kept off the CPU by other work much further."""
 SPIN_S = 0.0002
 SMALL_PASS_RECORDS = 32
 """Records a pass dispatches one by one before it turns to batches with the numpy decoder
@@ -114,6 +121,10 @@ class ReputService(ServiceLoop):
 
     def on_start(self) -> None:
         cfg = self.store.config
+        self.sched_idle_now: bool | None = (
+            os.sched_getscheduler(0) == os.SCHED_IDLE if self.idle_scheduled() else None
+        )
+        """Whether reput runs SCHED_IDLE now (`follow_backlog`); None when it never does."""
         paths = self.store.paths
         reporter = Reporter()
         self.cq_table = ConsumeQueueTable(
@@ -194,6 +205,14 @@ class ReputService(ServiceLoop):
         producer's turn on a CPU, and reput's passes took both (its records are readable only
         at each flush anyway). Elsewhere consumers' latency runs through reput: 0."""
         return self.store.config.reput_sync_flush_nice if self.store.sync_flush else 0
+
+    def idle_scheduled(self) -> bool:
+        """`reputSyncFlushSchedIdle` under SYNC_FLUSH: at nice 19 a reput pass (~0.4 ms of CPU at
+        4 SYNC producers on 2 cores) still held its CPU until it ended, and a producer woken by
+        its flush waited it out (4 producers, put p99 0.64-2.1 ms; 0.44-0.58 under SCHED_IDLE,
+        bench/NOTES.md).
+        Its records become readable only at each flush anyway."""
+        return self.store.sync_flush and self.store.config.reput_sync_flush_sched_idle
 
     def min_pass_interval_s(self) -> float:
         """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each
@@ -611,7 +630,25 @@ class ReputService(ServiceLoop):
         if self.index is not None:
             self.index.drop_deleted_files()
 
+    def follow_backlog(self) -> None:
+        """`reputSyncFlushSchedIdle`: SCHED_IDLE only while reput keeps up. Beside CPU-bound
+        processes a SCHED_IDLE reput got so little CPU that 3,000 SYNC sends were dispatched up
+        to 2.5 s after the last (0.18 s at nice 19, bench/NOTES.md); a pass that starts
+        `IDLE_BACKLOG_BYTES` behind runs at its nice value under SCHED_OTHER instead."""
+        behind = self.store.readable_end() - self.table.get(layout.REPUT_FROM_OFFSET)
+        idle = behind < IDLE_BACKLOG_BYTES
+        if not idle:
+            self.table.add(layout.REPUT_BEHIND_PASSES, 1)
+        if idle != self.sched_idle_now:
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE if idle else os.SCHED_OTHER, os.sched_param(0))
+            except OSError:  # refused (a sandbox): the nice value alone, as at start
+                return
+            self.sched_idle_now = idle
+
     def do_work(self) -> None:
+        if self.sched_idle_now is not None:
+            self.follow_backlog()
         self.drop_deleted_files()
         self.last_pass_records = self.dispatch()
         while self.last_pass_records >= MAX_RECORDS_PER_PASS:

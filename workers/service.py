@@ -1,6 +1,7 @@
 """ServiceLoop: the one shape every worker process has (RocketMQ's ServiceThread).
 
-    start: attach to the store's shared memory in the worker's role, `nice()`, `on_start()`, post the
+    start: attach to the store's shared memory in the worker's role, `nice()` and the scheduling
+           policy (`idle_scheduled()`, `batch_scheduled`), `on_start()`, post the
            ready semaphore (the supervisor's start handshake), state READY;
     loop:  at least `min_pass_interval_s()` after the last pass began, unless `has_work()`, wait
            on the wakeup semaphore with a timeout of `interval_s()`; `do_work()`, heartbeat;
@@ -82,6 +83,12 @@ class ServiceLoop:
         bursts delay those on it. Only ever raised (an unprivileged process cannot lower it)."""
         return 0
 
+    def idle_scheduled(self) -> bool:
+        """Run under SCHED_IDLE: a worker off the latency path whose passes must give way at
+        once to any task woken beside it (a CPU running only SCHED_IDLE tasks counts as idle
+        when the kernel places a woken task). Takes precedence over `batch_scheduled`."""
+        return False
+
     def min_pass_interval_s(self) -> float:
         """Passes start at least this far apart: a worker whose work comes in bursts and costs
         mostly per pass (reput under SYNC_FLUSH) does more of it per pass, for less CPU."""
@@ -122,7 +129,12 @@ class ServiceLoop:
         set_thread_name(f"rmq-{self.role}")
         if (nice := self.nice()) > os.getpriority(os.PRIO_PROCESS, 0):
             os.setpriority(os.PRIO_PROCESS, 0, nice)
-        if self.batch_scheduled:
+        if self.idle_scheduled():
+            try:
+                os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+            except OSError as exc:  # a sandbox that refuses it: the nice value alone, as before
+                log.warning("%s: SCHED_IDLE refused (%s): running at nice %d", self.role, exc, nice)
+        elif self.batch_scheduled:
             os.sched_setscheduler(0, os.SCHED_BATCH, os.sched_param(0))
         self.set_state(layout.W_STARTING)
         self.on_start()

@@ -478,11 +478,22 @@ class MessageStoreConfig:
     # CPU time they leave and still keeps up, for more consumer delay at full load (bench/NOTES.md,
     # 2026-11-26 sync20). Only raised: a reput already nicer (started under `nice`) keeps its own.
     reput_sync_flush_nice: int = _prop(19, ge=0, le=19)
+    # rmq-mp addition: under SYNC_FLUSH reput also runs SCHED_IDLE. A CPU running only
+    # SCHED_IDLE tasks counts as idle when the kernel places a woken task, which then preempts
+    # them: a producer woken by its flush no longer waits out a reput pass (17 records and
+    # ~0.4 ms of CPU at 4 SYNC producers), which at nice 19 still held a CPU until it ended.
+    # 2-core VM, 4 producers, put p99 flushing at once 444-490 us against 713-2,096 at nice 19
+    # alone, gathering 509-581 against 641-777 (bench/NOTES.md, 2026-11-27 syncp99). Consumers
+    # wait longer for dispatch while other work keeps every CPU busy, so a pass that starts 64
+    # KiB behind runs SCHED_OTHER (beside two CPU-bound processes, up to 0.73 s after the last
+    # of 3,000 sends, against 0.21 s at nice 19 alone and 2.5 s always idle).
+    reput_sync_flush_sched_idle: bool = True
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
-    # the producers its last flush woke to put again (never longer than a flush takes, and only
-    # while they are at most two a CPU), so one fsync serves them all; 0 = flush as soon as a
+    # the producers its last flush woke to put again (never once the oldest request waiting has
+    # waited a flush's duration, and only while they are at most two a CPU), so one fsync serves
+    # them all (bench/NOTES.md, 2026-11-27 syncgrp and syncp99); 0 = flush as soon as a
     # request waits (RocketMQ's GroupCommitService), which splits closed-loop producers into two
-    # groups that each wait through the other's fsync (bench/NOTES.md, 2026-11-27 syncgrp).
+    # groups that each wait through the other's fsync.
     sync_flush_gather_max_us: int = _prop(500, ge=0, le=100_000)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
     # start, 264 B of shared memory each). A send to one more queue is refused

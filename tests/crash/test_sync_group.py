@@ -1,6 +1,7 @@
 """Group commit under SYNC_FLUSH with producers that each wait for their own put's flush (a
-closed loop, as every SYNC sender is): the flusher waits, up to one flush's duration
-(`syncFlushGatherMaxUs` at most), for the producers its last flush woke to put again, so one
+closed loop, as every SYNC sender is): the flusher waits, while the oldest request waiting is
+younger than one flush's duration (`syncFlushGatherMaxUs` at most), for the producers its last
+flush woke to put again, so one
 fsync serves all of them. Without it (0, RocketMQ's GroupCommitService) a flush starts as soon
 as one request waits and the others wait through it: on a disk (bench.sync_group) the producers
 split into two groups that alternate, about two puts per fsync with four producers; here, where

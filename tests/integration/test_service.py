@@ -427,18 +427,61 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
         assert bodies == [b"%d" % i for i in range(1, min(sent, 33))]
 
 
-@pytest.mark.parametrize("mode", ["SYNC_FLUSH", "ASYNC_FLUSH"])
-def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(tmp_path: Path, mode: str) -> None:
+@pytest.mark.parametrize(
+    ("mode", "sched_idle"), [("SYNC_FLUSH", "true"), ("SYNC_FLUSH", "false"), ("ASYNC_FLUSH", "true")]
+)
+def test_reput_runs_at_reput_sync_flush_nice_under_sync_flush_only(
+    tmp_path: Path, mode: str, sched_idle: str
+) -> None:
     """Under SYNC_FLUSH reput's passes are off the acknowledgement path and took CPU from it: reput
-    runs at nice reputSyncFlushNice (19); the flusher, and reput under ASYNC_FLUSH (consumers'
-    latency path), at the supervisor's own. The allocator runs at nice 19 in both: its files are
-    work ahead of need."""
-    with running_service(tmp_path, flushDiskType=mode) as service:
+    runs at nice reputSyncFlushNice (19) and SCHED_IDLE (reputSyncFlushSchedIdle); the flusher,
+    and reput under ASYNC_FLUSH (consumers' latency path), at the supervisor's own nice and
+    SCHED_OTHER. The allocator runs at nice 19 in both: its files are work ahead of need."""
+    with running_service(tmp_path, flushDiskType=mode, reputSyncFlushSchedIdle=sched_idle) as service:
         base = psutil.Process(service.process.pid).nice()
         assert psutil.Process(service.worker_pid("flusher")).nice() == base
+        assert os.sched_getscheduler(service.worker_pid("flusher")) == os.SCHED_OTHER
         reput = psutil.Process(service.worker_pid("reput")).nice()
         assert reput == (max(base, 19) if mode == "SYNC_FLUSH" else base)
+        idle = mode == "SYNC_FLUSH" and sched_idle == "true"
+        assert os.sched_getscheduler(service.worker_pid("reput")) == (
+            os.SCHED_IDLE if idle else os.SCHED_OTHER
+        )
         assert psutil.Process(service.worker_pid("allocator")).nice() == max(base, 19), "work ahead of need"
+
+
+def test_reput_leaves_sched_idle_while_it_is_behind(tmp_path: Path) -> None:
+    """reputSyncFlushSchedIdle only while reput keeps up: held off the CPU (SIGSTOP) while flushed
+    SYNC puts pile up past IDLE_BACKLOG_BYTES, its next pass runs SCHED_OTHER (counted in
+    REPUT_BEHIND_PASSES) and dispatches them; a pass that starts close behind goes back to
+    SCHED_IDLE."""
+    from workers.reput import IDLE_BACKLOG_BYTES
+
+    with (
+        running_service(tmp_path, flushDiskType="SYNC_FLUSH") as service,
+        Producer.attach(service.root) as producer,
+    ):
+        reput = service.worker_pid("reput")
+        assert os.sched_getscheduler(reput) == os.SCHED_IDLE
+        assert service.read(layout.REPUT_BEHIND_PASSES) == 0
+        body = b"b" * 4096
+        os.kill(reput, signal.SIGSTOP)
+        try:
+            sent = [
+                producer.send("Behind", body, queue_id=0) for _ in range(IDLE_BACKLOG_BYTES // len(body) + 2)
+            ]
+        finally:
+            os.kill(reput, signal.SIGCONT)
+        assert all(r.status is PutMessageStatus.PUT_OK for r in sent)
+        wait_until(lambda: service.read(layout.REPUT_BEHIND_PASSES) >= 1, 10, "a pass that starts behind")
+        end = sent[-1].commit_log_offset
+        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) > end, 10, "reput to catch up")
+        assert producer.send("Behind", b"close", queue_id=0).ok
+        wait_until(
+            lambda: os.sched_getscheduler(reput) == os.SCHED_IDLE, 10, "a pass close behind: SCHED_IDLE"
+        )
+        passes = service.read(layout.REPUT_BEHIND_PASSES)
+        assert 1 <= passes <= 3, f"{passes} passes started behind"
 
 
 def test_async_pool_commit_flush_and_exhaustion(tmp_path: Path) -> None:
