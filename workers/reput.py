@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import logging
 import os
+import resource
 import sys
 import time
 from collections.abc import Callable
@@ -63,7 +64,7 @@ from rmq_mp.store.topic_deletion import remove_old_queues
 from shm import layout
 from shm import queue_offsets as qo
 from shm import waiters as wt
-from workers.service import ServiceLoop, main
+from workers.service import ServiceLoop, can_leave_sched_idle, main
 from workers.topic_delete import crash_point
 
 log = logging.getLogger("rmq_mp.reput")
@@ -118,6 +119,8 @@ class Quarantine:
 
 class ReputService(ServiceLoop):
     role = "reput"
+    _can_leave_idle: bool | None = None
+    """`can_leave_sched_idle`, asked once."""
 
     def on_start(self) -> None:
         cfg = self.store.config
@@ -211,8 +214,21 @@ class ReputService(ServiceLoop):
         4 SYNC producers on 2 cores) still held its CPU until it ended, and a producer woken by
         its flush waited it out (4 producers, put p99 0.64-2.1 ms; 0.44-0.58 under SCHED_IDLE,
         bench/NOTES.md).
-        Its records become readable only at each flush anyway."""
-        return self.store.sync_flush and self.store.config.reput_sync_flush_sched_idle
+        Its records become readable only at each flush anyway. Only where it can leave
+        SCHED_IDLE again (`follow_backlog`; an unprivileged process cannot: `can_leave_sched_idle`),
+        or CPU-bound neighbours could keep it off the CPU for good."""
+        if not (self.store.sync_flush and self.store.config.reput_sync_flush_sched_idle):
+            return False
+        if self._can_leave_idle is None:
+            self._can_leave_idle = can_leave_sched_idle(self.nice())
+            if not self._can_leave_idle:
+                log.info(
+                    "reputSyncFlushSchedIdle: not used, this process could not leave SCHED_IDLE when "
+                    "behind (no CAP_SYS_NICE, RLIMIT_NICE %d): nice %d alone",
+                    resource.getrlimit(resource.RLIMIT_NICE)[0],
+                    self.nice(),
+                )
+        return self._can_leave_idle
 
     def min_pass_interval_s(self) -> float:
         """`reputBatchIntervalMs` where records become readable in bursts (SYNC_FLUSH: at each

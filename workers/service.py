@@ -19,6 +19,7 @@ import ctypes
 import ctypes.util
 import logging
 import os
+import resource
 import signal
 import sys
 import time
@@ -42,6 +43,27 @@ def set_thread_name(name: str) -> None:
     """What `top` and `ps -o comm` show (15 bytes)."""
     libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
     libc.prctl(_PR_SET_NAME, name.encode()[:15], 0, 0, 0)
+
+
+CAP_SYS_NICE = 23
+
+
+def can_leave_sched_idle(nice: int) -> bool:
+    """Whether this process, once SCHED_IDLE, could return to SCHED_OTHER at ``nice``. Linux
+    treats SCHED_IDLE as nice 20, so leaving it is a priority raise: allowed with CAP_SYS_NICE,
+    else only where RLIMIT_NICE permits that nice value (20 - nice <= the limit, which is 0 by
+    default: an unprivileged process never leaves it)."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NICE)
+    if soft == resource.RLIM_INFINITY or 20 - nice <= soft:
+        return True
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith("CapEff:"):
+                    return bool(int(line.split()[1], 16) >> CAP_SYS_NICE & 1)
+    except OSError:
+        pass
+    return False
 
 
 class ServiceLoop:

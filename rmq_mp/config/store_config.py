@@ -486,7 +486,9 @@ class MessageStoreConfig:
     # alone, gathering 509-581 against 641-777 (bench/NOTES.md, 2026-11-27 syncp99). Consumers
     # wait longer for dispatch while other work keeps every CPU busy, so a pass that starts 64
     # KiB behind runs SCHED_OTHER (beside two CPU-bound processes, up to 0.73 s after the last
-    # of 3,000 sends, against 0.21 s at nice 19 alone and 2.5 s always idle).
+    # of 3,000 sends, against 0.21 s at nice 19 alone and 2.5 s always idle). Only where reput
+    # can leave SCHED_IDLE again (root, CAP_SYS_NICE, or RLIMIT_NICE >= 20 - reputSyncFlushNice);
+    # an unprivileged process cannot, so there it runs at the nice value alone (logged once).
     reput_sync_flush_sched_idle: bool = True
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
     # the producers its last flush woke to put again (never once the oldest request waiting has
