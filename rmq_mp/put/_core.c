@@ -853,9 +853,9 @@ static inline void crc_reserve(const Sender *s, uint8_t *q) {
  * x^8 mod P each. The fields the lock fixes lie in [20, 64) (QUEUEOFFSET, PHYSICALOFFSET,
  * STORETIMESTAMP after an IPv4 born host, the only kind the core puts). So before the lock the
  * CRC of the record with those fields guessed (crc_guess: what one producer's put gets), its
- * digits, and per record length what each changed 32-bit word multiplies by (crc_prepare); under
- * the lock six words compared and, where the guess was wrong, six carry-less products, one
- * reduction and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
+ * digits, and per record length x^(8 (N - 64)) (crc_prepare); under the lock the three fields
+ * compared with their guesses and, where a guess was wrong, six carry-less products, two
+ * reductions and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
  * Without PCLMULQDQ: the XOR of the 44 bytes by table, one multiplication by loop. */
 #define CRC_WINDOW_AT POS_QUEUE_OFFSET
 #define CRC_WINDOW_END (POS_STORE_TIMESTAMP + 8)
