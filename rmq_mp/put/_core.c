@@ -27,8 +27,9 @@
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
  *   properties, its CRC and digits computed before the put lock over the lock's fields as
  *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
- *   crc_guess, crc_prepare, crc_fill_prepared); a body from 256 B read once, its CRC-32 from
- *   the body CRC field's pass combined with the header's and the rest's (crc_prepare_split).
+ *   crc_guess, crc_prepare, crc_fill_prepared); a send's body read once, its pass giving the
+ *   body CRC field and, combined with the header's and the rest's, the record's
+ *   (crc_record_encoded).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -245,17 +246,16 @@ static inline Py_ssize_t fixed_size(const Hosts *h) { return 80 + h->store_ip_le
 #define POS_STORE_TIMESTAMP (POS_BORN_HOST + 8)
 
 /* One record with QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP 0 (patched under the lock).
- * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. `body_crc` (may be
- * NULL) gets the body's CRC-32 before the field's mask (the whole-record CRC reuses it:
- * crc_prepare). */
+ * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. With `body_crc_later`
+ * the body CRC field is left 0: the whole-record CRC's pass fills it (crc_prepare, one pass
+ * over the body for both CRCs). */
 static Py_ssize_t encode_into(uint8_t *out, const Hosts *h, const uint8_t *topic_field, Py_ssize_t topic_len,
                               const uint8_t *body, Py_ssize_t body_len, int32_t queue_id, int32_t flag,
-                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len, uint32_t *body_crc) {
+                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len, int body_crc_later) {
     Py_ssize_t fixed = fixed_size(h);
     Py_ssize_t total = fixed + body_len + topic_len + 2 + props_len;
     uint8_t *p = out;
-    uint32_t crc = body_len ? crc32_of(0, body, (size_t)body_len) : 0;
-    if (body_crc) *body_crc = crc;
+    uint32_t crc = body_len && !body_crc_later ? crc32_of(0, body, (size_t)body_len) : 0;
     put32(p, (uint32_t)total);
     put32(p + 4, (uint32_t)MESSAGE_MAGIC_CODE);
     put32(p + 8, crc & 0x7FFFFFFFu);
@@ -491,7 +491,7 @@ static PyObject *py_encode_own(PyObject *self, PyObject *args) {
     out = PyByteArray_FromStringAndSize(NULL, total);
     if (out)
         encode_into((uint8_t *)PyByteArray_AS_STRING(out), &h, topic_field.buf, topic_field.len, body.buf,
-                    body.len, (int32_t)queue_id, (int32_t)flag, born_ms, props.buf, props.len, NULL);
+                    body.len, (int32_t)queue_id, (int32_t)flag, born_ms, props.buf, props.len, 0);
 done:
     PyBuffer_Release(&topic_field);
     PyBuffer_Release(&body);
@@ -588,16 +588,14 @@ typedef struct {
 } Replica;
 
 typedef struct {
-    Py_ssize_t covered; /* the record length these are for; 0: none yet */
-    uint32_t shift;     /* x^(8 (covered - 64)) mod P */
-    uint32_t ones;      /* ~0 * x^(8 covered) mod P */
-    uint32_t factor[6]; /* CrcPrepared.factor */
-    /* the record in three (crc_prepare_split): for `fixed` header bytes, then `after` bytes past
-     * the body, `covered` in all */
-    Py_ssize_t split_fixed, split_after, split_covered;
-    uint32_t head_ones;  /* ~0 * x^(8 fixed) ^ ~0 mod P */
-    uint32_t head_shift; /* x^(8 (covered - fixed)) mod P: the header's CRC past body and rest */
-    uint32_t body_shift; /* x^(8 after) mod P: the body's past the rest */
+    /* the record shape these are for (crc_state_for): covered 0: none yet; body_len -1: read whole */
+    Py_ssize_t covered, fixed, body_len;
+    uint32_t shift;        /* x^(8 (covered - 64)) mod P */
+    uint32_t ones;         /* ~0 * x^(8 covered) mod P */
+    uint32_t head_shift;   /* x^(8 (covered - fixed)): the header's raw CRC past body and rest */
+    uint32_t after_shift;  /* x^(8 (covered - fixed - body_len)): the body's past the rest */
+    uint32_t field_factor; /* x^(8 (covered - 8)): the body CRC field's word */
+    uint32_t body_ones;    /* ~0 * x^(8 body_len): the body's CRC-32 from its raw CRC */
 } CrcState;
 
 typedef struct {
@@ -664,11 +662,10 @@ typedef struct {
     Py_ssize_t batch_failed;
     int64_t batch_hold_ns;
     Py_ssize_t *starts; /* a batch's record starts in scratch */
-    uint32_t *body_crcs; /* and their bodies' CRC-32s (encode_into), as many */
     size_t starts_len;
     struct CrcPrepared *crc_pre; /* a batch's CRCs computed before the lock (crc_prepare) */
     size_t crc_pre_len;
-    CrcState crc_state; /* the last record length's constants (crc_prepare) */
+    CrcState crc_state; /* the last record shape's constants (crc_prepare) */
     long long crc_misses; /* records whose guessed lock fields were wrong (crc_fill_prepared corrected) */
     int closed;
     Replica rep; /* SYNC_MASTER */
@@ -766,7 +763,6 @@ static void Sender_dealloc(Sender *s) {
     PyMem_Free(s->pbuf);
     PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
-    PyMem_Free(s->body_crcs);
     PyMem_Free(s->crc_pre);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
@@ -857,9 +853,9 @@ static inline void crc_reserve(const Sender *s, uint8_t *q) {
  * x^8 mod P each. The fields the lock fixes lie in [20, 64) (QUEUEOFFSET, PHYSICALOFFSET,
  * STORETIMESTAMP after an IPv4 born host, the only kind the core puts). So before the lock the
  * CRC of the record with those fields guessed (crc_guess: what one producer's put gets), its
- * digits, and per record length what each changed 32-bit word multiplies by (crc_prepare); under
- * the lock six words compared and, where the guess was wrong, six carry-less products, one
- * reduction and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
+ * digits, and per record length x^(8 (N - 64)) (crc_prepare); under the lock the three fields
+ * compared with their guesses and, where a guess was wrong, six carry-less products, two
+ * reductions and the digits again (crc_fill_prepared), the same few ns whatever the body's size.
  * Without PCLMULQDQ: the XOR of the 44 bytes by table, one multiplication by loop. */
 #define CRC_WINDOW_AT POS_QUEUE_OFFSET
 #define CRC_WINDOW_END (POS_STORE_TIMESTAMP + 8)
@@ -940,10 +936,8 @@ static uint32_t crc_shift_of(uint64_t n) {
 }
 
 typedef struct CrcPrepared {
-    uint32_t crc;       /* the CRC of the record's first N bytes as encoded */
-    uint32_t shift;     /* x^(8 (N - 64)) mod P */
-    uint32_t factor[6]; /* x^(8 (N - CRC_WORD_AT[k])) mod P: what the word at k multiplies by */
-    uint8_t window[CRC_WINDOW_END - CRC_WINDOW_AT]; /* [20, 64) as encoded */
+    uint32_t crc;   /* the CRC of the record's first N bytes with the lock's fields as guessed */
+    uint32_t shift; /* x^(8 (N - 64)) mod P: what the raw CRC of a change in [20, 64) multiplies by */
 } CrcPrepared;
 
 /* The raw CRC (register from 0, no inversions) of `n` >= 64 bytes at `p`: by multiplication
@@ -965,14 +959,21 @@ static inline uint32_t crc_raw_short(const uint8_t *p, Py_ssize_t n) {
     return ~crc32_table(~0u, p, (size_t)n);
 }
 
+/* The raw CRC of `n` >= 0 bytes at `p`, followed by at least 16 readable bytes. */
+static inline uint32_t crc_raw_any(const uint8_t *p, Py_ssize_t n) {
+    return n >= 64 ? crc_raw(p, n) : crc_raw_short(p, n);
+}
+
 #ifdef RMQ_HAVE_CLMUL
-/* a0 * f0 ^ a1 * f1 mod P: crc_multiply_sum6's two-product form (one reduction). */
-__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum2(uint32_t a0, uint32_t f0, uint32_t a1,
-                                                                            uint32_t f1) {
+/* a0 * f0 ^ a1 * f1 ^ a2 * f2 mod P: crc_multiply_sum6's three-product form (one reduction). */
+__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum3(uint32_t a0, uint32_t f0, uint32_t a1,
+                                                                            uint32_t f1, uint32_t a2, uint32_t f2) {
     const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
     const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-    __m128i v = _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a0), _mm_cvtsi32_si128((int)f0), 0x00),
-                              _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a1), _mm_cvtsi32_si128((int)f1), 0x00));
+    __m128i v = _mm_xor_si128(
+        _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a0), _mm_cvtsi32_si128((int)f0), 0x00),
+                      _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a1), _mm_cvtsi32_si128((int)f1), 0x00)),
+        _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a2), _mm_cvtsi32_si128((int)f2), 0x00));
     v = _mm_slli_epi64(v, 1);
     __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
     t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
@@ -980,122 +981,137 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum2(uint3
 }
 #endif
 
-/* From which body length a send's record is read in three (crc_prepare_split) rather than whole:
- * the split costs the same ~27 ns whatever the body, a whole pass 28 ns at 128 B and 8.4 ns more
- * each further 128 B in a hot loop (scratch harness); in a send, where the extra passes' code and
- * constants are cold, the split measured ~10 ns dearer than the whole pass at 128 B. The test
- * hook sets it to 0 to check the split at every length. */
-#define CRC_SPLIT_MIN_BODY 256
-static Py_ssize_t crc_split_min_body = CRC_SPLIT_MIN_BODY;
-
-/* The CRC of a record's first `covered` bytes without a pass over its body, whose CRC-32
- * encode_into computed for the body CRC field (`body_crc`, before the mask): the header's
- * `fixed` bytes (>= 64: crc_raw) and the `after` bytes from the body's end (topic, properties:
- * crc_raw_short where fewer than 64) by their own passes, combined as zlib's crc32_combine
- * does. The register after the header from ~0 is H = raw(head) ^ ~0 * x^(8 fixed); after the
- * body (its CRC c = ~(raw(body) ^ ~0 * x^(8 len))) (H ^ ~0) * x^(8 len) ^ ~c; after the rest
- * that times x^(8 after) ^ raw(rest); the CRC is its inverse. */
-static uint32_t crc_prepare_split(const uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
-                                  uint32_t body_crc, CrcState *st) {
-    Py_ssize_t after = covered - fixed - body_len;
-    if (fixed != st->split_fixed || after != st->split_after || covered != st->split_covered) {
-        st->head_ones = crc_multiply(crc_shift_of((uint64_t)fixed), ~0u) ^ ~0u;
-        st->head_shift = crc_shift_of((uint64_t)(covered - fixed));
-        st->body_shift = crc_shift_of((uint64_t)after);
-        st->split_fixed = fixed, st->split_after = after, st->split_covered = covered;
+/* What depends on a record's shape alone (`covered` bytes under the CRC, `fixed` of header, a
+ * body of `body_len`, or -1: the record read whole), kept in `st` for the next record (a
+ * sender's records mostly share one; a new shape costs a few dozen ns of multiplications). */
+static void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len) {
+    if (covered == st->covered && fixed == st->fixed && body_len == st->body_len) return;
+    st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
+    st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
+    if (body_len >= 0) {
+        uint32_t body_x = crc_shift_of((uint64_t)body_len);
+        st->after_shift = crc_shift_of((uint64_t)(covered - fixed - body_len));
+        st->head_shift = crc_multiply(body_x, st->after_shift);
+        st->field_factor = crc_shift_of((uint64_t)(covered - 8));
+        st->body_ones = crc_multiply(body_x, ~0u);
     }
-    const uint8_t *tail = r + covered - after;
-    uint32_t head = crc_raw(r, fixed) ^ st->head_ones;
-    uint32_t rest = after >= 64 ? crc_raw(tail, after) : crc_raw_short(tail, after);
+    st->covered = covered, st->fixed = fixed, st->body_len = body_len;
+}
+
+/* The CRC of an encoded record's first `covered` bytes and its body's CRC-32, the body read once
+ * (issue 35): encode_into left the body CRC field 0; the header's `fixed` bytes, the body and the
+ * rest (topic, properties) are three passes with no data between them, so the CPU runs them side
+ * by side (each pass is mostly its fold's and reduction's latency, not its bytes). The body's
+ * raw CRC b gives the field, ~(b ^ ~0 * x^(8 len)) masked, written here; the record's raw CRC is
+ * raw(header) * x^(8 (len + after)) ^ b * x^(8 after) ^ raw(rest), plus the field's word times
+ * x^(8 (covered - 8)) (it was 0 when the header was read): three products, one reduction. (The
+ * lock's guessed fields folded in the same way, six products more, rather than written into
+ * the header first measured ~6 ns a send dearer.) */
+static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
+                                   const CrcState *st) {
+    const uint8_t *body = r + fixed;
+    uint32_t b = crc_raw_any(body, body_len);
+    uint32_t h = crc_raw(r, fixed);
+    uint32_t t = crc_raw_any(body + body_len, covered - fixed - body_len);
+    uint32_t field = ~(b ^ st->body_ones) & 0x7FFFFFFFu;
+    put32(r + 8, field);
+    uint32_t word = __builtin_bswap32(field); /* the field's bytes as the register reads them */
 #ifdef RMQ_HAVE_CLMUL
-    if (has_clmul) return ~(crc_multiply_sum2(head, st->head_shift, ~body_crc, st->body_shift) ^ rest);
+    if (has_clmul)
+        return ~(crc_multiply_sum3(h, st->head_shift, b, st->after_shift, word, st->field_factor) ^ t ^ st->ones);
 #endif
-    return ~(crc_multiply(head, st->head_shift) ^ crc_multiply(~body_crc, st->body_shift) ^ rest);
+    return ~(crc_multiply(h, st->head_shift) ^ crc_multiply(b, st->after_shift) ^
+             crc_multiply(word, st->field_factor) ^ t ^ st->ones);
 }
 
 /* The ten digits of a whole-record CRC (31 bits) after the property's name, least significant
- * first (`MessageDecoder.createCrc32`): two chains of five, half the latency of one of ten. (A
- * two-digit table was 3 ns faster in a hot loop and no faster in a send, where it is cold.) */
+ * first (`MessageDecoder.createCrc32`). Each half of five digits from one fixed-point product:
+ * y * ceil(2^32 / 10^4) holds y / 10^4 in its high word and the rest as a fraction, each further
+ * digit one multiplication by 10 of that fraction (exact for y < 10^5: the unit test checks
+ * every y); two independent chains of four products. */
 static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc) {
     uint8_t *digits = r + covered + CRC_DIGITS_AT;
     uint32_t high = crc / 100000, low = crc - high * 100000;
-    for (int i = 0; i < 5; i++, low /= 10, high /= 10) {
-        digits[i] = (uint8_t)('0' + low % 10);
-        digits[5 + i] = (uint8_t)('0' + high % 10);
+    uint64_t fl = (uint64_t)low * 429497u, fh = (uint64_t)high * 429497u;
+    for (int i = 4; i >= 0; i--) {
+        digits[i] = (uint8_t)('0' + (fl >> 32));
+        digits[5 + i] = (uint8_t)('0' + (fh >> 32));
+        fl = (fl & 0xFFFFFFFFu) * 10;
+        fh = (fh & 0xFFFFFFFFu) * 10;
     }
-}
-
-/* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64), its
- * digits written as they will stand if the lock's fields are what the caller guessed (written
- * into [20, 64) before this: crc_guess); crc_fill_prepared corrects them under the lock where
- * the guess was wrong. What depends on the length alone is kept in `st` for the next record (a
- * sender's records mostly share one). */
-static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, const uint32_t *body_crc, CrcState *st,
-                        CrcPrepared *out) {
-    if (covered != st->covered) {
-        st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
-        st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
-        for (int k = 0; k < 6; k++) st->factor[k] = crc_multiply(st->shift, crc_word_factor[k]);
-        st->covered = covered;
-    }
-    uint32_t body_len = 0;
-    if (body_crc) {
-        memcpy(&body_len, r + fixed - 4, 4); /* BODYLENGTH, the header's last field */
-        body_len = __builtin_bswap32(body_len);
-    }
-    if (body_crc && (Py_ssize_t)body_len >= crc_split_min_body)
-        out->crc = crc_prepare_split(r, covered, fixed, (Py_ssize_t)body_len, *body_crc, st);
-    else /* the initial ~0 run through `covered` bytes, inverted at the end */
-        out->crc = ~(crc_raw(r, covered) ^ st->ones);
-    out->shift = st->shift;
-    memcpy(out->factor, st->factor, sizeof out->factor);
-    memcpy(out->window, r + CRC_WINDOW_AT, sizeof out->window);
-    crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
 }
 
 /* The lock's fields as they will most likely be, written before crc_prepare: the queue's next
  * offset and the write position read now (racy reads: only a guess; the lock's values are
  * compared with it), and the born time, which the store time is when the lock is had at once.
- * With one producer the guess holds and the lock only compares the six words. */
+ * With one producer the guess holds and the lock only compares three integers. */
 static inline void crc_guess(uint8_t *r, int64_t queue_offset, int64_t phy_offset, int64_t store_ms) {
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
 }
 
-/* Under the lock, once [20, 64) is patched: the ten digits after `covered` bytes and the
- * property's name (`record.fill_record_crc`), from the prepared CRC and the changed bytes; none
- * changed (the guess held), the digits crc_prepare wrote stand. */
-static inline int crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre) {
-    uint32_t delta, d[6], was, changed = 0;
-    for (int k = 0; k < 6; k++) {
-        memcpy(&d[k], r + CRC_WORD_AT[k], 4);
-        memcpy(&was, pre->window + CRC_WORD_AT[k] - CRC_WINDOW_AT, 4);
-        d[k] ^= was;
-        changed |= d[k];
+/* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64), its
+ * digits written as they will stand if the lock's fields are what the caller guessed (`guess`:
+ * queue offset, physical offset, store time; written into [20, 64) first: crc_guess);
+ * crc_fill_prepared corrects them under the lock where the guess was wrong. `encoded`:
+ * encode_into's record, its body CRC field left 0 (crc_record_encoded); else the record is read
+ * whole as it is. */
+static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int encoded, const int64_t guess[3],
+                        CrcState *st, CrcPrepared *out) {
+    Py_ssize_t body_len = -1;
+    if (encoded) {
+        uint32_t be;
+        memcpy(&be, r + fixed - 4, 4); /* BODYLENGTH, the header's last field */
+        body_len = (Py_ssize_t)__builtin_bswap32(be);
     }
-    if (!changed) return 0;
+    crc_state_for(st, covered, fixed, body_len);
+    crc_guess(r, guess[0], guess[1], guess[2]);
+    if (encoded)
+        out->crc = crc_record_encoded(r, covered, fixed, body_len, st);
+    else /* the initial ~0 run through `covered` bytes, inverted at the end */
+        out->crc = ~(crc_raw(r, covered) ^ st->ones);
+    out->shift = st->shift;
+    crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
+}
+
+/* Under the lock, where the guess was wrong (another producer's put came first): the ten digits
+ * after `covered` bytes and the property's name (`record.fill_record_crc`), from the prepared CRC
+ * and what the lock's three fields differ by from their guesses (XORs); 0 where nothing differs
+ * (the digits crc_prepare wrote stand). */
+static int crc_fill_prepared(uint8_t *r, Py_ssize_t covered, const CrcPrepared *pre, int64_t queue_xor,
+                             int64_t phy_xor, int64_t store_xor) {
+    if (!(queue_xor | phy_xor | store_xor)) return 0;
+    uint8_t x[CRC_WINDOW_END - CRC_WINDOW_AT] = {0}; /* [20, 64) as changed, XOR as guessed */
+    put64(x + POS_QUEUE_OFFSET - CRC_WINDOW_AT, (uint64_t)queue_xor);
+    put64(x + POS_PHY_OFFSET - CRC_WINDOW_AT, (uint64_t)phy_xor);
+    put64(x + POS_STORE_TIMESTAMP - CRC_WINDOW_AT, (uint64_t)store_xor);
+    uint32_t delta;
 #ifdef RMQ_HAVE_CLMUL
     if (has_clmul) {
         /* a changed 32-bit word w at k, read little-endian as the register reads bytes, adds
-         * raw(w) * x^(8 (N - k - 4)) = w * x^32 * x^(8 (N - k - 4)) = w * factor[k] */
-        delta = crc_multiply_sum6(d, pre->factor);
+         * raw(w) * x^(8 (N - k - 4)) = w * x^(8 (64 - k)) * x^(8 (N - 64)) */
+        uint32_t d[6];
+        for (int k = 0; k < 6; k++) memcpy(&d[k], x + CRC_WORD_AT[k] - CRC_WINDOW_AT, 4);
+        delta = crc_multiply(pre->shift, crc_multiply_sum6(d, crc_word_factor));
     } else
 #endif
-    {
-        uint8_t x[CRC_WINDOW_END - CRC_WINDOW_AT];
-        for (size_t i = 0; i < sizeof x; i++) x[i] = pre->window[i] ^ r[CRC_WINDOW_AT + i];
         delta = crc_multiply(pre->shift, ~crc32_table(~0u, x, sizeof x));
-    }
     crc_write_digits(r, covered, (pre->crc ^ delta) & 0x7FFFFFFFu);
     return 1;
+}
+
+static inline int64_t get64(const uint8_t *p) {
+    uint64_t v;
+    memcpy(&v, p, 8);
+    return (int64_t)__builtin_bswap64(v);
 }
 
 /* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms,
  * guess=None, fixed=0) prepares the record as it is (or with the lock's fields guessed: (queue_offset,
  * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. With
- * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the body's CRC is given, as
- * encode_into gives a send's, and the record read in three (crc_prepare_split). */
+ * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the record is taken as encode_into
+ * leaves a send's: its body CRC field is zeroed and filled by the same pass (crc_record_encoded). */
 static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     Py_buffer rec;
     Py_ssize_t tail_len;
@@ -1116,7 +1132,6 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "a record of at least %d bytes and its CRC tail", CRC_WINDOW_END);
     }
     uint8_t *r = rec.buf;
-    uint32_t body_crc = 0;
     if (fixed) {
         uint32_t body_len = 0;
         if (fixed >= CRC_WINDOW_END && fixed <= covered) memcpy(&body_len, r + fixed - 4, 4);
@@ -1125,20 +1140,32 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
             PyBuffer_Release(&rec);
             return PyErr_Format(PyExc_ValueError, "a header of at least %d bytes whose body fits", CRC_WINDOW_END);
         }
-        body_crc = body_len ? crc32_of(0, r + fixed, body_len) : 0;
+        memset(r + 8, 0, 4); /* as encode_into leaves it for the pass */
     }
+    int64_t g[3];
+    if (guess != Py_None)
+        g[0] = guessed[0], g[1] = guessed[1], g[2] = guessed[2];
+    else
+        g[0] = get64(r + POS_QUEUE_OFFSET), g[1] = get64(r + POS_PHY_OFFSET), g[2] = get64(r + POS_STORE_TIMESTAMP);
     CrcState st = {0};
     CrcPrepared pre;
-    if (guess != Py_None) crc_guess(r, guessed[0], guessed[1], guessed[2]);
-    crc_split_min_body = 0; /* the split at every body length */
-    crc_prepare(r, covered, fixed, fixed ? &body_crc : NULL, &st, &pre);
-    crc_split_min_body = CRC_SPLIT_MIN_BODY;
+    crc_prepare(r, covered, fixed, fixed != 0, g, &st, &pre);
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
-    crc_fill_prepared(r, covered, &pre);
+    crc_fill_prepared(r, covered, &pre, queue_offset ^ g[0], phy_offset ^ g[1], store_ms ^ g[2]);
     PyBuffer_Release(&rec);
     Py_RETURN_NONE;
+}
+
+/* Test hook: _crc_digits(crc) -> the ten digits crc_write_digits writes for 0 <= crc < 2^31. */
+static PyObject *py_crc_digits(PyObject *self, PyObject *arg) {
+    unsigned long crc = PyLong_AsUnsignedLong(arg);
+    if (crc == (unsigned long)-1 && PyErr_Occurred()) return NULL;
+    if (crc > 0x7FFFFFFFul) return PyErr_Format(PyExc_ValueError, "a CRC of 31 bits");
+    uint8_t r[CRC_DIGITS_AT + 10];
+    crc_write_digits(r, 0, (uint32_t)crc);
+    return PyBytes_FromStringAndSize((const char *)r + CRC_DIGITS_AT, 10);
 }
 
 /* Sender(settings: dict): see rmq_mp/put/producer.py `Producer._native_settings` for the keys. */
@@ -1755,15 +1782,16 @@ static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
 }
 
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
- * record at 0), of the queue whose next offset is queues[next_word]; body_crcs[i] its body's
- * CRC-32 (NULL: not known, the whole-record CRC reads the body again). The journal first, then the
+ * record at 0), of the queue whose next offset is queues[next_word]; `encoded`: the records are
+ * encode_into's with the body CRC field left to the whole-record CRC's pass (else read whole:
+ * crc_prepare). The journal first, then the
  * bytes, the queue's next offset and the write position (the commit point), as
  * `Appender._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
  * (nothing changed: the records do not fit the cached file, or the lock was not had within a
  * slice), -1 with an exception. */
 /* (s->why says why when this hands back; s->put_waits whether a SYNC flush request is made.) */
 static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssize_t *starts,
-                         const uint32_t *body_crcs, int64_t slot, Py_ssize_t next_word, int64_t born_ms,
+                         int encoded, int64_t slot, Py_ssize_t next_word, int64_t born_ms,
                          Placed *out) {
     int64_t *w = words_of(&s->table);
     uint32_t *lock = (uint32_t *)&w[s->w[W_LOCK]];
@@ -1772,6 +1800,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
      * few hundred ns earlier is that (clock reads are 35-40 ns each on these VMs). */
     int64_t store_ts = born_ms;
     CrcPrepared one_crc, *crcs = &one_crc;
+    int64_t guess_wrote = 0, guess_queue = 0;
     if (s->crc_tail_len) { /* the whole-record CRC's work before the lock (crc_prepare) */
         if (n > 1 && (size_t)n > s->crc_pre_len) {
             CrcPrepared *grown = PyMem_Realloc(s->crc_pre, (size_t)n * sizeof(CrcPrepared));
@@ -1783,13 +1812,13 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             s->crc_pre_len = (size_t)n;
         }
         if (n > 1) crcs = s->crc_pre;
-        int64_t guess_wrote = __atomic_load_n(&w[s->w[W_WROTE]], __ATOMIC_RELAXED);
-        int64_t guess_queue = __atomic_load_n(&words_of(&s->queues)[next_word], __ATOMIC_RELAXED);
+        guess_wrote = __atomic_load_n(&w[s->w[W_WROTE]], __ATOMIC_RELAXED);
+        guess_queue = __atomic_load_n(&words_of(&s->queues)[next_word], __ATOMIC_RELAXED);
         for (Py_ssize_t i = 0; i < n; i++) {
             uint8_t *r = s->scratch + (starts ? starts[i] : 0);
-            crc_guess(r, guess_queue + i, guess_wrote + (starts ? starts[i] : 0), born_ms);
+            int64_t guess[3] = {guess_queue + i, guess_wrote + (starts ? starts[i] : 0), born_ms};
             crc_prepare(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                        fixed_size(&s->hosts), body_crcs ? &body_crcs[i] : NULL, &s->crc_state, &crcs[i]);
+                        fixed_size(&s->hosts), encoded, guess, &s->crc_state, &crcs[i]);
         }
     }
     if (!lock_try(lock, pid)) {
@@ -1829,14 +1858,18 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
     }
     int64_t *qwords = words_of(&s->queues);
     int64_t queue_offset = qwords[next_word];
+    /* the whole-record CRC's digits stand where its guess of the lock's fields held */
+    int crc_missed = s->crc_tail_len && (queue_offset != guess_queue || wrote != guess_wrote || store_ts != born_ms);
     for (Py_ssize_t i = 0; i < n; i++) {
-        uint8_t *r = s->scratch + (starts ? starts[i] : 0);
+        Py_ssize_t at = starts ? starts[i] : 0;
+        uint8_t *r = s->scratch + at;
         put64(r + POS_QUEUE_OFFSET, (uint64_t)(queue_offset + i));
-        put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + (starts ? starts[i] : 0)));
+        put64(r + POS_PHY_OFFSET, (uint64_t)(wrote + at));
         put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ts);
-        if (s->crc_tail_len)
-            s->crc_misses += crc_fill_prepared(
-                r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len, &crcs[i]);
+        if (crc_missed)
+            s->crc_misses += crc_fill_prepared(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - at : size) - s->crc_tail_len,
+                                               &crcs[i], (queue_offset + i) ^ (guess_queue + i),
+                                               (wrote + at) ^ (guess_wrote + at), store_ts ^ born_ms);
     }
     int64_t end = wrote + size;
     /* shm/put_journal.py's protocol: the journal, the bytes, the queue offset, the commit point */
@@ -2262,15 +2295,14 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
         uniq_str = Py_NewRef(pr.uniq_given);
     }
     if (!uniq_str) goto done;
-    uint32_t body_crc;
     encode_into(s->scratch, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len, body_p,
-                body_len, (int32_t)record_queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len, &body_crc);
+                body_len, (int32_t)record_queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len, s->crc_tail_len != 0);
     if (view.obj) PyBuffer_Release(&view); /* the body is in the record now */
     /* ---- the put */
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
-    int put = append_locked(s, size, 1, NULL, &body_crc, slot, next_word, born_ms, &placed);
+    int put = append_locked(s, size, 1, NULL, 1, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (put < 0 || (put && pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0)) {
@@ -2359,9 +2391,6 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
         Py_ssize_t *p = PyMem_Realloc(s->starts, (size_t)n * sizeof(Py_ssize_t));
         if (!p) return PyErr_NoMemory();
         s->starts = p;
-        uint32_t *crcs = PyMem_Realloc(s->body_crcs, (size_t)n * sizeof(uint32_t));
-        if (!crcs) return PyErr_NoMemory();
-        s->body_crcs = crcs;
         s->starts_len = (size_t)n;
     }
     PyObject **items = PySequence_Fast_ITEMS(bodies);
@@ -2409,7 +2438,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
         s->starts[i] = at;
         at += encode_into(s->scratch + at, &s->hosts, (const uint8_t *)PyBytes_AS_STRING(topic_field), topic_len,
                           body_p, body_len, (int32_t)queue_id, (int32_t)flag, born_ms, s->pbuf, pr.len,
-                          &s->body_crcs[i]);
+                          s->crc_tail_len != 0);
         if (view.obj) PyBuffer_Release(&view);
         if (i == 0) record_size = at;
         uniform &= at - s->starts[i] == record_size;
@@ -2419,7 +2448,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
-    int done = append_locked(s, size, n, s->starts, s->body_crcs, slot, next_word, born_ms, &placed);
+    int done = append_locked(s, size, n, s->starts, 1, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (done <= 0 || (pr.wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
@@ -2556,7 +2585,7 @@ static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = wait;
-    int put = append_locked(s, size, 1, NULL, NULL, slot, next_word, now_ms, &placed);
+    int put = append_locked(s, size, 1, NULL, 0, slot, next_word, now_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
     if (put < 0 || (put && wait && acknowledge(s, &placed, placed.wrote + size, &status, &reason) < 0))
@@ -2812,6 +2841,7 @@ static PyMethodDef methods[] = {
     {"_crc_fill_prepared", py_crc_fill_prepared, METH_VARARGS,
      "test hook: _crc_fill_prepared(record, tail_len, queue_offset, phy_offset, store_ms, guess=None, fixed=0), "
      "the put's CRC"},
+    {"_crc_digits", py_crc_digits, METH_O, "test hook: _crc_digits(crc), the CRC property's ten digits"},
     {"encode_own", py_encode_own, METH_VARARGS,
      "encode_own(topic_field, body, queue_id, flag, born_ms, props, born_ip, born_port, store_ip, store_port)"
      " -> bytearray: RecordEncoder.encode_own"},

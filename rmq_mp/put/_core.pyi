@@ -11,8 +11,10 @@ def _crc_fill_prepared(
     phy_offset: int,
     store_ms: int,
     guess: tuple[int, int, int] | None = None,
+    fixed: int = 0,
     /,
 ) -> None: ...
+def _crc_digits(crc: int, /) -> bytes: ...
 def encode_own(
     topic_field: bytes,
     body: bytes,

@@ -135,17 +135,19 @@ def test_the_crc_combined_with_the_bodys_is_the_whole_records(
     clmul: bool,
     guess: str | None,
 ) -> None:
-    """A send's whole-record CRC reads a body of 256 B or more once (the hook: any body):
-    encode_into's CRC of it (the body CRC field's, before its mask) is combined with the header's
-    and the rest's (topic and properties, often under 64 bytes: a pass of its own) instead of a
-    pass over the whole record. The digits are `record.fill_record_crc`'s whatever the lengths
-    (an empty body, a rest of one byte to several blocks), the header's (IPv4 or IPv6 store
-    host) and the guess."""
+    """A send's record is read once: encode_into leaves the body CRC field 0 and one pass reads
+    header, body and rest (topic and properties, often under 64 bytes) side by side; the body's
+    raw CRC gives the body CRC field (zlib's CRC-32, masked) and, combined with the other two,
+    the whole-record CRC with that field in it. Field and digits are what RocketMQ's (and
+    `record.fill_record_crc`) make of the record whatever the lengths (an empty body, one under
+    64 bytes, a rest of one byte to several blocks), the header's (IPv4 or IPv6 store host) and
+    the guess."""
     assert core is not None
     header = bytearray(head[:fixed])
     header[fixed - 4 : fixed] = len(body).to_bytes(4, "big")
     data = bytearray(header + body + rest + record.CRC_PLACEHOLDER)
     want = bytearray(data)
+    want[8:12] = (zlib.crc32(body) & 0x7FFFFFFF).to_bytes(4, "big")
     record.patch_record(want, 0, *fields, 0)
     record.fill_record_crc(want, 0, len(want))
     guessed = {"right": fields, "wrong": (fields[0] ^ 1, fields[1], fields[2] ^ 7), None: None}[guess]
@@ -155,6 +157,21 @@ def test_the_crc_combined_with_the_bodys_is_the_whole_records(
     finally:
         core._set_clmul(True)
     assert data == want
+
+
+@needs_core
+def test_the_crc_digits_are_createCrc32s_for_every_five_digit_half() -> None:
+    """The core writes the ten digits as two halves of five, each digit one multiplication of a
+    fixed-point fraction (no division chain): exact for every half 0..99,999 (each value below
+    covers every low half once and every high half to 21,473), and the 31-bit CRC's ends (2^31 - 1: high half 21,474)."""
+    assert core is not None
+    for y in range(100_000):
+        crc = (y % 21_474) * 100_000 + y
+        assert core._crc_digits(crc) == record.crc_digits(crc), crc
+    for crc in (0, 1, 9, 10, 99_999, 100_000, 2**31 - 1):
+        assert core._crc_digits(crc) == record.crc_digits(crc)
+    with pytest.raises(ValueError, match="31 bits"):
+        core._crc_digits(2**31)
 
 
 @needs_core
