@@ -7,9 +7,10 @@ report beyond its end, #3015; or its frames land inside a record) or silently ap
 master's bytes to a log that is not the master's. rmq-mp's slave checks before it appends. A
 non-empty slave does not report its end first but an earlier record boundary X of its own log
 (`probe_starts`: the start of its last whole record, then each file start down to its first
-byte); a master, RocketMQ's or rmq-mp's, sends from the first report, so the frames from X are
-the master's bytes there, and `ForkCheck` compares them with its own, record by record (bytes,
-so CRC and position alike: every record holds its own physical offset and store time):
+byte, and at byte 0 its second record first); a master, RocketMQ's or rmq-mp's, sends from
+the first report, so the frames from X are the master's bytes there, and `ForkCheck` compares
+them with its own, record by record (bytes, so CRC and position alike: every record holds its
+own physical offset and store time):
 
 - all equal up to its end: the logs agree, and what follows is appended as before (MATCHED);
 - a difference inside a later record, or the master's log ending (a heartbeat) before the
@@ -31,6 +32,7 @@ from dataclasses import dataclass
 
 from rmq_mp.errors import HaProtocolError
 from rmq_mp.format import ha_frame, record
+from rmq_mp.store.mapped_file import offset_to_file_name
 from rmq_mp.store.shared_log import SharedCommitLog
 
 
@@ -96,7 +98,11 @@ def probe_starts(
     log: SharedCommitLog, first_byte: int, wrote: int, file_size: int, last_record: LastRecord | None = None
 ) -> list[int]:
     """Where to ask the master from, latest first: the start of the last whole record below
-    ``wrote``, then each file start down to ``first_byte`` (the log's first byte)."""
+    ``wrote``, then each file start down to ``first_byte`` (the log's first byte). A log that
+    begins at byte 0 is asked from its second record before 0: a report of 0 is an empty
+    slave's, which any master answers from its last file's start, so byte 0 is out of reach
+    once the master has rolled past its first file (a returning old master whose log forks
+    inside it would otherwise refuse)."""
     if wrote <= first_byte:
         return [first_byte]
     file_start = max(first_byte, (wrote - 1) - (wrote - 1) % file_size)
@@ -106,7 +112,25 @@ def probe_starts(
     while offset >= first_byte:
         starts.append(offset)
         offset -= file_size
+    if len(starts) > 1 and starts[-1] == 0 and 0 < (second := _second_record(log, file_size)) < starts[-2]:
+        starts.insert(len(starts) - 1, second)
     return starts
+
+
+def _second_record(log: SharedCommitLog, file_size: int) -> int:
+    """The start of the log's second record, -1 when it holds no file at byte 0 (the cleaner took
+    it, or an empty slave began at a later file)."""
+    try:  # read from the file: a view mapped from a later offset cannot map back to 0
+        with (log.mfq.store_dir / offset_to_file_name(0)).open("rb") as first_file:
+            head = first_file.read(8)
+    except FileNotFoundError:
+        return -1
+    if len(head) < 8:
+        return -1
+    total, magic = record.peek_size_magic(head, 0)
+    if magic == record.BLANK_MAGIC_CODE or not 0 < total <= file_size - record.END_FILE_MIN_BLANK_LENGTH:
+        return -1
+    return total
 
 
 class ForkCheck:
