@@ -128,12 +128,13 @@ def warmup_worker(name: str, out: Any) -> None:
     out.put(chunks)
 
 
-def rocketmq_worker(name: str, messages: int, warmup: int, start: Any, out: Any) -> None:
-    """Issue 33's comparison shape: tags TagA, one key as a list, 8 queues in turn."""
+def rocketmq_sends(name: str, messages: int, warmup: int, start: Any) -> tuple[int, float, np.ndarray]:
+    """Issue 33's comparison shape (tags TagA, one key as a list, 8 queues in turn), timed after
+    ``warmup`` sends once ``start`` is set: (failures, seconds, each send's latency in us)."""
     from rmq_mp.put.producer import Producer
 
     body = os.urandom(128)
-    latencies: list[int] = []
+    latencies_us = np.empty(messages, dtype=np.float64)
     failures = 0
     with Producer.attach(name) as producer:
         for i in range(warmup):
@@ -143,9 +144,15 @@ def rocketmq_worker(name: str, messages: int, warmup: int, start: Any, out: Any)
         for i in range(messages):
             t = time.perf_counter_ns()
             failures += not producer.send(TOPIC, body, tags="TagA", keys=[f"key-{i}"], queue_id=i & 7).ok
-            latencies.append(time.perf_counter_ns() - t)
+            latencies_us[i] = (time.perf_counter_ns() - t) / 1000
         elapsed = time.perf_counter() - began
-    out.put((messages, failures, elapsed, float(np.percentile(latencies, 99)) / 1000))
+    return failures, elapsed, latencies_us
+
+
+def rocketmq_worker(name: str, messages: int, warmup: int, start: Any, out: Any) -> None:
+    """`rocketmq_sends` in a producer process, handing back its p99 (us)."""
+    failures, elapsed, latencies_us = rocketmq_sends(name, messages, warmup, start)
+    out.put((messages, failures, elapsed, float(np.percentile(latencies_us, 99))))
 
 
 def _run(target: Any, *args: Any, procs: int = 1, barrier: bool = False) -> list[Any]:

@@ -17,7 +17,6 @@ it is the issue's (17.8k msgs/s, 4 Java threads, another day): not same-run.
 from __future__ import annotations
 
 import argparse
-import os
 import tempfile
 import time
 from pathlib import Path
@@ -27,7 +26,7 @@ import numpy as np
 import psutil
 
 from bench.service import RunningService, running_service, wait_until
-from bench.shapes import ROCKETMQ_SYNC_MSGS_S, TOPIC
+from bench.shapes import ROCKETMQ_SYNC_MSGS_S, rocketmq_sends
 from bench.store import CTX
 from shm import layout
 
@@ -49,24 +48,10 @@ def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
 
 
 def sync_worker(name: str, messages: int, warmup: int, start: Any, out: Any) -> None:
-    """bench.shapes' `rocketmq_worker` (tags TagA, one key as a list, 8 queues in turn), handing
-    back every send's latency (us), so the run's percentiles pool all producers."""
-    from rmq_mp.put.producer import Producer
-
-    body = os.urandom(128)
-    latencies = np.empty(messages, dtype=np.float64)
-    failures = 0
-    with Producer.attach(name) as producer:
-        for i in range(warmup):
-            failures += not producer.send(TOPIC, body, tags="TagA", keys=[f"k{i}"], queue_id=i & 7).ok
-        start.wait()
-        began = time.perf_counter()
-        for i in range(messages):
-            t = time.perf_counter_ns()
-            failures += not producer.send(TOPIC, body, tags="TagA", keys=[f"key-{i}"], queue_id=i & 7).ok
-            latencies[i] = (time.perf_counter_ns() - t) / 1000
-        elapsed = time.perf_counter() - began
-    out.put((messages, failures, elapsed, latencies))
+    """bench.shapes' `rocketmq_sends`, handing back every send's latency (us), so the run's
+    percentiles pool all producers."""
+    failures, elapsed, latencies_us = rocketmq_sends(name, messages, warmup, start)
+    out.put((messages, failures, elapsed, latencies_us))
 
 
 def _allocator_idle(service: RunningService) -> bool:
