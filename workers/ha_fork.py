@@ -67,7 +67,12 @@ def next_record(log: SharedCommitLog, pos: int, file_size: int) -> int:
     if file_end - pos < record.END_FILE_MIN_BLANK_LENGTH:
         return file_end
     mf = log.file_at(pos)
-    total, magic = record.peek_size_magic(mf.buf, pos - mf.file_from_offset)
+    return _past(pos, *record.peek_size_magic(mf.buf, pos - mf.file_from_offset), file_size)
+
+
+def _past(pos: int, total: int, magic: int, file_size: int) -> int:
+    """`next_record` from the record head at ``pos``: past it, or its file's end."""
+    file_end = pos - pos % file_size + file_size
     if magic == record.BLANK_MAGIC_CODE or total <= 0 or pos + total > file_end:
         return file_end
     return pos + total
@@ -118,19 +123,14 @@ def probe_starts(
 
 
 def _second_record(log: SharedCommitLog, file_size: int) -> int:
-    """The start of the log's second record, -1 when it holds no file at byte 0 (the cleaner took
-    it, or an empty slave began at a later file)."""
+    """`next_record` at byte 0 (the file's size when one record fills it), -1 when the log holds
+    no file at byte 0 (the cleaner took it, or an empty slave began at a later file)."""
     try:  # read from the file: a view mapped from a later offset cannot map back to 0
         with (log.mfq.store_dir / offset_to_file_name(0)).open("rb") as first_file:
             head = first_file.read(8)
     except FileNotFoundError:
         return -1
-    if len(head) < 8:
-        return -1
-    total, magic = record.peek_size_magic(head, 0)
-    if magic == record.BLANK_MAGIC_CODE or not 0 < total <= file_size - record.END_FILE_MIN_BLANK_LENGTH:
-        return -1
-    return total
+    return _past(0, *record.peek_size_magic(head, 0), file_size) if len(head) == 8 else -1
 
 
 class ForkCheck:
