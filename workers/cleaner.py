@@ -388,15 +388,15 @@ class CleanerService(ServiceLoop):
                 if not queue_dir.name.isdigit() or not queue_dir.is_dir():
                     continue
                 resets = t.get(layout.QUEUE_RESETS)
+                if resets % 2:  # reput is resetting a deleted topic's queues: the next pass
+                    deferred = True
+                    continue
                 try:
-                    plan = (
-                        plan_expired_files(queue_dir, self.cq_file_size, min_phy) if resets % 2 == 0 else None
-                    )
+                    plan = plan_expired_files(queue_dir, self.cq_file_size, min_phy)
                 except FileNotFoundError:
                     continue
-                slot = queues.find(topic_dir.name, int(queue_dir.name))
-                if plan is None or not self._publish(plan, slot, resets):
-                    deferred = True  # reput is resetting a deleted topic's queues: the next pass
+                if not self._publish(plan, queues.find(topic_dir.name, int(queue_dir.name)), resets):
+                    deferred = True  # it reset them since the plan
                     continue
                 if plan.paths:
                     cq_files += len(plan.paths)
