@@ -19,6 +19,7 @@ import psutil
 
 from rmq_mp.config.store_config import MessageStoreConfig
 from rmq_mp.errors import ShmAttachError
+from rmq_mp.logs import log_dir
 from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
@@ -73,6 +74,12 @@ class RunningService:
     @property
     def root(self) -> Path:
         return Path(self.config.store_path_root_dir)
+
+    def supervisor_log(self) -> str:
+        """The supervisor's own log file, written as each line is logged. Its console (`log`)
+        holds a start's warnings back until the store runs (`HeldConsole`), so a reader there
+        right after `STATE` says RUNNING can miss them."""
+        return (log_dir(self.root) / "supervisor.log").read_text()
 
     def table(self) -> PointerTable:
         return PointerTable.attach(self.names.pointer_table, Role.CONSUMER)

@@ -268,7 +268,7 @@ def test_a_killed_supervisors_workers_are_gone_before_the_new_start_recovers(tmp
         again = start_service(tmp_path, **MODES["async-pool"])
         try:
             assert not any(psutil.pid_exists(w) and psutil.Process(w).status() != "zombie" for w in workers)
-            text = again.log.read_text()
+            text = again.supervisor_log()
             assert "a crashed run's shared memory" in text, text
             assert "fenced at write position" in text, text
             refused = producer.send("K", b"fenced or on the new start", queue_id=0)

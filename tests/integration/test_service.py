@@ -699,7 +699,7 @@ def test_workers_exit_when_the_supervisor_dies_and_a_restart_saves_the_pool(tmp_
             m.body for m in consumer.pull("K", 0, 0, 32).messages + consumer.pull("K", 0, 32, 32).messages
         ]
         assert bodies == [b"committed"] + [b"only in the pool %d" % i for i in range(50)]
-        assert "bytes of pool buffer" in again.log.read_text(), "the restart copied the pool into the file"
+        assert "bytes of pool buffer" in again.supervisor_log(), "the restart copied the pool into the file"
 
 
 def test_restarted_store_continues_where_it_stopped(tmp_path: Path) -> None:
