@@ -54,7 +54,7 @@ def _f(name: str, index: int, *writers: Role, lock: Lock | None = None, doc: str
 
 
 MAGIC_VALUE = 0x524D514D50303031  # "RMQMP001"
-LAYOUT_VERSION = 2  # 2: PUT_LOCK_KIND, the atomic put lock
+LAYOUT_VERSION = 3  # 2: PUT_LOCK_KIND, the atomic put lock; 3: the put lock's one cache line
 
 # State values of STATE.
 STARTING, RUNNING, STOPPING, STOPPED = 0, 1, 2, 3
@@ -77,6 +77,10 @@ MIN_OFFSET = _f(
     "ha worker sets it once, where its master's first frame starts the log (workers/ha_start.py), "
     "without a lock: an empty log has nothing the cleaner could delete",
 )
+# Words 8-15 are one cache line (the table starts a page): the put lock's word and everything a put
+# writes under it but the journal's four words (33-36) and its queue's offset. A put on a many-core
+# machine moves each line it writes from the last holder's core; no worker writes this one (the
+# committed, flushed and dispatched positions are words 20-22, the allocator's end word 32).
 WROTE_POSITION = _f(
     "wrote_position",
     8,
@@ -86,15 +90,15 @@ WROTE_POSITION = _f(
     doc="end of appended records; on a SLAVE (producers refused) the ha worker is its one writer",
 )
 COMMITTED_POSITION = _f(
-    "committed_position", 9, Role.COMMITTER, doc="end of bytes copied from pool buffers to files"
+    "committed_position", 21, Role.COMMITTER, doc="end of bytes copied from pool buffers to files"
 )
 FLUSHED_POSITION = _f(
-    "flushed_position", 10, Role.FLUSHER, doc="end of bytes known durable; never advanced on a failed fsync"
+    "flushed_position", 22, Role.FLUSHER, doc="end of bytes known durable; never advanced on a failed fsync"
 )
-REPUT_FROM_OFFSET = _f("reput_from_offset", 11, Role.REPUT, doc="end of dispatched records")
+REPUT_FROM_OFFSET = _f("reput_from_offset", 20, Role.REPUT, doc="end of dispatched records")
 ALLOCATED_UNTIL = _f(
     "allocated_until",
-    12,
+    32,
     Role.ALLOCATOR,
     doc="commit-log offset below which, from the write position on, disk blocks are reserved",
 )
@@ -121,10 +125,10 @@ RUNNING_FLAGS = _f(
     doc="RocketMQ RunningFlags bits: NOT_WRITEABLE (flusher), DISK_FULL (cleaner)",
 )
 FLUSH_REQUEST_SEQ = _f(
-    "flush_request_seq", 20, Role.PRODUCER, lock=Lock.PUT, doc="next SYNC flush-request ticket"
+    "flush_request_seq", 11, Role.PRODUCER, lock=Lock.PUT, doc="next SYNC flush-request ticket"
 )
-PUT_COUNT = _f("put_count", 21, Role.PRODUCER, lock=Lock.PUT)
-PUT_BYTES = _f("put_bytes", 22, Role.PRODUCER, lock=Lock.PUT)
+PUT_COUNT = _f("put_count", 9, Role.PRODUCER, lock=Lock.PUT)
+PUT_BYTES = _f("put_bytes", 10, Role.PRODUCER, lock=Lock.PUT)
 FLUSH_COUNT = _f("flush_count", 23, Role.FLUSHER)
 FLUSH_FAILURES = _f("flush_failures", 24, Role.FLUSHER)
 COMMIT_COUNT = _f("commit_count", 25, Role.COMMITTER)
@@ -138,7 +142,7 @@ LOCK_RECOVERIES = _f(
 )
 
 # The put journal: written under the put lock before a put changes anything, cleared after.
-JOURNAL_ACTIVE = _f("journal_active", 32, Role.PRODUCER, lock=Lock.PUT)
+JOURNAL_ACTIVE = _f("journal_active", 12, Role.PRODUCER, lock=Lock.PUT)
 JOURNAL_WROTE_BEFORE = _f("journal_wrote_before", 33, Role.PRODUCER, lock=Lock.PUT)
 JOURNAL_QUEUE_SLOT = _f(
     "journal_queue_slot", 34, Role.PRODUCER, lock=Lock.PUT, doc="-1 when no queue offset changed"
