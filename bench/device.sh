@@ -6,7 +6,9 @@
 #      row beside raw append with as many processes (`bench --scenario put`);
 #   3. replication against a plain TCP copy and a copy into a file (`bench.replication`);
 #   4. the whole-record CRC's cost on one store, on cores the store's own processes leave free
-#      (`bench --scenario crc-same-store`).
+#      (`bench --scenario crc-same-store`);
+#   ab. (STEPS=ab) `bench.scaling` in each variant tree under .dev/trees/ (`git archive` of the
+#      packages, one .tgz each), alternating, twice.
 # Nothing there is installed: the two compiled dependencies travel as wheels and the store's own
 # compiled parts as .so files built for that machine's Python (3.12), both under .dev/:
 #   .dev/whl: `pip wheel --no-deps posix_ipc crcmod` with a Python 3.12
@@ -39,15 +41,30 @@ step() {  # step NAME SECONDS COMMAND...: one bounded step, its output in $OUT/N
     "$PY" -c "import numpy, psutil, posix_ipc, crcmod; from rmq_mp.put import native; from rmq_mp.format import native as f; print('core', native.core is not None, 'scan', f.scan is not None, numpy.__version__)"
 } 2>&1 | tee "$OUT/machine.log"
 
-if [ "$QUICK" = 1 ]; then
-    step put_lock 60 "$PY" -m bench.put_lock --seconds 0.5 --producers 1,2
-    step put 120 "$PY" -m bench --scenario put --mode ASYNC --body 128 --seconds 0.5 --quick
-    step replication 120 "$PY" -m bench.replication --mib 16 --puts 200 --rounds 1
-else
-    step put_lock 60 "$PY" -m bench.put_lock --seconds 1.5 --producers 1,2,4,8,16
-    step put 170 "$PY" -m bench --scenario put --mode ASYNC --body 128 --seconds 2
-    step replication 150 "$PY" -m bench.replication --mib 256 --puts 2000 --rounds 3
-    step crc 90 "$PY" -m bench --scenario crc-same-store
-fi
+# STEPS picks steps by name (default: all but ab); QUICK=1 shrinks each, for a check of the script.
+STEPS=${STEPS:-put_lock put replication crc}
+q() { if [ "$QUICK" = 1 ]; then echo "$1"; else echo "$2"; fi; }
+for s in $STEPS; do
+    case $s in
+    put_lock) step put_lock 60 "$PY" -m bench.put_lock --seconds "$(q 0.5 1.5)" --producers "$(q 1,2 1,2,4,8,16)" ;;
+    put) step put 170 "$PY" -m bench --scenario put --mode ASYNC --body 128 --seconds "$(q 0.5 2)" $(q --quick "") ;;
+    replication) step replication 150 "$PY" -m bench.replication --mib "$(q 16 256)" --puts "$(q 200 2000)" --rounds "$(q 1 3)" ;;
+    crc) step crc 90 "$PY" -m bench --scenario crc-same-store ;;
+    ab)  # bench.scaling in each tree of .dev/trees/*.tgz (`git archive` of variants), alternating
+        for t in .dev/trees/*.tgz; do
+            d=/tmp/rmq-ab/$(basename "$t" .tgz)
+            mkdir -p "$d" && tar xzf "$t" -C "$d"
+            cp .dev/so/_core.*.so "$d/rmq_mp/put/" && cp .dev/so/_scan.*.so "$d/rmq_mp/format/" && cp .dev/so/_index.*.so "$d/rmq_mp/store/"
+        done
+        for round in $(q 1 "1 2"); do
+            for d in /tmp/rmq-ab/*; do
+                (cd "$d" && export PYTHONPATH=/tmp/rmq-site:$d && step "ab-$(basename "$d")-$round" 90 "$PY" -m bench.scaling \
+                    --producers "$(q 1,2 1,2,4,8,16)" --seconds "$(q 0.5 1.5)" --tag "$(basename "$d")-$round")
+            done
+        done
+        mkdir -p bench/results && cp /tmp/rmq-ab/*/bench/results/scaling-*.json bench/results/ ;;
+    *) echo "unknown step $s" ;;
+    esac
+done
 tar czf "$OUT/results.tgz" bench/results 2>/dev/null
 rm -f /dev/shm/rmq_* /dev/shm/sem.rmq_*
