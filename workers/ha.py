@@ -51,7 +51,7 @@ from rmq_mp.config.store_config import (
     peer_allowed,
 )
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError, StoreError
-from rmq_mp.format import ha_frame, record, record_batch, topic_marker
+from rmq_mp.format import ha_frame, native, record, record_batch, topic_marker
 from rmq_mp.store import fork, ha_log
 from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
@@ -88,6 +88,9 @@ SCAN_RECORDS = 1 << 16
 SCAN_MIN_BYTES = 64 << 10
 """Received bytes from which the slave scans (below, a record at a time is quicker: a scan's
 set-up costs what a few dozen one-record decodes do)."""
+QUEUE_ROWS = 4096
+"""Queues one compiled `queue_ends` walk reports at most (a walk meeting more stops there)."""
+_MARKER_TOPIC = topic_marker.TOPIC.encode("ascii")
 
 
 def _unsent(buffers: list[bytes | memoryview], sent: int) -> bytes:
@@ -467,6 +470,11 @@ class HaSlave(ServiceLoop):
         self.retry_at = 0.0
         self.wrote = self.table.get(layout.WROTE_POSITION)
         self.received_end = self.wrote
+        self.walk_rows = np.empty((4, QUEUE_ROWS), dtype=np.int64)
+        """`_walk`'s output: per queue met, topic index, queue id, first offset, end."""
+        self.walk_topics: list[str] = []
+        self.walk_topic_ids: dict[bytes, int] = {}
+        """Topic bytes -> index in `walk_topics`, kept across walks (the compiled walk adds)."""
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
         self._fork_start()
@@ -630,6 +638,10 @@ class HaSlave(ServiceLoop):
                 continue
             if pos + max(total, 8) > self.received_end:
                 break
+            limit = min(self.received_end, file_end) - mf.file_from_offset
+            if (walked := self._walk(mf.buf, at, limit, queue_ends, queue_starts)) > at:
+                pos = mf.file_from_offset + walked
+                continue
             scan = None
             if self.received_end - pos >= SCAN_MIN_BYTES:
                 scan = record_batch.scan_segment(
@@ -669,6 +681,38 @@ class HaSlave(ServiceLoop):
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
+
+    def _walk(
+        self,
+        buf: Any,
+        at: int,
+        limit: int,
+        queue_ends: dict[tuple[str, int], int],
+        queue_starts: dict[tuple[str, int], int],
+    ) -> int:
+        """Where the common records from ``at`` end (``at`` when the first is not one), their
+        queues entered into ``queue_ends`` / ``queue_starts``: the compiled `_scan.queue_ends`,
+        which reads of each record only its size, topic, queue id and queue offset (the whole
+        scan's columns, keys and tags were most of the slave's scan time, and reput reads them
+        anyway). Without it (RMQ_PURE_PYTHON=1, not built) ``at``: the scan below, its reference.
+        It stops before a deleteTopic marker and any record the reference must read."""
+        compiled = native.scan.active
+        if compiled is None:
+            return at
+        records, stop, queues, _why = compiled.queue_ends(
+            buf, at, limit, SCAN_RECORDS, _MARKER_TOPIC, self.walk_topic_ids, self.walk_topics, self.walk_rows
+        )
+        if not records:
+            return at
+        topics = self.walk_topics
+        rows = self.walk_rows[:, :queues].tolist()
+        for index, queue_id, first, end in zip(*rows, strict=True):
+            key = (topics[index], queue_id)
+            if key not in queue_ends:
+                queue_starts[key] = first
+            if end > queue_ends.get(key, 0):
+                queue_ends[key] = end
+        return int(stop)
 
     def _learn_queues(
         self, queue_ends: dict[tuple[str, int], int], queue_starts: dict[tuple[str, int], int]
