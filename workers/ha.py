@@ -34,6 +34,7 @@ from __future__ import annotations
 import contextlib
 import ipaddress
 import logging
+import os
 import select
 import socket
 import sys
@@ -51,7 +52,7 @@ from rmq_mp.config.store_config import (
     peer_allowed,
 )
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError, StoreError
-from rmq_mp.format import ha_frame, record, record_batch, topic_marker
+from rmq_mp.format import ha_frame, native, record, record_batch, topic_marker
 from rmq_mp.store import fork, ha_log
 from rmq_mp.store.running_store import promoted_role, resolve_names
 from shm import layout
@@ -88,6 +89,9 @@ SCAN_RECORDS = 1 << 16
 SCAN_MIN_BYTES = 64 << 10
 """Received bytes from which the slave scans (below, a record at a time is quicker: a scan's
 set-up costs what a few dozen one-record decodes do)."""
+QUEUE_ROWS = 4096
+"""Queues one compiled `queue_ends` walk reports at most (a walk meeting more stops there)."""
+_MARKER_TOPIC = topic_marker.TOPIC.encode("ascii")
 
 
 def _unsent(buffers: list[bytes | memoryview], sent: int) -> bytes:
@@ -467,6 +471,21 @@ class HaSlave(ServiceLoop):
         self.retry_at = 0.0
         self.wrote = self.table.get(layout.WROTE_POSITION)
         self.received_end = self.wrote
+        self.walked = self.wrote
+        """`_advance_wrote` read the records up to here; WROTE_POSITION follows once a receive ends."""
+        self.walked_ends: dict[tuple[str, int], int] = {}
+        self.walked_starts: dict[tuple[str, int], int] = {}
+        """The queues of the records in [wrote, walked): next offsets and first offsets met."""
+        self.pending: list[memoryview | bytes] = []
+        """Frames `_apply` took that `_write_pending` has not written yet (views of `frames`)."""
+        self.pending_file = 0
+        """The log offset of the file they go to."""
+        self.pending_end = 0
+        self.walk_rows = np.empty((4, QUEUE_ROWS), dtype=np.int64)
+        """`_walk`'s output: per queue met, topic index, queue id, first offset, end."""
+        self.walk_topics: list[str] = []
+        self.walk_topic_ids: dict[bytes, int] = {}
+        """Topic bytes -> index in `walk_topics`, kept across walks (the compiled walk adds)."""
         self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_IDLE)
         self._fork_start()
@@ -568,8 +587,12 @@ class HaSlave(ServiceLoop):
             if not n:
                 raise HaProtocolError("the master closed the connection")
             self.heard_at = time.monotonic()
-            for frame in self.frames.filled(n):
-                moved |= self._apply(frame)
+            try:
+                for frame in self.frames.filled(n):
+                    moved |= self._apply(frame)
+            finally:  # before the next read reuses the buffer, and before any disconnect
+                self._write_pending()
+            self._advance_wrote(publish=False)  # while the bytes just written are in the cache
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         if moved:  # the report first: a SYNC_MASTER put waits for it, not for this slave's reput
             self._report()
@@ -586,31 +609,62 @@ class HaSlave(ServiceLoop):
             if checked is None:
                 return False
             frame = checked
-        if self.received_end != 0 and frame.phy_offset != self.received_end:
-            raise HaProtocolError(f"frame at {frame.phy_offset}, but this slave's end is {self.received_end}")
-        if not frame.data:
+        end = self.pending_end if self.pending else self.received_end
+        start, data = frame
+        if end != 0 and start != end:
+            raise HaProtocolError(f"frame at {start}, but this slave's end is {end}")
+        if not data:
             return False
-        start = frame.phy_offset
-        if start // self.file_size != (start + len(frame.data) - 1) // self.file_size:
-            raise HaProtocolError(f"frame of {len(frame.data)} bytes at {start} crosses a file")
-        if self.received_end == 0 and start != 0 and self.wrote != start:
+        file_start = start - start % self.file_size
+        if start + len(data) > file_start + self.file_size:
+            raise HaProtocolError(f"frame of {len(data)} bytes at {start} crosses a file")
+        if end == 0 and start != 0 and self.wrote != start:
             ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
-            self.wrote = start
-        mf = self.store.commit_log.file_at(start)
-        mf.fill(start - mf.file_from_offset, frame.data)
-        self.received_end = start + len(frame.data)
-        self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
+            self.wrote = self.walked = start
+        if self.pending and file_start != self.pending_file:
+            self._write_pending()  # one write never spans two files
+        if not self.pending:
+            self.pending_file = file_start
+        self.pending.append(data)
+        self.pending_end = start + len(data)
         return True
 
-    def _advance_wrote(self) -> None:
+    def _write_pending(self) -> None:
+        """The frames `_apply` took since the last write (contiguous, in one file) into the file
+        with one `pwritev`, then HA_SLAVE_RECEIVED_END past them: one write and one table store
+        a read, not one a frame (a 32 KiB frame is one syscall's worth). Runs before the frame
+        buffer is read into again (the pieces are views of it) and before a disconnect, so the
+        end never says more than the file has."""
+        if not self.pending:
+            return
+        pieces, self.pending = self.pending, []
+        mf = self.store.commit_log.file_at(self.pending_file)
+        at = self.pending_end - sum(len(piece) for piece in pieces) - mf.file_from_offset
+        if mf.write_buffer is not None:  # a pool buffer to fill, not the file
+            for piece in pieces:
+                mf.fill(at, piece)
+                at += len(piece)
+        else:
+            done = os.pwritev(mf.fd, pieces, at)
+            for piece in pieces:  # after a short write, the rest a piece at a time
+                if done < len(piece):
+                    mf.fill(at + done, piece[done:])
+                done = max(0, done - len(piece))
+                at += len(piece)
+        self.received_end = self.pending_end
+        self.table.set(layout.HA_SLAVE_RECEIVED_END, self.received_end)
+
+    def _advance_wrote(self, publish: bool = True) -> None:
         """WROTE_POSITION to the last whole record at or below the received end, each record's
-        queue in the queue-offset table first (as a producer's put does on a master). Runs of
-        whole records are read by `record_batch.scan_segment` (the compiled scan reput and
+        queue in the queue-offset table first (as a producer's put does on a master); with
+        ``publish`` false, only the walk (`walked`): `_receive` walks after each read, while
+        the bytes it just wrote are in the CPU's cache (after 16 reads, 4 MiB on, the walk's
+        every record was a cache miss, perf), and publishes once. Runs of whole records are
+        walked by `_walk` or read by `record_batch.scan_segment` (the compiled scan reput and
         recovery use: one record at a time in Python was 80% of the slave's time, cProfile);
         a file's tail, a record cut by the received end and a bad record one at a time."""
-        pos = self.wrote
-        queue_ends: dict[tuple[str, int], int] = {}
-        queue_starts: dict[tuple[str, int], int] = {}
+        pos = self.walked
+        queue_ends, queue_starts = self.walked_ends, self.walked_starts
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -630,6 +684,10 @@ class HaSlave(ServiceLoop):
                 continue
             if pos + max(total, 8) > self.received_end:
                 break
+            limit = min(self.received_end, file_end) - mf.file_from_offset
+            if (walked := self._walk(mf.buf, at, limit, queue_ends, queue_starts)) > at:
+                pos = mf.file_from_offset + walked
+                continue
             scan = None
             if self.received_end - pos >= SCAN_MIN_BYTES:
                 scan = record_batch.scan_segment(
@@ -663,12 +721,47 @@ class HaSlave(ServiceLoop):
             if found.topic == topic_marker.TOPIC:
                 self._restart_deleted(mf.buf, at, total, queue_ends, queue_starts)
             pos += total
-        if pos != self.wrote:
+        self.walked = pos
+        if publish and pos != self.wrote:
             self._learn_queues(queue_ends, queue_starts)
+            queue_ends.clear()
+            queue_starts.clear()
             self.wrote = pos
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
+
+    def _walk(
+        self,
+        buf: Any,
+        at: int,
+        limit: int,
+        queue_ends: dict[tuple[str, int], int],
+        queue_starts: dict[tuple[str, int], int],
+    ) -> int:
+        """Where the common records from ``at`` end (``at`` when the first is not one), their
+        queues entered into ``queue_ends`` / ``queue_starts``: the compiled `_scan.queue_ends`,
+        which reads of each record only its size, topic, queue id and queue offset (the whole
+        scan's columns, keys and tags were most of the slave's scan time, and reput reads them
+        anyway). Without it (RMQ_PURE_PYTHON=1, not built) ``at``: the scan below, its reference.
+        It stops before a deleteTopic marker and any record the reference must read."""
+        compiled = native.scan.active
+        if compiled is None:
+            return at
+        records, stop, queues, _why = compiled.queue_ends(
+            buf, at, limit, SCAN_RECORDS, _MARKER_TOPIC, self.walk_topic_ids, self.walk_topics, self.walk_rows
+        )
+        if not records:
+            return at
+        topics = self.walk_topics
+        rows = self.walk_rows[:, :queues].tolist()
+        for index, queue_id, first, end in zip(*rows, strict=True):
+            key = (topics[index], queue_id)
+            if key not in queue_ends:
+                queue_starts[key] = first
+            if end > queue_ends.get(key, 0):
+                queue_ends[key] = end
+        return int(stop)
 
     def _learn_queues(
         self, queue_ends: dict[tuple[str, int], int], queue_starts: dict[tuple[str, int], int]

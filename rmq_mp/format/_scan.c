@@ -435,9 +435,116 @@ done:
     return result;
 }
 
+/* One queue's row of `queue_ends`' output: the first queue offset met and the highest + 1. */
+enum { Q_TOPIC, Q_QUEUE_ID, Q_FIRST, Q_END, N_QCOLS };
+
+PyDoc_STRVAR(queue_ends_doc,
+             "queue_ends(buf, pos, limit, max_records, skip_topic, topic_ids, topics, out)\n"
+             "    -> (records, next_pos, queues, why)\n\n"
+             "Walk the common records of buf[pos:limit] (the ones `scan` takes without CRC and without\n"
+             "the delay table) and write each queue met once into ``out`` (int64, shape (4, cap)):\n"
+             "topic index, queue id, first queue offset, highest queue offset + 1. Nothing else of a\n"
+             "record is read (a slave's ha worker needs only where the whole records end and each\n"
+             "queue's next offset). ``why``: 0 the limit or the count was reached, 1 the record at\n"
+             "next_pos is for the Python decoder (or its topic is ``skip_topic``), 2 ``out`` is full.");
+
+static PyObject *scan_queue_ends(PyObject *self, PyObject *args) {
+    Py_buffer buf, out;
+    Py_ssize_t pos, limit, max_records;
+    const char *skip;
+    Py_ssize_t skip_len;
+    PyObject *ids, *topics;
+    if (!L.configured) {
+        PyErr_SetString(PyExc_RuntimeError, "queue_ends: configure() was not called");
+        return NULL;
+    }
+    if (!PyArg_ParseTuple(args, "y*nnny#O!O!w*", &buf, &pos, &limit, &max_records, &skip, &skip_len, &PyDict_Type,
+                          &ids, &PyList_Type, &topics, &out))
+        return NULL;
+    PyObject *result = NULL;
+    int32_t *slots = NULL;
+    Py_ssize_t cap = out.len / (Py_ssize_t)(N_QCOLS * sizeof(int64_t));
+    if (pos < 0 || limit > buf.len || pos > limit || max_records < 0 || cap < 1) {
+        PyErr_SetString(PyExc_ValueError, "queue_ends: position, limit or output out of range");
+        goto done;
+    }
+    /* open addressing over (topic index, queue id): at most half full */
+    Py_ssize_t nslots = 2;
+    while (nslots < 2 * cap) nslots *= 2;
+    slots = PyMem_Malloc((size_t)nslots * sizeof(int32_t));
+    if (slots == NULL) {
+        PyErr_NoMemory();
+        goto done;
+    }
+    memset(slots, 0xFF, (size_t)nslots * sizeof(int32_t));
+    const uint8_t *base = buf.buf;
+    int64_t *q = out.buf;
+    TopicCache tc;
+    tc.len = -1;
+    Py_ssize_t p = pos, n = 0, queues = 0, last = -1;
+    int why = SCAN_END;
+    while (p < limit && n < max_records) {
+        why = SCAN_DEFER;
+        if (limit - p < 8) break;
+        const uint8_t *r = base + p;
+        Py_ssize_t total = (int32_t)be32(r);
+        if ((int32_t)be32(r + 4) != L.magic_v1 || total < L.pos_body[0] + 3 || total > limit - p) break;
+        uint32_t sys_flag = be32(r + L.pos_sys_flag);
+        int layout = 2 * ((sys_flag & L.born_v6_flag) != 0) + ((sys_flag & L.store_v6_flag) != 0);
+        Py_ssize_t body = L.pos_body[layout];
+        if (total < body + 3) break;
+        Py_ssize_t body_len = (int32_t)be32(r + L.pos_body_len[layout]);
+        if (body_len < 0 || body_len > total - body - 3) break;
+        const uint8_t *t = r + body + body_len;
+        Py_ssize_t topic_len = t[0];
+        if (topic_len == 0 || body + body_len + 3 + topic_len > total) break;
+        Py_ssize_t props_len = (int16_t)(((uint16_t)t[1 + topic_len] << 8) | t[2 + topic_len]);
+        if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) break; /* calMsgLength */
+        const uint8_t *topic = t + 1, *props = t + 3 + topic_len;
+        if (!plain_ascii(topic, topic_len) || !plain_ascii(props, props_len)) break;
+        if (topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0) break;
+        if (topic_len == skip_len && memcmp(topic, skip, (size_t)topic_len) == 0) break;
+        int64_t index = topic_index(&tc, topic, topic_len, ids, topics);
+        if (index < 0) goto done;
+        int64_t queue_id = (int32_t)be32(r + L.pos_queue_id);
+        int64_t offset = (int64_t)be64(r + L.pos_queue_offset);
+        Py_ssize_t row = last;
+        if (row < 0 || q[Q_TOPIC * cap + row] != index || q[Q_QUEUE_ID * cap + row] != queue_id) {
+            uint64_t key = (uint64_t)index << 32 ^ (uint32_t)queue_id;
+            Py_ssize_t s = (Py_ssize_t)((key * 0x9E3779B97F4A7C15u) >> 40) & (nslots - 1);
+            while ((row = slots[s]) >= 0 &&
+                   (q[Q_TOPIC * cap + row] != index || q[Q_QUEUE_ID * cap + row] != queue_id))
+                s = (s + 1) & (nslots - 1);
+            if (row < 0) {
+                if (queues == cap) {
+                    why = SCAN_KEYS_FULL;
+                    break;
+                }
+                row = slots[s] = (int32_t)queues++;
+                q[Q_TOPIC * cap + row] = index;
+                q[Q_QUEUE_ID * cap + row] = queue_id;
+                q[Q_FIRST * cap + row] = offset;
+                q[Q_END * cap + row] = offset + 1;
+            }
+            last = row;
+        }
+        if (offset + 1 > q[Q_END * cap + row]) q[Q_END * cap + row] = offset + 1;
+        p += total;
+        n++;
+        why = SCAN_END;
+    }
+    result = Py_BuildValue("nnni", n, p, queues, why);
+done:
+    PyMem_Free(slots);
+    PyBuffer_Release(&buf);
+    PyBuffer_Release(&out);
+    return result;
+}
+
 static PyMethodDef methods[] = {
     {"configure", scan_configure, METH_O, configure_doc},
     {"scan", scan_scan, METH_VARARGS, scan_doc},
+    {"queue_ends", scan_queue_ends, METH_VARARGS, queue_ends_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -20,3 +20,14 @@ def scan(
     delay_level_ms: tuple[int, ...] | None = None,
     /,
 ) -> tuple[int, int, int, int]: ...
+def queue_ends(
+    buf: Any,
+    pos: int,
+    limit: int,
+    max_records: int,
+    skip_topic: bytes,
+    topic_ids: dict[bytes, int],
+    topics: list[str],
+    out: Any,
+    /,
+) -> tuple[int, int, int, int]: ...

