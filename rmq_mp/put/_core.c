@@ -27,9 +27,9 @@
  * - The whole-record CRC (enabledAppendPropCRC): the reserved ``__CRC32#`` tail after the
  *   properties, its CRC and digits computed before the put lock over the lock's fields as
  *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
- *   crc_guess, crc_prepare, crc_fill_prepared); a send's body read once, its pass giving the
- *   body CRC field and, combined with the header's and the rest's, the record's
- *   (crc_record_encoded).
+ *   crc_guess, crc_prepare, crc_fill_prepared); a send's body read once, its CRC-32 giving the
+ *   body CRC field and, combined with the header's (from its fields' values) and the rest's,
+ *   the record's (crc_record_encoded).
  */
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
@@ -246,22 +246,24 @@ static inline Py_ssize_t fixed_size(const Hosts *h) { return 80 + h->store_ip_le
 #define POS_STORE_TIMESTAMP (POS_BORN_HOST + 8)
 
 /* One record with QUEUEOFFSET, PHYSICALOFFSET and STORETIMESTAMP 0 (patched under the lock).
- * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. With `body_crc_later`
- * the body CRC field is left 0: the whole-record CRC's pass fills it (crc_prepare, one pass
- * over the body for both CRCs). */
+ * `out` holds at least fixed_size + body + topic_field + 2 + props bytes. With `keep_body_crc`
+ * the body's whole CRC-32 (the field holds 31 bits of it) is left in QUEUEOFFSET's first four
+ * bytes, which the lock writes, for the whole-record CRC (crc_prepare: the body read once, here,
+ * from where it is, before the stores of the record). */
 static Py_ssize_t encode_into(uint8_t *out, const Hosts *h, const uint8_t *topic_field, Py_ssize_t topic_len,
                               const uint8_t *body, Py_ssize_t body_len, int32_t queue_id, int32_t flag,
-                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len, int body_crc_later) {
+                              int64_t born_ms, const uint8_t *props, Py_ssize_t props_len, int keep_body_crc) {
     Py_ssize_t fixed = fixed_size(h);
     Py_ssize_t total = fixed + body_len + topic_len + 2 + props_len;
     uint8_t *p = out;
-    uint32_t crc = body_len && !body_crc_later ? crc32_of(0, body, (size_t)body_len) : 0;
+    uint32_t crc = body_len ? crc32_of(0, body, (size_t)body_len) : 0;
     put32(p, (uint32_t)total);
     put32(p + 4, (uint32_t)MESSAGE_MAGIC_CODE);
     put32(p + 8, crc & 0x7FFFFFFFu);
     put32(p + 12, (uint32_t)queue_id);
     put32(p + 16, (uint32_t)flag);
     memset(p + 20, 0, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
+    if (keep_body_crc) memcpy(p + POS_QUEUE_OFFSET, &crc, 4); /* crc_body_of reads it back */
     put32(p + 36, (uint32_t)h->sys_flag);
     put64(p + 40, (uint64_t)born_ms);
     memcpy(p + 48, h->born_ip, 4);
@@ -596,6 +598,11 @@ typedef struct {
     uint32_t after_shift;  /* x^(8 (covered - fixed - body_len)): the body's past the rest */
     uint32_t field_factor; /* x^(8 (covered - 8)): the body CRC field's word */
     uint32_t body_ones;    /* ~0 * x^(8 body_len): the body's CRC-32 from its raw CRC */
+    /* the Sender's header (crc_head_for): a header of `head_fixed` bytes (0: none yet), the raw
+     * CRC of its bytes with the per-send words 0, and x^(8 (fixed - k)) for each such word k */
+    Py_ssize_t head_fixed;
+    uint32_t head_const;
+    uint32_t head_factor[12];
 } CrcState;
 
 typedef struct {
@@ -965,6 +972,19 @@ static inline uint32_t crc_raw_any(const uint8_t *p, Py_ssize_t n) {
 }
 
 #ifdef RMQ_HAVE_CLMUL
+/* The sum of 32 x 32-bit carry-less products `v` (its low 64 bits) mod P: crc_multiply_clmul's
+ * reduction (the products' sum shifted once, Barrett on its low word). */
+__attribute__((target("pclmul,sse4.1"))) static inline uint32_t crc_reduce_product(__m128i v) {
+    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
+    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
+    v = _mm_slli_epi64(v, 1);
+    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
+    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
+    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
+}
+#endif
+
+#ifdef RMQ_HAVE_CLMUL
 /* a0 * f0 ^ a1 * f1 ^ a2 * f2 mod P: crc_multiply_sum6's three-product form (one reduction). */
 __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum3(uint32_t a0, uint32_t f0, uint32_t a1,
                                                                             uint32_t f1, uint32_t a2, uint32_t f2) {
@@ -980,6 +1000,43 @@ __attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum3(uint3
     return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
 }
 #endif
+
+/* The header's words a Sender's records differ in, each its own product in crc_record_encoded
+ * (the rest are the Sender's, set once: MAGICCODE, SYSFLAG, the hosts, RECONSUMETIMES and
+ * PREPAREDTRANSACTIONOFFSET, 0), in pairs as one 64-bit value gives them: QUEUEOFFSET and
+ * PHYSICALOFFSET (guessed), BORNTIMESTAMP, STORETIMESTAMP (guessed), TOTALSIZE with QUEUEID, and
+ * FLAG with BODYLENGTH, the header's last word (-4: fixed - 4). The body CRC field (8) is the
+ * combine's own product. */
+#define CRC_HEAD_WORDS 12
+static const int CRC_HEAD_WORD_AT[CRC_HEAD_WORDS] = {POS_QUEUE_OFFSET,    POS_QUEUE_OFFSET + 4,    POS_PHY_OFFSET,
+                                                     POS_PHY_OFFSET + 4,  40,                      44,
+                                                     POS_STORE_TIMESTAMP, POS_STORE_TIMESTAMP + 4, 0,
+                                                     12,                  16,                      -4};
+
+
+/* The header's per-send words as the register reads them (little-endian loads of their bytes),
+ * as the header holds them (crc_head_for). */
+static void crc_head_words(uint32_t w[CRC_HEAD_WORDS], const uint8_t *r, Py_ssize_t fixed) {
+    for (int k = 0; k < CRC_HEAD_WORDS; k++)
+        memcpy(&w[k], r + (CRC_HEAD_WORD_AT[k] < 0 ? fixed : 0) + CRC_HEAD_WORD_AT[k], 4);
+}
+
+/* The Sender's header constants for encode_into's record `r` with a `fixed`-byte header, once
+ * (a header length is the Sender's): each per-send word's factor, and the header's raw CRC with
+ * those words (and the body CRC field) 0: read once here, their products taken out. It holds
+ * for every record the Sender encodes: its other words are the Sender's, set once. */
+static void crc_head_for(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
+    if (fixed == st->head_fixed) return;
+    for (int k = 0; k < CRC_HEAD_WORDS; k++)
+        st->head_factor[k] = crc_shift_of((uint64_t)(CRC_HEAD_WORD_AT[k] < 0 ? -CRC_HEAD_WORD_AT[k]
+                                                                               : fixed - CRC_HEAD_WORD_AT[k]));
+    uint32_t w[CRC_HEAD_WORDS], h = crc_raw(r, fixed), field;
+    crc_head_words(w, r, fixed);
+    for (int k = 0; k < CRC_HEAD_WORDS; k++) h ^= crc_multiply(w[k], st->head_factor[k]);
+    memcpy(&field, r + 8, 4); /* 0 as encode_into leaves it; taken out all the same */
+    st->head_const = h ^ crc_multiply(field, crc_shift_of((uint64_t)(fixed - 8)));
+    st->head_fixed = fixed;
+}
 
 /* What depends on a record's shape alone (`covered` bytes under the CRC, `fixed` of header, a
  * body of `body_len`, or -1: the record read whole), kept in `st` for the next record (a
@@ -998,49 +1055,6 @@ static void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py
     st->covered = covered, st->fixed = fixed, st->body_len = body_len;
 }
 
-/* The CRC of an encoded record's first `covered` bytes and its body's CRC-32, the body read once
- * (issue 35): encode_into left the body CRC field 0; the header's `fixed` bytes, the body and the
- * rest (topic, properties) are three passes with no data between them, so the CPU runs them side
- * by side (each pass is mostly its fold's and reduction's latency, not its bytes). The body's
- * raw CRC b gives the field, ~(b ^ ~0 * x^(8 len)) masked, written here; the record's raw CRC is
- * raw(header) * x^(8 (len + after)) ^ b * x^(8 after) ^ raw(rest), plus the field's word times
- * x^(8 (covered - 8)) (it was 0 when the header was read): three products, one reduction. (The
- * lock's guessed fields folded in the same way, six products more, rather than written into
- * the header first measured ~6 ns a send dearer.) */
-static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
-                                   const CrcState *st) {
-    const uint8_t *body = r + fixed;
-    uint32_t b = crc_raw_any(body, body_len);
-    uint32_t h = crc_raw(r, fixed);
-    uint32_t t = crc_raw_any(body + body_len, covered - fixed - body_len);
-    uint32_t field = ~(b ^ st->body_ones) & 0x7FFFFFFFu;
-    put32(r + 8, field);
-    uint32_t word = __builtin_bswap32(field); /* the field's bytes as the register reads them */
-#ifdef RMQ_HAVE_CLMUL
-    if (has_clmul)
-        return ~(crc_multiply_sum3(h, st->head_shift, b, st->after_shift, word, st->field_factor) ^ t ^ st->ones);
-#endif
-    return ~(crc_multiply(h, st->head_shift) ^ crc_multiply(b, st->after_shift) ^
-             crc_multiply(word, st->field_factor) ^ t ^ st->ones);
-}
-
-/* The ten digits of a whole-record CRC (31 bits) after the property's name, least significant
- * first (`MessageDecoder.createCrc32`). Each half of five digits from one fixed-point product:
- * y * ceil(2^32 / 10^4) holds y / 10^4 in its high word and the rest as a fraction, each further
- * digit one multiplication by 10 of that fraction (exact for y < 10^5: the unit test checks
- * every y); two independent chains of four products. */
-static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc) {
-    uint8_t *digits = r + covered + CRC_DIGITS_AT;
-    uint32_t high = crc / 100000, low = crc - high * 100000;
-    uint64_t fl = (uint64_t)low * 429497u, fh = (uint64_t)high * 429497u;
-    for (int i = 4; i >= 0; i--) {
-        digits[i] = (uint8_t)('0' + (fl >> 32));
-        digits[5 + i] = (uint8_t)('0' + (fh >> 32));
-        fl = (fl & 0xFFFFFFFFu) * 10;
-        fh = (fh & 0xFFFFFFFFu) * 10;
-    }
-}
-
 /* The lock's fields as they will most likely be, written before crc_prepare: the queue's next
  * offset and the write position read now (racy reads: only a guess; the lock's values are
  * compared with it), and the born time, which the store time is when the lock is had at once.
@@ -1051,12 +1065,100 @@ static inline void crc_guess(uint8_t *r, int64_t queue_offset, int64_t phy_offse
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
 }
 
+/* The body's raw CRC from the CRC-32 encode_into left in QUEUEOFFSET (keep_body_crc):
+ * crc = ~(raw ^ ~0 * x^(8 len)). */
+static inline uint32_t crc_body_of(const uint8_t *r, const CrcState *st) {
+    uint32_t crc;
+    memcpy(&crc, r + POS_QUEUE_OFFSET, 4);
+    return ~crc ^ st->body_ones;
+}
+
+#ifdef RMQ_HAVE_CLMUL
+/* crc_record_encoded by carry-less multiplication, compiled for it as one function (its pass,
+ * products and reductions inlined, not calls between differently compiled functions). */
+__attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(uint8_t *r, Py_ssize_t covered,
+                                                                                Py_ssize_t fixed, Py_ssize_t body_len,
+                                                                                const int64_t guess[3],
+                                                                                const CrcState *st) {
+    const uint8_t *rest = r + fixed + body_len;
+    Py_ssize_t rest_len = covered - fixed - body_len;
+    uint32_t b = crc_body_of(r, st), field;
+    /* the header's per-send words (CRC_HEAD_WORD_AT), two to a lane from 64-bit values as the
+     * register reads their bytes: the guesses from registers, the rest loaded as stored */
+    uint64_t born, total_qid, flag_len;
+    uint32_t total, qid, flag, len;
+    memcpy(&born, r + 40, 8);
+    memcpy(&total, r, 4), memcpy(&qid, r + 12, 4), memcpy(&flag, r + 16, 4), memcpy(&len, r + fixed - 4, 4);
+    total_qid = total | (uint64_t)qid << 32, flag_len = flag | (uint64_t)len << 32;
+    const uint64_t pairs[CRC_HEAD_WORDS / 2] = {__builtin_bswap64((uint64_t)guess[0]),
+                                                __builtin_bswap64((uint64_t)guess[1]), born,
+                                                __builtin_bswap64((uint64_t)guess[2]), total_qid, flag_len};
+    __m128i v = _mm_setzero_si128(), u = _mm_setzero_si128();
+#pragma GCC unroll 6
+    for (int k = 0; k < CRC_HEAD_WORDS / 2; k++) {
+        __m128i d = _mm_cvtepu32_epi64(_mm_cvtsi64_si128((long long)pairs[k]));
+        __m128i f = _mm_loadl_epi64((const __m128i *)&st->head_factor[2 * k]);
+        f = _mm_cvtepu32_epi64(f);
+        v = _mm_xor_si128(v, _mm_clmulepi64_si128(d, f, 0x00));
+        u = _mm_xor_si128(u, _mm_clmulepi64_si128(d, f, 0x11));
+    }
+    uint32_t h = st->head_const ^ crc_reduce_product(_mm_xor_si128(v, u));
+    uint32_t t = rest_len >= 64 ? crc32_clmul_raw(rest, (size_t)rest_len)
+                 : rest_len    ? crc32_clmul_raw_short(rest, (size_t)rest_len)
+                               : 0;
+    memcpy(&field, r + 8, 4); /* the field's bytes as the register reads them (0 in head_const) */
+    return ~(crc_multiply_sum3(h, st->head_shift, b, st->after_shift, field, st->field_factor) ^ t ^ st->ones);
+}
+#endif
+
+/* The CRC of an encoded record's first `covered` bytes (issue 35), nothing of it read twice:
+ * the body's CRC-32, computed by encode_into from where the body is before the record's stores
+ * (and left for this: keep_body_crc), gives the body's raw CRC b; the rest (topic, properties)
+ * is one pass; the header is not read: its raw CRC is the Sender's head_const plus its twelve
+ * per-send words, from registers, times their factors (independent products, one reduction:
+ * the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
+ * + after)) ^ b * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered
+ * - 8)) (0 in head_const): three products, one reduction. Without PCLMULQDQ the guess is
+ * written and the header read whole. */
+static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
+                                   const int64_t guess[3], const CrcState *st) {
+#ifdef RMQ_HAVE_CLMUL
+    if (has_clmul) return crc_record_clmul(r, covered, fixed, body_len, guess, st);
+#endif
+    uint32_t b = crc_body_of(r, st);
+    crc_guess(r, guess[0], guess[1], guess[2]);
+    uint32_t h = crc_raw(r, fixed); /* the body CRC field in it */
+    uint32_t t = crc_raw_any(r + fixed + body_len, covered - fixed - body_len);
+    return ~(crc_multiply(h, st->head_shift) ^ crc_multiply(b, st->after_shift) ^ t ^ st->ones);
+}
+
+/* The ten digits of a whole-record CRC (31 bits) after the property's name, least significant
+ * first (`MessageDecoder.createCrc32`): digit i is crc / 10^i - 10 * (crc / 10^(i+1)), each
+ * quotient the compiler's own multiplication by a reciprocal, none waiting on another (the CRC
+ * is ready just before the put lock is taken, which waits for these stores: nine independent
+ * products of a few cycles' latency, where a chain of them cost ~3 ns more a send). */
+static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc) {
+    uint8_t *digits = r + covered + CRC_DIGITS_AT;
+    uint32_t q1 = crc / 10, q2 = crc / 100, q3 = crc / 1000, q4 = crc / 10000, q5 = crc / 100000,
+             q6 = crc / 1000000, q7 = crc / 10000000, q8 = crc / 100000000, q9 = crc / 1000000000;
+    digits[0] = (uint8_t)('0' + crc - 10 * q1);
+    digits[1] = (uint8_t)('0' + q1 - 10 * q2);
+    digits[2] = (uint8_t)('0' + q2 - 10 * q3);
+    digits[3] = (uint8_t)('0' + q3 - 10 * q4);
+    digits[4] = (uint8_t)('0' + q4 - 10 * q5);
+    digits[5] = (uint8_t)('0' + q5 - 10 * q6);
+    digits[6] = (uint8_t)('0' + q6 - 10 * q7);
+    digits[7] = (uint8_t)('0' + q7 - 10 * q8);
+    digits[8] = (uint8_t)('0' + q8 - 10 * q9);
+    digits[9] = (uint8_t)('0' + q9);
+}
+
 /* Before the lock: the record `r` whose CRC covers its first `covered` bytes (>= 64), its
  * digits written as they will stand if the lock's fields are what the caller guessed (`guess`:
- * queue offset, physical offset, store time; written into [20, 64) first: crc_guess);
- * crc_fill_prepared corrects them under the lock where the guess was wrong. `encoded`:
- * encode_into's record, its body CRC field left 0 (crc_record_encoded); else the record is read
- * whole as it is. */
+ * queue offset, physical offset, store time: in the CRC, not the record's bytes, which the lock
+ * writes; crc_guess writes them where the header is read); crc_fill_prepared corrects them
+ * under the lock where the guess was wrong. `encoded`: encode_into's record, its body's CRC-32
+ * kept (keep_body_crc: crc_record_encoded); else the record is read whole as it is. */
 static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int encoded, const int64_t guess[3],
                         CrcState *st, CrcPrepared *out) {
     Py_ssize_t body_len = -1;
@@ -1066,11 +1168,15 @@ static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int en
         body_len = (Py_ssize_t)__builtin_bswap32(be);
     }
     crc_state_for(st, covered, fixed, body_len);
-    crc_guess(r, guess[0], guess[1], guess[2]);
-    if (encoded)
-        out->crc = crc_record_encoded(r, covered, fixed, body_len, st);
-    else /* the initial ~0 run through `covered` bytes, inverted at the end */
+    if (encoded) {
+#ifdef RMQ_HAVE_CLMUL
+        if (has_clmul) crc_head_for(st, r, fixed);
+#endif
+        out->crc = crc_record_encoded(r, covered, fixed, body_len, guess, st);
+    } else { /* the initial ~0 run through `covered` bytes, inverted at the end */
+        crc_guess(r, guess[0], guess[1], guess[2]);
         out->crc = ~(crc_raw(r, covered) ^ st->ones);
+    }
     out->shift = st->shift;
     crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
 }
@@ -1110,8 +1216,9 @@ static inline int64_t get64(const uint8_t *p) {
 /* Test hook: _crc_fill_prepared(record: bytearray, tail_len, queue_offset, phy_offset, store_ms,
  * guess=None, fixed=0) prepares the record as it is (or with the lock's fields guessed: (queue_offset,
  * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. With
- * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the record is taken as encode_into
- * leaves a send's: its body CRC field is zeroed and filled by the same pass (crc_record_encoded). */
+ * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the record is made as encode_into
+ * leaves a send's (keep_body_crc: the body CRC field written, the body's CRC-32 kept in
+ * QUEUEOFFSET) and its CRC computed from the header's fields (crc_record_encoded). */
 static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     Py_buffer rec;
     Py_ssize_t tail_len;
@@ -1132,21 +1239,25 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
         return PyErr_Format(PyExc_ValueError, "a record of at least %d bytes and its CRC tail", CRC_WINDOW_END);
     }
     uint8_t *r = rec.buf;
-    if (fixed) {
-        uint32_t body_len = 0;
-        if (fixed >= CRC_WINDOW_END && fixed <= covered) memcpy(&body_len, r + fixed - 4, 4);
-        body_len = __builtin_bswap32(body_len);
-        if (fixed < CRC_WINDOW_END || fixed > covered || (Py_ssize_t)body_len > covered - fixed) {
-            PyBuffer_Release(&rec);
-            return PyErr_Format(PyExc_ValueError, "a header of at least %d bytes whose body fits", CRC_WINDOW_END);
-        }
-        memset(r + 8, 0, 4); /* as encode_into leaves it for the pass */
-    }
     int64_t g[3];
     if (guess != Py_None)
         g[0] = guessed[0], g[1] = guessed[1], g[2] = guessed[2];
     else
         g[0] = get64(r + POS_QUEUE_OFFSET), g[1] = get64(r + POS_PHY_OFFSET), g[2] = get64(r + POS_STORE_TIMESTAMP);
+    if (fixed) {
+        uint32_t body_len = 0;
+        if (fixed >= CRC_WINDOW_END + 4 && fixed <= covered) memcpy(&body_len, r + fixed - 4, 4);
+        body_len = __builtin_bswap32(body_len);
+        if (fixed < CRC_WINDOW_END + 4 || fixed > covered || (Py_ssize_t)body_len > covered - fixed) {
+            PyBuffer_Release(&rec);
+            /* BODYLENGTH after the lock's fields (a real header has 88 or 100 bytes) */
+            return PyErr_Format(PyExc_ValueError, "a header of at least %d bytes whose body fits",
+                                CRC_WINDOW_END + 4);
+        }
+        uint32_t crc = crc32_of(0, r + fixed, body_len); /* as encode_into leaves it (keep_body_crc) */
+        put32(r + 8, crc & 0x7FFFFFFFu);
+        memcpy(r + POS_QUEUE_OFFSET, &crc, 4);
+    }
     CrcState st = {0};
     CrcPrepared pre;
     crc_prepare(r, covered, fixed, fixed != 0, g, &st, &pre);
@@ -1783,7 +1894,7 @@ static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
 
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
  * record at 0), of the queue whose next offset is queues[next_word]; `encoded`: the records are
- * encode_into's with the body CRC field left to the whole-record CRC's pass (else read whole:
+ * encode_into's with the body's CRC-32 kept for the whole-record CRC (else read whole:
  * crc_prepare). The journal first, then the
  * bytes, the queue's next offset and the write position (the commit point), as
  * `Appender._write_chunk`; counters; a flush request under SYNC. 1 done, 0 the reference's
