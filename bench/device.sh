@@ -50,19 +50,22 @@ for s in $STEPS; do
     put) step put 170 "$PY" -m bench --scenario put --mode ASYNC --body 128 --seconds "$(q 0.5 2)" $(q --quick "") ;;
     replication) step replication 150 "$PY" -m bench.replication --mib "$(q 16 256)" --puts "$(q 200 2000)" --rounds "$(q 1 3)" ;;
     crc) step crc 90 "$PY" -m bench --scenario crc-same-store ;;
-    ab)  # bench.scaling in each tree of .dev/trees/*.tgz (`git archive` of variants), alternating
+    ab)  # AB_ARGS (default: bench.scaling) in each tree of .dev/trees/*.tgz, alternating, twice;
+        # a tree that carries its own .so files (its C differs) keeps them
         for t in .dev/trees/*.tgz; do
             d=/tmp/rmq-ab/$(basename "$t" .tgz)
             mkdir -p "$d" && tar xzf "$t" -C "$d"
-            cp .dev/so/_core.*.so "$d/rmq_mp/put/" && cp .dev/so/_scan.*.so "$d/rmq_mp/format/" && cp .dev/so/_index.*.so "$d/rmq_mp/store/"
+            ls "$d"/rmq_mp/put/_core.*.so >/dev/null 2>&1 ||
+                { cp .dev/so/_core.*.so "$d/rmq_mp/put/" && cp .dev/so/_scan.*.so "$d/rmq_mp/format/" && cp .dev/so/_index.*.so "$d/rmq_mp/store/"; }
         done
         for round in $(q 1 "1 2"); do
             for d in /tmp/rmq-ab/*; do
-                (cd "$d" && export PYTHONPATH=/tmp/rmq-site:$d && step "ab-$(basename "$d")-$round" 90 "$PY" -m bench.scaling \
-                    --producers "$(q 1,2 1,2,4,8,16)" --seconds "$(q 0.5 1.5)" --tag "$(basename "$d")-$round")
+                # shellcheck disable=SC2086  # AB_ARGS is a word list
+                (cd "$d" && export PYTHONPATH=/tmp/rmq-site:$d && step "ab-$(basename "$d")-$round" 90 "$PY" \
+                    ${AB_ARGS:--m bench.scaling --producers $(q 1,2 1,2,4,8,16) --seconds $(q 0.5 1.5) --tag $(basename "$d")-$round})
             done
         done
-        mkdir -p bench/results && cp /tmp/rmq-ab/*/bench/results/scaling-*.json bench/results/ ;;
+        for d in /tmp/rmq-ab/*; do mkdir -p "bench/results/ab-$(basename "$d")" && cp "$d"/bench/results/* "bench/results/ab-$(basename "$d")/"; done ;;
     *) echo "unknown step $s" ;;
     esac
 done
