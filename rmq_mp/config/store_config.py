@@ -511,7 +511,7 @@ class MessageStoreConfig:
     # message on.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
-    # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
+    # waiting producer; 40 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
     max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
     # send as usual, unmeasured, with a warning. The scheduler worker is one from the first
