@@ -94,6 +94,7 @@ def sync_put(root: str, reference: bool, out: Any) -> None:
             reference_put_path(producer)
         producer.send("Gather", b"w", queue_id=0, properties={m.PROPERTY_WAIT_STORE_MSG_OK: "false"})
         metrics = producer._metrics
+        assert metrics._words is not None, "no metrics slot"
         served = metrics._words[metrics.reference_word : metrics.reference_word + len(REFERENCE_REASONS)]
         before = sum(served)
         status = producer.send("Gather", b"x", queue_id=0).status.name
@@ -124,10 +125,12 @@ def test_only_the_last_ticket_a_gather_awaits_posts_the_flusher(tmp_path: Path, 
                 proc.start()
                 procs.append(proc)
                 waiter = psutil.Process(proc.pid)
+
+                def waiting(t: int = ticket, w: psutil.Process = waiter) -> bool:
+                    return table.get(layout.FLUSH_REQUEST_SEQ) == t and w.status() == psutil.STATUS_SLEEPING
+
                 wait_until(
-                    lambda t=ticket, w=waiter: (
-                        table.get(layout.FLUSH_REQUEST_SEQ) == t and w.status() == psutil.STATUS_SLEEPING
-                    ),
+                    waiting,
                     30,
                     f"ticket {ticket}'s producer to wait for its flush",
                 )
