@@ -6,7 +6,7 @@ Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeServ
 
 - SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): wait
   for the producers the last flush woke to put again (`gather`, while the oldest send waiting
-  began less than a flush's duration ago),
+  began less than 1.25 passes ago),
   flush ``[flushed, wrote)``, then complete every open request (the tickets after the last one
   answered) at or below the flushed offset and time out those past their deadline (the
   watcher's job); wake reput, since under SYNC_FLUSH consumers see only flushed records.
@@ -35,8 +35,8 @@ from workers.service import ServiceLoop, main
 log = logging.getLogger("rmq_mp.flusher")
 FLUSH_SLOW_MS = 500
 """A flush slower than this is logged, as RocketMQ's FlushRealTimeService does."""
-GATHER_AGE_FLUSHES = 1.0
-"""A gather ends once the oldest send waiting began this many flushes ago (`gather`)."""
+GATHER_AGE_PASSES = 1.25
+"""A gather ends once the oldest send waiting began this many SYNC passes ago (`gather`)."""
 
 
 class FlusherService(ServiceLoop):
@@ -64,8 +64,8 @@ class FlusherService(ServiceLoop):
         """Requests the last pass left waiting (they came during its fsync)."""
         self.gather_group_max = 2 * (os.cpu_count() or 1)
         """The most producers a gather waits for (`gather`)."""
-        self.fsync_s = 0.0
-        """A moving average of one flush's duration: the gather's age bound."""
+        self.pass_s = 0.0
+        """A moving average of a SYNC pass, its flush and its completions: the gather's age bound."""
 
     def interval_s(self) -> float:
         cfg = self.store.config
@@ -131,9 +131,7 @@ class FlusherService(ServiceLoop):
         self.failing = False
         t.set(layout.FLUSHED_POSITION, target)
         t.add(layout.FLUSH_COUNT, 1)
-        cost_s = time.monotonic() - started
-        self.fsync_s += (cost_s - self.fsync_s) / 8 if self.fsync_s else cost_s
-        cost_ms = int(cost_s * 1000)
+        cost_ms = int((time.monotonic() - started) * 1000)
         if cost_ms > FLUSH_SLOW_MS:  # RocketMQ: "Flush data to disk costs {} ms"
             log.warning(
                 "flush data to disk costs %d ms ([%d, %d), %d bytes)",
@@ -168,20 +166,22 @@ class FlusherService(ServiceLoop):
 
     def gather(self) -> None:
         """SYNC: before a flush, wait for the waiters the last pass woke to put again, while the
-        oldest send waiting began less than a flush's duration ago (a moving average) and for at
-        most `syncFlushGatherMaxUs` after that pass.
+        oldest send waiting began less than 1.25 passes ago (a pass: a flush and its
+        completions, a moving average) and for at most `syncFlushGatherMaxUs` after that pass.
         Each producer waits for its own put's flush before it sends again, so flushing as soon
         as one request is there splits the producers into two groups that alternate, each
         waiting through the other's fsync (2.25 requests per fsync with 4 producers,
         bench/NOTES.md); they return within tens of microseconds, and a flush that waits for
         them serves all of them in one fsync. A send's age counts from its start, which its
-        request carries (`FlushRequestRing.oldest_started_ns`), so a put whose producer was slow
-        to the lock, or that came during the last fsync, is flushed at once and the gather
-        waits only for fresh ones (counted from when the flusher first saw a request, or the
-        middle of the fsync that left it open, such puts waited up to a flush more and made the
-        tail: bench/NOTES.md, syncp99; 1.25 passes, a flush and its completions, did no better
-        in the same runs: syncstart); with no request waiting yet, the woken producers' sends
-        began after the pass that woke them. Only one wake a gather: its flag stays set, so the puts post
+        request carries (`FlushRequestRing.oldest_started_ns`): flushing at once, a send that
+        came just after a flush began waits about a pass before its own flush starts, so a
+        gather that holds none longer keeps about its latency (counted from when the flusher
+        first saw a request, or the middle of the fsync that left it open, a producer slow to
+        the lock waited that much more). One flush instead of 1.25 passes flushed a put that
+        came during a slow fsync at once, without the producers it woke, and the groups split
+        again (tests/crash/test_sync_group.py: 1.75 puts per fsync; bench/NOTES.md, syncstart).
+        With no request waiting yet, the woken producers' sends began after the pass that woke
+        them. Only one wake a gather: its flag stays set, so the puts post
         nothing, but the one with the last ticket awaited (FLUSH_GATHER_TICKET) posts the
         semaphore (rmq_mp/put/_core.c, `Producer._wake_workers`), or the age bound's timeout
         ends the sleep; a post that came late only ends a later sleep early. Only while the
@@ -193,7 +193,7 @@ class FlusherService(ServiceLoop):
         self.woken = 0
         if expected <= 0 or self.gather_max_s <= 0 or expected + self.left_open > self.gather_group_max:
             return
-        age_ns = int(self.fsync_s * GATHER_AGE_FLUSHES * 1e9)
+        age_ns = int(self.pass_s * GATHER_AGE_PASSES * 1e9)
         cap_ns = self.woken_at_ns + int(self.gather_max_s * 1e9)
         since = self.woken_after_ticket
         seq = self.table.get
@@ -219,8 +219,12 @@ class FlusherService(ServiceLoop):
         if self.sync:
             self.gather()
             self.seen_through = self.table.get(layout.FLUSH_REQUEST_SEQ)
+            started = time.monotonic()
             advanced = self.flush(0)
             self.complete_requests()
+            if advanced:
+                pass_s = time.monotonic() - started
+                self.pass_s += (pass_s - self.pass_s) / 8 if self.pass_s else pass_s
             if advanced:
                 self.store.shm.wake("reput")
             return
