@@ -1931,7 +1931,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             w[s->wake_word[i]] = 1;
             sem_post(s->wake_sem[i]);
         }
-    /* the request the flusher's gather waits for last wakes it (`Producer._wake_gather`); the
+    /* the request the flusher's gather waits for last wakes it (`FlushRequests.wake_gather`); the
      * fence orders the ticket's store before this load, as the flusher stores, then reads */
     if (out->ring_slot >= 0 && s->wakes) {
         __atomic_thread_fence(__ATOMIC_SEQ_CST);
