@@ -13,6 +13,8 @@ out). Slot layout (native int64):
       8 next_offset  producer under the put lock (end offset of its record)
      16 deadline_ms  producer under the put lock (creation + syncFlushTimeout)
      24 pid          producer under the put lock
+     32 started_ns   producer under the put lock (CLOCK_MONOTONIC when its send began, before
+                     the lock: the flusher's gather bounds a request's wait by its age)
 
 The state machine, all of it here (one method per transition; rmq_mp/put/flush_wait.py is the
 producer's side, workers/flusher.py the flusher's, rmq_mp/put/_core.c `take_ring_slot`,
@@ -48,9 +50,9 @@ import numpy as np
 from shm.layout import Lock, Role
 from shm.slot_table import SlotTable, Writers, check_slot_layout
 
-SLOT_SIZE = 32
+SLOT_SIZE = 40
 FREE, WAITING, DONE_OK, DONE_TIMEOUT, ABANDONED = 0, 1, 2, 3, 4
-STATE, NEXT_OFFSET, DEADLINE_MS, PID = 0, 8, 16, 24
+STATE, NEXT_OFFSET, DEADLINE_MS, PID, STARTED_NS = 0, 8, 16, 24, 32
 STATE_NAMES = ("FREE", "WAITING", "DONE_OK", "DONE_TIMEOUT", "ABANDONED")
 STALE_MS = 1000
 """A DONE_* or ABANDONED slot this long past its deadline is reused by `take`."""
@@ -81,12 +83,14 @@ class FlushRequestRing(SlotTable):
         "next_offset": NEXT_OFFSET,
         "deadline_ms": DEADLINE_MS,
         "pid": PID,
+        "started_ns": STARTED_NS,
     }
     WRITERS: ClassVar[dict[str, Writers]] = {
         "state": Writers(Role.PRODUCER, Role.FLUSHER),
         "next_offset": Writers(Role.PRODUCER, lock=Lock.PUT),
         "deadline_ms": Writers(Role.PRODUCER, lock=Lock.PUT),
         "pid": Writers(Role.PRODUCER, lock=Lock.PUT),
+        "started_ns": Writers(Role.PRODUCER, lock=Lock.PUT),
     }
 
     def waiting(self) -> int:
@@ -99,15 +103,16 @@ class FlushRequestRing(SlotTable):
     # ------------------------------------------------------------------ the producer's moves
 
     def take(
-        self, last_ticket: int, end_offset: int, now_ms: int, timeout_ms: int, pid: int
+        self, last_ticket: int, end_offset: int, now_ms: int, timeout_ms: int, pid: int, started_ns: int = 0
     ) -> tuple[int, int]:
         """FREE (or stale DONE_*/ABANDONED) -> WAITING, put lock held: a request for the bytes
         below ``end_offset``. Tries the tickets after ``last_ticket`` (FLUSH_REQUEST_SEQ) for at
         most one lap; returns (slot, ticket), slot -1 when every slot is taken. The caller
         publishes ``ticket`` as FLUSH_REQUEST_SEQ after this returns, and only then: the flusher
         reads the sequence without the lock, and a ticket it saw before its slot said WAITING
-        would look answered and never be looked at again. Word stores: every SYNC put comes here."""
-        self.check_writes(NEXT_OFFSET, DEADLINE_MS, PID, STATE)
+        would look answered and never be looked at again. ``started_ns``: when the send began
+        (CLOCK_MONOTONIC). Word stores: every SYNC put comes here."""
+        self.check_writes(NEXT_OFFSET, DEADLINE_MS, PID, STARTED_NS, STATE)
         w = self._words
         base, size, capacity = self._base, self.SLOT_SIZE, self.capacity
         ticket = last_ticket
@@ -121,6 +126,7 @@ class FlushRequestRing(SlotTable):
                 w[at + (NEXT_OFFSET >> 3)] = end_offset
                 w[at + (DEADLINE_MS >> 3)] = now_ms + timeout_ms
                 w[at + (PID >> 3)] = pid
+                w[at + (STARTED_NS >> 3)] = started_ns
                 w[at + (STATE >> 3)] = WAITING  # last: the request is whole when it says WAITING
                 return slot, ticket
         return -1, ticket
@@ -158,6 +164,22 @@ class FlushRequestRing(SlotTable):
         """ABANDONED -> FREE: the flusher frees a slot its waiter gave up."""
         assert seen == ABANDONED, _moved(seen, FREE)
         self.set(slot, STATE, FREE)
+
+    def oldest_started_ns(self, after_ticket: int, last_ticket: int) -> int:
+        """When the oldest send still waiting among the tickets ``(after_ticket, last_ticket]``
+        began (CLOCK_MONOTONIC ns; 0: none waits). The flusher's gather reads it: a request
+        whose send began long ago (its producer was slow to the lock, or it came during the
+        last fsync) is not held for others. A slot reused meanwhile reads a newer request's
+        start, which only makes the gather wait less than it could."""
+        capacity = self.capacity
+        oldest = 0
+        for ticket in range(max(after_ticket, last_ticket - capacity) + 1, last_ticket + 1):
+            slot = ticket % capacity
+            if self.get(slot, STATE) == WAITING:
+                started = self.get(slot, STARTED_NS)
+                if not oldest or started < oldest:
+                    oldest = started
+        return oldest
 
     def answer(
         self, after_ticket: int, last_ticket: int, flushed_offset: int, now_ms: int

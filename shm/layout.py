@@ -541,6 +541,13 @@ REPUT_BEHIND_PASSES = _f(
     doc="reputSyncFlushSchedIdle: passes that started IDLE_BACKLOG_BYTES behind and so left SCHED_IDLE",
 )  # fmt: skip
 
+# Slot 216: the flusher's gather under SYNC_FLUSH (workers/flusher.py `gather`).
+FLUSH_GATHER_TICKET = _f(
+    "flush_gather_ticket", 216, Role.FLUSHER,
+    doc="while the flusher gathers, the flush-request ticket whose producer posts its wakeup (the "
+    "last one it waits for; 0: none): one wake a gather, not one a request",
+)  # fmt: skip
+
 ROLE_CODES = {"ASYNC_MASTER": 1, "SYNC_MASTER": 2, "SLAVE": 3}
 """BROKER_ROLE_NOW's values."""
 

@@ -25,6 +25,7 @@ class ReplicaRequestRing(FlushRequestRing):
         "next_offset": Writers(Role.PRODUCER, lock=Lock.PUT),
         "deadline_ms": Writers(Role.PRODUCER, lock=Lock.PUT),
         "pid": Writers(Role.PRODUCER, lock=Lock.PUT),
+        "started_ns": Writers(Role.PRODUCER, lock=Lock.PUT),  # unread here (the flusher's gather)
     }
 
 

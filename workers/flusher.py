@@ -5,8 +5,8 @@ Mirrors GroupCommitService + FlushDiskWatcher (SYNC_FLUSH) and FlushRealTimeServ
 (RocketMQ 4.9.8 does: issue #2706); the failure is counted and waiting producers time out.
 
 - SYNC_FLUSH: woken by producers (else every 10 ms while requests wait, 200 ms when idle): wait
-  for the producers the last flush woke to put again (`gather`, while the oldest request waiting
-  is younger than a flush's duration),
+  for the producers the last flush woke to put again (`gather`, while the oldest send waiting
+  began less than 1.25 passes ago),
   flush ``[flushed, wrote)``, then complete every open request (the tickets after the last one
   answered) at or below the flushed offset and time out those past their deadline (the
   watcher's job); wake reput, since under SYNC_FLUSH consumers see only flushed records.
@@ -35,6 +35,8 @@ from workers.service import ServiceLoop, main
 log = logging.getLogger("rmq_mp.flusher")
 FLUSH_SLOW_MS = 500
 """A flush slower than this is logged, as RocketMQ's FlushRealTimeService does."""
+GATHER_AGE_PASSES = 1.25
+"""A gather ends once the oldest send waiting began this many SYNC passes ago (`gather`)."""
 
 
 class FlusherService(ServiceLoop):
@@ -56,14 +58,14 @@ class FlusherService(ServiceLoop):
         """Waiters the last pass completed: producers that usually put again at once (`gather`)."""
         self.woken_after_ticket = self.answered_through
         """FLUSH_REQUEST_SEQ when the last pass completed them."""
-        self.woken_at = 0.0
-        """time.monotonic() when the last pass completed them."""
+        self.woken_at_ns = 0
+        """time.monotonic_ns() when the last pass completed them."""
         self.left_open = 0
         """Requests the last pass left waiting (they came during its fsync)."""
         self.gather_group_max = 2 * (os.cpu_count() or 1)
         """The most producers a gather waits for (`gather`)."""
-        self.fsync_s = 0.0
-        """A moving average of one flush's duration: how long a request may wait for a gather."""
+        self.pass_s = 0.0
+        """A moving average of a SYNC pass, its flush and its completions: the gather's age bound."""
 
     def interval_s(self) -> float:
         cfg = self.store.config
@@ -129,9 +131,7 @@ class FlusherService(ServiceLoop):
         self.failing = False
         t.set(layout.FLUSHED_POSITION, target)
         t.add(layout.FLUSH_COUNT, 1)
-        cost_s = time.monotonic() - started
-        self.fsync_s += (cost_s - self.fsync_s) / 8 if self.fsync_s else cost_s
-        cost_ms = int(cost_s * 1000)
+        cost_ms = int((time.monotonic() - started) * 1000)
         if cost_ms > FLUSH_SLOW_MS:  # RocketMQ: "Flush data to disk costs {} ms"
             log.warning(
                 "flush data to disk costs %d ms ([%d, %d), %d bytes)",
@@ -160,58 +160,71 @@ class FlusherService(ServiceLoop):
         for slot in completed:
             self.store.shm.flush_done(slot).release()
         if completed:
-            self.woken, self.woken_after_ticket, self.woken_at = len(completed), last_ticket, time.monotonic()
+            self.woken, self.woken_after_ticket = len(completed), last_ticket
+            self.woken_at_ns = time.monotonic_ns()
             self.left_open = last_ticket - self.answered_through
 
     def gather(self) -> None:
         """SYNC: before a flush, wait for the waiters the last pass woke to put again, while the
-        oldest request waiting is younger than one flush (a moving average) and for at most
-        `syncFlushGatherMaxUs` after that pass. Each producer waits for its own put's flush
-        before it sends again, so flushing as soon as one request is there splits the producers
-        into two groups that alternate, each waiting through the other's fsync (2.25 requests
-        per fsync with 4 producers, bench/NOTES.md); they return within tens of microseconds,
-        and a flush that waits for them serves all of them in one fsync. A request's age bounds
-        the wait rather than the time since the pass woke them: a put that came during the last
-        fsync (left open) has already waited about half of one, and waiting a whole flush more
-        for the others made it the tail (with reput SCHED_IDLE, p99 worse than flushing at once
-        in 5 of 5 pairs; 13 of 16 still, bench/NOTES.md); so a put waits about one flush at
-        most before its own starts, as when flushing at once. The
-        age is counted from when this loop first sees a request (it is woken by each one), or
-        from the middle of the last fsync for one left open. Only while the group is at most two
-        producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU a put) before it puts
-        again, and with 8 producers on 2 cores the last ones came back about a flush later, so
-        waiting for them cost 0.85x the throughput (bench/NOTES.md), while flushing at once
-        already served about half of them. Sleeps on the wakeup semaphore, woken by each new
-        request: no busy wait."""
+        oldest send waiting began less than 1.25 passes ago (a pass: a flush and its
+        completions, a moving average) and for at most `syncFlushGatherMaxUs` after that pass.
+        Each producer waits for its own put's flush before it sends again, so flushing as soon
+        as one request is there splits the producers into two groups that alternate, each
+        waiting through the other's fsync (2.25 requests per fsync with 4 producers,
+        bench/NOTES.md); they return within tens of microseconds, and a flush that waits for
+        them serves all of them in one fsync. A send's age counts from its start, which its
+        request carries (`FlushRequestRing.oldest_started_ns`): flushing at once, a send that
+        came just after a flush began waits about a pass before its own flush starts, so a
+        gather that holds none longer keeps about its latency (counted from when the flusher
+        first saw a request, or the middle of the fsync that left it open, a producer slow to
+        the lock waited that much more). One flush instead of 1.25 passes flushed a put that
+        came during a slow fsync at once, without the producers it woke, and the groups split
+        again (tests/crash/test_sync_group.py: 1.75 puts per fsync; bench/NOTES.md, syncstart).
+        With no request waiting yet, the woken producers' sends began after the pass that woke
+        them. Only one wake a gather: its flag stays set, so the puts post
+        nothing, but the one with the last ticket awaited (FLUSH_GATHER_TICKET) posts the
+        semaphore (rmq_mp/put/_core.c, `Producer._wake_workers`), or the age bound's timeout
+        ends the sleep; a post that came late only ends a later sleep early. Only while the
+        group is at most two producers a CPU: each one woken needs a CPU turn (~25-30 us of CPU
+        a put) before it puts again, and with 8 producers on 2 cores the last ones came back
+        about a flush later, so waiting for them cost 0.85x the throughput (bench/NOTES.md),
+        while flushing at once already served about half of them."""
         expected = self.woken
         self.woken = 0
         if expected <= 0 or self.gather_max_s <= 0 or expected + self.left_open > self.gather_group_max:
             return
-        flush_s = self.fsync_s
-        cap = self.woken_at + self.gather_max_s
-        oldest = self.woken_at - flush_s / 2 if self.left_open else 0.0
-        """When the oldest request waiting came (0.0: none yet)."""
+        age_ns = int(self.pass_s * GATHER_AGE_PASSES * 1e9)
+        cap_ns = self.woken_at_ns + int(self.gather_max_s * 1e9)
         since = self.woken_after_ticket
         seq = self.table.get
+        ring = self.store.shm.ring
 
         def gathered() -> bool:
             return seq(layout.FLUSH_REQUEST_SEQ) - since >= expected
 
-        while not gathered():
-            now = time.monotonic()
-            if not oldest and seq(layout.FLUSH_REQUEST_SEQ) > since:
-                oldest = now
-            deadline = min(cap, oldest + flush_s) if oldest else cap
-            if deadline <= now:
-                return
-            self.wakeup.wait(deadline - now, gathered)
+        try:
+            while not gathered():
+                oldest_ns = ring.oldest_started_ns(self.answered_through, seq(layout.FLUSH_REQUEST_SEQ))
+                left_ns = min(cap_ns, (oldest_ns or self.woken_at_ns) + age_ns) - time.monotonic_ns()
+                if left_ns <= 0:
+                    return
+                self.table.set(layout.FLUSH_GATHER_TICKET, since + expected)
+                if gathered():  # after the store: a put that published it before read 0
+                    return
+                self.wakeup.sleep(left_ns / 1e9)
+        finally:
+            self.table.set(layout.FLUSH_GATHER_TICKET, 0)
 
     def do_work(self) -> None:
         if self.sync:
             self.gather()
             self.seen_through = self.table.get(layout.FLUSH_REQUEST_SEQ)
+            started = time.monotonic()
             advanced = self.flush(0)
             self.complete_requests()
+            if advanced:
+                pass_s = time.monotonic() - started
+                self.pass_s += (pass_s - self.pass_s) / 8 if self.pass_s else pass_s
             if advanced:
                 self.store.shm.wake("reput")
             return

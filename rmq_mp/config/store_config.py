@@ -491,11 +491,11 @@ class MessageStoreConfig:
     # an unprivileged process cannot, so there it runs at the nice value alone (logged once).
     reput_sync_flush_sched_idle: bool = True
     # rmq-mp addition: under SYNC_FLUSH, before a flush, the flusher waits up to this many us for
-    # the producers its last flush woke to put again (never once the oldest request waiting has
-    # waited a flush's duration, and only while they are at most two a CPU), so one fsync serves
-    # them all (bench/NOTES.md, 2026-11-27 syncgrp and syncp99); 0 = flush as soon as a
-    # request waits (RocketMQ's GroupCommitService), which splits closed-loop producers into two
-    # groups that each wait through the other's fsync.
+    # the producers its last flush woke to put again (never once the oldest send waiting began
+    # 1.25 passes ago, a flush and its completions, and only while they are at most two a CPU),
+    # so one fsync serves them all (bench/NOTES.md, 2026-11-27 syncgrp, syncp99, syncstart);
+    # 0 = flush as soon as a request waits (RocketMQ's GroupCommitService), which splits
+    # closed-loop producers into two groups that each wait through the other's fsync.
     sync_flush_gather_max_us: int = _prop(500, ge=0, le=100_000)
     # rmq-mp addition: topic/queue pairs the store holds (its shared queue-offset table, sized at
     # start, 264 B of shared memory each). A send to one more queue is refused
@@ -511,7 +511,7 @@ class MessageStoreConfig:
     # message on.
     max_consumer_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: SYNC_FLUSH lock holds that can wait for their flush at once (one per
-    # waiting producer; 32 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
+    # waiting producer; 40 B and one 4 KiB semaphore each); past it a put gets FLUSH_DISK_TIMEOUT.
     max_sync_flush_request_num: int = _prop(1024, ge=1, le=65536)
     # rmq-mp addition: producer processes whose puts the metrics count (~0.4 KiB each); the rest
     # send as usual, unmeasured, with a warning. The scheduler worker is one from the first

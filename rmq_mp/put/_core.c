@@ -620,6 +620,10 @@ typedef struct {
     /* SYNC: the flush-request ring */
     int sync;
     int64_t ring_capacity, ring_base, ring_slot_size, ring_state, ring_next, ring_deadline, ring_pid;
+    int64_t ring_started; /* the slot's started_ns field (shm/flush_requests.py) */
+    int64_t send_started_ns; /* CLOCK_MONOTONIC when the send being put began, before the lock */
+    int64_t gather_word;  /* FLUSH_GATHER_TICKET: the ticket whose put wakes the gathering flusher */
+    int64_t ring_ticket;  /* the ticket take_ring_slot took last */
     int64_t ring_free, ring_waiting, ring_done_ok, ring_done_timeout, ring_abandoned;
     int64_t sync_flush_timeout_ms;
     PyObject *flush_done_names; /* list of str */
@@ -1357,6 +1361,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
         s->ring_next = dict_i64(d, "ring_next_offset", &ok);
         s->ring_deadline = dict_i64(d, "ring_deadline_ms", &ok);
         s->ring_pid = dict_i64(d, "ring_pid", &ok);
+        s->ring_started = dict_i64(d, "ring_started_ns", &ok);
+        s->gather_word = dict_i64(d, "gather_word", &ok);
         s->ring_free = dict_i64(d, "FREE", &ok);
         s->ring_waiting = dict_i64(d, "WAITING", &ok);
         s->ring_done_ok = dict_i64(d, "DONE_OK", &ok);
@@ -1366,7 +1372,8 @@ static int Sender_init(Sender *s, PyObject *args, PyObject *kwds) {
         PyObject *names = dict_obj(d, "flush_done_names", &ok);
         if (!ok) return -1;
         if (!PyList_Check(names) || PyList_GET_SIZE(names) != s->ring_capacity || s->ring_capacity < 1 ||
-            s->ring_base + s->ring_capacity * s->ring_slot_size > s->ring.view.len) {
+            s->ring_base + s->ring_capacity * s->ring_slot_size > s->ring.view.len ||
+            s->gather_word < 0 || (s->gather_word + 1) * 8 > s->table.view.len) {
             PyErr_SetString(PyExc_ValueError, "flush ring settings disagree");
             return -1;
         }
@@ -1477,7 +1484,8 @@ static inline int has_separator(const char *p, Py_ssize_t n) {
 
 static const char HEX[] = "0123456789ABCDEF";
 
-/* A flush-request ring slot for [.., end) (put lock held): `Appender._request_flush`. */
+/* A flush-request ring slot for [.., end) (put lock held): `Appender._request_flush`. It carries
+ * when the send began (s->send_started_ns, set by each send before the lock). */
 static int64_t take_ring_slot(Sender *s, int64_t end, int64_t now_ms) {
     int64_t *w = words_of(&s->table);
     int64_t *ring = words_of(&s->ring);
@@ -1492,8 +1500,10 @@ static int64_t take_ring_slot(Sender *s, int64_t end, int64_t now_ms) {
             ring[base + (s->ring_next >> 3)] = end;
             ring[base + (s->ring_deadline >> 3)] = now_ms + s->sync_flush_timeout_ms;
             ring[base + (s->ring_pid >> 3)] = s->pid;
+            ring[base + (s->ring_started >> 3)] = s->send_started_ns; /* the gather's age bound */
             __atomic_store_n(&ring[base + (s->ring_state >> 3)], s->ring_waiting, __ATOMIC_RELEASE);
             w[s->w[W_FLUSH_SEQ]] = ticket;
+            s->ring_ticket = ticket;
             return slot;
         }
     }
@@ -2032,6 +2042,12 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             w[s->wake_word[i]] = 1;
             sem_post(s->wake_sem[i]);
         }
+    /* the request the flusher's gather waits for last wakes it (`FlushRequests.wake_gather`); the
+     * fence orders the ticket's store before this load, as the flusher stores, then reads */
+    if (out->ring_slot >= 0 && s->wakes) {
+        __atomic_thread_fence(__ATOMIC_SEQ_CST);
+        if (__atomic_load_n(&w[s->gather_word], __ATOMIC_RELAXED) == s->ring_ticket) sem_post(s->wake_sem[0]);
+    }
     /* the next stretch of the pool buffer populated in this process, off the lock (the Python
      * decides what and when: shm.transient_pool.prefault); the put stands whatever it raises */
     if (end >= s->prefault_at && s->prefault) {
@@ -2353,6 +2369,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     s->why = REF_STORE;
     if (s->closed) Py_RETURN_NONE;
     int64_t started_ns = mono_ns();
+    s->send_started_ns = started_ns;
     PyObject *topic = args[0], *body = args[1], *tags = args[2], *keys = args[3], *props = args[4],
              *qid_obj = args[5], *flag_obj = args[6];
     long long queue_id, flag;
@@ -2472,6 +2489,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     s->why = REF_STORE;
     if (s->closed) Py_RETURN_NONE;
     int64_t started_ns = mono_ns();
+    s->send_started_ns = started_ns;
     PyObject *topic = args[0], *bodies = args[1], *tags = args[2], *keys = args[3], *props = args[4],
              *qid_obj = args[5], *flag_obj = args[6];
     long long queue_id, flag;
@@ -2664,6 +2682,7 @@ static PyObject *Sender_put_encoded(Sender *s, PyObject *const *args, Py_ssize_t
     s->why = REF_STORE;
     if (s->closed) Py_RETURN_NONE;
     int64_t started_ns = mono_ns();
+    s->send_started_ns = started_ns;
     PyObject *topic = args[0], *qid_obj = args[1], *data = args[2];
     int wait = PyObject_IsTrue(args[3]);
     long long queue_id, flag;

@@ -13,7 +13,7 @@ import time
 
 from shm import flush_requests as fr
 from shm import layout
-from shm.semaphores import acquire
+from shm.semaphores import Wakeup, acquire
 from shm.store_shm import StoreShm
 
 RING_FULL = "every SYNC flush-request slot is taken (maxSyncFlushRequestNum): raise it"
@@ -32,14 +32,32 @@ class FlushRequests:
         self._words = table_words
         self.timeout_ms = timeout_ms
         self.pid = pid
+        self.started_ns = 0
+        """When the send being put began (CLOCK_MONOTONIC ns, before the lock), set by the
+        producer; the next `request` takes it (0: now)."""
+        self.ticket = 0
+        """The ticket of this hold's request (0: none), for `wake_gather`."""
 
     def request(self, end_offset: int, now_ms: int) -> int:
         """Take a ring slot for a group-commit request (put lock held); -1 if the ring is full.
         The ticket is published (FLUSH_REQUEST_SEQ) after its slot says WAITING
-        (`FlushRequestRing.take` says why)."""
+        (`FlushRequestRing.take` says why). It carries the send's start (`started_ns`), as the
+        compiled core's does."""
         w = self._words
-        slot, w[_FLUSH_SEQ] = self.ring.take(w[_FLUSH_SEQ], end_offset, now_ms, self.timeout_ms, self.pid)
+        started_ns, self.started_ns = self.started_ns or time.monotonic_ns(), 0
+        slot, w[_FLUSH_SEQ] = self.ring.take(
+            w[_FLUSH_SEQ], end_offset, now_ms, self.timeout_ms, self.pid, started_ns
+        )
+        self.ticket = w[_FLUSH_SEQ] if slot >= 0 else 0
         return slot
+
+    def wake_gather(self, flusher: Wakeup) -> None:
+        """After the put lock is released: if this hold's request is the one the flusher's gather
+        waits for last (FLUSH_GATHER_TICKET), post its wakeup. The gathering flusher keeps its
+        notified flag set, so the other requests post nothing: one wake a gather."""
+        ticket, self.ticket = self.ticket, 0
+        if ticket and self.shm.table.get(layout.FLUSH_GATHER_TICKET) == ticket:
+            flusher.interrupt()
 
     def failure(self, ring_slot: int) -> str:
         """Wait for a SYNC put's flush request: "" once its bytes are on disk, else why they

@@ -314,6 +314,8 @@ class Producer:
                 ring_next_offset=fr.NEXT_OFFSET,
                 ring_deadline_ms=fr.DEADLINE_MS,
                 ring_pid=fr.PID,
+                ring_started_ns=fr.STARTED_NS,
+                gather_word=layout.FLUSH_GATHER_TICKET.index,
                 FREE=fr.FREE,
                 WAITING=fr.WAITING,
                 DONE_OK=fr.DONE_OK,
@@ -454,7 +456,8 @@ class Producer:
     ) -> SendResult:
         """`send` in Python: the reference the compiled core is tested against. ``named``: the
         caller gave ``queue_id`` (a rotated one, or None to rotate here, is not checked)."""
-        started_ns = time.perf_counter_ns()
+        started_ns = time.perf_counter_ns()  # CLOCK_MONOTONIC, as the flusher reads it
+        self.appender.flush_requests.started_ns = started_ns
         born_ms = time.time_ns() // 1_000_000
         uniq = self.uniq.next_id(born_ms)
         wait = True
@@ -566,6 +569,7 @@ class Producer:
         self.lock.last_hold_ns = -1
         pending = [run for run in runs if run.pending]
         if pending:
+            self.appender.flush_requests.started_ns = started_ns
             self._put(pending, born_ms)
             self._acknowledge(pending)
         result = SendBatchResult(runs, self._msg_id_prefix)
@@ -767,6 +771,8 @@ class Producer:
         """After a put: the committer or flusher (if it waits for puts) and reput (ASYNC)."""
         if self._wake_after_put is not None:
             self._wake_after_put.wakeup()
+            if self._sync:
+                self.appender.flush_requests.wake_gather(self._wake_after_put)
         if self._wake_reput is not None:
             self._wake_reput.wakeup()
 

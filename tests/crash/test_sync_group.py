@@ -1,8 +1,10 @@
 """Group commit under SYNC_FLUSH with producers that each wait for their own put's flush (a
-closed loop, as every SYNC sender is): the flusher waits, while the oldest request waiting is
-younger than one flush's duration (`syncFlushGatherMaxUs` at most), for the producers its last
-flush woke to put again, so one
-fsync serves all of them. Without it (0, RocketMQ's GroupCommitService) a flush starts as soon
+closed loop, as every SYNC sender is): the flusher waits, while the oldest send waiting began
+less than 1.25 passes ago (`syncFlushGatherMaxUs` at most), for the producers its last flush
+woke to put again, so one fsync serves all of them. Here a put that came during a fsync is
+already about a flush old when the next gather starts: a bound of one flush from the send's
+start flushed it alone, and the groups split again (1.75 puts per fsync, bench/NOTES.md
+syncstart). Without gathering (0, RocketMQ's GroupCommitService) a flush starts as soon
 as one request waits and the others wait through it: on a disk (bench.sync_group) the producers
 split into two groups that alternate, about two puts per fsync with four producers; here, where
 FUSE also holds a file's writes while it is fsynced, 1.3 (3.1-3.4 with gathering, measured
