@@ -32,6 +32,7 @@ Both exit with the supervisor (`ServiceLoop.stopping`): a dead or fenced master 
 from __future__ import annotations
 
 import contextlib
+import functools
 import ipaddress
 import logging
 import os
@@ -49,7 +50,6 @@ from rmq_mp.config.store_config import (
     MessageStoreConfig,
     parse_allowed_slaves,
     parse_host_port,
-    peer_allowed,
 )
 from rmq_mp.errors import HaProtocolError, OffsetTableFullError, StoreError
 from rmq_mp.format import ha_frame, native, record, record_batch, topic_marker
@@ -60,7 +60,7 @@ from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.pointer_table import PointerTable, now_ms
 from shm.store_shm import read_descriptor
-from workers import ha_fork, ha_meta, ha_start
+from workers import ha_fork, ha_listen, ha_meta, ha_start
 from workers.service import ServiceLoop, main
 
 log = logging.getLogger("rmq_mp.ha")
@@ -171,31 +171,14 @@ class HaMaster(ServiceLoop):
         fresh ephemeral port left them knocking on the old one: test_ha_kill's master_ha cases)."""
         port = cfg.ha_listen_port or self.table.get(layout.HA_BOUND_PORT)
         try:
-            sock = self._bind(cfg, port)
+            sock = ha_listen.listen(cfg.ha_listen_address, port, 64, "ha")
         except OSError:
             if port == cfg.ha_listen_port:
                 raise
             log.warning("ha: cannot listen on port %d again; taking a new one", port)
-            sock = self._bind(cfg, 0)
+            sock = ha_listen.listen(cfg.ha_listen_address, 0, 64, "ha")
         if not cfg.ha_listen_port:
             self.table.set(layout.HA_BOUND_PORT, sock.getsockname()[1])
-        return sock
-
-    def _bind(self, cfg: MessageStoreConfig, port: int) -> socket.socket:
-        address = cfg.ha_listen_address
-        family = socket.AF_INET6 if ":" in address or (not address and socket.has_ipv6) else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and not address:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind((address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), port))
-            sock.listen(64)
-        except OSError as exc:
-            sock.close()
-            log.error("ha: cannot listen on %s:%d: %s", address or "*", port, exc)
-            raise
-        sock.setblocking(False)
         return sock
 
     def interval_s(self) -> float:
@@ -260,20 +243,9 @@ class HaMaster(ServiceLoop):
     # -- connections
 
     def _accept(self) -> None:
-        for _ in range(16):
-            try:
-                sock, address = self.listener.accept()
-            except BlockingIOError:
-                return
-            host = address[0].removeprefix("::ffff:")
-            peer = f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-            if not self._allowed(address[0]):
-                self.table.add(layout.HA_REFUSED_PEERS, 1)
-                log.warning("ha: refused %s: not in haAllowedSlaves", peer)
-                sock.close()
-                continue
+        refused = functools.partial(self.table.add, layout.HA_REFUSED_PEERS, 1)
+        for sock, address, peer in ha_listen.accept_allowed(self.listener, self.allowed, "ha", refused):
             slot = next((s for s in range(layout.HA_CONN_SLOTS) if s not in self._slots_used()), -1)
-            sock.setblocking(False)
             now_s = time.monotonic()
             conn = _Connection(sock, peer, slot, heard_at=now_s, wrote_at=now_s)
             self.connections[sock.fileno()] = conn
@@ -284,9 +256,6 @@ class HaMaster(ServiceLoop):
                 self._slot_set(conn, "caught_up_ms", 0)
                 self._slot_set(conn, "state", layout.CONN_WAITING_REPORT)
             log.info("ha: slave %s connected", peer)
-
-    def _allowed(self, host: str) -> bool:
-        return peer_allowed(host, self.allowed)
 
     def _slots_used(self) -> set[int]:
         return {c.slot for c in self.connections.values()}

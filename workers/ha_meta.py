@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import functools
 import logging
 import select
 import socket
@@ -40,7 +41,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from rmq_mp.config.deleted_topics import DeletedTopics
-from rmq_mp.config.store_config import parse_allowed_slaves, parse_host_port, peer_allowed
+from rmq_mp.config.store_config import parse_allowed_slaves, parse_host_port
 from rmq_mp.config.topics import TopicConfig, TopicConfigManager
 from rmq_mp.errors import OffsetTableFullError, ShmAttachError
 from rmq_mp.format import ha_meta
@@ -49,6 +50,7 @@ from shm import layout
 from shm import queue_offsets as qo
 from shm import schedule_offsets as so
 from shm.pointer_table import now_ms
+from workers import ha_listen
 
 log = logging.getLogger("rmq_mp.ha_meta")
 
@@ -148,23 +150,7 @@ class MetaServer(MetaChannel):
         super().__init__(store)
         cfg = store.config
         self.allowed = parse_allowed_slaves(cfg.ha_allowed_slaves)
-        address = cfg.ha_listen_address
-        family = socket.AF_INET6 if ":" in address or (not address and socket.has_ipv6) else socket.AF_INET
-        sock = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            if family == socket.AF_INET6 and not address:
-                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0)
-            sock.bind(
-                (address or ("::" if family == socket.AF_INET6 else "0.0.0.0"), cfg.ha_meta_listen_port)
-            )
-            sock.listen(16)
-        except OSError as exc:
-            sock.close()
-            log.error("ha-meta: cannot listen on %s:%d: %s", address or "*", cfg.ha_meta_listen_port, exc)
-            raise
-        sock.setblocking(False)
-        self.listener = sock
+        self.listener = sock = ha_listen.listen(cfg.ha_listen_address, cfg.ha_meta_listen_port, 16, "ha-meta")
         self.peers: dict[int, _Peer] = {}
         self.topics = TopicConfigManager(store.paths.topics)
         self.topics_mtime_ns = -1
@@ -225,24 +211,10 @@ class MetaServer(MetaChannel):
         self.table.add(layout.HA_META_SENT, 1)
 
     def _accept(self) -> None:
-        for _ in range(16):
-            try:
-                sock, address = self.listener.accept()
-            except BlockingIOError:
-                return
-            host = address[0].removeprefix("::ffff:")
-            name = f"[{host}]:{address[1]}" if ":" in host else f"{host}:{address[1]}"
-            if not self._allowed(address[0]):
-                self.table.add(layout.HA_META_REFUSED, 1)
-                log.warning("ha-meta: refused %s: not in haAllowedSlaves", name)
-                sock.close()
-                continue
-            sock.setblocking(False)
+        refused = functools.partial(self.table.add, layout.HA_META_REFUSED, 1)
+        for sock, _address, name in ha_listen.accept_allowed(self.listener, self.allowed, "ha-meta", refused):
             self.peers[sock.fileno()] = _Peer(sock, name, time.monotonic())
             log.info("ha-meta: slave %s connected", name)
-
-    def _allowed(self, host: str) -> bool:
-        return peer_allowed(host, self.allowed)
 
     def _read(self, peer: _Peer) -> None:
         data = peer.sock.recv(
