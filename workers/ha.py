@@ -32,7 +32,6 @@ Both exit with the supervisor (`ServiceLoop.stopping`): a dead or fenced master 
 from __future__ import annotations
 
 import contextlib
-import functools
 import ipaddress
 import logging
 import os
@@ -243,8 +242,7 @@ class HaMaster(ServiceLoop):
     # -- connections
 
     def _accept(self) -> None:
-        refused = functools.partial(self.table.add, layout.HA_REFUSED_PEERS, 1)
-        for sock, address, peer in ha_listen.accept_allowed(self.listener, self.allowed, "ha", refused):
+        for sock, address, peer in ha_listen.accept_allowed(self.listener, self.allowed, "ha", self._refused):
             slot = next((s for s in range(layout.HA_CONN_SLOTS) if s not in self._slots_used()), -1)
             now_s = time.monotonic()
             conn = _Connection(sock, peer, slot, heard_at=now_s, wrote_at=now_s)
@@ -256,6 +254,9 @@ class HaMaster(ServiceLoop):
                 self._slot_set(conn, "caught_up_ms", 0)
                 self._slot_set(conn, "state", layout.CONN_WAITING_REPORT)
             log.info("ha: slave %s connected", peer)
+
+    def _refused(self) -> None:
+        self.table.add(layout.HA_REFUSED_PEERS, 1)
 
     def _slots_used(self) -> set[int]:
         return {c.slot for c in self.connections.values()}

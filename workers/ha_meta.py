@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import functools
 import logging
 import select
 import socket
@@ -211,10 +210,14 @@ class MetaServer(MetaChannel):
         self.table.add(layout.HA_META_SENT, 1)
 
     def _accept(self) -> None:
-        refused = functools.partial(self.table.add, layout.HA_META_REFUSED, 1)
-        for sock, _address, name in ha_listen.accept_allowed(self.listener, self.allowed, "ha-meta", refused):
+        for sock, _address, name in ha_listen.accept_allowed(
+            self.listener, self.allowed, "ha-meta", self._refused
+        ):
             self.peers[sock.fileno()] = _Peer(sock, name, time.monotonic())
             log.info("ha-meta: slave %s connected", name)
+
+    def _refused(self) -> None:
+        self.table.add(layout.HA_META_REFUSED, 1)
 
     def _read(self, peer: _Peer) -> None:
         data = peer.sock.recv(
