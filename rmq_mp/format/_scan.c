@@ -194,6 +194,34 @@ static int record_crc_ok(const uint8_t *r, Py_ssize_t total, Py_ssize_t props_le
 #endif
 
 /* Topic lookup: the last topic seen, else the dict (bytes -> index), else a new entry. */
+/* A common record at r (at most `room` bytes there): v1 magic, sizes that add up as RocketMQ's
+ * calMsgLength, ASCII topic and properties. 1 with its parts in *f, else 0 (the caller's slow
+ * path decides). The one framing rule of both walks (scan_segment's and queue_ends'). */
+typedef struct {
+    Py_ssize_t total, body, body_len, topic_len, props_len;
+    const uint8_t *topic, *props;
+    uint32_t sys_flag;
+    int layout; /* 2 * born host v6 + store host v6: the index of L.pos_body and the like */
+} Framed;
+
+static inline int common_record(const uint8_t *r, Py_ssize_t room, Framed *f) {
+    Py_ssize_t total = (int32_t)be32(r);
+    if ((int32_t)be32(r + 4) != L.magic_v1 || total < L.pos_body[0] + 3 || total > room) return 0;
+    uint32_t sys_flag = be32(r + L.pos_sys_flag);
+    int layout = 2 * ((sys_flag & L.born_v6_flag) != 0) + ((sys_flag & L.store_v6_flag) != 0);
+    Py_ssize_t body = L.pos_body[layout];
+    if (total < body + 3) return 0;
+    Py_ssize_t body_len = (int32_t)be32(r + L.pos_body_len[layout]);
+    if (body_len < 0 || body_len > total - body - 3) return 0;
+    const uint8_t *t = r + body + body_len;
+    Py_ssize_t topic_len = t[0];
+    if (topic_len == 0 || body + body_len + 3 + topic_len > total) return 0;
+    Py_ssize_t props_len = (int16_t)(((uint16_t)t[1 + topic_len] << 8) | t[2 + topic_len]);
+    if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) return 0; /* calMsgLength */
+    *f = (Framed){total, body, body_len, topic_len, props_len, t + 1, t + 3 + topic_len, sys_flag, layout};
+    return plain_ascii(f->topic, topic_len) && plain_ascii(f->props, props_len);
+}
+
 typedef struct {
     uint8_t bytes[256];
     Py_ssize_t len; /* -1: none yet */
@@ -377,21 +405,13 @@ static PyObject *scan_scan(PyObject *self, PyObject *args) {
         why = SCAN_DEFER;
         if (limit - p < 8) break;
         const uint8_t *r = base + p;
-        Py_ssize_t total = (int32_t)be32(r);
-        if ((int32_t)be32(r + 4) != L.magic_v1 || total < L.pos_body[0] + 3 || total > limit - p) break;
-        uint32_t sys_flag = be32(r + L.pos_sys_flag);
-        int layout = 2 * ((sys_flag & L.born_v6_flag) != 0) + ((sys_flag & L.store_v6_flag) != 0);
-        Py_ssize_t body = L.pos_body[layout];
-        if (total < body + 3) break;
-        Py_ssize_t body_len = (int32_t)be32(r + L.pos_body_len[layout]);
-        if (body_len < 0 || body_len > total - body - 3) break;
-        const uint8_t *t = r + body + body_len;
-        Py_ssize_t topic_len = t[0];
-        if (topic_len == 0 || body + body_len + 3 + topic_len > total) break;
-        Py_ssize_t props_len = (int16_t)(((uint16_t)t[1 + topic_len] << 8) | t[2 + topic_len]);
-        if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) break; /* calMsgLength */
-        const uint8_t *topic = t + 1, *props = t + 3 + topic_len;
-        if (!plain_ascii(topic, topic_len) || !plain_ascii(props, props_len)) break;
+        Framed f;
+        if (!common_record(r, limit - p, &f)) break;
+        Py_ssize_t total = f.total, body = f.body, body_len = f.body_len, topic_len = f.topic_len;
+        Py_ssize_t props_len = f.props_len;
+        const uint8_t *topic = f.topic, *props = f.props;
+        uint32_t sys_flag = f.sys_flag;
+        int layout = f.layout;
         int schedule = topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0;
         if (schedule && levels < 0) break;
 #ifdef RMQ_HAVE_ZLIB
@@ -487,21 +507,10 @@ static PyObject *scan_queue_ends(PyObject *self, PyObject *args) {
         why = SCAN_DEFER;
         if (limit - p < 8) break;
         const uint8_t *r = base + p;
-        Py_ssize_t total = (int32_t)be32(r);
-        if ((int32_t)be32(r + 4) != L.magic_v1 || total < L.pos_body[0] + 3 || total > limit - p) break;
-        uint32_t sys_flag = be32(r + L.pos_sys_flag);
-        int layout = 2 * ((sys_flag & L.born_v6_flag) != 0) + ((sys_flag & L.store_v6_flag) != 0);
-        Py_ssize_t body = L.pos_body[layout];
-        if (total < body + 3) break;
-        Py_ssize_t body_len = (int32_t)be32(r + L.pos_body_len[layout]);
-        if (body_len < 0 || body_len > total - body - 3) break;
-        const uint8_t *t = r + body + body_len;
-        Py_ssize_t topic_len = t[0];
-        if (topic_len == 0 || body + body_len + 3 + topic_len > total) break;
-        Py_ssize_t props_len = (int16_t)(((uint16_t)t[1 + topic_len] << 8) | t[2 + topic_len]);
-        if (props_len < 0 || body + body_len + 3 + topic_len + props_len != total) break; /* calMsgLength */
-        const uint8_t *topic = t + 1, *props = t + 3 + topic_len;
-        if (!plain_ascii(topic, topic_len) || !plain_ascii(props, props_len)) break;
+        Framed f;
+        if (!common_record(r, limit - p, &f)) break;
+        Py_ssize_t total = f.total, topic_len = f.topic_len;
+        const uint8_t *topic = f.topic;
         if (topic_len == L.schedule_topic_len && memcmp(topic, L.schedule_topic, (size_t)topic_len) == 0) break;
         if (topic_len == skip_len && memcmp(topic, skip, (size_t)topic_len) == 0) break;
         int64_t index = topic_index(&tc, topic, topic_len, ids, topics);
