@@ -202,3 +202,33 @@ def test_the_cleaner_of_a_slave_begun_at_a_later_file(tmp_path: Path) -> None:
                 offset = result.next_begin_offset
     expected = {m[1] for messages in _read_all(master, "HaTopic").values() for m in messages if m[1] >= low}
     assert expected <= served
+
+
+def test_an_empty_slave_with_preallocated_or_damaged_files_begins_at_the_masters_file(tmp_path: Path) -> None:
+    """A slave whose allocator left empty files ahead (zeros) drops the ones below the master's
+    start and fsyncs the directory; one whose only file holds a stray byte and no record has it
+    dropped by recovery (named in the damage log, as any torn tail) and is then empty."""
+    master = start_master(tmp_path, **HB)
+    end = put(master, 6000, body_bytes=300)
+    start = end - end % SIZE
+    assert start >= 2 * SIZE
+    port = master.read(layout.HA_LISTEN_PORT)
+    for name, stray_at in (("slave", -1), ("stray", SIZE - 1)):
+        directory = tmp_path / name / "commitlog"
+        directory.mkdir(parents=True)
+        for offset in (0, SIZE):
+            data = bytearray(SIZE)
+            if stray_at >= 0:
+                data[stray_at] = 1
+            (directory / f"{offset:020d}").write_bytes(data)
+        slave = start_slave(tmp_path, port, name, **HB)
+        wait_caught_up(slave, end)
+        assert slave.read(layout.MIN_OFFSET) == start
+        _same_log_from(master, slave, start, end)  # no file below the start
+        log = (slave.root / "logs" / "ha.log").read_text()
+        assert f"the master starts this empty slave at {start}" in log
+        assert f"removed the empty files {0:020d}" in log  # recovery drops the files past the first
+        damage = "commitlog-truncated" in (slave.root / "logs" / "supervisor.log").read_text()
+        assert damage == (stray_at >= 0)
+        assert slave.stop() == 0
+    assert master.stop() == 0
