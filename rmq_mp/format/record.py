@@ -49,7 +49,7 @@ import struct
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import numpy as np
 
@@ -244,6 +244,11 @@ def calc_msg_length(
     table, then BODY, TOPICLEN + TOPIC and PROPLEN + PROPERTIES."""
     fixed = _FIXED_BYTES[sys_flag & (m.BORNHOST_V6_FLAG | m.STOREHOSTADDRESS_V6_FLAG)]
     return fixed + max(body_length, 0) + (2 if v2 else 1) + topic_length + 2 + max(properties_length, 0)
+
+
+MIN_RECORD_SIZE: Final = calc_msg_length(0, 0, 1, 0)
+"""The smallest record (IPv4 hosts, no body, a one-byte topic, no properties): how many records
+at most a span of the log can hold."""
 
 
 def parse_delay_levels(text: str) -> list[int]:

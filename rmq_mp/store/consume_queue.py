@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from rmq_mp.errors import ConfigError, CorruptFileError
+from rmq_mp.format import record
 from rmq_mp.format.queue_entry import (
     CQ_ENTRY,
     CQ_ENTRY_DTYPE,
@@ -74,7 +75,8 @@ def _valid_entry_count(mf: MappedFile, limit: int) -> tuple[int, int]:
     try:
         bad = np.flatnonzero((entries["phy"] < 0) | (entries["size"] <= 0))
         valid = int(bad[0]) if bad.size else count
-        end = int(entries["phy"][valid - 1]) + int(entries["size"][valid - 1]) if valid else -1
+        real = np.flatnonzero(entries["size"][:valid] != PRE_BLANK_SIZE)  # a pre-blank has no end
+        end = int(entries["phy"][real[-1]]) + int(entries["size"][real[-1]]) if real.size else -1
     finally:
         del entries
     return valid, end
@@ -145,8 +147,9 @@ class ConsumeQueue:
         say where the commit log must be re-dispatched from to rebuild the rest; None if whole.
 
         An entry is damaged when it is unwritten or invalid inside the queue's data (a non-last
-        file must be full), when it is a pre-blank after the queue's start, when it does not lie
-        after its predecessor's record (then the predecessor is suspect too and goes with it), or
+        file must be full), when it does not lie after the record of the last entry before it
+        that is not a pre-blank (leading pre-blanks, and holes where dispatch stepped over a
+        damaged record, `_fill_holes`) (then the predecessor is suspect too and goes with it), or
         when ``agree`` (the commit log's header check, `CommitLog.first_disagreeing`) finds its
         record is not this queue's at this queue offset. ``agree`` is asked of each file's first
         and last entries and of every entry at or above ``verify_from_phy`` (the files recovery
@@ -172,18 +175,11 @@ class ConsumeQueue:
                 del entries
             blank = (size == PRE_BLANK_SIZE) & (phy == 0) & (tags == 0)
             real = (phy >= 0) & (size > 0) & (size < PRE_BLANK_SIZE)
-            if file_index == 0:  # pre-blanks: only the queue's leading entries
-                lead = int(np.argmin(blank)) if not blank.all() else count
-                real[:lead] = False
-                ok = real.copy()
-                ok[:lead] = True
-            else:
-                lead = 0
-                ok = real
-            ends = phy + size
-            prior = np.concatenate(([prev_end], ends[lead:-1])) if count > lead else np.empty(0, np.int64)
-            after_prior = np.ones(count, dtype=bool)
-            after_prior[lead:] = phy[lead:] >= prior
+            lead = (int(np.argmin(blank)) if not blank.all() else count) if file_index == 0 else 0
+            ok = real | blank  # pre-blanks: the queue's leading entries, and holes (`_fill_holes`)
+            ends = np.where(blank, -1, phy + size)
+            prior = np.maximum.accumulate(np.concatenate(([prev_end], ends[:-1]))) if count else ends
+            after_prior = blank | (phy >= prior)  # each record after the last record before it
             good = ok & after_prior
             bad = np.flatnonzero(~good)
             cut = int(bad[0]) if bad.size else count
@@ -250,9 +246,7 @@ class ConsumeQueue:
             mf.set_positions(cut)
             if self.mfq.writable:
                 mf.zero_tail(cut)
-            if keep:
-                phy, size, _tags = CQ_ENTRY.unpack_from(mf.buf, cut - CQ_STORE_UNIT_SIZE)
-                self.max_physic_offset = phy + size
+            _, self.max_physic_offset = _valid_entry_count(mf, cut)  # the last kept record's end
             break
         if dropped:
             self.reporter.report(
@@ -318,13 +312,17 @@ class ConsumeQueue:
                 return True
             if expect != current:
                 self.gap_seen = True
-                log.warning(
-                    "[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
-                    expect,
-                    current,
-                    self.topic,
-                    self.queue_id,
-                )
+                filled = self._fill_holes(current, expect, phy_offset)
+                if filled is None:
+                    log.warning(
+                        "[BUG]logic queue order maybe wrong, expect %d current %d (%s/%d)",
+                        expect,
+                        current,
+                        self.topic,
+                        self.queue_id,
+                    )
+                else:
+                    mf = filled
         if mf.append(CQ_ENTRY.pack(phy_offset, size, tags_code)) < 0:
             return False
         self.max_physic_offset = phy_offset + size  # only once written: a retry must not skip it
@@ -405,6 +403,36 @@ class ConsumeQueue:
                 size[done // CQ_STORE_UNIT_SIZE - 1]
             )
         return True
+
+    def _fill_holes(self, current: int, expect: int, phy_offset: int) -> MappedFile | None:
+        """Pre-blank entries from ``current`` up to ``expect`` (bytes), so the entry of the record
+        at ``phy_offset`` lands at its own queue offset: the queue's records between lie in a
+        span of the log dispatch stepped over (a damaged record, reported where it was met).
+        RocketMQ appends at ``current`` instead ("logic queue order maybe wrong"), which shifts
+        every later entry off its record's queue offset, and a read that checks the two serves
+        none of them. Readers skip pre-blanks (RocketMQ's, whose read of one fails, too). None,
+        nothing written, when the span cannot hold that many records (a wrong queue offset):
+        then RocketMQ's append. The file the entry goes to, else."""
+        holes = (expect - current) // CQ_STORE_UNIT_SIZE
+        if holes * record.MIN_RECORD_SIZE > phy_offset - max(self.max_physic_offset, 0):
+            return None
+        log.warning(
+            "%s/%d: queue offsets [%d, %d) have no record dispatch could read: pre-blank entries",
+            self.topic,
+            self.queue_id,
+            current // CQ_STORE_UNIT_SIZE,
+            expect // CQ_STORE_UNIT_SIZE,
+        )
+        while True:  # a retry after ENOSPC goes on from where this stopped
+            mf = self.mfq.get_last_mapped_file(current)
+            if mf is None:
+                return None
+            current = mf.file_from_offset + mf.wrote_position
+            if current >= expect:
+                return mf
+            room = min(mf.file_size - mf.wrote_position, expect - current) // CQ_STORE_UNIT_SIZE
+            if mf.append(PRE_BLANK_ENTRY * room) < 0:
+                return None
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
         blank = PRE_BLANK_ENTRY

@@ -356,3 +356,35 @@ def test_a_broken_record_in_an_older_file_ends_that_file_for_a_scan_not_the_scan
         assert "unknown magic code" in entry.reason
         with pytest.raises(CorruptRecordError, match="unknown magic code"):
             store.look_message_by_offset(victim.phy_offset)
+
+
+def test_a_queue_rebuilt_from_the_log_goes_past_a_broken_record_in_an_older_file(tmp_path: Path) -> None:
+    """Recovery rebuilding a lost ConsumeQueue walks the older files too (which its scan does not
+    check): a record there whose magic code is gone is reported and stepped over at the next
+    sound record (its magic code and its own PHYSICALOFFSET), not the end of the walk."""
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
+    after = next(w for w in written if w.phy_offset > victim.phy_offset)
+    path = log_file(config, victim.phy_offset)
+    assert int(path.name) < written[-1].phy_offset - 3 * config.mapped_file_size_commit_log, "an older file"
+    with path.open("r+b") as f:
+        f.seek(victim.phy_offset - int(path.name) + 4)
+        f.write(b"\0\0\0\0")
+    queue_dir = Path(config.store_path_root_dir) / "consumequeue" / TOPIC / "1"
+    for file in queue_dir.iterdir():
+        file.unlink()
+    queue_dir.rmdir()
+
+    with MessageStore.open(config=config) as store:
+        [(where, start, resume)] = findings(store.reporter.findings, "record-invalid")
+        assert (where, start, resume) == (str(config.commit_log_dir), victim.phy_offset, after.phy_offset)
+        [report] = [d for d in store.reporter.findings if d.kind == "record-invalid"]
+        assert "dispatch went past a damaged record" in report.reason
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+        assert served(drain(store.get_message, 0)) == expected(written, 0, without=set())
+        seen = len(store.reporter.findings)
+    with MessageStore.open(config=config) as store:  # the next start keeps the queue and its hole
+        again = [d.kind for d in store.reporter.findings[seen:] if d.path.startswith(str(tmp_path))]
+        assert not {"cq-rebuilt", "cq-entries-dropped", "record-invalid"} & set(again), again
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})

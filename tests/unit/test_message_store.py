@@ -16,6 +16,7 @@ from rmq_mp.errors import (
     StoreReadOnlyError,
 )
 from rmq_mp.format import message as m
+from rmq_mp.format import record
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
 from rmq_mp.outcomes import GetMessageStatus, PutMessageStatus
 from rmq_mp.store.consume_queue import ConsumeQueue
@@ -94,6 +95,40 @@ def test_queue_starting_above_zero_is_pre_blank_filled(tmp_path: Path) -> None:
     assert cq.put_message_position_info(phy_offset=1000, size=100, tags_code=7, queue_offset=5)  # duplicate
     assert cq.max_offset_in_queue() == 6
     cq.close()
+
+
+def test_a_gap_in_a_queue_is_filled_with_pre_blanks_across_files_when_the_log_span_can_hold_it(
+    tmp_path: Path,
+) -> None:
+    """Dispatch stepping over records (a damaged one) leaves queue offsets without entries: the
+    next entry lands at its own offset, the holes pre-blanks, across a file boundary; a jump the
+    log span between cannot hold (a wrong queue offset) is appended as RocketMQ does."""
+    cq = ConsumeQueue("T", 0, tmp_path, 20 * 10, writable=True, reporter=Reporter())
+    assert cq.put_message_position_info(phy_offset=0, size=100, tags_code=1, queue_offset=0)
+    assert cq.put_message_position_info(phy_offset=100, size=100, tags_code=2, queue_offset=1)
+    span = 20 * record.MIN_RECORD_SIZE  # room for the 12 missing records and more
+    assert cq.put_message_position_info(phy_offset=200 + span, size=100, tags_code=3, queue_offset=14)
+    assert cq.max_offset_in_queue() == 15
+    assert cq.get_entry(14) == (200 + span, 100, 3)
+    assert [cq.get_entry(q) for q in range(2, 14)] == [(0, PRE_BLANK_SIZE, 0)] * 12  # files 0 and 1
+    assert cq.gap_seen
+    end = 300 + span
+    assert cq.max_physic_offset == end
+    assert cq.put_message_position_info(phy_offset=end, size=100, tags_code=4, queue_offset=10**9)
+    assert cq.max_offset_in_queue() == 16, "no record span holds a billion records: appended"
+    assert cq.get_entry(15) == (end, 100, 4)
+    cq.close()
+
+    again = ConsumeQueue("T", 0, tmp_path, 20 * 10, writable=True, reporter=Reporter())
+    again.load()
+    again.recover()
+    assert again.max_physic_offset == end + 100
+    assert again.truncate_dirty_logic_files(end) == 1  # the last entry: its record is past the end
+    assert again.max_physic_offset == 300 + span
+    assert again.truncate_dirty_logic_files(end - 1) == 1  # now file 1 ends in pre-blanks
+    assert again.max_physic_offset < PRE_BLANK_SIZE, "no pre-blank's end as the duplicate floor"
+    assert again.max_offset_in_queue() == 14
+    again.close()
 
 
 def test_hash_collision_never_returns_another_keys_message(small_config: MessageStoreConfig) -> None:
