@@ -4,6 +4,7 @@ forms, the Prometheus endpoint under real traffic, per-process logs, `status --w
 from __future__ import annotations
 
 import json
+import os
 import re
 import socket
 import subprocess
@@ -340,12 +341,16 @@ def test_each_process_logs_to_its_own_file_and_is_quiet_when_idle(tmp_path: Path
     assert "stopped cleanly" in text
 
 
+COVERAGE_ENV = {k: v for k, v in os.environ.items() if k.startswith("COVERAGE")}
+"""A bare environment still measured by .ci/coverage (its subprocess patch reads these)."""
+
+
 def test_status_watch_renders_live_view(tmp_path: Path) -> None:
     with running_service(tmp_path) as service:
         fill(service, 20)
         result = subprocess.run(
             [sys.executable, str(ROOT / "run.py"), "status", "--conf", str(service.conf), "--watch", "--count", "2", "--interval", "0.1"],
-            cwd=ROOT, capture_output=True, text=True, timeout=120, env={"COLUMNS": "140", "PATH": "/usr/bin:/bin"},
+            cwd=ROOT, capture_output=True, text=True, timeout=120, env={**COVERAGE_ENV, "COLUMNS": "140", "PATH": "/usr/bin:/bin"},
         )  # fmt: skip
         assert result.returncode == 0, result.stderr
         out = result.stdout
