@@ -74,10 +74,12 @@ SEND_PER_PASS_BYTES = 4 << 20
 """Bytes one connection may send in one pass before the others get their turn."""
 FRAMES_PER_SEND = 32
 """Frames one `sendmsg` carries (a MiB at the default haTransferBatchSize)."""
-READ_BYTES = 256 << 10
-"""One read from the master: the slave holds at most one frame and this much more."""
-RECEIVE_READS = 16
-"""Reads of one receive before the slave moves WROTE_POSITION and reports."""
+READ_BYTES = 1 << 20
+"""One read from the master: the slave holds at most one frame and this much more. 1 MiB
+against 256 KiB: the slave's ha worker 0.50-0.57 against 0.67-0.77 s of CPU per GB replicated
+(bench/NOTES.md, hasplice); 2 MiB showed no more."""
+RECEIVE_READS = 4
+"""Reads of one receive before the slave moves WROTE_POSITION and reports (4 MiB)."""
 CONNECT_TIMEOUT_S = 1.0
 BACKOFF_S = (0.0, 0.1, 0.25, 0.5, 1.0, 2.0, 5.0)
 """Delay before the n-th consecutive reconnect of a slave (RocketMQ: 5 s after a failed connect)."""
@@ -628,7 +630,7 @@ class HaSlave(ServiceLoop):
         """WROTE_POSITION to the last whole record at or below the received end, each record's
         queue in the queue-offset table first (as a producer's put does on a master); with
         ``publish`` false, only the walk (`walked`): `_receive` walks after each read, while
-        the bytes it just wrote are in the CPU's cache (after 16 reads, 4 MiB on, the walk's
+        the bytes it just wrote are in the CPU's cache (after a whole receive, 4 MiB on, the walk's
         every record was a cache miss, perf), and publishes once. Runs of whole records are
         walked by `_walk` or read by `record_batch.scan_segment` (the compiled scan reput and
         recovery use: one record at a time in Python was 80% of the slave's time, cProfile);
