@@ -596,7 +596,6 @@ typedef struct {
     uint32_t shift;        /* x^(8 (covered - 64)) mod P */
     uint32_t ones;         /* ~0 * x^(8 covered) mod P */
     uint32_t head_shift;   /* x^(8 (covered - fixed)): the header's raw CRC past body and rest */
-    uint32_t head_shift32; /* x^32 head_shift: the header products' unreduced high half (crc_record_clmul) */
     uint32_t after_shift;  /* x^(8 (covered - fixed - body_len)): the body's past the rest */
     uint32_t field_factor; /* x^(8 (covered - 8)): the body CRC field's word */
     uint32_t body_ones;    /* ~0 * x^(8 body_len): the body's CRC-32 from its raw CRC */
@@ -952,7 +951,6 @@ static uint32_t crc_x2n[64]; /* x^(2^k) mod P (crc_shift_init) */
 
 static uint32_t crc_word_factor[6]; /* x^(8 (64 - CRC_WORD_AT[k])) mod P */
 static uint32_t crc_x512;            /* x^(8 * 64) mod P */
-static uint32_t crc_x32;             /* x^32 mod P */
 /* x^(8 (13 - 4 k)) mod P: the UNIQ_KEY's 12 changing characters' words, 13, 9 and 5 bytes before
  * the end of the rest (its \x02 separator after them: crc_rest_template) */
 static uint32_t crc_uniq_factor[3];
@@ -964,7 +962,6 @@ static void crc_shift_init(void) {
     for (int k = 0; k < 64; k++, p = crc_multiply_loop(p, p)) crc_x2n[k] = p;
     for (int k = 0; k < 6; k++) crc_word_factor[k] = crc_shift_of((uint64_t)(CRC_WINDOW_END - CRC_WORD_AT[k]));
     crc_x512 = crc_shift_of(CRC_WINDOW_END);
-    crc_x32 = crc_shift_of(4);
     for (int k = 0; k < 3; k++) crc_uniq_factor[k] = crc_shift_of((uint64_t)(13 - 4 * k));
 }
 
@@ -1067,7 +1064,6 @@ static void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py
         uint32_t body_x = crc_shift_of((uint64_t)body_len);
         st->after_shift = crc_shift_of((uint64_t)(covered - fixed - body_len));
         st->head_shift = crc_multiply(body_x, st->after_shift);
-        st->head_shift32 = crc_multiply(st->head_shift, crc_x32);
         st->field_factor = crc_shift_of((uint64_t)(covered - 8));
         st->body_ones = crc_multiply(body_x, ~0u);
     }
@@ -1121,15 +1117,7 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
         v = _mm_xor_si128(v, _mm_clmulepi64_si128(d, f, 0x00));
         u = _mm_xor_si128(u, _mm_clmulepi64_si128(d, f, 0x11));
     }
-    /* the header's products not reduced on their own: their sum, shifted as a reduction does, is
-     * H (x^0..x^31) in its high and L (x^32..x^63) in its low word, and reduced it would be
-     * H ^ L x^32 mod P; times head_shift that is H head_shift ^ L head_shift32, two products
-     * summed with the combine's below (one reduction in all, not two in a row) */
-    __m128i hl = _mm_slli_epi64(_mm_xor_si128(v, u), 1);
-    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-    __m128i head = _mm_xor_si128(
-        _mm_clmulepi64_si128(_mm_srli_epi64(hl, 32), _mm_cvtsi32_si128((int)st->head_shift), 0x00),
-        _mm_clmulepi64_si128(_mm_and_si128(hl, low32), _mm_cvtsi32_si128((int)st->head_shift32), 0x00));
+    uint32_t h = st->head_const ^ crc_reduce_product(_mm_xor_si128(v, u));
     /* the rest: its template's constant and the UNIQ_KEY's changing words' products, summed with
      * the combine's (crc_rest_template); else one pass (and the template's constant from it) */
     __m128i uniq = _mm_setzero_si128();
@@ -1154,24 +1142,22 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
     }
     memcpy(&field, r + 8, 4); /* the field's bytes as the register reads them (0 in head_const) */
     __m128i sum = _mm_xor_si128(
-        _mm_xor_si128(
-            _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)st->head_const), _mm_cvtsi32_si128((int)st->head_shift), 0x00),
-            _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)b), _mm_cvtsi32_si128((int)st->after_shift), 0x00)),
+        _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)h), _mm_cvtsi32_si128((int)st->head_shift), 0x00),
+                      _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)b), _mm_cvtsi32_si128((int)st->after_shift), 0x00)),
         _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)field), _mm_cvtsi32_si128((int)st->field_factor), 0x00));
-    return ~(crc_reduce_product(_mm_xor_si128(_mm_xor_si128(sum, uniq), head)) ^ t ^ st->ones);
+    return ~(crc_reduce_product(_mm_xor_si128(sum, uniq)) ^ t ^ st->ones);
 }
 #endif
 
 /* The CRC of an encoded record's first `covered` bytes (issue 35), nothing of it read twice:
  * the body's CRC-32, computed by encode_into from where the body is before the record's stores
  * (and left for this: keep_body_crc), gives the body's raw CRC b; the rest (topic, properties)
- * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template);
- * the header is not read: its raw CRC is the Sender's head_const plus its twelve per-send
- * words, from registers, times their factors (independent products: the bytes just stored are
- * not loaded back). The record's raw CRC is raw(header) * x^(8 (len + after)) ^ b * x^(8 after)
- * ^ raw(rest), plus the body CRC field's word times x^(8 (covered - 8)) (0 in head_const): with
- * the header's products' sum taken unreduced into that (crc_record_clmul: its two halves times
- * head_shift and x^32 head_shift), all of it one reduction. Without PCLMULQDQ the guess is
+ * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template,
+ * summed in the reduction below); the header is not read: its raw CRC is the Sender's head_const plus its twelve
+ * per-send words, from registers, times their factors (independent products, one reduction:
+ * the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
+ * + after)) ^ b * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered
+ * - 8)) (0 in head_const): three products, one reduction. Without PCLMULQDQ the guess is
  * written, the header read whole and the rest passed over (no template). */
 static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
                                    const int64_t guess[3], const CrcState *st, CrcTemplate *tpl) {
