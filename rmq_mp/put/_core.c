@@ -1153,9 +1153,9 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
  * the body's CRC-32, computed by encode_into from where the body is before the record's stores
  * (and left for this: keep_body_crc), gives the body's raw CRC b; the rest (topic, properties)
  * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template,
- * summed in the reduction below); the header is not read: its raw CRC is the Sender's head_const plus its twelve
- * per-send words, from registers, times their factors (independent products, one reduction:
- * the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
+ * summed in the combine's reduction); the header is not read: its raw CRC is the Sender's
+ * head_const plus its twelve per-send words, from registers, times their factors (independent
+ * products, one reduction: the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
  * + after)) ^ b * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered
  * - 8)) (0 in head_const): three products, one reduction. Without PCLMULQDQ the guess is
  * written, the header read whole and the rest passed over (no template). */

@@ -314,8 +314,11 @@ SEQUENCE_KEYS = (
     | st.lists(TEXT, max_size=3)
     | st.lists(TEXT, max_size=3).map(tuple)
 )
+EMPTY_PROPERTIES: dict[str, str] = {}
 SEQUENCE_PROPERTIES = (
-    st.none() | st.just({}) | st.dictionaries(PROPERTY_NAMES | TEXT, PROPERTY_VALUES, max_size=3)
+    st.none()
+    | st.just(EMPTY_PROPERTIES)
+    | st.dictionaries(PROPERTY_NAMES | TEXT, PROPERTY_VALUES, max_size=3)
 )
 
 
