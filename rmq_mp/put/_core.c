@@ -28,7 +28,8 @@
  *   properties, its CRC and digits computed before the put lock over the lock's fields as
  *   guessed, corrected under it where the guess was wrong (crc_tail_init, crc_reserve,
  *   crc_guess, crc_prepare, crc_fill_prepared); a send's body read once, its CRC-32 giving the
- *   body CRC field and, combined with the header's (from its fields' values) and the rest's,
+ *   body CRC field and, combined with the header's (from its fields' values) and the rest's
+ *   (a per-topic, tags and keys constant plus the UNIQ_KEY's changing words: crc_rest_template),
  *   the record's (crc_record_encoded).
  */
 #define PY_SSIZE_T_CLEAN
@@ -605,6 +606,23 @@ typedef struct {
     uint32_t head_factor[12];
 } CrcState;
 
+/* A send's topic and properties ("the rest") with its properties' common shape (`build_props`
+ * without entries: [TAGS][KEYS]UNIQ_KEY, the id last) are fixed by the topic's field, the tags
+ * and the keys given (str and tuple: immutable, so one object is one string of bytes) but for the
+ * UNIQ_KEY's 12 time-and-counter characters. `CrcRestKey` names them for the send at hand (set
+ * before append_locked, which takes it: topic NULL, no template); `CrcTemplate` holds the last
+ * one's raw CRC with those characters 0 (crc_rest_template), and references to what it is of. */
+typedef struct {
+    PyObject *topic, *tags, *keys; /* borrowed, for one append_locked */
+} CrcRestKey;
+
+typedef struct {
+    PyObject *topic, *tags, *keys; /* strong references: the objects the rest was made of */
+    Py_ssize_t rest_len;           /* 0: no constant for them yet */
+    uint32_t rest_const;           /* raw CRC of the rest, the UNIQ_KEY's 12 changing characters 0 */
+    long long made;                /* constants made (tests: a repeated send takes its template) */
+} CrcTemplate;
+
 typedef struct {
     PyObject_HEAD
     Held table, queues, ring, metrics, uniq_state;
@@ -678,6 +696,8 @@ typedef struct {
     size_t crc_pre_len;
     CrcState crc_state; /* the last record shape's constants (crc_prepare) */
     long long crc_misses; /* records whose guessed lock fields were wrong (crc_fill_prepared corrected) */
+    CrcRestKey crc_key;   /* the send at hand's rest (crc_rest_template) */
+    CrcTemplate crc_tpl;  /* the last rest's CRC constant */
     int closed;
     Replica rep; /* SYNC_MASTER */
 } Sender;
@@ -775,6 +795,9 @@ static void Sender_dealloc(Sender *s) {
     PyMem_Free(s->kbuf);
     PyMem_Free(s->starts);
     PyMem_Free(s->crc_pre);
+    Py_XDECREF(s->crc_tpl.topic);
+    Py_XDECREF(s->crc_tpl.tags);
+    Py_XDECREF(s->crc_tpl.keys);
     Py_TYPE(s)->tp_free((PyObject *)s);
 }
 
@@ -928,6 +951,9 @@ static uint32_t crc_x2n[64]; /* x^(2^k) mod P (crc_shift_init) */
 
 static uint32_t crc_word_factor[6]; /* x^(8 (64 - CRC_WORD_AT[k])) mod P */
 static uint32_t crc_x512;            /* x^(8 * 64) mod P */
+/* x^(8 (13 - 4 k)) mod P: the UNIQ_KEY's 12 changing characters' words, 13, 9 and 5 bytes before
+ * the end of the rest (its \x02 separator after them: crc_rest_template) */
+static uint32_t crc_uniq_factor[3];
 
 static uint32_t crc_shift_of(uint64_t n);
 
@@ -936,6 +962,7 @@ static void crc_shift_init(void) {
     for (int k = 0; k < 64; k++, p = crc_multiply_loop(p, p)) crc_x2n[k] = p;
     for (int k = 0; k < 6; k++) crc_word_factor[k] = crc_shift_of((uint64_t)(CRC_WINDOW_END - CRC_WORD_AT[k]));
     crc_x512 = crc_shift_of(CRC_WINDOW_END);
+    for (int k = 0; k < 3; k++) crc_uniq_factor[k] = crc_shift_of((uint64_t)(13 - 4 * k));
 }
 
 /* x^(8 n) mod P: what `n` zero bytes after a difference multiply its raw CRC by. */
@@ -988,22 +1015,6 @@ __attribute__((target("pclmul,sse4.1"))) static inline uint32_t crc_reduce_produ
 }
 #endif
 
-#ifdef RMQ_HAVE_CLMUL
-/* a0 * f0 ^ a1 * f1 ^ a2 * f2 mod P: crc_multiply_sum6's three-product form (one reduction). */
-__attribute__((target("pclmul,sse4.1"))) static uint32_t crc_multiply_sum3(uint32_t a0, uint32_t f0, uint32_t a1,
-                                                                            uint32_t f1, uint32_t a2, uint32_t f2) {
-    const __m128i barrett = _mm_set_epi64x(0x01f7011641, 0x01db710641);
-    const __m128i low32 = _mm_setr_epi32(~0, 0, ~0, 0);
-    __m128i v = _mm_xor_si128(
-        _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a0), _mm_cvtsi32_si128((int)f0), 0x00),
-                      _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a1), _mm_cvtsi32_si128((int)f1), 0x00)),
-        _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)a2), _mm_cvtsi32_si128((int)f2), 0x00));
-    v = _mm_slli_epi64(v, 1);
-    __m128i t = _mm_clmulepi64_si128(_mm_and_si128(v, low32), barrett, 0x10);
-    t = _mm_clmulepi64_si128(_mm_and_si128(t, low32), barrett, 0x00);
-    return (uint32_t)_mm_extract_epi32(_mm_xor_si128(v, t), 1);
-}
-#endif
 
 /* The header's words a Sender's records differ in, each its own product in crc_record_encoded
  * (the rest are the Sender's, set once: MAGICCODE, SYSFLAG, the hosts, RECONSUMETIMES and
@@ -1083,7 +1094,7 @@ static inline uint32_t crc_body_of(const uint8_t *r, const CrcState *st) {
 __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(uint8_t *r, Py_ssize_t covered,
                                                                                 Py_ssize_t fixed, Py_ssize_t body_len,
                                                                                 const int64_t guess[3],
-                                                                                const CrcState *st) {
+                                                                                const CrcState *st, CrcTemplate *tpl) {
     const uint8_t *rest = r + fixed + body_len;
     Py_ssize_t rest_len = covered - fixed - body_len;
     uint32_t b = crc_body_of(r, st), field;
@@ -1107,28 +1118,53 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
         u = _mm_xor_si128(u, _mm_clmulepi64_si128(d, f, 0x11));
     }
     uint32_t h = st->head_const ^ crc_reduce_product(_mm_xor_si128(v, u));
-    uint32_t t = rest_len >= 64 ? crc32_clmul_raw(rest, (size_t)rest_len)
-                 : rest_len    ? crc32_clmul_raw_short(rest, (size_t)rest_len)
-                               : 0;
+    /* the rest: its template's constant and the UNIQ_KEY's changing words' products, summed with
+     * the combine's (crc_rest_template); else one pass (and the template's constant from it) */
+    __m128i uniq = _mm_setzero_si128();
+    uint32_t t;
+    if (tpl) {
+        uint32_t id[3];
+        memcpy(id, rest + rest_len - 13, 12);
+        for (int k = 0; k < 3; k++)
+            uniq = _mm_xor_si128(uniq, _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)id[k]),
+                                                            _mm_cvtsi32_si128((int)crc_uniq_factor[k]), 0x00));
+    }
+    if (tpl && tpl->rest_len == rest_len) {
+        t = tpl->rest_const;
+    } else {
+        t = rest_len >= 64 ? crc32_clmul_raw(rest, (size_t)rest_len)
+            : rest_len    ? crc32_clmul_raw_short(rest, (size_t)rest_len)
+                          : 0;
+        if (tpl) {
+            t ^= crc_reduce_product(uniq);
+            tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
+        }
+    }
     memcpy(&field, r + 8, 4); /* the field's bytes as the register reads them (0 in head_const) */
-    return ~(crc_multiply_sum3(h, st->head_shift, b, st->after_shift, field, st->field_factor) ^ t ^ st->ones);
+    __m128i sum = _mm_xor_si128(
+        _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)h), _mm_cvtsi32_si128((int)st->head_shift), 0x00),
+                      _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)b), _mm_cvtsi32_si128((int)st->after_shift), 0x00)),
+        _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)field), _mm_cvtsi32_si128((int)st->field_factor), 0x00));
+    return ~(crc_reduce_product(_mm_xor_si128(sum, uniq)) ^ t ^ st->ones);
 }
 #endif
 
 /* The CRC of an encoded record's first `covered` bytes (issue 35), nothing of it read twice:
  * the body's CRC-32, computed by encode_into from where the body is before the record's stores
  * (and left for this: keep_body_crc), gives the body's raw CRC b; the rest (topic, properties)
- * is one pass; the header is not read: its raw CRC is the Sender's head_const plus its twelve
- * per-send words, from registers, times their factors (independent products, one reduction:
- * the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
+ * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template,
+ * summed in the combine's reduction); the header is not read: its raw CRC is the Sender's
+ * head_const plus its twelve per-send words, from registers, times their factors (independent
+ * products, one reduction: the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
  * + after)) ^ b * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered
  * - 8)) (0 in head_const): three products, one reduction. Without PCLMULQDQ the guess is
- * written and the header read whole. */
+ * written, the header read whole and the rest passed over (no template). */
 static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
-                                   const int64_t guess[3], const CrcState *st) {
+                                   const int64_t guess[3], const CrcState *st, CrcTemplate *tpl) {
 #ifdef RMQ_HAVE_CLMUL
-    if (has_clmul) return crc_record_clmul(r, covered, fixed, body_len, guess, st);
+    if (has_clmul) return crc_record_clmul(r, covered, fixed, body_len, guess, st, tpl);
 #endif
+    (void)tpl; /* by table the rest is one pass */
     uint32_t b = crc_body_of(r, st);
     crc_guess(r, guess[0], guess[1], guess[2]);
     uint32_t h = crc_raw(r, fixed); /* the body CRC field in it */
@@ -1164,7 +1200,7 @@ static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc
  * under the lock where the guess was wrong. `encoded`: encode_into's record, its body's CRC-32
  * kept (keep_body_crc: crc_record_encoded); else the record is read whole as it is. */
 static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int encoded, const int64_t guess[3],
-                        CrcState *st, CrcPrepared *out) {
+                        CrcState *st, CrcTemplate *tpl, CrcPrepared *out) {
     Py_ssize_t body_len = -1;
     if (encoded) {
         uint32_t be;
@@ -1176,13 +1212,37 @@ static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int en
 #ifdef RMQ_HAVE_CLMUL
         if (has_clmul) crc_head_for(st, r, fixed);
 #endif
-        out->crc = crc_record_encoded(r, covered, fixed, body_len, guess, st);
+        out->crc = crc_record_encoded(r, covered, fixed, body_len, guess, st,
+                                      tpl && covered - fixed - body_len >= 13 ? tpl : NULL);
     } else { /* the initial ~0 run through `covered` bytes, inverted at the end */
         crc_guess(r, guess[0], guess[1], guess[2]);
         out->crc = ~(crc_raw(r, covered) ^ st->ones);
     }
     out->shift = st->shift;
     crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
+}
+
+/* The template for the send at hand's rest (s->crc_key, taken here), NULL where it has none. The
+ * rest of a send in the common shape (CrcRestKey) is the same bytes for the same topic field, tags
+ * and keys objects but for the UNIQ_KEY's time and counter, the 12 characters 13 to 1 bytes
+ * before its end. So its raw CRC is a constant, that of the rest with those characters 0, plus
+ * their three words times x^(8 (13 - 4 k)): three products summed with the combine's, in its one
+ * reduction, where a pass over the ~55 bytes (and its constants) was most of the CRC's cost in a
+ * real send (bench/NOTES.md, issue 35). Where the objects differ from the last send's, the
+ * Sender's template takes references to them and its constant is made again from the first
+ * record's pass (crc_record_clmul). */
+static CrcTemplate *crc_rest_template(Sender *s) {
+    CrcRestKey k = s->crc_key;
+    s->crc_key.topic = NULL;
+    if (!k.topic) return NULL;
+    CrcTemplate *t = &s->crc_tpl;
+    if (t->topic != k.topic || t->tags != k.tags || t->keys != k.keys) {
+        Py_XSETREF(t->topic, Py_NewRef(k.topic));
+        Py_XSETREF(t->tags, Py_NewRef(k.tags));
+        Py_XSETREF(t->keys, Py_NewRef(k.keys));
+        t->rest_len = 0;
+    }
+    return t;
 }
 
 /* Under the lock, where the guess was wrong (another producer's put came first): the ten digits
@@ -1264,7 +1324,7 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     }
     CrcState st = {0};
     CrcPrepared pre;
-    crc_prepare(r, covered, fixed, fixed != 0, g, &st, &pre);
+    crc_prepare(r, covered, fixed, fixed != 0, g, &st, NULL, &pre);
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
@@ -1922,6 +1982,8 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
     int64_t store_ts = born_ms;
     CrcPrepared one_crc, *crcs = &one_crc;
     int64_t guess_wrote = 0, guess_queue = 0;
+    CrcTemplate *tpl = s->crc_tail_len && encoded ? crc_rest_template(s) : NULL;
+    s->crc_key.topic = NULL; /* the key is the one call's */
     if (s->crc_tail_len) { /* the whole-record CRC's work before the lock (crc_prepare) */
         if (n > 1 && (size_t)n > s->crc_pre_len) {
             CrcPrepared *grown = PyMem_Realloc(s->crc_pre, (size_t)n * sizeof(CrcPrepared));
@@ -1939,7 +2001,7 @@ static int append_locked(Sender *s, Py_ssize_t size, Py_ssize_t n, const Py_ssiz
             uint8_t *r = s->scratch + (starts ? starts[i] : 0);
             int64_t guess[3] = {guess_queue + i, guess_wrote + (starts ? starts[i] : 0), born_ms};
             crc_prepare(r, (starts ? (i + 1 < n ? starts[i + 1] : size) - starts[i] : size) - s->crc_tail_len,
-                        fixed_size(&s->hosts), encoded, guess, &s->crc_state, &crcs[i]);
+                        fixed_size(&s->hosts), encoded, guess, &s->crc_state, tpl, &crcs[i]);
         }
     }
     if (!lock_try(lock, pid)) {
@@ -2430,6 +2492,10 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
+    /* the rest's CRC template (crc_rest_template): the common shape, keys immutable */
+    if ((props == Py_None || PyDict_GET_SIZE(props) == 0) && pr.id_at >= 0 &&
+        (keys == Py_None || PyUnicode_CheckExact(keys) || PyTuple_CheckExact(keys)))
+        s->crc_key = (CrcRestKey){topic_field, tags, keys};
     int put = append_locked(s, size, 1, NULL, 1, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
@@ -2577,6 +2643,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Placed placed;
     s->why = REF_NEW_FILE;
     s->put_waits = pr.wait;
+    if (common) s->crc_key = (CrcRestKey){topic_field, tags, Py_None}; /* crc_rest_template */
     int done = append_locked(s, size, n, s->starts, 1, slot, next_word, born_ms, &placed);
     s->put_waits = 1;
     PyObject *status = s->put_ok, *reason = s->empty;
@@ -2936,6 +3003,8 @@ static PyMemberDef Sender_members[] = {
      "CLOCK_MONOTONIC ns until which the learned queue limits hold (topics.json looked at)"},
     {"last_hold_ns", T_LONGLONG, offsetof(Sender, last_hold_ns), READONLY, "the last lock hold, ns"},
     {"sent", T_LONGLONG, offsetof(Sender, sent), READONLY, "sends this core completed"},
+    {"crc_templates", T_LONGLONG, offsetof(Sender, crc_tpl.made), READONLY,
+     "the rest's CRC constants made (a send's topic, tags or keys not the last's: crc_rest_template)"},
     {"crc_misses", T_LONGLONG, offsetof(Sender, crc_misses), READONLY,
      "records whose whole-record CRC was corrected under the lock (its fields guessed wrong)"},
     {"why", T_INT, offsetof(Sender, why), READONLY, "why the last send went to the reference (REF_*)"},

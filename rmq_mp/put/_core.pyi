@@ -41,6 +41,7 @@ class Sender:
     last_hold_ns: int
     sent: int
     crc_misses: int
+    crc_templates: int
     def __init__(self, settings: dict[str, Any], /) -> None: ...
     def send_kw(
         self,

@@ -304,6 +304,126 @@ def test_every_send_shape_is_stored_the_same_by_the_core_and_the_reference(
     assert fast.uniq_key.encode() in fast_raw, "the UNIQ_KEY result is the one stored"
 
 
+# tags objects that recur across a sequence's sends (with other topics and keys: one template's
+# key is the objects' identity, crc_rest_template), and fresh ones
+SEQUENCE_TAGS = st.none() | st.sampled_from(["TagA", "TagB", "", "ü"]) | TEXT
+SEQUENCE_KEYS = (
+    st.none()
+    | st.sampled_from(["k1", "k2", "k1 k2"])
+    | TEXT
+    | st.lists(TEXT, max_size=3)
+    | st.lists(TEXT, max_size=3).map(tuple)
+)
+EMPTY_PROPERTIES: dict[str, str] = {}
+SEQUENCE_PROPERTIES = (
+    st.none()
+    | st.just(EMPTY_PROPERTIES)
+    | st.dictionaries(PROPERTY_NAMES | TEXT, PROPERTY_VALUES, max_size=3)
+)
+
+
+@settings(max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    sends=st.lists(
+        st.tuples(
+            st.sampled_from(["Seq", "Seq2", "ünï"]),
+            st.integers(0, 700),
+            SEQUENCE_TAGS,
+            SEQUENCE_KEYS,
+            SEQUENCE_PROPERTIES,
+            st.integers(1, 3),
+        ),
+        min_size=1,
+        max_size=6,
+    ),
+    clmul=st.booleans(),
+)
+def test_a_sequence_of_sends_is_stored_the_same_by_the_core_and_the_reference(
+    store: tuple[RunningService, Producer],
+    sends: list[tuple[str, int, str | None, Any, dict[str, str] | None, int]],
+    clmul: bool,
+) -> None:
+    """The whole-record CRC's topic and properties from the Sender's template (a constant per
+    topic, tags and keys, the UNIQ_KEY's time and counter as products: `crc_rest_template`): a
+    sequence of sends that repeat a message (the template taken), change topic, tags, keys (str,
+    list, tuple; a list changed between two sends of it), properties or body size (the template
+    made again or not used), by multiplication and by table (PCLMULQDQ off): every record the
+    bytes the reference stores, its CRC digits zlib's."""
+    service, producer = store
+    assert native.lock_core is not None
+    native.lock_core._set_clmul(clmul)
+    try:
+        for topic, body_size, tags, keys, properties, repeats in sends:
+            body = os.urandom(body_size)
+            fast = []
+            for i in range(repeats):
+                fast.append(
+                    producer.send(topic, body, tags=tags, keys=keys, properties=properties, queue_id=i % 2)
+                )
+                if isinstance(keys, list):  # the same list object, other keys: no template of it
+                    keys.append(f"m{i}")
+            for i, result in enumerate(fast):
+                sent_keys = keys[: len(keys) - repeats + i] if isinstance(keys, list) else keys
+                slow = producer._send(topic, body, tags, sent_keys, properties, result.queue_id, 0, True)
+                assert (result.status, result.reason) == (slow.status, slow.reason)
+                if not result.ok:
+                    continue
+                given_uniq = properties is not None and "UNIQ_KEY" in properties
+                fast_raw = _record(service, result.commit_log_offset)
+                slow_raw = _record(service, slow.commit_log_offset)
+                assert _comparable(fast_raw, ours=not given_uniq) == _comparable(
+                    slow_raw, ours=not given_uniq
+                )
+    finally:
+        native.lock_core._set_clmul(True)
+
+
+def test_a_repeated_send_takes_its_crc_template(store: tuple[RunningService, Producer]) -> None:
+    """Sends of one topic, tags and keys objects make the rest's CRC constant once
+    (`crc_templates` counts them) and then take it; another topic, other tags or keys objects (one
+    text in two str objects too), a list of keys or a batch's own shape make it again or do
+    without; every record's CRC digits are zlib's."""
+    service, producer = store
+    core = producer._native
+    assert core is not None
+    assert native.lock_core is not None
+    assert native.lock_core._set_clmul(True), "the template is the multiplying CRC's"
+    for qid in range(2):  # each queue's first send is the reference's
+        for topic in ("Tpl", "Tpl2"):
+            assert producer.send(topic, b"q", queue_id=qid).ok
+    tag_a, tag_b = "TagA", "".join(["Tag", "A"])  # one text, two objects
+    assert tag_a == tag_b
+    assert tag_a is not tag_b
+    sends: list[tuple[str, str | None, Any, int]] = [  # topic, tags, keys, templates made
+        ("Tpl", None, None, 1),
+        ("Tpl", None, None, 0),
+        ("Tpl", tag_a, "k1", 1),
+        ("Tpl", tag_a, "k1", 0),
+        ("Tpl2", tag_a, "k1", 1),
+        ("Tpl2", tag_b, "k1", 1),
+        ("Tpl2", tag_b, ["k1"], 0),  # a list: no template, the last kept
+        ("Tpl2", tag_b, "k1", 0),
+        ("Tpl2", tag_b, "k2", 1),  # as long as the last: only the objects tell
+        ("Tpl2", "TagB", "k2", 1),
+        ("Tpl", "TagB", "k2", 1),
+    ]
+    results: list[SendResult] = []
+    for topic, tags, keys, made in sends:
+        before, sent = core.crc_templates, core.sent
+        for i in range(20):
+            results.append(producer.send(topic, os.urandom(100 + i), tags=tags, keys=keys, queue_id=i % 2))
+        assert core.sent - sent == 20, "the core's sends"
+        assert core.crc_templates - before == made, (topic, tags, keys)
+    before = core.crc_templates
+    batch = producer.send_batch(MessageBatch("Tpl", [b"a", b"bb"] * 20, queue_id=1, tags=tag_a))
+    assert batch.ok
+    assert core.crc_templates - before == 1, "a batch's records share one template"
+    results += list(batch)
+    assert all(r.ok for r in results)
+    for r in results:
+        _checked(_record(service, r.commit_log_offset))
+
+
 BATCH_KEYS = st.none() | TEXT | st.lists(TEXT, max_size=3) | st.lists(TEXT, max_size=2).map(tuple)
 BATCH_PROPERTY_NAMES = st.sampled_from(["a", "TAGS", "KEYS", "WAIT", "DELAY", "UNIQ_KEY", "x\x01y", ""])
 BATCH_PROPERTY_VALUES = st.sampled_from(["true", "false", "0", "-1", "3", "abc", "", "v\x02w"]) | TEXT
