@@ -437,8 +437,6 @@ class HaSlave(ServiceLoop):
         self.max_frame = ha_frame.MAX_FRAME_BYTES  # what a Java slave takes in, whatever its batch size
         self.sock: socket.socket | None = None
         self.frames = ha_frame.FrameBuffer(self.max_frame, READ_BYTES)
-        self.compiled_frames = native.scan.active is not None
-        """`_take` walks runs of frames in C (`FrameBuffer.run`); without, `_apply` a frame at a time."""
         self.unsent = bytearray()
         self.reported_at = 0.0
         self.failures = 0
@@ -562,7 +560,8 @@ class HaSlave(ServiceLoop):
                 raise HaProtocolError("the master closed the connection")
             self.heard_at = time.monotonic()
             try:
-                moved |= self._take(n)
+                for frame in self.frames.filled(n):
+                    moved |= self._apply(frame)
             finally:  # before the next read reuses the buffer, and before any disconnect
                 self._write_pending()
             self._advance_wrote(publish=False)  # while the bytes just written are in the cache
@@ -572,31 +571,6 @@ class HaSlave(ServiceLoop):
             self._flush_reports()
             self.failures = 0
             self._advance_wrote()
-
-    def _take(self, nbytes: int) -> bool:
-        """The frames the ``nbytes`` just read complete, written. In the steady state (a non-empty
-        slave past its start check, the compiled scan active) a run at a time (`FrameBuffer.run`:
-        one call for the contiguous frames of one file, one `pwritev`); the frame that ends a run
-        other than by the bytes or a file's end, and every frame in the other states, goes through
-        `_apply`, the reference, which refuses it as before (nothing of it written). True if the
-        end moved."""
-        moved = False
-        if self.compiled_frames and self.check is None and not self.halted and self.received_end:
-            why = ha_frame.RUN_FILE
-            while why == ha_frame.RUN_FILE:
-                start = self.received_end
-                pieces, end, why = self.frames.run(nbytes, start, self.file_size)
-                nbytes = 0
-                if pieces:
-                    self.pending, self.pending_end = pieces, end
-                    self.pending_file = start - start % self.file_size
-                    self._write_pending()
-                    moved = True
-            if why != ha_frame.RUN_REFER:
-                return moved
-        for frame in self.frames.filled(nbytes):
-            moved |= self._apply(frame)
-        return moved
 
     def _apply(self, frame: ha_frame.Frame) -> bool:
         """Write one frame at this slave's end. True if the end moved."""
@@ -609,9 +583,13 @@ class HaSlave(ServiceLoop):
             frame = checked
         end = self.pending_end if self.pending else self.received_end
         start, data = frame
-        file_start = ha_frame.append_file(end, start, len(data), self.file_size)
-        if file_start is None:
+        if end != 0 and start != end:
+            raise HaProtocolError(f"frame at {start}, but this slave's end is {end}")
+        if not data:
             return False
+        file_start = start - start % self.file_size
+        if start + len(data) > file_start + self.file_size:
+            raise HaProtocolError(f"frame of {len(data)} bytes at {start} crosses a file")
         if end == 0 and start != 0 and self.wrote != start:
             ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
             self.wrote = self.walked = start

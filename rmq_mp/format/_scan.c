@@ -14,9 +14,6 @@
  * reads, so the result is the reference's by construction; the tests compare both on
  * generated and damaged logs (tests/unit/test_record_batch.py).
  *
- * `frame_run` is the slave's take of a read's HA frames (ha_frame.FrameBuffer.run; its reference is
- * FrameBuffer.filled with ha_frame.append_file a frame at a time, tests/unit/test_frame_run.py).
- *
  * Nothing here knows a field's offset: `configure` receives them from record.fixed_fields
  * (the one layout table), with the magic code, the host flags and the property names.
  */
@@ -553,94 +550,10 @@ done:
     return result;
 }
 
-/* What ended a `frame_run`: the bytes (or a partial frame), the next frame opening another file,
- * or a frame the run does not take, for the Python reference (workers/ha.py `_apply`) to refuse. */
-enum { RUN_PARTIAL = 0, RUN_FILE = 1, RUN_REFER = 2 };
-enum { FRAME_HEADER = 12 }; /* ha_frame.HEADER_BYTES: 8-byte offset, 4-byte length, big-endian */
-
-PyDoc_STRVAR(frame_run_doc,
-             "frame_run(view, at, end, expect, file_size, max_frame) -> (next_at, next_expect, pieces, why)\n\n"
-             "The run of whole HA frames in view[at:end] that continue a slave's end ``expect`` (> 0)\n"
-             "within one file of ``file_size``: their data as memoryview slices of ``view``, heartbeats\n"
-             "at ``expect`` passed over. ``why``: 0 the bytes ended (or a partial frame), 1 the next frame\n"
-             "opens another file, 2 the frame at next_at is one the run does not take (another offset,\n"
-             "one crossing a file). A whole header no master sends (negative offset or length, length\n"
-             "over ``max_frame``) anywhere in the bytes gives (at, expect, [], 2): as\n"
-             "`ha_frame.FrameBuffer.filled`, which refuses such a read before any of its frames is\n"
-             "applied, the reference then reads it all.");
-
-static PyObject *scan_frame_run(PyObject *self, PyObject *args) {
-    PyObject *view;
-    Py_ssize_t at, end, max_frame;
-    long long expect, file_size;
-    if (!PyArg_ParseTuple(args, "OnnLLn", &view, &at, &end, &expect, &file_size, &max_frame)) return NULL;
-    Py_buffer buf;
-    if (PyObject_GetBuffer(view, &buf, PyBUF_SIMPLE) < 0) return NULL;
-    PyObject *pieces = NULL, *result = NULL;
-    if (at < 0 || end > buf.len || at > end || expect <= 0 || file_size <= 0 || max_frame < 0) {
-        PyErr_SetString(PyExc_ValueError, "frame_run: position, end, offset or sizes out of range");
-        goto done;
-    }
-    const uint8_t *b = buf.buf;
-    Py_ssize_t p = at;
-    int64_t e = expect;
-    int why = RUN_PARTIAL;
-    for (Py_ssize_t q = at; end - q >= FRAME_HEADER;) { /* every whole header first, as `filled` */
-        int64_t offset = (int64_t)be64(b + q);
-        int32_t len = (int32_t)be32(b + q + 8);
-        if (offset < 0 || len < 0 || len > max_frame) {
-            why = RUN_REFER;
-            break;
-        }
-        if (end - q - FRAME_HEADER < len) break;
-        q += FRAME_HEADER + len;
-    }
-    pieces = PyList_New(0);
-    if (pieces == NULL) goto done;
-    int64_t file_start = -1;
-    while (why == RUN_PARTIAL && end - p >= FRAME_HEADER) {
-        int64_t offset = (int64_t)be64(b + p);
-        Py_ssize_t len = (int32_t)be32(b + p + 8);
-        if (end - p - FRAME_HEADER < len) break;
-        if (offset != e) {
-            why = RUN_REFER;
-            break;
-        }
-        if (len == 0) { /* a heartbeat at the end: nothing to write */
-            p += FRAME_HEADER;
-            continue;
-        }
-        int64_t starts = offset - offset % file_size;
-        if (offset + len > starts + file_size) {
-            why = RUN_REFER;
-            break;
-        }
-        if (file_start >= 0 && starts != file_start) {
-            why = RUN_FILE;
-            break;
-        }
-        file_start = starts;
-        PyObject *piece = PySequence_GetSlice(view, p + FRAME_HEADER, p + FRAME_HEADER + len);
-        if (piece == NULL || PyList_Append(pieces, piece) < 0) {
-            Py_XDECREF(piece);
-            goto done;
-        }
-        Py_DECREF(piece);
-        p += FRAME_HEADER + len;
-        e += len;
-    }
-    result = Py_BuildValue("nLOi", p, (long long)e, pieces, why);
-done:
-    Py_XDECREF(pieces);
-    PyBuffer_Release(&buf);
-    return result;
-}
-
 static PyMethodDef methods[] = {
     {"configure", scan_configure, METH_O, configure_doc},
     {"scan", scan_scan, METH_VARARGS, scan_doc},
     {"queue_ends", scan_queue_ends, METH_VARARGS, queue_ends_doc},
-    {"frame_run", scan_frame_run, METH_VARARGS, frame_run_doc},
     {NULL, NULL, 0, NULL},
 };
 

@@ -31,12 +31,3 @@ def queue_ends(
     out: Any,
     /,
 ) -> tuple[int, int, int, int]: ...
-def frame_run(
-    view: memoryview,
-    at: int,
-    end: int,
-    expect: int,
-    file_size: int,
-    max_frame: int,
-    /,
-) -> tuple[int, int, list[bytes | memoryview], int]: ...

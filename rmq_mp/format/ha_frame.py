@@ -14,18 +14,12 @@ import struct
 from typing import NamedTuple
 
 from rmq_mp.errors import HaProtocolError
-from rmq_mp.format import native
 
 HEADER_BYTES = 12
 REPORT_BYTES = 8
 JAVA_LONG_MAX = (1 << 63) - 1
 MAX_FRAME_BYTES = 4 * 1024 * 1024 - HEADER_BYTES
 """The largest frame a Java slave can take in (its 4 MiB read buffer holds header and data)."""
-
-RUN_PARTIAL, RUN_FILE, RUN_REFER = 0, 1, 2
-"""Why `FrameBuffer.run` ended: the bytes ran out (or a partial frame), the next frame opens
-another file, or the next frame is one the run does not take (`filled` and the slave's
-`append_file` then refuse it: another offset, a frame crossing a file, a bad header)."""
 
 _HEADER = struct.Struct(">qi")
 _REPORT = struct.Struct(">q")
@@ -51,20 +45,6 @@ def encode_report(phy_offset: int) -> bytes:
     if not 0 <= phy_offset <= JAVA_LONG_MAX:
         raise HaProtocolError(f"no HA report carries offset {phy_offset}")
     return _REPORT.pack(phy_offset)
-
-
-def append_file(end: int, phy_offset: int, length: int, file_size: int) -> int | None:
-    """A slave whose log ends at ``end`` (0: empty) takes a frame: the log offset of the file its
-    data goes to, None for a heartbeat; `HaProtocolError` for a frame at another offset than a
-    non-empty slave's end, or one crossing a file (HAClient closes the connection)."""
-    if end != 0 and phy_offset != end:
-        raise HaProtocolError(f"frame at {phy_offset}, but this slave's end is {end}")
-    if not length:
-        return None
-    file_start = phy_offset - phy_offset % file_size
-    if phy_offset + length > file_start + file_size:
-        raise HaProtocolError(f"frame of {length} bytes at {phy_offset} crosses a file")
-    return file_start
 
 
 class ReportReader:
@@ -186,22 +166,3 @@ class FrameBuffer:
             at = stop
         self._start = at
         return frames
-
-    def run(self, nbytes: int, end: int, file_size: int) -> tuple[list[bytes | memoryview], int, int]:
-        """`filled` for a slave in its steady state, in one compiled call (`_scan.frame_run`;
-        only where ``native.scan.active``): of the whole frames the ``nbytes`` just read complete,
-        the run that continues the slave's non-zero ``end`` within one file: (their data as views
-        valid until the next `space`, the end after them, why it ended: RUN_*). The frames after
-        the run stay for the next `run` (RUN_FILE, once the run is written) or for `filled`
-        (RUN_REFER), so `append_file`'s refusals and `filled`'s stay the reference's, and a
-        refused frame is never written. Without the Python per frame of `filled` and the slave's
-        `_apply` (32 frames a 1 MiB read; bench/NOTES.md, haframes)."""
-        compiled = native.scan.active
-        if compiled is None:
-            raise RuntimeError(f"FrameBuffer.run needs the compiled scan: {native.scan.why_reference}")
-        self._end += nbytes
-        at, after, pieces, why = compiled.frame_run(
-            self._view, self._start, self._end, end, file_size, self.max_frame_bytes
-        )
-        self._start = at
-        return pieces, after, why

@@ -1,7 +1,6 @@
 """The compiled parts below the put path, and the switch every compiled part obeys.
 
-- `scan` (rmq_mp/format/_scan.c): `record_batch.scan_segment`'s decode of the common record, the
-  slave's walk of its records (`queue_ends`) and of its frames (`frame_run`);
+- `scan` (rmq_mp/format/_scan.c): `record_batch.scan_segment`'s decode of the common record;
 - `index` (rmq_mp/store/_index.c): `IndexFile.put_hashes`' entry and slot writes.
 
 Both are built by the install command with the put core (setup.py, optional extensions). Each is
