@@ -702,6 +702,7 @@ def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
     commit_log = store.commit_log
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
+    _report_missing_tail(store, plan, end)
     cq_dropped = 0
     truncated: set[ConsumeQueue] = set()
     if plan.max_queue_end >= end or not plan.last_exit_ok:
@@ -726,6 +727,22 @@ def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
         index_entries=index_dropped,
         index_damaged=index_damaged,
     )
+
+
+def _report_missing_tail(store: MessageStore, plan: RecoveryPlan, end: int) -> None:
+    """Queue entries that reach past the log's last byte (past ``end`` and past any cut range)
+    name records whose bytes are gone: the newest file deleted, or its end lost. Report that
+    range in commit-log offsets as a cut's is, so no record vanishes unnamed (RocketMQ drops the
+    entries silently, `truncateDirtyLogicFiles`)."""
+    start = max([end, *(d.end for d in store.reporter.findings if d.kind == "commitlog-truncated")])
+    if plan.max_queue_end > start:
+        store.reporter.report(
+            "commitlog-missing",
+            str(store.commit_log.mfq.store_dir),
+            start,
+            plan.max_queue_end,
+            "queue entries point past the log's last byte: the records there are gone (a file deleted or cut)",
+        )
 
 
 def cut_at(store: MessageStore, end: int) -> None:

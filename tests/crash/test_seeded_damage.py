@@ -9,7 +9,7 @@ never a body failing its CRC) but one damaged only in bytes RocketMQ's format ha
 (then with its acknowledged body, topic, queue and offset), every acknowledged record whose bytes
 survive served by its queue at its offset and found by its unique keys, and every acknowledged
 record not served covered by a finding of the store's `Reporter` that names its commit-log
-offset (a cut's range, a skipped record, a skipped queue entry pointing at it).
+offset (a cut's range, a lost tail's range, a skipped record, a skipped queue entry pointing at it).
 
 Every case prints its seed; replay one with ``RMQ_DAMAGE_SEED=<seed> pytest tests/crash/test_seeded_damage.py``.
 ``RMQ_DAMAGE_CASES`` sets how many cases run (default 64, a few seconds per worker)."""
@@ -160,7 +160,7 @@ def record_intact(
     return all(now[start + a : start + b] == original[start + a : start + b] for a, b in checked)
 
 
-PHY_RANGED = ("commitlog-truncated", "record-invalid", "record-crc-failed")
+PHY_RANGED = ("commitlog-truncated", "commitlog-missing", "record-invalid", "record-crc-failed")
 """Findings whose range is in commit-log offsets."""
 
 
