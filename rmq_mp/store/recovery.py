@@ -269,15 +269,18 @@ def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
 
 
 def _walk_past_damage(store: MessageStore, start: int, end: int | None, below: int) -> Iterator[BatchStep]:
-    """`iter_batches` from ``start`` without CRC checks that goes on past a damaged record lying
-    below ``below`` (older files, which recovery's scan does not read: the log is not cut
-    there), at the next sound record (`CommitLog.next_record_start`), reporting the range
-    skipped; at or past ``below`` it stops at the first invalid record, as RocketMQ's walk does."""
+    """`iter_batches` from ``start`` that goes on past a damaged record lying below ``below``
+    (older files, which recovery's scan does not read: the log is not cut there), at the next
+    sound record (`CommitLog.next_record_start`), reporting the range skipped; at or past
+    ``below`` it stops at the first invalid record, as RocketMQ's walk does. CRCs are checked
+    as the scan checks them (``checkCRCOnRecover``): a record whose QUEUEID or TOPIC is damaged
+    would otherwise make a queue of its own, found damaged and rebuilt again at every start."""
     commit_log = store.commit_log
+    check_crc = store.config.check_crc_on_recover
     offset = start
     while True:
         resume = -1
-        for step in commit_log.iter_batches(offset, check_crc=False, end_offset=end):
+        for step in commit_log.iter_batches(offset, check_crc=check_crc, end_offset=end):
             yield step
             if step.tail is not None and not step.tail.success and step.stop < below:
                 resume = commit_log.next_record_start(step.stop)
@@ -296,8 +299,8 @@ def _walk_past_damage(store: MessageStore, start: int, end: int | None, below: i
 def _dispatch_range(
     store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool, below: int
 ) -> int:
-    """Dispatch the records of ``[start, end)`` (default: to the log's end) without CRC checks,
-    past damaged records of the files recovery does not scan (`_walk_past_damage`); returns how many."""
+    """Dispatch the records of ``[start, end)`` (default: to the log's end), past damaged records
+    of the files recovery does not scan (`_walk_past_damage`); returns how many."""
     commit_log = store.commit_log
     stop = commit_log.max_offset() if end is None else end
     dispatched = 0
