@@ -14,7 +14,8 @@ second start must serve exactly what the first did, dispatching no record a queu
 (only a tail of records no queue holds, prepared or rolled-back transactions, as RocketMQ does).
 
 Every case prints its seed; replay one with ``RMQ_DAMAGE_SEED=<seed> pytest tests/crash/test_compound_damage.py``.
-``RMQ_DAMAGE_CASES`` sets how many cases run (default 48, about 0.3 s each)."""
+``RMQ_DAMAGE_CASES`` sets how many cases run (default 48, about 0.3 s each), ``RMQ_DAMAGE_FIRST``
+the first seed (default 1), for long runs in chunks."""
 
 from __future__ import annotations
 
@@ -33,7 +34,12 @@ from tests.crash.test_seeded_damage import COUNT, MESSAGE_SEED, OFFSETS, OPS, ch
 from tests.damage_check import assert_intact_served, write_store
 
 CASES = int(os.environ.get("RMQ_DAMAGE_CASES", "48"))
-SEEDS = [int(os.environ["RMQ_DAMAGE_SEED"])] if "RMQ_DAMAGE_SEED" in os.environ else list(range(1, CASES + 1))
+FIRST = int(os.environ.get("RMQ_DAMAGE_FIRST", "1"))
+SEEDS = (
+    [int(os.environ["RMQ_DAMAGE_SEED"])]
+    if "RMQ_DAMAGE_SEED" in os.environ
+    else list(range(FIRST, FIRST + CASES))
+)
 
 SECOND = ["consumequeue", "index", "checkpoint", "marker", "commitlog"]
 
