@@ -42,6 +42,12 @@ SEEDS = (
 )
 
 SECOND = ["consumequeue", "index", "checkpoint", "marker", "commitlog"]
+SLOTS = 61
+"""Index hash slots: not a power of two (RocketMQ's default, 5,000,000, is not one either), so a
+flipped bit anywhere in an entry's key hash moves it to another slot and the index check finds
+it. With small_config's 64, a flip above the low six bits keeps the slot: the entry is sound by
+every check the format allows, short of reading each record's keys at every start, and its key
+is lost to queries (seeds 2355 and 2919 of the first 3,000 with 64)."""
 
 
 def hit_queues(
@@ -105,7 +111,7 @@ def second_fault(rnd: random.Random, root: Path, first: Path, hit: list[tuple[st
 def test_compound_damage(small_config: MessageStoreConfig, seed: int) -> None:
     rnd = random.Random(seed)
     crash = rnd.random() < 0.5
-    config = small_config
+    config = small_config.replace(max_hash_slot_num=SLOTS)
     messages, results = write_store(config, COUNT, MESSAGE_SEED, crash=crash, commits=OFFSETS)
     root = Path(config.store_path_root_dir)
     before = {p: p.read_bytes() for p in (root / "commitlog").iterdir()}
