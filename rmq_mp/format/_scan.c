@@ -179,7 +179,11 @@ static int record_crc_ok(const uint8_t *r, Py_ssize_t total, Py_ssize_t props_le
     const uint8_t *t = r + total - reserved;
     const uint8_t *digits = t + L.crc_name_len + 1;
     int shaped = t[L.crc_name_len] == L.name_value_sep && t[reserved - 1] == L.property_sep;
-    if (memcmp(t, L.crc_name, (size_t)L.crc_name_len) != 0) return !shaped; /* a damaged name: Python's */
+    if (memcmp(t, L.crc_name, (size_t)L.crc_name_len) != 0) { /* a damaged name (shaped, or near): Python's */
+        int off = 0;
+        for (Py_ssize_t i = 0; i < L.crc_name_len; i++) off += t[i] != (uint8_t)L.crc_name[i];
+        return !shaped && off > 2;
+    }
     if (!shaped) return 0;
     uint32_t stored = 0;
     for (int i = 9; i >= 0; i--) {

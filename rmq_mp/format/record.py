@@ -174,14 +174,18 @@ def record_crc_problem(buf: Any, pos: int, total: int, tail: bytes) -> str:
     CRC32_RESERVED_LEN bytes and end in ``tail`` (that many), fails its whole-record CRC, or ''
     (it passes, or has none: written by 4.9.8 or with the setting off). A record has one when
     its properties end in the ``__CRC32#`` name, or in ten digits between \x01 and \x02 that
-    are the CRC of what precedes them (a damaged name); NUL bytes there are a zeroed tail. The
-    digits are read as `checkMessageAndReturnSize` reads them."""
+    are the CRC of what precedes them, or in a name at most two bytes off ``__CRC32#`` (a damaged
+    name); NUL bytes there are a zeroed tail. The digits are read as `checkMessageAndReturnSize`
+    reads them."""
     named = tail[:8] == _CRC_NAME[:8]
     digits = tail[9:19]
     shaped = (
         tail[8] == _NAME_VALUE_SEPARATOR_BYTE and tail[19] == _PROPERTY_SEPARATOR_BYTE and digits.isdigit()
     )
-    if not named and not shaped:
+    # A name at most two bytes off ``__CRC32#`` is that name damaged (no producer's property is
+    # named so), whatever else the damage reached: the digits, or the bytes they cover.
+    near = not named and sum(a != b for a, b in zip(tail[:8], _CRC_NAME[:8], strict=True)) <= 2
+    if not named and not shaped and not near:
         # Zeroed in part: properties end in \x02 only in 5.x's records, whose CRC tail this was;
         # or zeroed from somewhere in the tail (or before it) to the record's end.
         kept = tail.rstrip(b"\0")
@@ -193,7 +197,7 @@ def record_crc_problem(buf: Any, pos: int, total: int, tail: bytes) -> str:
         stored != actual or tail[19] != _PROPERTY_SEPARATOR_BYTE or tail[8] != _NAME_VALUE_SEPARATOR_BYTE
     ):
         return f"record CRC ({PROPERTY_CRC32}) {actual:#010x} is not the stored {tail[9:19]!r}"
-    if not named and (stored == actual or b"\0" in tail):
+    if not named and (stored == actual or b"\0" in tail or near):
         return f"record CRC's property name is damaged: {tail[:8]!r}"
     return ""
 

@@ -108,8 +108,11 @@ class IndexFile:
         else:
             self.begin_timestamp = self.end_timestamp = self.begin_phy_offset = self.end_phy_offset = 0
             self.hash_slot_count = self.index_count = 0
+        self._header_count = self.index_count
+        """The count the header held when loaded (or last written): `damage` judges it, since a
+        garbled one (negative, past maxIndexNum) must not pass as an empty file's."""
         self.index_count = max(self.index_count, 1)
-        if writable and self._mm is not None and length >= self._slots_end():
+        if writable and self._mm is not None and length >= self._slots_end() and self._count_in_range():
             self._repair_torn_put()
         if create and seed_end_phy_offset > 0:
             self.begin_phy_offset = self.end_phy_offset = seed_end_phy_offset
@@ -137,8 +140,13 @@ class IndexFile:
             reserve_blocks(self._fd, self._reserved_end, mark)
             self._reserved_end = mark
 
+    def _count_in_range(self) -> bool:
+        """The header's count is one a file can hold (0: a header never written)."""
+        return 0 <= self._header_count <= self.index_num
+
     def _write_header(self) -> None:
         if self._mm is not None and self.writable:
+            self._header_count = self.index_count
             HEADER.pack_into(
                 self._mm,
                 0,
@@ -373,12 +381,12 @@ class IndexFile:
         if self._mm is None or len(self._mm) < self._slots_end():
             return None  # cut inside the slot table: `IndexService.recover` removes it
         count = min(self.index_count, max(1, self.intact_entry_limit()))
-        if not 1 <= self.index_count <= self.index_num:
-            return f"header entry count {self.index_count} outside [1, {self.index_num}]"
-        if count <= 1:
-            return None
+        if not self._count_in_range() or not 1 <= self.index_count <= self.index_num:
+            return f"header entry count {self._header_count} outside [1, {self.index_num}]"
         if self.begin_phy_offset > self.end_phy_offset or self.begin_phy_offset < 0:
             return f"header offsets [{self.begin_phy_offset}, {self.end_phy_offset}] out of order"
+        if count <= 1:
+            return None
         entries = np.frombuffer(self._mm, dtype=ENTRY_DTYPE, count=count - 1, offset=self._entry_pos(1))
         slots = np.frombuffer(self._mm, dtype=SLOT_DTYPE, count=self.hash_slot_num, offset=INDEX_HEADER_SIZE)
         try:

@@ -268,26 +268,35 @@ def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
         )
 
 
-def _walk_past_damage(store: MessageStore, start: int, end: int | None, below: int) -> Iterator[BatchStep]:
-    """`iter_batches` from ``start`` without CRC checks that goes on past a damaged record lying
-    below ``below`` (older files, which recovery's scan does not read: the log is not cut
-    there), at the next sound record (`CommitLog.next_record_start`), reporting the range
-    skipped; at or past ``below`` it stops at the first invalid record, as RocketMQ's walk does."""
+def _walk_past_damage(
+    store: MessageStore, start: int, end: int | None, below: int, *, report: bool = True
+) -> Iterator[BatchStep]:
+    """`iter_batches` from ``start`` that goes on past a damaged record lying below ``below``
+    (older files, which recovery's scan does not read: the log is not cut there), at the next
+    sound record (`CommitLog.next_record_start`), reporting the range skipped; at or past
+    ``below`` it stops at the first invalid record, as RocketMQ's walk does. CRCs are checked
+    as the scan checks them (``checkCRCOnRecover``): a record whose QUEUEID or TOPIC is damaged
+    would otherwise make a queue of its own, found damaged and rebuilt again at every start.
+    The checks that decide what to rebuild walk the same way (``report=False``: a look, the
+    dispatch that follows reports), so they never miss in a queue or the index a record
+    dispatch steps over, which would rebuild it at every start."""
     commit_log = store.commit_log
+    check_crc = store.config.check_crc_on_recover
     offset = start
     while True:
         resume = -1
-        for step in commit_log.iter_batches(offset, check_crc=False, end_offset=end):
+        for step in commit_log.iter_batches(offset, check_crc=check_crc, end_offset=end):
             yield step
             if step.tail is not None and not step.tail.success and step.stop < below:
                 resume = commit_log.next_record_start(step.stop)
-                store.reporter.report(
-                    "record-invalid",
-                    str(commit_log.mfq.store_dir),
-                    step.stop,
-                    resume,
-                    f"dispatch went past a damaged record: {step.tail.reason}",
-                )
+                if report:
+                    store.reporter.report(
+                        "record-invalid",
+                        str(commit_log.mfq.store_dir),
+                        step.stop,
+                        resume,
+                        f"dispatch went past a damaged record: {step.tail.reason}",
+                    )
         if resume < 0 or (end is not None and resume >= end):
             return
         offset = resume
@@ -296,8 +305,8 @@ def _walk_past_damage(store: MessageStore, start: int, end: int | None, below: i
 def _dispatch_range(
     store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool, below: int
 ) -> int:
-    """Dispatch the records of ``[start, end)`` (default: to the log's end) without CRC checks,
-    past damaged records of the files recovery does not scan (`_walk_past_damage`); returns how many."""
+    """Dispatch the records of ``[start, end)`` (default: to the log's end), past damaged records
+    of the files recovery does not scan (`_walk_past_damage`); returns how many."""
     commit_log = store.commit_log
     stop = commit_log.max_offset() if end is None else end
     dispatched = 0
@@ -418,7 +427,7 @@ def _rebuild_missing_heads(store: MessageStore) -> dict[ConsumeQueue, int]:
         return {}
     until = max(phy for _cq, _q, phy in suspects.values())
     lacking: dict[ConsumeQueue, int] = {}
-    for step in commit_log.iter_batches(min_phy, check_crc=False, end_offset=until):
+    for step in _walk_past_damage(store, min_phy, until, until, report=False):
         batch = step.batch
         if not len(batch):
             continue
@@ -493,7 +502,7 @@ def _missing_records(
 def _first_keyed(store: MessageStore, after: int, end: int) -> int | None:
     """Position of the first record in ``(after, end)`` whose keys the index holds, or None."""
     start = max(after, store.commit_log.min_offset())
-    for step in store.commit_log.iter_batches(start, check_crc=False, end_offset=end):
+    for step in _walk_past_damage(store, start, end, end, report=False):
         batch = step.batch
         if not len(batch.key_record):
             continue
@@ -598,6 +607,9 @@ class RecoveryPlan:
     """First record a damaged or missing queue or index file needs again, or None."""
     queue_ends: Mapping[ConsumeQueue, int]
     """Each queue's end (phy offset past its last entry) before the pass."""
+    sound_queue_end: int = -1
+    """The farthest end of a queue whose check found nothing wrong: past the log's end, the
+    mark of records lost (a damaged queue's kept entries may point anywhere)."""
 
     @property
     def max_queue_end(self) -> int:
@@ -662,6 +674,7 @@ def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
         replay_from_offset=planned,
         repair_from_offset=repair_from,
         queue_ends=MappingProxyType(queue_ends),
+        sound_queue_end=max((end for cq, end in queue_ends.items() if cq not in rebuild), default=-1),
     )
 
 
@@ -702,6 +715,7 @@ def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
     commit_log = store.commit_log
     dropped_before = store.reporter.bytes_dropped("commitlog-truncated")
     commit_log.mfq.truncate_dirty_files(end)
+    _report_missing_tail(store, plan, end)
     cq_dropped = 0
     truncated: set[ConsumeQueue] = set()
     if plan.max_queue_end >= end or not plan.last_exit_ok:
@@ -726,6 +740,22 @@ def _cut(store: MessageStore, plan: RecoveryPlan, end: int) -> _Cuts:
         index_entries=index_dropped,
         index_damaged=index_damaged,
     )
+
+
+def _report_missing_tail(store: MessageStore, plan: RecoveryPlan, end: int) -> None:
+    """Entries of a sound queue that reach past the log's last byte (past ``end`` and past any
+    cut range) name records whose bytes are gone: the newest file deleted, or its end lost.
+    Report that range in commit-log offsets as a cut's is, so no record vanishes unnamed
+    (RocketMQ drops the entries silently, `truncateDirtyLogicFiles`)."""
+    start = max([end, *(d.end for d in store.reporter.findings if d.kind == "commitlog-truncated")])
+    if plan.sound_queue_end > start:
+        store.reporter.report(
+            "commitlog-missing",
+            str(store.commit_log.mfq.store_dir),
+            start,
+            plan.sound_queue_end,
+            "queue entries point past the log's last byte: the records there are gone (a file deleted or cut)",
+        )
 
 
 def cut_at(store: MessageStore, end: int) -> None:

@@ -9,7 +9,7 @@ never a body failing its CRC) but one damaged only in bytes RocketMQ's format ha
 (then with its acknowledged body, topic, queue and offset), every acknowledged record whose bytes
 survive served by its queue at its offset and found by its unique keys, and every acknowledged
 record not served covered by a finding of the store's `Reporter` that names its commit-log
-offset (a cut's range, a skipped record, a skipped queue entry pointing at it).
+offset (a cut's range, a lost tail's range, a skipped record, a skipped queue entry pointing at it).
 
 Every case prints its seed; replay one with ``RMQ_DAMAGE_SEED=<seed> pytest tests/crash/test_seeded_damage.py``.
 ``RMQ_DAMAGE_CASES`` sets how many cases run (default 64, a few seconds per worker)."""
@@ -160,7 +160,7 @@ def record_intact(
     return all(now[start + a : start + b] == original[start + a : start + b] for a, b in checked)
 
 
-PHY_RANGED = ("commitlog-truncated", "record-invalid", "record-crc-failed")
+PHY_RANGED = ("commitlog-truncated", "commitlog-missing", "record-invalid", "record-crc-failed")
 """Findings whose range is in commit-log offsets."""
 
 
@@ -191,6 +191,15 @@ def test_seeded_damage(small_config: MessageStoreConfig, seed: int) -> None:
     check_reopened(config, messages, results, before, strict=config.enabled_append_prop_crc)
 
 
+@dataclass(frozen=True)
+class Served:
+    """What a reopened damaged store served (commit-log offsets), and what it had to."""
+
+    surviving: set[int]
+    tolerated: set[int]
+    served: set[int]
+
+
 def check_reopened(
     config: MessageStoreConfig,
     messages: list[m.Message],
@@ -198,10 +207,11 @@ def check_reopened(
     before: dict[Path, bytes],
     *,
     strict: bool,
-) -> None:
-    """Reopen the damaged store: a one-line refusal, or the promises of the module docstring.
-    ``strict`` (records with the whole-record CRC): nothing tolerated, and every record served
-    is byte for byte in its file as written, in every field."""
+) -> Served | None:
+    """Reopen the damaged store: a one-line refusal (None), or the promises of the module
+    docstring (what it served, for a restart to compare). ``strict`` (records with the
+    whole-record CRC): nothing tolerated, and every record served is byte for byte in its file
+    as written, in every field."""
     root = Path(config.store_path_root_dir)
     refusal: str | None
     try:
@@ -214,7 +224,7 @@ def check_reopened(
         assert refusal
         assert "\n" not in refusal, refusal
         print(f"refused: {refusal}")
-        return
+        return None
     with reopened:
         assert reopened.recovery is not None
         end = reopened.recovery.recovered_end_offset
@@ -262,6 +272,7 @@ def check_reopened(
         assert {key: offsets.query_offset(key[1], key[0], key[2]) for key in OFFSETS} == OFFSETS, (
             "a store that starts keeps every committed offset"
         )
+        return Served(surviving, tolerated, served)
 
 
 FIELD_CASES = int(os.environ.get("RMQ_FIELD_DAMAGE_CASES", "48"))

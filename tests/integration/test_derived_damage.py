@@ -160,7 +160,23 @@ def cut_middle_index_file(root: Path) -> None:
     os.truncate(index_files(root)[1], 40 + 64 * 4 + 20 * 30 + 9)
 
 
+def garble_index_header(root: Path) -> None:
+    """The second-newest file's header from its begin offset on randomised (seed 382 of
+    tests/crash/test_compound_damage): a negative entry count once read as an empty file, its
+    slots 'repaired' and the garbage written back, and its end offset below every record let a
+    replay from the log's start key each record again (a query then found it twice)."""
+    overwrite(
+        index_files(root)[-2],
+        16,
+        (2870273606827404837).to_bytes(8, "big")
+        + (-2623269484710014432).to_bytes(8, "big", signed=True)
+        + (-1888140082).to_bytes(4, "big", signed=True)
+        + (-944340405).to_bytes(4, "big", signed=True),
+    )
+
+
 INDEX_DAMAGE: dict[str, Callable[[Path], None]] = {
+    "header-garbled": garble_index_header,
     "entry-hash-flipped": flip_index_entry,
     "slot-flipped": flip_index_slot,
     "entries-zeroed": zero_index_entries,

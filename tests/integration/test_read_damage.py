@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import logging
 import random
+import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -116,12 +117,11 @@ def rewrite_entry(config: MessageStoreConfig, queue_id: int, queue_offset: int, 
     return path
 
 
-def drain(pull: object, queue_id: int, max_msgs: int = 32) -> list[MessageExt]:
-    """Every message of a queue by pulls from offset 0, each pull going on from the last one's
+def drain(pull: object, queue_id: int, max_msgs: int = 32, offset: int = 0) -> list[MessageExt]:
+    """Every message of a queue by pulls from ``offset``, each pull going on from the last one's
     next offset, until the queue's end: a consumer that never gets stuck."""
     assert callable(pull)
     got: list[MessageExt] = []
-    offset = 0
     while True:
         result: GetMessageResult = pull(TOPIC, queue_id, offset, max_msgs)
         if result.status is GetMessageStatus.OFFSET_OVERFLOW_ONE:
@@ -388,3 +388,64 @@ def test_a_queue_rebuilt_from_the_log_goes_past_a_broken_record_in_an_older_file
         again = [d.kind for d in store.reporter.findings[seen:] if d.path.startswith(str(tmp_path))]
         assert not {"cq-rebuilt", "cq-entries-dropped", "record-invalid"} & set(again), again
         assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+
+
+def test_a_record_whose_queue_id_is_damaged_in_an_older_file_makes_no_queue_when_the_log_is_walked_again(
+    tmp_path: Path,
+) -> None:
+    """A record in an older file whose QUEUEID is damaged (its whole-record CRC fails), and the
+    index lost, so recovery walks the log from its start again: the record is stepped over and
+    reported, not dispatched to a queue of the damaged id (seed 1435 of
+    tests/crash/test_compound_damage: that queue's only entry was found damaged at every later
+    start, and the whole log was dispatched again each time)."""
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
+    after = next(w for w in written if w.phy_offset > victim.phy_offset)
+    path = log_file(config, victim.phy_offset)
+    assert int(path.name) < written[-1].phy_offset - 3 * config.mapped_file_size_commit_log, "an older file"
+    with path.open("r+b") as f:
+        f.seek(victim.phy_offset - int(path.name) + 13)  # QUEUEID's second byte: 1 -> 65537
+        f.write(b"\x01")
+    shutil.rmtree(Path(config.store_path_root_dir) / "index")
+
+    with MessageStore.open(config=config) as store:
+        assert [s.queue_id for s in store.queue_status(TOPIC)] == [0, 1]
+        [(where, start, resume)] = findings(store.reporter.findings, "record-invalid")
+        assert (where, start, resume) == (str(config.commit_log_dir), victim.phy_offset, after.phy_offset)
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+        assert served(drain(store.get_message, 0)) == expected(written, 0, without=set())
+        assert [m.commit_log_offset for m in store.query_message(TOPIC, written[-1].key)] == [
+            written[-1].phy_offset
+        ]
+    with MessageStore.open(config=config) as store:  # the next start dispatches nothing again
+        assert store.recovery is not None
+        assert store.recovery.records_dispatched == 0, store.recovery
+        assert [s.queue_id for s in store.queue_status(TOPIC)] == [0, 1]
+        assert served(drain(store.get_message, 1)) == expected(written, 1, without={9})
+
+
+def test_a_queue_rebuilt_past_its_damaged_first_record_is_not_rebuilt_again(tmp_path: Path) -> None:
+    """A lost queue rebuilt from the log whose first record (queue offset 0, in an older file)
+    fails its body CRC: the rebuild steps over it (the queue begins at offset 1), and the
+    next start's check of queue heads walks the log the same way, so it does not take the
+    damaged record for one the queue lacks and rebuild the queue at every start (seed 140 of
+    tests/crash/test_compound_damage)."""
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 0)
+    flip_body_byte(config, victim)
+    shutil.rmtree(Path(config.store_path_root_dir) / "consumequeue" / TOPIC / "1")
+
+    with MessageStore.open(config=config) as store:
+        assert [start for _where, start, _resume in findings(store.reporter.findings, "record-invalid")] == [
+            victim.phy_offset
+        ]
+        assert store.get_message(TOPIC, 1, 0, 1).status is GetMessageStatus.OFFSET_TOO_SMALL
+        assert served(drain(store.get_message, 1, offset=1)) == expected(written, 1, without={0})
+    with MessageStore.open(config=config) as store:
+        assert store.recovery is not None
+        assert store.recovery.records_dispatched == 0, store.recovery
+        assert not {"cq-rebuilt", "cq-entries-dropped"} & {d.kind for d in store.reporter.findings}
+        assert served(drain(store.get_message, 1, offset=1)) == expected(written, 1, without={0})
+        assert served(drain(store.get_message, 0)) == expected(written, 0, without=set())

@@ -144,6 +144,31 @@ def test_a_failure_is_a_body_crc_failure_and_the_scans_stop_there() -> None:
     assert len(assert_same_as_per_record(log, check_crc=False).batch) == 3
 
 
+@pytest.mark.parametrize("name_damage", [(3, 0x40), (0, 0x01), (7, 0x02)], ids=["C", "first", "#"])
+def test_a_damaged_name_over_damaged_properties_is_still_a_crc_failure(name_damage: tuple[int, int]) -> None:
+    """Bits flipped in a property and in the ``__CRC32#`` name (one flip run of the seeded
+    compound damage test, seed 59): the name is off by a byte, the digits no longer match, and
+    the record is a CRC failure for the per-record reader and both scans, not a record without
+    a CRC (served with its damaged property before); also with the \x01 after the name gone."""
+    good = crc_record()
+    name_at = len(good) - record.CRC32_RESERVED_LEN
+    for separator_lost in (False, True):
+        bad = crc_record(phy=len(good))
+        bad[name_at - 5] ^= 0x08  # the TAGS value: unchecked by 4.9.8's format
+        pos, bits = name_damage
+        bad[name_at + pos] ^= bits
+        if separator_lost:
+            bad[name_at + 8] ^= 0x10
+        log = bytes(good + bad + crc_record(phy=2 * len(good)))
+        req = record.check_record(log, len(good), len(log), check_crc=True)
+        assert (req.size, req.success) == (-1, False), req
+        assert "property name is damaged" in req.reason
+        with pytest.raises(BodyCrcError):
+            record.decode_message(log, len(good), len(log))
+        scan = assert_same_as_per_record(log)
+        assert len(scan.batch) == 1
+
+
 def test_records_without_it_read_as_before() -> None:
     """Written with the setting off (or by RocketMQ 4.9.8): no tail, nothing more checked,
     whatever their last property looks like, a 10-digit value with 4.9.8's layout included."""
