@@ -358,19 +358,28 @@ def test_a_broken_record_in_an_older_file_ends_that_file_for_a_scan_not_the_scan
             store.look_message_by_offset(victim.phy_offset)
 
 
+def damage_in_older_file(
+    config: MessageStoreConfig, written: list[Written], at: int, data: bytes
+) -> tuple[Written, Written]:
+    """``data`` written ``at`` bytes into queue 1's offset-9 record, in a file older than the last
+    three (which recovery's scan does not check); that record and the one after it."""
+    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
+    after = next(w for w in written if w.phy_offset > victim.phy_offset)
+    path = log_file(config, victim.phy_offset)
+    assert int(path.name) < written[-1].phy_offset - 3 * config.mapped_file_size_commit_log, "an older file"
+    with path.open("r+b") as f:
+        f.seek(victim.phy_offset - int(path.name) + at)
+        f.write(data)
+    return victim, after
+
+
 def test_a_queue_rebuilt_from_the_log_goes_past_a_broken_record_in_an_older_file(tmp_path: Path) -> None:
     """Recovery rebuilding a lost ConsumeQueue walks the older files too (which its scan does not
     check): a record there whose magic code is gone is reported and stepped over at the next
     sound record (its magic code and its own PHYSICALOFFSET), not the end of the walk."""
     config = store_config(tmp_path / "store")
     written = write_store(config)
-    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
-    after = next(w for w in written if w.phy_offset > victim.phy_offset)
-    path = log_file(config, victim.phy_offset)
-    assert int(path.name) < written[-1].phy_offset - 3 * config.mapped_file_size_commit_log, "an older file"
-    with path.open("r+b") as f:
-        f.seek(victim.phy_offset - int(path.name) + 4)
-        f.write(b"\0\0\0\0")
+    victim, after = damage_in_older_file(config, written, 4, b"\0\0\0\0")  # the magic code
     queue_dir = Path(config.store_path_root_dir) / "consumequeue" / TOPIC / "1"
     for file in queue_dir.iterdir():
         file.unlink()
@@ -400,13 +409,7 @@ def test_a_record_whose_queue_id_is_damaged_in_an_older_file_makes_no_queue_when
     start, and the whole log was dispatched again each time)."""
     config = store_config(tmp_path / "store")
     written = write_store(config)
-    victim = next(w for w in written if w.queue_id == 1 and w.queue_offset == 9)
-    after = next(w for w in written if w.phy_offset > victim.phy_offset)
-    path = log_file(config, victim.phy_offset)
-    assert int(path.name) < written[-1].phy_offset - 3 * config.mapped_file_size_commit_log, "an older file"
-    with path.open("r+b") as f:
-        f.seek(victim.phy_offset - int(path.name) + 13)  # QUEUEID's second byte: 1 -> 65537
-        f.write(b"\x01")
+    victim, after = damage_in_older_file(config, written, 13, b"\x01")  # QUEUEID's second byte: 1 -> 65537
     shutil.rmtree(Path(config.store_path_root_dir) / "index")
 
     with MessageStore.open(config=config) as store:
