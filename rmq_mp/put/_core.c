@@ -1222,7 +1222,7 @@ static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int en
     crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
 }
 
-/* The template for the send at hand's rest (s->crc_key, taken here), NULL where it has none. The
+/* The template for the send at hand's rest (s->crc_key), NULL where it has none. The
  * rest of a send in the common shape (CrcRestKey) is the same bytes for the same topic field, tags
  * and keys objects but for the UNIQ_KEY's time and counter, the 12 characters 13 to 1 bytes
  * before its end. So its raw CRC is a constant, that of the rest with those characters 0, plus
@@ -1232,8 +1232,7 @@ static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int en
  * Sender's template takes references to them and its constant is made again from the first
  * record's pass (crc_record_clmul). */
 static CrcTemplate *crc_rest_template(Sender *s) {
-    CrcRestKey k = s->crc_key;
-    s->crc_key.topic = NULL;
+    CrcRestKey k = s->crc_key; /* append_locked clears it after this, whether asked or not */
     if (!k.topic) return NULL;
     CrcTemplate *t = &s->crc_tpl;
     if (t->topic != k.topic || t->tags != k.tags || t->keys != k.keys) {

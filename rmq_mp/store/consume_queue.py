@@ -435,9 +435,9 @@ class ConsumeQueue:
                 return None
 
     def _fill_pre_blank(self, mf: MappedFile, until_where: int) -> None:
-        blank = PRE_BLANK_ENTRY
-        for _ in range(until_where % self.mapped_file_size // CQ_STORE_UNIT_SIZE):
-            mf.append(blank)
+        """`fillPreBlank`: the file's entries before ``until_where``, in one write (a pwrite an
+        entry was up to a file's 300,000 system calls for each queue a slave first meets late)."""
+        mf.append(PRE_BLANK_ENTRY * (until_where % self.mapped_file_size // CQ_STORE_UNIT_SIZE))
 
     # ------------------------------------------------------------------ read
 
