@@ -21,11 +21,13 @@ def ask_then_try(nice: int, uid: int | None) -> tuple[bool, bool]:
     if pid == 0:  # pragma: no cover (the child reports through the pipe)
         answer = "??"
         try:
+            # The nice value first, while privileged: a run started at nice 10 (a niced CI) could not
+            # go back to 0 once unprivileged.
+            os.setpriority(os.PRIO_PROCESS, 0, nice)
             if uid is not None:
                 os.setgroups([])
                 os.setgid(uid)
                 os.setuid(uid)
-            os.setpriority(os.PRIO_PROCESS, 0, nice)
             said = can_leave_sched_idle(nice)
             os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
             try:
