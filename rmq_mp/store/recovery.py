@@ -14,7 +14,9 @@ Unlike RocketMQ, a normal recovery (not a slave's) cuts only a damaged tail: a b
 sound record after it was flushed by the clean exit, so it is rot, not a torn write, and it is
 stepped over and reported as one in an older file is (`RecoveryPlan.step_over_damage`). Cutting
 there lost the intact records after it, and a cut that deleted the newest file moved the next
-start's window of three files onto an older damaged record, which that start cut too.
+start's window of three files onto an older damaged record, which that start cut too. After a
+crash the same holds for a bad record whose next sound record was stored by the checkpoint's
+safe time (`RecoveryPlan.flushed_by_ms`); any other is cut, a torn write being indistinguishable.
 
 `recover` runs four named steps: `plan_recovery` (a `RecoveryPlan` value: the files to check and
 where dispatch must replay from), `_check_log` (the pass: the valid end), `_cut` (log, queues and
@@ -216,11 +218,13 @@ def _scan(
     *,
     check_below: int,
     step_over: bool = False,
+    flushed_by_ms: int = 0,
 ) -> _Scan:
     """The pass: offset just past the last valid record, reporting what lies beyond it; records
     from ``replay.start`` on are dispatched as they are found valid; queues are checked to hold
-    the records below ``check_below``. With ``step_over`` (`RecoveryPlan.step_over_damage`) a
-    bad record followed by a sound one is stepped over and reported, not cut at."""
+    the records below ``check_below``. A bad record followed by a sound one is stepped over and
+    reported, not cut at, with ``step_over`` (`RecoveryPlan.step_over_damage`), or when that
+    sound record was stored at or before ``flushed_by_ms`` (`RecoveryPlan.flushed_by_ms`)."""
     missing: set[ConsumeQueue | tuple[str, int]] = set()
     heads: dict[ConsumeQueue, tuple[int, int] | None] = {}
     commit_log = store.commit_log
@@ -262,13 +266,18 @@ def _scan(
                         replay.reached(valid_end)
                     continue
                 garbage_end = commit_log.mfq.last_nonzero(step.stop)
-                if step_over and (resume := _next_sound_record(store, step.stop, garbage_end)) >= 0:
+                if step_over or flushed_by_ms > 0:
+                    resume, stored_ms = _next_sound_record(store, step.stop, garbage_end)
+                    if not step_over and not 0 < stored_ms <= flushed_by_ms:
+                        resume = -1  # it may be a torn write: cut, as RocketMQ does
+                if resume >= 0:
                     _report_skip(
                         store,
                         step.stop,
                         resume,
-                        f"recovery went past a damaged record followed by sound ones (a clean exit "
-                        f"flushed them: not a torn write): {tail.reason}",
+                        "recovery went past a damaged record followed by sound ones (flushed before "
+                        f"{'the clean exit' if step_over else 'the checkpoint'}: not a torn write): "
+                        f"{tail.reason}",
                     )
                     break
                 if last_nul and last_end == valid_end:
@@ -289,21 +298,22 @@ def _scan(
     return _Scan(valid_end, replay, missing)
 
 
-def _next_sound_record(store: MessageStore, phy: int, limit: int) -> int:
-    """Start of the first sound record after the bad one at ``phy`` and before ``limit`` (past it
-    the log holds only zeros), found as an older file's walk finds it
+def _next_sound_record(store: MessageStore, phy: int, limit: int) -> tuple[int, int]:
+    """Start and store time of the first sound record after the bad one at ``phy`` and before
+    ``limit`` (past it the log holds only zeros), found as an older file's walk finds it
     (`CommitLog.next_record_start`, then the scan's own check: CRCs as `checkCRCOnRecover`
-    says, header plausibility); -1 if none: the bad record begins a damaged tail."""
+    says, header plausibility); (-1, 0) if none: the bad record begins a damaged tail."""
     commit_log = store.commit_log
     check_crc = store.config.check_crc_on_recover
     at = phy
-    while True:
+    while at < limit:
         at = commit_log.next_record_start(at)
         if at >= limit:
-            return -1
+            break
         req = commit_log.check_at(at, check_crc=check_crc)
         if req.success and req.size > 0:
-            return at
+            return at, req.store_timestamp
+    return -1, 0
 
 
 def _report_skip(store: MessageStore, start: int, resume: int, reason: str) -> None:
@@ -671,7 +681,14 @@ class RecoveryPlan:
     older file is, not cut at: after a clean exit (everything was flushed, so it is rot, not a
     torn write; RocketMQ cuts there, and the next start's window may then take in an older
     damaged record and cut again) of a store that is not a slave (a slave keeps no byte that is
-    not its master's: cut, it fetches the record again). After a crash: cut, as RocketMQ does."""
+    not its master's: cut, it fetches the record again). After a crash: cut, as RocketMQ does (a
+    torn write looks the same), but see ``flushed_by_ms``."""
+    flushed_by_ms: int = 0
+    """After a crash (not a slave's), the checkpoint's safe store time (`min_timestamp`): a bad
+    record whose next sound record was stored at or before it was flushed before the crash
+    (RocketMQ trusts the log up to there: it scans no file below the one it picks by it), so it
+    is rot, stepped over too. Without it a crash soon after a clean start that stepped over a
+    record would cut there, dropping the puts acknowledged since. 0: none."""
 
     @property
     def max_queue_end(self) -> int:
@@ -706,6 +723,7 @@ def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
     the pass. Writes nothing but the rebuilt heads of queues whose first file is gone."""
     files = store.commit_log.mfq.files
     min_phy = store.commit_log.min_offset()
+    slave = store.config.broker_role is BrokerRole.SLAVE
     start_index = 0
     if files:
         start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
@@ -737,7 +755,8 @@ def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
         repair_from_offset=repair_from,
         queue_ends=MappingProxyType(queue_ends),
         sound_queue_end=max((end for cq, end in queue_ends.items() if cq not in rebuild), default=-1),
-        step_over_damage=last_exit_ok and store.config.broker_role is not BrokerRole.SLAVE,
+        step_over_damage=last_exit_ok and not slave,
+        flushed_by_ms=0 if last_exit_ok or slave else store.checkpoint.min_timestamp(),
     )
 
 
@@ -775,6 +794,7 @@ def _check_log(store: MessageStore, plan: RecoveryPlan, *, one_pass: bool) -> _C
         replay,
         check_below=planned if store.writable else -1,
         step_over=plan.step_over_damage,
+        flushed_by_ms=plan.flushed_by_ms,
     )
     return _Checked(end_offset=scan.end, missing=scan.missing, replay=replay, pre_dispatched=pre_dispatched)
 

@@ -6,9 +6,9 @@ torn write: rmq-mp steps over it as over a bad record in an older file (never se
 once as `record-invalid`, the log's end where it was), so the intact records after it stay
 served, and the next start, whose window of three files may take in an older damaged file once
 a cut has deleted the newest, serves the same (seeds 1636, 2414 and 2716 of
-tests/crash/test_compound_damage). A damaged tail (no sound record after it) is still cut, as
-is any bad record after a crash and in a slave's log (a slave keeps no byte that is not its
-master's: it fetches the record again).
+tests/crash/test_compound_damage). A damaged tail (no sound record after it) is still cut, as is
+a bad record after a crash (unless the checkpoint shows the record after it flushed) and in a
+slave's log (a slave keeps no byte that is not its master's: it fetches the record again).
 
 Each test writes a real store (tests/integration/test_read_damage.py's: 800 records, two
 queues, 64 KiB files), damages one record, reopens it and reads every queue."""
@@ -16,6 +16,7 @@ queues, 64 KiB files), damages one record, reopens it and reads every queue."""
 from __future__ import annotations
 
 import itertools
+import time
 from pathlib import Path
 
 import pytest
@@ -158,12 +159,13 @@ def test_a_bad_record_with_sound_ones_after_it_is_cut_at_after_a_crash_or_in_a_s
     tmp_path: Path, role: str
 ) -> None:
     """After a crash a torn write looks the same as rot, so the log is cut at the first bad record
-    (RocketMQ's rule); a slave's log too after a clean exit, so that it fetches the record again
+    (RocketMQ's rule; the record after it is the last flushed, newer than the checkpoint's safe
+    time, 3 s before it); a slave's log too after a clean exit, so that it fetches the record again
     from its master rather than keep a byte that is not the master's."""
     config = store_config(tmp_path / "store")
     written = write_store(config)
     end = written[-1].phy_offset + written[-1].size
-    victim = pick(config, written, "last-of-file")
+    victim = pick(config, written, "last-of-queue")  # the record after it: the checkpoint's time
     damage(config, victim, "body-byte")
     if role == "crash":
         (Path(config.store_path_root_dir) / "abort").touch()
@@ -205,3 +207,52 @@ def test_without_crc_checks_at_recovery_a_flipped_body_is_left_to_the_reads(tmp_
         assert [start for _p, start, _e in findings(store.reporter.findings, "record-crc-failed")] == [
             flipped.phy_offset
         ]
+
+
+def test_a_crash_after_the_step_over_does_not_cut_what_the_clean_start_kept(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A clean start steps over a bad record; the store then takes puts and crashes. The crash's
+    recovery scans from the checkpoint's file, which may hold the bad record again: the sound
+    record after it was stored before the checkpoint's safe time (RocketMQ's mark of a log flushed
+    up to there: it scans no file below the one holding it), so it was flushed before the crash
+    and the bad record is rot, not a torn write: stepped over again, not cut at, so the records
+    after it, the puts since the clean start among them, stay (a cut would drop acknowledged
+    puts that the clean start's own cut would have kept)."""
+    config = store_config(tmp_path / "store")
+    written = write_store(config)
+    victim = pick(config, written, "last-of-queue")
+    after = written[-1]
+    damage(config, victim, "body-byte")
+    with MessageStore.open(config=config) as store:
+        assert findings(store.reporter.findings, "record-invalid") == [
+            (str(config.commit_log_dir), victim.phy_offset, after.phy_offset)
+        ]
+    store = MessageStore.open(config=config)
+    try:
+        real = time.time
+        with monkeypatch.context() as clock:  # the puts come 10 s later, the checkpoint with them
+            clock.setattr(time, "time", lambda: real() + 10)
+            puts = [
+                store.put_message(Message(topic=TOPIC, body=b"later %d" % i, queue_id=i % QUEUES))
+                for i in range(4)
+            ]
+            assert all(p.ok for p in puts)
+            store.flush()
+    finally:
+        store._release()  # a crash: the abort marker stays
+    assert (Path(config.store_path_root_dir) / "abort").exists()
+
+    with MessageStore.open(config=config) as store:
+        assert store.recovery is not None
+        assert store.recovery.abnormal
+        assert store.recovery.scan_from_offset <= victim.phy_offset, "the crash's scan meets it again"
+        assert store.recovery.recovered_end_offset == puts[-1].phy_offset + puts[-1].wrote_bytes
+        assert not CUT_KINDS & {d.kind for d in store.reporter.findings}, store.reporter.findings
+        assert [start for _p, start, _e in findings(store.reporter.findings, "record-invalid")] == [
+            victim.phy_offset
+        ]
+        want = without(written, [victim])
+        for i, p in enumerate(puts):
+            want[i % QUEUES].append((i % QUEUES, p.queue_offset, b"later %d" % i))
+        assert read_all(store) == want
