@@ -342,8 +342,9 @@ def _walk_past_damage(
     store: MessageStore, start: int, end: int | None, below: int, *, report: bool = True
 ) -> Iterator[BatchStep]:
     """`iter_batches` from ``start`` that goes on past a damaged record lying below ``below``
-    (older files, which recovery's scan does not read: the log is not cut there), at the next
-    sound record (`CommitLog.next_record_start`), reporting the range skipped; at or past
+    (older files, which recovery's scan does not read, and the records it stepped over: the log
+    is not cut there), at the next sound record (`CommitLog.next_record_start`), reporting the
+    range skipped (once: `_report_skip`); at or past
     ``below`` it stops at the first invalid record, as RocketMQ's walk does. CRCs are checked
     as the scan checks them (``checkCRCOnRecover``): a record whose QUEUEID or TOPIC is damaged
     would otherwise make a queue of its own, found damaged and rebuilt again at every start.
@@ -372,7 +373,7 @@ def _dispatch_range(
     store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool, below: int
 ) -> int:
     """Dispatch the records of ``[start, end)`` (default: to the log's end), past damaged records
-    of the files recovery does not scan (`_walk_past_damage`); returns how many."""
+    below ``below`` (`_walk_past_damage`); returns how many."""
     commit_log = store.commit_log
     stop = commit_log.max_offset() if end is None else end
     dispatched = 0
