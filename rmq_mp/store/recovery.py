@@ -10,6 +10,14 @@ past the valid end are cut. The replay range is, after an abnormal exit, from th
 checkpoint-selected file; after a normal one, from where dispatch had got to. Dropped byte ranges
 go through the store's `Reporter`.
 
+Unlike RocketMQ, a normal recovery (not a slave's) cuts only a damaged tail: a bad record with a
+sound record after it was flushed by the clean exit, so it is rot, not a torn write, and it is
+stepped over and reported as one in an older file is (`RecoveryPlan.step_over_damage`). Cutting
+there lost the intact records after it, and a cut that deleted the newest file moved the next
+start's window of three files onto an older damaged record, which that start cut too. After a
+crash the same holds for a bad record whose next sound record was stored by the checkpoint's
+safe time (`RecoveryPlan.flushed_by_ms`); any other is cut, a torn write being indistinguishable.
+
 `recover` runs four named steps: `plan_recovery` (a `RecoveryPlan` value: the files to check and
 where dispatch must replay from), `_check_log` (the pass: the valid end), `_cut` (log, queues and
 index at that end) and `_dispatch` (keep the pass's dispatch or dispatch again; rebuild queues
@@ -50,6 +58,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
+from rmq_mp.config.store_config import BrokerRole
 from rmq_mp.format import record
 from rmq_mp.format.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE
 from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE, PRE_BLANK_SIZE
@@ -202,10 +211,20 @@ class _Scan:
     """Queues lacking records found below ``check_below`` (`_missing_records`)."""
 
 
-def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, check_below: int) -> _Scan:
+def _scan(
+    store: MessageStore,
+    start_offset: int,
+    replay: _Replay | None,
+    *,
+    check_below: int,
+    step_over: bool = False,
+    flushed_by_ms: int = 0,
+) -> _Scan:
     """The pass: offset just past the last valid record, reporting what lies beyond it; records
     from ``replay.start`` on are dispatched as they are found valid; queues are checked to hold
-    the records below ``check_below``."""
+    the records below ``check_below``. A bad record followed by a sound one is stepped over and
+    reported, not cut at, with ``step_over`` (`RecoveryPlan.step_over_damage`), or when that
+    sound record was stored at or before ``flushed_by_ms`` (`RecoveryPlan.flushed_by_ms`)."""
     missing: set[ConsumeQueue | tuple[str, int]] = set()
     heads: dict[ConsumeQueue, tuple[int, int] | None] = {}
     commit_log = store.commit_log
@@ -216,42 +235,62 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, che
     file_size = store.config.mapped_file_size_commit_log
     scanned_file = -1
     total = commit_log.max_offset() - start_offset
+    offset = start_offset
     with progress("recovery: checking commit log", total=total, unit="bytes") as bar:
-        for step in commit_log.iter_batches(start_offset, check_crc=store.config.check_crc_on_recover):
-            bar.update(step.stop - start_offset)
-            if step.start // file_size != scanned_file:  # RocketMQ: "recover next physics file"
-                scanned_file = step.start // file_size
-                log.info(
-                    "recovery: checking commit-log file %s", offset_to_file_name(scanned_file * file_size)
-                )
-            batch = step.batch
-            if len(batch) and int(batch.position[0]) < check_below:
-                missing |= _missing_records(store, batch, check_below, heads)
-            if len(batch):
-                last_position = int(batch.position[-1])
-                last_end = batch.end_offset()
-                last_nul = bool(batch.ends_in_nul[-1])
-                valid_end = last_end
-            if replay is not None:
-                replay.batch(batch, step.start)
-            tail = step.tail
-            if tail is None:
-                continue
-            if tail.success:  # blank: the rest of the file is empty
-                valid_end = step.next_offset
+        while offset >= 0:
+            resume = -1
+            for step in commit_log.iter_batches(offset, check_crc=store.config.check_crc_on_recover):
+                bar.update(step.stop - start_offset)
+                if step.start // file_size != scanned_file:  # RocketMQ: "recover next physics file"
+                    scanned_file = step.start // file_size
+                    log.info(
+                        "recovery: checking commit-log file %s",
+                        offset_to_file_name(scanned_file * file_size),
+                    )
+                batch = step.batch
+                if len(batch) and int(batch.position[0]) < check_below:
+                    missing |= _missing_records(store, batch, check_below, heads)
+                if len(batch):
+                    last_position = int(batch.position[-1])
+                    last_end = batch.end_offset()
+                    last_nul = bool(batch.ends_in_nul[-1])
+                    valid_end = last_end
                 if replay is not None:
-                    replay.reached(valid_end)
-                continue
-            if last_nul and last_end == valid_end:
-                # The final record's properties end in NUL: its tail was zero-filled by a torn write.
-                _report_dropped(
-                    store, last_position, "last record's properties end in zero bytes: a torn tail"
-                )
-                if replay is not None:
-                    replay.pending = None
-                return _Scan(last_position, replay, missing)
-            _report_dropped(store, step.stop, tail.reason)
-            break
+                    replay.batch(batch, step.start)
+                tail = step.tail
+                if tail is None:
+                    continue
+                if tail.success:  # blank: the rest of the file is empty
+                    valid_end = step.next_offset
+                    if replay is not None:
+                        replay.reached(valid_end)
+                    continue
+                garbage_end = commit_log.mfq.last_nonzero(step.stop)
+                if step_over or flushed_by_ms > 0:
+                    resume, stored_ms = _next_sound_record(store, step.stop, garbage_end)
+                    if not step_over and not 0 < stored_ms <= flushed_by_ms:
+                        resume = -1  # it may be a torn write: cut, as RocketMQ does
+                if resume >= 0:
+                    _report_skip(
+                        store,
+                        step.stop,
+                        resume,
+                        "recovery went past a damaged record followed by sound ones (flushed before "
+                        f"{'the clean exit' if step_over else 'the checkpoint'}: not a torn write): "
+                        f"{tail.reason}",
+                    )
+                    break
+                if last_nul and last_end == valid_end:
+                    # The final record's properties end in NUL: its tail was zero-filled by a torn write.
+                    _report_dropped(
+                        store, last_position, "last record's properties end in zero bytes: a torn tail"
+                    )
+                    if replay is not None:
+                        replay.pending = None
+                    return _Scan(last_position, replay, missing)
+                _report_dropped(store, step.stop, tail.reason, garbage_end)
+                break
+            offset = resume
     if replay is not None:
         replay.flush()
         if not replay.started and replay.start < valid_end:
@@ -259,9 +298,40 @@ def _scan(store: MessageStore, start_offset: int, replay: _Replay | None, *, che
     return _Scan(valid_end, replay, missing)
 
 
-def _report_dropped(store: MessageStore, phy: int, reason: str) -> None:
-    """Report the non-zero bytes from ``phy`` to the end of the log as one dropped range."""
-    last_nonzero = store.commit_log.mfq.last_nonzero(phy)
+def _next_sound_record(store: MessageStore, phy: int, limit: int) -> tuple[int, int]:
+    """Start and store time of the first sound record after the bad one at ``phy`` and before
+    ``limit`` (past it the log holds only zeros), found as an older file's walk finds it
+    (`CommitLog.next_record_start`, then the scan's own check: CRCs as `checkCRCOnRecover`
+    says, header plausibility); (-1, 0) if none: the bad record begins a damaged tail."""
+    commit_log = store.commit_log
+    check_crc = store.config.check_crc_on_recover
+    at = phy
+    while at < limit:
+        at = commit_log.next_record_start(at)
+        if at >= limit:
+            break
+        req = commit_log.check_at(at, check_crc=check_crc)
+        if req.success and req.size > 0:
+            return at, req.store_timestamp
+    return -1, 0
+
+
+def _report_skip(store: MessageStore, start: int, resume: int, reason: str) -> None:
+    """Report a damaged record a walk went past (``[start, resume)``), once: the scan and the
+    walks that dispatch or rebuild after it may each meet it."""
+    path = str(store.commit_log.mfq.store_dir)
+    if any(
+        d.kind == "record-invalid" and (d.path, d.start) == (path, start) for d in store.reporter.findings
+    ):
+        return
+    store.reporter.report("record-invalid", path, start, resume, reason)
+
+
+def _report_dropped(store: MessageStore, phy: int, reason: str, last_nonzero: int = -1) -> None:
+    """Report the non-zero bytes from ``phy`` to the end of the log as one dropped range
+    (``last_nonzero``: their end, if known)."""
+    if last_nonzero < 0:
+        last_nonzero = store.commit_log.mfq.last_nonzero(phy)
     if last_nonzero > phy:
         store.reporter.report(
             "commitlog-truncated", str(store.commit_log.mfq.store_dir), phy, last_nonzero, reason
@@ -272,8 +342,9 @@ def _walk_past_damage(
     store: MessageStore, start: int, end: int | None, below: int, *, report: bool = True
 ) -> Iterator[BatchStep]:
     """`iter_batches` from ``start`` that goes on past a damaged record lying below ``below``
-    (older files, which recovery's scan does not read: the log is not cut there), at the next
-    sound record (`CommitLog.next_record_start`), reporting the range skipped; at or past
+    (older files, which recovery's scan does not read, and the records it stepped over: the log
+    is not cut there), at the next sound record (`CommitLog.next_record_start`), reporting the
+    range skipped (once: `_report_skip`); at or past
     ``below`` it stops at the first invalid record, as RocketMQ's walk does. CRCs are checked
     as the scan checks them (``checkCRCOnRecover``): a record whose QUEUEID or TOPIC is damaged
     would otherwise make a queue of its own, found damaged and rebuilt again at every start.
@@ -290,12 +361,8 @@ def _walk_past_damage(
             if step.tail is not None and not step.tail.success and step.stop < below:
                 resume = commit_log.next_record_start(step.stop)
                 if report:
-                    store.reporter.report(
-                        "record-invalid",
-                        str(commit_log.mfq.store_dir),
-                        step.stop,
-                        resume,
-                        f"dispatch went past a damaged record: {step.tail.reason}",
+                    _report_skip(
+                        store, step.stop, resume, f"dispatch went past a damaged record: {step.tail.reason}"
                     )
         if resume < 0 or (end is not None and resume >= end):
             return
@@ -306,7 +373,7 @@ def _dispatch_range(
     store: MessageStore, start: int, end: int | None, label: str, *, index_only: bool, below: int
 ) -> int:
     """Dispatch the records of ``[start, end)`` (default: to the log's end), past damaged records
-    of the files recovery does not scan (`_walk_past_damage`); returns how many."""
+    below ``below`` (`_walk_past_damage`); returns how many."""
     commit_log = store.commit_log
     stop = commit_log.max_offset() if end is None else end
     dispatched = 0
@@ -610,6 +677,19 @@ class RecoveryPlan:
     sound_queue_end: int = -1
     """The farthest end of a queue whose check found nothing wrong: past the log's end, the
     mark of records lost (a damaged queue's kept entries may point anywhere)."""
+    step_over_damage: bool = False
+    """A bad record the pass meets with a sound record after it is stepped over, as one in an
+    older file is, not cut at: after a clean exit (everything was flushed, so it is rot, not a
+    torn write; RocketMQ cuts there, and the next start's window may then take in an older
+    damaged record and cut again) of a store that is not a slave (a slave keeps no byte that is
+    not its master's: cut, it fetches the record again). After a crash: cut, as RocketMQ does (a
+    torn write looks the same), but see ``flushed_by_ms``."""
+    flushed_by_ms: int = 0
+    """After a crash (not a slave's), the checkpoint's safe store time (`min_timestamp`): a bad
+    record whose next sound record was stored at or before it was flushed before the crash
+    (RocketMQ trusts the log up to there: it scans no file below the one it picks by it), so it
+    is rot, stepped over too. Without it a crash soon after a clean start that stepped over a
+    record would cut there, dropping the puts acknowledged since. 0: none."""
 
     @property
     def max_queue_end(self) -> int:
@@ -644,6 +724,7 @@ def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
     the pass. Writes nothing but the rebuilt heads of queues whose first file is gone."""
     files = store.commit_log.mfq.files
     min_phy = store.commit_log.min_offset()
+    slave = store.config.broker_role is BrokerRole.SLAVE
     start_index = 0
     if files:
         start_index = max(0, len(files) - 3) if last_exit_ok else _choose_abnormal_start(store)
@@ -675,6 +756,8 @@ def plan_recovery(store: MessageStore, *, last_exit_ok: bool) -> RecoveryPlan:
         repair_from_offset=repair_from,
         queue_ends=MappingProxyType(queue_ends),
         sound_queue_end=max((end for cq, end in queue_ends.items() if cq not in rebuild), default=-1),
+        step_over_damage=last_exit_ok and not slave,
+        flushed_by_ms=0 if last_exit_ok or slave else store.checkpoint.min_timestamp(),
     )
 
 
@@ -706,7 +789,14 @@ def _check_log(store: MessageStore, plan: RecoveryPlan, *, one_pass: bool) -> _C
                 log.info("recovery: replay from %d stops before the scanned files", planned)
     elif one_pass and store.writable:
         log.info("recovery: index files cut or out of order; dispatching after the cuts")
-    scan = _scan(store, scan_from, replay, check_below=planned if store.writable else -1)
+    scan = _scan(
+        store,
+        scan_from,
+        replay,
+        check_below=planned if store.writable else -1,
+        step_over=plan.step_over_damage,
+        flushed_by_ms=plan.flushed_by_ms,
+    )
     return _Checked(end_offset=scan.end, missing=scan.missing, replay=replay, pre_dispatched=pre_dispatched)
 
 
@@ -796,7 +886,7 @@ def _dispatch(
     """Step 4: bring the queues and index up to the valid end: accept what the pass dispatched
     when nothing it wrote was cut, else dispatch again; then rebuild queues that lack records.
     Returns (dispatch start, records dispatched, whether the pass's dispatch stood)."""
-    scan_from, end = plan.scan_from_offset, checked.end_offset
+    end = checked.end_offset
     commit_log, index = store.commit_log, store.index_service
     min_phy = plan.min_phy_offset
     dispatch_from = _dispatch_from(store, plan, cuts)
@@ -819,11 +909,11 @@ def _dispatch(
                 dispatch_from,
                 "recovery: rebuilding index",
                 index_only=True,
-                below=scan_from,
+                below=end,
             )
         log.info("recovery: dispatching [%d, %d) to ConsumeQueue and index", dispatch_from, end)
         dispatched = _dispatch_range(
-            store, dispatch_from, None, "recovery: dispatching", index_only=False, below=scan_from
+            store, dispatch_from, None, "recovery: dispatching", index_only=False, below=end
         )
     first_dispatch = plan.replay_from_offset if one_pass_done else dispatch_from
     lacking = _lacking_queues(store, checked.missing, rebuild_gaps=first_dispatch > min_phy)
@@ -831,7 +921,7 @@ def _dispatch(
         log.info("recovery: %d queue(s) lack records; rebuilding them from %d", len(lacking), min_phy)
         dispatch_from = min_phy
         dispatched += _dispatch_range(
-            store, min_phy, None, "recovery: rebuilding queues", index_only=False, below=scan_from
+            store, min_phy, None, "recovery: rebuilding queues", index_only=False, below=end
         )
     return dispatch_from, dispatched, one_pass_done
 

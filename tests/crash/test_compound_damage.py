@@ -14,11 +14,12 @@ second start must serve exactly what the first did, dispatching no record a queu
 (only a tail of records no queue holds, prepared or rolled-back transactions, as RocketMQ does).
 
 Every case prints its seed; replay one with ``RMQ_DAMAGE_SEED=<seed> pytest tests/crash/test_compound_damage.py``.
-Known, not fixed: seeds 1636, 2414 and 2716 (of 1-3,000) fail. An older file's record is
-damaged and a record in the last three files too; after the clean exit the first start cuts the
-log at the latter, as RocketMQ does, which deletes the newest file, so the next start's
-last-three window takes in the older file and cuts again at its damaged record, dropping the
-intact records the first start served after it.
+Seeds 1636, 2414 and 2716 once failed: an older file's record damaged and a record in the last
+three files too; after the clean exit the first start cut the log at the latter, as RocketMQ
+does, deleting the newest file, so the next start's window of three took in the older file and
+cut again at its damaged record, dropping intact records the first start served. A clean exit's
+recovery now steps over a bad record with sound ones after it
+(tests/integration/test_clean_exit_damage.py).
 
 ``RMQ_DAMAGE_CASES`` sets how many cases run (default 48, about 0.3 s each), ``RMQ_DAMAGE_FIRST``
 the first seed (default 1), for long runs in chunks."""

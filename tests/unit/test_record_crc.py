@@ -260,9 +260,15 @@ def test_a_pull_skips_names_and_counts_it_as_a_body_crc_failure(small_config: Me
         assert len(findings) == 1
         assert findings[0].start == second.commit_log_offset
         assert "__CRC32#" in findings[0].reason
+        end = store.max_phy_offset()
     with MessageStore.open(config=small_config) as store:  # recovery checks it too, as a body CRC
         assert store.recovery is not None
-        assert store.recovery.recovered_end_offset == second.commit_log_offset
+        # after a clean exit, with sound records after it: stepped over, not cut at
+        assert store.recovery.recovered_end_offset == end
+        [skipped] = [d for d in store.reporter.findings if d.kind == "record-invalid"]
+        assert (skipped.start, "__CRC32#" in skipped.reason) == (second.commit_log_offset, True)
+        assert store.reporter.count("commitlog-truncated") == 0
+        assert [msg.body for msg in store.get_message("T", 0, 0, 32).messages] == [b"m0", b"m2", b"m3", b"m4"]
 
 
 def test_properties_that_leave_no_room_for_the_tail_are_refused(small_config: MessageStoreConfig) -> None:
