@@ -49,13 +49,15 @@ zeroing every page (MADV_POPULATE_WRITE): at 400 MB/s of log that was a third of
 machine, taken from reput and the producers; at nice 19 the `send_batch` row went from
 1.52-1.71x to 1.79-1.89x raw append (alternating, bench/NOTES.md 2026-11-26). A put that
 reaches a file before it is warmed writes it all the same (RocketMQ's put path does too)."""
-POPULATE_AHEAD_BYTES = 64 << 20
+POPULATE_AHEAD_BYTES = 256 << 20
 """Without warming: how far ahead of the write position the page cache is kept filled, topped
-up once half of it is used. Two passes' worth of log at 300 MB/s (a producer sending 128 B
-messages at 1M msgs/s); a producer that outruns it faults its pages in itself, as before. The
-producer's page faults that allocated and zeroed those pages were 0.5-0.87 us of system time a
-290 B record, 0.01-0.08 us with the window (issue 33's comparison row; bench/NOTES.md
-2026-11-27, cmpshape)."""
+up once half of it is used: 128 MiB is about three 100 ms passes of log at 435 MB/s (a producer
+sending 128 B messages with a tag and a key, 290 B records, at 1.5M msgs/s). With 64 MiB that
+producer outran the window in some passes of a loaded 2-core machine (2 of 8 windows of 200,000
+sends, 0 of 8 with 256 MiB). A producer that outruns it faults its pages in itself, as before.
+The producer's page faults that allocated and zeroed those pages were 0.5-0.87 us of system
+time a 290 B record, 0-0.12 us with the window (issue 33's comparison row; bench/NOTES.md
+2026-11-27, cmpshape). Clean page cache, so the kernel may take it back under memory pressure."""
 
 
 class AllocatorService(ServiceLoop):
