@@ -12,14 +12,21 @@ disk is an OSError here (retried every RESERVE_RETRY_S) or a refused put, never 
 With `warmMapedFileEnable` it also warms each file it creates (`MappedFile.warm`: the file's
 blocks reserved, pages faulted in, forced every `flushLeastPagesWhenWarmMapedFile` pages under
 SYNC_FLUSH, mlocked): then the current file and the files ahead are reserved whole, as RocketMQ's
-warmed files are written whole. It keeps each locked until the write position has moved past it,
-as RocketMQ munlocks a file once it is full. Runs at nice ALLOCATOR_NICE: work ahead of need
-yields the CPU to the put path and dispatch. Woken by producers, else every 100 ms.
-Final pass: nothing (files it created but nobody used are removed by the next recovery).
+warmed files are written whole, and published as reserved before the warming starts (warming
+three 1 GiB files takes seconds; a put meanwhile would reserve for itself, a MiB at a time). It
+keeps each locked until the write position has moved past it, as RocketMQ munlocks a file once
+it is full. Without warming, and when producers write the file's mapping themselves (no pool),
+it keeps the page cache filled POPULATE_AHEAD_BYTES ahead of the write position instead
+(`MappedFile.populate`: clean pages, nothing written, locked or flushed), so a producer's first
+store to a page finds it there rather than allocating and zeroing it in its own page fault.
+Runs at nice ALLOCATOR_NICE: work ahead of need yields the CPU to the put path and dispatch.
+Passes every 100 ms. Final pass: nothing (files it created but nobody used are removed by the
+next recovery).
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -42,6 +49,15 @@ zeroing every page (MADV_POPULATE_WRITE): at 400 MB/s of log that was a third of
 machine, taken from reput and the producers; at nice 19 the `send_batch` row went from
 1.52-1.71x to 1.79-1.89x raw append (alternating, bench/NOTES.md 2026-11-26). A put that
 reaches a file before it is warmed writes it all the same (RocketMQ's put path does too)."""
+POPULATE_AHEAD_BYTES = 256 << 20
+"""Without warming: how far ahead of the write position the page cache is kept filled, topped
+up once half of it is used: 128 MiB is about three 100 ms passes of log at 435 MB/s (a producer
+sending 128 B messages with a tag and a key, 290 B records, at 1.5M msgs/s). With 64 MiB that
+producer outran the window in some passes of a loaded 2-core machine (2 of 8 windows of 200,000
+sends, 0 of 8 with 256 MiB). A producer that outruns it faults its pages in itself, as before.
+The producer's page faults that allocated and zeroed those pages were 0.5-0.87 us of system
+time a 290 B record, 0-0.12 us with the window (issue 33's comparison row; bench/NOTES.md
+2026-11-27, cmpshape). Clean page cache, so the kernel may take it back under memory pressure."""
 
 
 class AllocatorService(ServiceLoop):
@@ -57,6 +73,14 @@ class AllocatorService(ServiceLoop):
         self.retry_at = 0.0
         self.failure = ""
         """Why the last pass failed ('' when it did not): logged once, not every retry."""
+        cfg = self.store.config
+        self.populating = not cfg.warm_maped_file_enable and not self.store.pool_enabled
+        """Whether to fill the page cache ahead (`populate_ahead`): not when files are warmed
+        whole, nor when producers write pool buffers (the committer writes the file)."""
+        self.populated_until = 0
+        """Commit-log offset up to which this worker has filled the page cache."""
+        self.populate_maps: dict[int, MappedFile] = {}
+        """Read-only mappings of the files being populated, by first offset."""
 
     def interval_s(self) -> float:
         return 0.1
@@ -91,7 +115,17 @@ class AllocatorService(ServiceLoop):
         return (
             self.created_until < self.files_target(wrote)
             or self.table.get(layout.ALLOCATED_UNTIL) < self.reserve_target(wrote) - slack
+            or (
+                self.populating
+                and self.populated_until < self.populate_target(wrote, POPULATE_AHEAD_BYTES // 2)
+            )
         )
+
+    def populate_target(self, wrote: int, ahead: int) -> int:
+        """Page-aligned end of the page cache to have filled: ``ahead`` past the write position,
+        within the files that exist."""
+        end = min(wrote + ahead, self.created_until)
+        return end - end % OS_PAGE_SIZE
 
     def slave_start_unknown(self) -> bool:
         """An empty SLAVE's log begins where its master's first frame says (workers/ha_start.py):
@@ -113,6 +147,7 @@ class AllocatorService(ServiceLoop):
             return
         try:
             self.create_files(current, self.files_target(wrote))
+            self.reserve(wrote, self.reserve_target(wrote))  # before the warming, which takes long
             while self.to_warm:
                 self.warm(
                     MappedFile(
@@ -122,7 +157,8 @@ class AllocatorService(ServiceLoop):
                     )
                 )
                 self.to_warm.pop(0)
-            self.reserve(wrote, self.reserve_target(wrote))
+            if self.populating:
+                self.populate_ahead(wrote)
         except OSError as exc:
             self.retry_at = time.monotonic() + RESERVE_RETRY_S
             if str(exc) != self.failure:
@@ -162,6 +198,38 @@ class AllocatorService(ServiceLoop):
             self.table.set(layout.ALLOCATED_UNTIL, stop)
             start = stop
 
+    def populate_ahead(self, wrote: int) -> None:
+        """The page cache filled from the write position to POPULATE_AHEAD_BYTES past it, file by
+        file (`MappedFile.populate`); mappings of files behind the write position closed. A kernel
+        without MADV_POPULATE_READ (before 5.14) turns this off, logged once."""
+        size = self.store.config.mapped_file_size_commit_log
+        current = wrote - wrote % size
+        for offset in [o for o in self.populate_maps if o < current]:
+            self.populate_maps.pop(offset).close()
+        start = max(self.populated_until, wrote - wrote % OS_PAGE_SIZE)
+        target = self.populate_target(wrote, POPULATE_AHEAD_BYTES)
+        while start < target:
+            file_offset = start - start % size
+            stop = min(target, file_offset + size)
+            mf = self.populate_maps.get(file_offset)
+            if mf is None:
+                path = self.store.paths.commit_log / offset_to_file_name(file_offset)
+                mf = self.populate_maps[file_offset] = MappedFile(path, size, writable=False)
+            try:
+                mf.populate(start - file_offset, stop - file_offset)
+            except OSError as exc:
+                if exc.errno != errno.EINVAL:
+                    raise
+                log.info("page cache not filled ahead of the write position: %s (a kernel before 5.14)", exc)
+                self.populating = False
+                self.close_populated()
+                return
+            self.populated_until = start = stop
+
+    def close_populated(self) -> None:
+        while self.populate_maps:
+            self.populate_maps.popitem()[1].close()
+
     def warm(self, mf: MappedFile) -> None:
         cfg = self.store.config
         try:
@@ -176,6 +244,7 @@ class AllocatorService(ServiceLoop):
     def on_exit(self) -> None:
         for mf in self.warmed:
             mf.close()
+        self.close_populated()
 
 
 if __name__ == "__main__":

@@ -34,6 +34,9 @@ RESERVE_MAX_CHUNK_BYTES = 1 << 20
 queue costs a page, a busy one a `posix_fallocate` per MiB."""
 PWRITE_MIN_BYTES = OS_PAGE_SIZE
 """Writes of at least this many bytes into a file go by `pwrite` rather than through the map."""
+MADV_POPULATE_READ = 22
+"""Linux 5.14+: fault pages in readable, filling the page cache (zeros for a hole or reserved
+blocks, no I/O) without dirtying it."""
 MADV_POPULATE_WRITE = 23
 """Linux 5.14+: fault pages in writable without touching their bytes (not in Python 3.11's mmap)."""
 
@@ -340,6 +343,17 @@ class MappedFile:
             if flush_every_pages > 0:
                 os.fdatasync(self._fd)
         return lock_in_memory(self._mm)
+
+    def populate(self, start: int, end: int) -> None:
+        """Fill the page cache of ``[start, end)`` (page-aligned start) without changing or
+        dirtying a byte (MADV_POPULATE_READ): a producer's first store to each of those pages then
+        finds it there instead of the kernel allocating and zeroing it in the producer's fault.
+        Raises OSError (EINVAL on a kernel before 5.14)."""
+        assert self._mm is not None, "a zero-length file has no pages"
+        assert start % OS_PAGE_SIZE == 0, "madvise takes a page-aligned start"
+        end = min(end, self.file_size)
+        if end > start:
+            self._mm.madvise(MADV_POPULATE_READ, start, end - start)
 
     def close(self) -> None:
         if self._mm is not None:
