@@ -180,6 +180,11 @@ def test_queues_move_on_join_leave_and_death_within_the_bound(tmp_path: Path) ->
         )
 
         b.send_signal(signal.SIGTERM)
+        # b leaves once its poll returns: a message on one of its queues ends the park at once,
+        # where its 30 s timeout otherwise would (tests/group_member.py: it sees the signal, closes)
+        wake = next(queue_id for queue_id, pid in owners(shm).items() if pid == b.pid)
+        with Producer.attach(service.names.base) as producer:
+            assert producer.send(TOPIC, b"wake b", queue_id=wake).ok
         assert b.wait(30) == 0
         left = time.monotonic()
         wait_until(lambda: split(shm, {a.pid}) == [16], 30, "every queue to a")

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import subprocess
 import sys
@@ -21,6 +23,15 @@ pytestmark = [pytest.mark.spark, pytest.mark.xdist_group("spark")]
 ROOT = Path(__file__).resolve().parents[2]
 SETTINGS = ["mappedFileSizeCommitLog=1048576", "mappedFileSizeConsumeQueue=20000", "maxHashSlotNum=1000",
             "maxIndexNum=4000"]  # fmt: skip
+
+
+def _fast_jvm_env() -> dict[str, str]:
+    """The environment for a job run as its own process: its JVM with the C1 compiler only and
+    the serial collector, as the tests' session (`local_session(fast_start=True)`), a few seconds
+    less start-up on 2 cores; the JVM notes the option on stderr ("Picked up JAVA_TOOL_OPTIONS")."""
+    import os
+
+    return {**os.environ, "JAVA_TOOL_OPTIONS": "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC"}
 
 
 def _messages(rocketmq_fixtures: Path) -> list[dict]:
@@ -79,7 +90,7 @@ def test_audit_names_the_segment_and_offset_of_a_flipped_byte(
     segment.write_bytes(data)
     result = subprocess.run(
         [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(clean_store_copy), "--master", "local[2]"],
-        cwd=ROOT, capture_output=True, text=True, timeout=300,
+        cwd=ROOT, capture_output=True, text=True, timeout=300, env=_fast_jvm_env(),
     )  # fmt: skip
     assert result.returncode == 1, result.stderr
     assert (
@@ -160,19 +171,31 @@ def test_audit_and_rebuild_index_of_a_healthy_running_store_find_nothing_wrong(s
         assert end is not None
         assert end % 2**20 > 0  # inside a file: zeros follow it
         wait_until(lambda: any(int(p.name) > end for p in log_dir.iterdir()), 30, "a file allocated ahead")
-        result = subprocess.run(
-            [sys.executable, "-m", "rmq_mp.spark.jobs", "audit", "--store", str(service.root), "--master", "local[1]"],
-            cwd=ROOT, capture_output=True, text=True, timeout=300,
-        )  # fmt: skip
-        assert result.returncode == 0, result.stdout + result.stderr
-        assert ", 0 problem(s)" in result.stdout
-        assert f"running store: read up to its readable end, offset {end}" in result.stderr
+        # `rmq-spark audit --store <the running store's directory>` in this session's JVM (main()
+        # between its session's start and stop; the console script end to end: the tests above)
+        code, out, err = _in_session(spark, "audit", "--store", str(service.root))
+        assert code == 0, out + err
+        assert ", 0 problem(s)" in out
+        assert f"running store: read up to its readable end, offset {end}" in err
         report = rebuild_index(
             spark, store_config(service.names.base, None, []), tmp_path / "rebuilt", readable_end=end
         )
         assert report["errors"] == []
         assert report["cq_entries"] == 600
         assert rebuild_ok(report), report
+
+
+def _in_session(spark, *argv: str) -> tuple[int, str, str]:
+    """An rmq-spark subcommand run as main() runs it, in the tests' shared Spark session rather
+    than a JVM of its own (10-20 s each on 2 cores): exit status, stdout, stderr."""
+    from rmq_mp.spark.jobs import _run, build_parser, check_arguments, store_config
+
+    args = build_parser().parse_args(argv)
+    check_arguments(args)
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out):
+        code = _run(spark, args, store_config(args.store, args.conf, args.set), err)
+    return code, out.getvalue(), err.getvalue()
 
 
 FLUSH_MODES = {
@@ -346,7 +369,7 @@ def test_every_subcommand_ends_quietly_on_a_closed_pipe_with_its_exit_status(
     120. The job's report is lost, its exit status is not (here every job finds nothing wrong)."""
     import os
 
-    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as a user's
+    env = {k: v for k, v in _fast_jvm_env().items() if k != "PYTHONUNBUFFERED"}  # block-buffered, as a user's
     jobs: dict[str, subprocess.Popen[bytes]] = {}
     try:
         for command, args in _job_args(tmp_path).items():  # all at once: each waits on its own JVM
