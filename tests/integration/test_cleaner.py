@@ -98,6 +98,18 @@ def write_files(service: RunningService, producer: Producer, files: int, queues:
 
 
 def age_files(service: RunningService, first: int, count: int, hours: float = 2) -> None:
+    """Date full files ``hours`` back (a file's mtime is its age to the cleaner), once the
+    allocator is done with them. Every fallocate sets mtime, and one the allocator decided on
+    just before the write position left a file may still be on its way into it (the moment
+    between its read of the position and the call, `AllocatorService.reserve`); its fallocates
+    start at or above ALLOCATED_UNTIL, so once that is past the files none is to come."""
+    size = service.config.mapped_file_size_commit_log
+    end = (first + count) * size
+    wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= end, 20, "the allocator past the files to age")
+    date_files(service, first, count, hours)
+
+
+def date_files(service: RunningService, first: int, count: int, hours: float) -> None:
     size = service.config.mapped_file_size_commit_log
     then = time.time() - hours * 3600
     for i in range(first, first + count):
@@ -316,7 +328,7 @@ def test_a_stalled_reservation_leaves_full_files_alone(tmp_path: Path) -> None:
             while service.read(layout.WROTE_POSITION) < 4 * size:
                 assert producer.send("Clean", BODY, keys=[f"k{sent}"]).ok
                 sent += 1
-            age_files(service, 0, 4)
+            date_files(service, 0, 4, 2)  # not age_files: it would wait for the held allocator
             aged = {
                 name: (commit_log / name).stat().st_mtime_ns
                 for name in (f"{i * size:020d}" for i in range(4))
