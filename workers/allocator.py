@@ -147,8 +147,11 @@ class AllocatorService(ServiceLoop):
             return
         try:
             self.create_files(current, self.files_target(wrote))
-            self.reserve(wrote, self.reserve_target(wrote))  # before the warming, which takes long
+            self.reserve()  # before the warming, which takes long
             while self.to_warm:
+                if self.left_behind(self.to_warm[0]):  # written whole before we got to it
+                    self.to_warm.pop(0)
+                    continue
                 self.warm(
                     MappedFile(
                         self.store.paths.commit_log / offset_to_file_name(self.to_warm[0]),
@@ -182,17 +185,41 @@ class AllocatorService(ServiceLoop):
                 self.to_warm.append(offset)
             self.created_until = offset + size
 
-    def reserve(self, wrote: int, target: int) -> None:
-        """Blocks of ``[write position, target)`` reserved, file by file, ALLOCATED_UNTIL
-        published after each (a put below it never waits for this)."""
+    def left_behind(self, file_offset: int) -> bool:
+        """The write position has left the file at ``file_offset``: it is full, and this worker
+        must not touch it (see `reserve`)."""
+        return (
+            self.table.get(layout.WROTE_POSITION)
+            >= file_offset + self.store.config.mapped_file_size_commit_log
+        )
+
+    def reserve(self) -> None:
+        """Blocks from the write position to `reserve_target` reserved, file by file,
+        ALLOCATED_UNTIL published after each (a put below it never waits for this).
+
+        The write position is read again right before each file's fallocate, which starts no
+        lower than its page and skips a file it has left: the kernel counts every fallocate as a
+        modification, even where all the blocks are there (ext4 sets the file's mtime), and a
+        full file's mtime is its age to the cleaner (fileReservedTime). A pass that reserved
+        from the position it read at its start reserved into files the producers had filled
+        since whenever it was held up (nice 19 under load: seconds), resetting their age. What
+        is left is the moment between that read and the call."""
         size = self.store.config.mapped_file_size_commit_log
-        start = max(self.table.get(layout.ALLOCATED_UNTIL), wrote - wrote % OS_PAGE_SIZE)
-        while start < target:
+        target = self.reserve_target(self.table.get(layout.WROTE_POSITION))
+        start = self.table.get(layout.ALLOCATED_UNTIL)
+        while True:
+            wrote = self.table.get(layout.WROTE_POSITION)
+            start = max(start, wrote - wrote % OS_PAGE_SIZE)
+            if start >= target:
+                return
             file_offset = start - start % size
             stop = min(target, file_offset + size)
             fd = os.open(self.store.paths.commit_log / offset_to_file_name(file_offset), os.O_RDWR)
             try:
-                reserve_blocks(fd, start - file_offset, stop - file_offset)
+                wrote = self.table.get(layout.WROTE_POSITION)  # the open may have waited
+                start = max(start, wrote - wrote % OS_PAGE_SIZE)
+                if start < stop:
+                    reserve_blocks(fd, start - file_offset, stop - file_offset)
             finally:
                 os.close(fd)
             self.table.set(layout.ALLOCATED_UNTIL, stop)

@@ -8,8 +8,10 @@ never fires during a test, all 24 hours always do).
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -96,6 +98,18 @@ def write_files(service: RunningService, producer: Producer, files: int, queues:
 
 
 def age_files(service: RunningService, first: int, count: int, hours: float = 2) -> None:
+    """Date full files ``hours`` back (a file's mtime is its age to the cleaner), once the
+    allocator is done with them. Every fallocate sets mtime, and one the allocator decided on
+    just before the write position left a file may still be on its way into it (the moment
+    between its read of the position and the call, `AllocatorService.reserve`); its fallocates
+    start at or above ALLOCATED_UNTIL, so once that is past the files none is to come."""
+    size = service.config.mapped_file_size_commit_log
+    end = (first + count) * size
+    wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= end, 20, "the allocator past the files to age")
+    date_files(service, first, count, hours)
+
+
+def date_files(service: RunningService, first: int, count: int, hours: float) -> None:
     size = service.config.mapped_file_size_commit_log
     then = time.time() - hours * 3600
     for i in range(first, first + count):
@@ -283,6 +297,50 @@ def test_manual_deletion_from_rmq_admin(tmp_path: Path) -> None:
         assert machine["last_deleted_files"] == 0
         assert machine["min_offset"] == 3 * MIB
         assert "00000000000003145728 was modified" in machine["last_outcome"]
+
+
+def test_a_stalled_reservation_leaves_full_files_alone(tmp_path: Path) -> None:
+    """The allocator's reservation is a posix_fallocate, and the kernel counts every fallocate
+    as a modification (ext4 sets mtime even where the blocks are all there already), while the
+    cleaner expires a file by its mtime: so no reservation may land in a file the write position
+    has left. Forced here: the allocator is held inside a pass that began when the write position
+    was in file 1 (a lease on the temporary name it creates file 3 under blocks that open), while
+    the producer fills files 1-3 and they are aged; once it goes on, their ages are as set. (A
+    pass that reserved from the write position it read at its start touched file 2 here, and
+    made test_manual_deletion_from_rmq_admin find file 1 "modified 0.0 h ago" under load.)"""
+    size = MIB
+    with running_service(tmp_path, **CLEANER) as service, Producer.attach(service.root) as producer:
+        commit_log = service.root / "commitlog"
+        wait_until(lambda: (commit_log / f"{2 * size:020d}").exists(), 20, "the allocator's first files")
+        held = commit_log / f".{3 * size:020d}.tmp{service.worker_pid('allocator')}"
+        held.touch()
+        previous = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease break's signal
+        fd = os.open(held, os.O_RDONLY)
+        try:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_RDLCK)
+            sent = 0
+            while service.read(layout.WROTE_POSITION) < size:
+                assert producer.send("Clean", BODY, keys=[f"k{sent}"]).ok
+                sent += 1
+            wait_until(
+                lambda: fcntl.fcntl(fd, fcntl.F_GETLEASE) == fcntl.F_UNLCK, 20, "the allocator to open file 3"
+            )
+            while service.read(layout.WROTE_POSITION) < 4 * size:
+                assert producer.send("Clean", BODY, keys=[f"k{sent}"]).ok
+                sent += 1
+            date_files(service, 0, 4, 2)  # not age_files: it would wait for the held allocator
+            aged = {
+                name: (commit_log / name).stat().st_mtime_ns
+                for name in (f"{i * size:020d}" for i in range(4))
+            }
+        finally:
+            fcntl.fcntl(fd, fcntl.F_SETLEASE, fcntl.F_UNLCK)
+            os.close(fd)
+            signal.signal(signal.SIGIO, previous)
+        wrote = service.read(layout.WROTE_POSITION)
+        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) > wrote, 20, "the allocator to catch up")
+        now = {name: (commit_log / name).stat().st_mtime_ns for name in aged}
+        assert now == aged, f"full files modified after the write position left them: {now} != {aged}"
 
 
 def test_consume_queues_and_index_follow_the_new_minimum(tmp_path: Path) -> None:
