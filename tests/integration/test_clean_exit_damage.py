@@ -129,6 +129,16 @@ def test_a_clean_exits_bad_record_with_sound_ones_after_it_is_stepped_over_not_c
         assert got == want
 
 
+def assert_cut_at(store: MessageStore, config: MessageStoreConfig, phy_offset: int, end: int) -> None:
+    """The log recovered to ``phy_offset``, its cut ``[phy_offset, end)`` reported, nothing stepped over."""
+    assert store.recovery is not None
+    assert store.recovery.recovered_end_offset == phy_offset
+    assert findings(store.reporter.findings, "commitlog-truncated") == [
+        (str(config.commit_log_dir), phy_offset, end)
+    ]
+    assert findings(store.reporter.findings, "record-invalid") == []
+
+
 @pytest.mark.parametrize("how", DAMAGES)
 def test_a_clean_exits_damaged_tail_is_still_cut(tmp_path: Path, how: str) -> None:
     """The newest record damaged, nothing sound after it: as RocketMQ, the log is cut there."""
@@ -140,12 +150,7 @@ def test_a_clean_exits_damaged_tail_is_still_cut(tmp_path: Path, how: str) -> No
     want = without(written, [victim])
 
     with MessageStore.open(config=config) as store:
-        assert store.recovery is not None
-        assert store.recovery.recovered_end_offset == victim.phy_offset
-        assert findings(store.reporter.findings, "commitlog-truncated") == [
-            (str(config.commit_log_dir), victim.phy_offset, end)
-        ]
-        assert findings(store.reporter.findings, "record-invalid") == []
+        assert_cut_at(store, config, victim.phy_offset, end)
         assert read_all(store) == want
     with MessageStore.open(config=config) as store:
         assert store.recovery is not None
@@ -173,12 +178,7 @@ def test_a_bad_record_with_sound_ones_after_it_is_cut_at_after_a_crash_or_in_a_s
         config = config.replace(broker_role=BrokerRole.SLAVE)
 
     with MessageStore.open(config=config) as store:
-        assert store.recovery is not None
-        assert store.recovery.recovered_end_offset == victim.phy_offset
-        assert findings(store.reporter.findings, "commitlog-truncated") == [
-            (str(config.commit_log_dir), victim.phy_offset, end)
-        ]
-        assert findings(store.reporter.findings, "record-invalid") == []
+        assert_cut_at(store, config, victim.phy_offset, end)
         kept = [w for w in written if w.phy_offset < victim.phy_offset]
         assert read_all(store) == {q: expected(kept, q, without=set()) for q in range(QUEUES)}
 
