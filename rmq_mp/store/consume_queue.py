@@ -54,6 +54,27 @@ def _first_above(values: np.ndarray, start: int, bound: int) -> int:
     return len(values)
 
 
+def _agree_after(
+    agree: Callable[[np.ndarray, np.ndarray, np.ndarray], int],
+    prev_entry: tuple[int, int, int] | None,
+    phy: np.ndarray,
+    size: np.ndarray,
+    queue_offset: np.ndarray,
+) -> int:
+    """``agree`` of a file's checked entries, the previous file's last entry put before them when
+    they start at the file's first: a damaged record at a file's first entry then has a known
+    boundary before it and its entry is kept (a read skips it), where alone it was cut and the
+    queue's next put took its queue offset again. If that previous entry itself does not agree
+    now (an entry kept for its damaged record), the file's entries are asked alone, as before."""
+    if prev_entry is not None:
+        before = np.array([prev_entry[0]], dtype=np.int64), np.array([prev_entry[1]], dtype=np.int64)
+        offsets = np.concatenate((np.array([prev_entry[2]], dtype=queue_offset.dtype), queue_offset))
+        wrong = agree(np.concatenate((before[0], phy)), np.concatenate((before[1], size)), offsets)
+        if wrong > 0:
+            return wrong - 1
+    return agree(phy, size, queue_offset)
+
+
 def _first_last(real: np.ndarray) -> np.ndarray:
     """Mask of the first and last True of ``real``."""
     mask = np.zeros(len(real), dtype=bool)
@@ -159,6 +180,9 @@ class ConsumeQueue:
         queue: it appends only above a queue's last entry, so other queues take no harm."""
         files = self.mfq.files
         prev_end = -1
+        prev_entry: tuple[int, int, int] | None = None
+        """The previous file's last entry (phy, size, queue offset) when it is a record's: the known
+        boundary `agree` needs before this file's first entry (else it cuts there)."""
         self.max_physic_offset = -1
         for file_index, mf in enumerate(files):
             last_file = file_index == len(files) - 1
@@ -199,7 +223,8 @@ class ConsumeQueue:
             checked = np.flatnonzero(real[:cut] & ((phy[:cut] >= verify_from_phy) | _first_last(real[:cut])))
             if len(checked):
                 queue_offsets = mf.file_from_offset // CQ_STORE_UNIT_SIZE + checked
-                wrong = agree(phy[checked], size[checked], queue_offsets)
+                wrong = _agree_after(agree, prev_entry if checked[0] == 0 else None, phy[checked],
+                                     size[checked], queue_offsets)  # fmt: skip
                 if wrong < len(checked) and int(checked[wrong]) < cut:
                     cut, reason = int(checked[wrong]), "entry does not match its commit-log record"
             kept = np.flatnonzero(real[:cut])
@@ -211,6 +236,10 @@ class ConsumeQueue:
                 return max(prev_end, 0)
             if last_file:  # its data ends here: the write position
                 self.mfq.truncate_dirty_files(mf.file_from_offset + cut * CQ_STORE_UNIT_SIZE)
+            elif count:
+                last = count - 1
+                queue_offset = mf.file_from_offset // CQ_STORE_UNIT_SIZE + last
+                prev_entry = (int(phy[last]), int(size[last]), queue_offset) if real[last] else None
         return None
 
     def _cut(self, process_offset: int, reason: str) -> None:

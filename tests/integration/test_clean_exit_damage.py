@@ -256,3 +256,25 @@ def test_a_crash_after_the_step_over_does_not_cut_what_the_clean_start_kept(
         for i, p in enumerate(puts):
             want[i % QUEUES].append((i % QUEUES, p.queue_offset, b"later %d" % i))
         assert read_all(store) == want
+
+
+@pytest.mark.parametrize("how", DAMAGES)
+def test_a_damaged_last_record_whose_entry_opens_a_queue_file_keeps_its_queue_offset(
+    tmp_path: Path, how: str
+) -> None:
+    """The queue's last record damaged, its entry the first of a ConsumeQueue file: the check
+    compares it from the previous file's last entry (a known record boundary) and keeps it, a read
+    skips it, and the next put takes the queue offset after it. Alone in its file, the entry had
+    no boundary before it and was cut, and the next put took its queue offset again: a consumer
+    already past it would have skipped the new message."""
+    config = store_config(tmp_path / "store").replace(mapped_file_size_consume_queue=133 * 20)
+    written = write_store(config)
+    victim = pick(config, written, "last-of-queue")
+    assert victim.queue_offset % 133 == 0, "its entry opens a queue file (399 = 3 x 133)"
+    damage(config, victim, how)
+    want = without(written, [victim])
+
+    with MessageStore.open(config=config) as store:
+        assert read_all(store) == want
+        new = store.put_message(Message(topic=TOPIC, body=b"after the damage", queue_id=victim.queue_id))
+        assert new.queue_offset == victim.queue_offset + 1, "no queue offset reused"
