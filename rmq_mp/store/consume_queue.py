@@ -67,9 +67,9 @@ def _agree_after(
     queue's next put took its queue offset again. If that previous entry itself does not agree
     now (an entry kept for its damaged record), the file's entries are asked alone, as before."""
     if prev_entry is not None:
-        before = np.array([prev_entry[0]], dtype=np.int64), np.array([prev_entry[1]], dtype=np.int64)
-        offsets = np.concatenate((np.array([prev_entry[2]], dtype=queue_offset.dtype), queue_offset))
-        wrong = agree(np.concatenate((before[0], phy)), np.concatenate((before[1], size)), offsets)
+        prev_phy, prev_size, prev_queue_offset = prev_entry
+        wrong = agree(np.insert(phy, 0, prev_phy), np.insert(size, 0, prev_size),
+                      np.insert(queue_offset, 0, prev_queue_offset))  # fmt: skip
         if wrong > 0:
             return wrong - 1
     return agree(phy, size, queue_offset)
@@ -223,8 +223,8 @@ class ConsumeQueue:
             checked = np.flatnonzero(real[:cut] & ((phy[:cut] >= verify_from_phy) | _first_last(real[:cut])))
             if len(checked):
                 queue_offsets = mf.file_from_offset // CQ_STORE_UNIT_SIZE + checked
-                wrong = _agree_after(agree, prev_entry if checked[0] == 0 else None, phy[checked],
-                                     size[checked], queue_offsets)  # fmt: skip
+                before = prev_entry if checked[0] == 0 else None
+                wrong = _agree_after(agree, before, phy[checked], size[checked], queue_offsets)
                 if wrong < len(checked) and int(checked[wrong]) < cut:
                     cut, reason = int(checked[wrong]), "entry does not match its commit-log record"
             kept = np.flatnonzero(real[:cut])
