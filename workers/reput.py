@@ -477,6 +477,10 @@ class ReputService(ServiceLoop):
                 self._wake_waiters(touched)
             self._publish_faults()
         if offset >= reput_from:
+            # Logged before the release is published: whoever sees the fault cleared finds the line.
+            log.info(
+                "%s caught up to commit-log offset %d: dispatch to it resumed (%s)", q.what, offset, q.path
+            )
             del self.quarantine[q.key]
             self.dispatcher.quarantined.discard(q.key)
             if not q.is_index:
@@ -484,9 +488,6 @@ class ReputService(ServiceLoop):
                 if slot >= 0:
                     self.store.shm.queues.set(slot, qo.DISPATCH_ERROR, 0)
             self._publish_faults()
-            log.info(
-                "%s caught up to commit-log offset %d: dispatch to it resumed (%s)", q.what, offset, q.path
-            )
             return False
         progressed = offset > start
         q.backoff_s = RETRY_FIRST_S if progressed else min(q.backoff_s * 2, RETRY_MAX_S)
