@@ -365,7 +365,7 @@ class HaMaster(ServiceLoop):
         if start < min_offset and start < end:
             if not conn.behind_logged:
                 conn.behind_logged = True
-                self._slot_set(conn, "state", layout.CONN_BEHIND_MIN_OFFSET)
+                # Logged before the state is shown: whoever sees it (status, a test) finds the line.
                 log.error(
                     "ha: slave %s needs the commit log from %d, but the master's oldest byte is %d "
                     "(the cleaner deleted the files between): it gets heartbeats only; rebuild it "
@@ -374,6 +374,7 @@ class HaMaster(ServiceLoop):
                     start,
                     min_offset,
                 )
+                self._slot_set(conn, "state", layout.CONN_BEHIND_MIN_OFFSET)
             self._heartbeat(conn, now_s)
             return []
         if start >= end:

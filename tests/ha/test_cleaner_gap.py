@@ -72,6 +72,9 @@ def test_a_slave_behind_the_cleaner_gets_no_gap_and_is_rebuilt_from_a_copy(tmp_p
     slave = start_slave(tmp_path, port, **settings)  # resumes from slave_end: deleted on the master
     slot = layout.ha_connection_field(0, "state")
     wait_until(lambda: master.read(slot) == layout.CONN_BEHIND_MIN_OFFSET, 30, "the master to see the gap")
+    ha_log = (master.root / "logs" / "ha.log").read_text()  # logged before the state is shown
+    assert f"but the master's oldest byte is {min_offset}" in ha_log
+    assert "the cleaner deleted the files between" in ha_log  # once per connection
     # The slave cannot compare its log with the master's (ha_fork: the master has nothing where
     # its log begins), so it refuses, saying where, and stays refusing: never a silent gap.
     wait_until(lambda: slave.read(layout.HA_SLAVE_STATE) == layout.SLAVE_REFUSED, 60, "the slave to refuse")
@@ -82,9 +85,6 @@ def test_a_slave_behind_the_cleaner_gets_no_gap_and_is_rebuilt_from_a_copy(tmp_p
     assert "refusing to replicate from" in slave_log
     assert "give it a copy of the master's store" in slave_log
 
-    ha_log = (master.root / "logs" / "ha.log").read_text()
-    assert f"but the master's oldest byte is {min_offset}" in ha_log
-    assert "the cleaner deleted the files between" in ha_log  # once per connection
     wait_until(lambda: _metric(master, "rmq_ha_slaves_behind_min_offset") == 0, 30, "the refusing slave gone")
 
     assert slave.stop() == 0  # no silent gap: what the slave holds is what the master had
