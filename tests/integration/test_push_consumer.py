@@ -170,6 +170,10 @@ def test_a_failed_message_is_retried_with_its_count_then_dead_lettered(tmp_path:
             assert msg.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
             assert m.PROPERTY_ORIGIN_MESSAGE_ID in msg.properties
             assert msg.properties[m.PROPERTY_REAL_TOPIC] == m.retry_topic("g2")  # through the schedule topic
+        # dead_lettered counts an acknowledged put; it is readable once reput dispatched it
+        wait_until(
+            lambda: len(read_all(service, m.dlq_topic("g2"))) == 1, WAIT_S, "the dead letter dispatched"
+        )
         (dead,) = read_all(service, m.dlq_topic("g2"))
         assert (dead.body, dead.reconsume_times) == (b"0", 3)
         assert dead.properties[m.PROPERTY_RETRY_TOPIC] == "Orders"
