@@ -14,7 +14,8 @@ Slot layout (native int64):
                      a SLAVE (whose scheduler delivers nothing) the ha worker's metadata
                      channel raises it to the master's
       8 next_due_ms  scheduler: delivery time of the entry at ``offset``, -1 when none is in view
-     16 delivered    scheduler: messages delivered since the store started
+     16 delivered    scheduler: messages delivered since the store started, counted before
+                     ``offset`` moves past them (whoever sees the offset sees them counted)
      24 delay_ms     supervisor at start: the level's delay (messageDelayLevel)
 
 The supervisor persists ``offset`` to delayOffset.json every ``flushDelayOffsetInterval`` and

@@ -230,9 +230,9 @@ class SchedulerService(ServiceLoop):
 
     def _publish(self, queue_id: int, offset: int, delivered: int) -> None:
         """The level's progress, after its puts: what delayOffset.json gets at the next persist."""
-        self.schedule.set(queue_id, so.OFFSET, offset)
-        if delivered:
+        if delivered:  # the count before the progress: whoever sees the offset moved sees it counted
             self.schedule.set(queue_id, so.DELIVERED, self.schedule.get(queue_id, so.DELIVERED) + delivered)
+        self.schedule.set(queue_id, so.OFFSET, offset)
 
     def on_exit(self) -> None:
         for client in (self.producer, self.reader):
