@@ -398,7 +398,9 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
 def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> None:
     """Under SYNC_FLUSH records become readable at each flush; reput starts a pass at most every
     reputBatchIntervalMs (a pass per flush took half a core from the producers), yet a record
-    after a quiet spell is dispatched at once, and every record is dispatched in the end."""
+    after a quiet spell is dispatched (at once: tests/unit/test_pass_pacing.py, on a fake clock;
+    a SCHED_IDLE reput on a loaded machine waited longer than the interval for a CPU), and every
+    record is dispatched in the end."""
     interval_s = 1.0
     passes = layout.worker_field("reput", "work_count")
     with (
@@ -410,19 +412,19 @@ def test_sync_reput_passes_are_paced_by_reput_batch_interval(tmp_path: Path) -> 
         # paces the next one, so the record below is dispatched at the flush's wake.
         worker_passes(service, "reput", passes=1)
         assert service.read(layout.REPUT_FROM_OFFSET) == service.read(layout.WROTE_POSITION)
-        started = time.monotonic()
         assert producer.send("Paced", b"first", queue_id=0).ok
-        assert [m.body for m in consumer.pull("Paced", 0, 0, timeout_s=5).messages] == [b"first"]
-        assert time.monotonic() - started < interval_s * 0.7, "dispatched at once, not after the interval"
+        assert [m.body for m in consumer.pull("Paced", 0, 0, timeout_s=30).messages] == [b"first"]
         before = service.read(passes)
         sent = 1
         deadline = time.monotonic() + interval_s * 1.5
         while time.monotonic() < deadline:
             assert producer.send("Paced", b"%d" % sent, queue_id=0).ok
             sent += 1
-        assert sent > 50
-        wait_until(lambda: consumer.pull("Paced", 0, 0, 1).max_offset == sent, 10, "every record dispatched")
+        # Counted over the sends' 1.5 s, not after the wait below: once all is dispatched, idle
+        # passes follow every 100 ms, and a test held off the CPU afterwards counted them too.
         assert service.read(passes) - before <= 4, "one pass per interval, not one per flush"
+        assert sent > 50
+        wait_until(lambda: consumer.pull("Paced", 0, 0, 1).max_offset == sent, 60, "every record dispatched")
         bodies = [m.body for m in consumer.pull("Paced", 0, 1, 32).messages]
         assert bodies == [b"%d" % i for i in range(1, min(sent, 33))]
 
