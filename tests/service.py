@@ -124,7 +124,7 @@ def poll_bodies(
     return got
 
 
-def worker_passes(service: RunningService, role: str, passes: int = 2, timeout_s: float = 20) -> None:
+def worker_passes(service: RunningService, role: str, passes: int = 2, timeout_s: float = 60) -> None:
     """Wait until ``role``'s loop has finished ``passes`` more passes (its ``work_count``): with
     two, a whole pass began after this call, so whatever that worker would do about the state
     seen now, it has done (how a test shows something did *not* happen, without a sleep)."""

@@ -77,7 +77,7 @@ def test_failed_fsync_is_never_acknowledged(faulty_dir: tuple[Path, Path]) -> No
             switch.unlink()
             assert producer.send("F", b"disk is back", queue_id=0).status is PutMessageStatus.PUT_OK
             wait_until(
-                lambda: len(consumer.pull("F", 0, 20, 10).messages) == 2, 10, "both visible once on disk"
+                lambda: len(consumer.pull("F", 0, 20, 10).messages) == 2, 60, "both visible once on disk"
             )
             assert [m.body for m in consumer.pull("F", 0, 20, 10).messages] == [
                 b"not on disk",

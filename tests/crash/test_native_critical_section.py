@@ -97,7 +97,7 @@ def test_a_producer_killed_inside_the_critical_section(tmp_path: Path, mode: str
         assert service.read(layout.LOCK_RECOVERIES) == 1
         assert layout.lock_owner(service.read(layout.PUT_LOCK_OWNER_PID)) == 0
         assert service.read(layout.JOURNAL_ACTIVE) == 0
-        wait_until(lambda: len(_bodies(service)) == ACKED + 1, 10, "every message dispatched")
+        wait_until(lambda: len(_bodies(service)) == ACKED + 1, 60, "every message dispatched")
         assert _bodies(service) == [*acked, b"after"]
         assert producer.send("K", b"and on", queue_id=0).queue_offset == ACKED + 1
     with MessageStore.open(config=service.config, read_only=True) as store:
@@ -147,7 +147,7 @@ def test_a_producer_killed_while_waiting_for_its_flush(tmp_path: Path) -> None:
             assert result.ok, result
             assert result.queue_offset == ACKED + 1 + i
         assert service.read(layout.LOCK_RECOVERIES) == 0
-        wait_until(lambda: len(_bodies(service)) == ACKED + 6, 10, "every message dispatched")
+        wait_until(lambda: len(_bodies(service)) == ACKED + 6, 60, "every message dispatched")
         bodies = _bodies(service)
         assert bodies[:ACKED] == acked
         assert bodies[ACKED] == b"victim" * 30, "committed before its flush wait: stored, never acknowledged"

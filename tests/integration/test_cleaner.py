@@ -105,7 +105,7 @@ def age_files(service: RunningService, first: int, count: int, hours: float = 2)
     start at or above ALLOCATED_UNTIL, so once that is past the files none is to come."""
     size = service.config.mapped_file_size_commit_log
     end = (first + count) * size
-    wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= end, 20, "the allocator past the files to age")
+    wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= end, 60, "the allocator past the files to age")
     date_files(service, first, count, hours)
 
 
@@ -339,7 +339,7 @@ def test_a_stalled_reservation_leaves_full_files_alone(tmp_path: Path) -> None:
             os.close(fd)
             signal.signal(signal.SIGIO, previous)
         wrote = service.read(layout.WROTE_POSITION)
-        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) > wrote, 20, "the allocator to catch up")
+        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) > wrote, 60, "the allocator to catch up")
         now = {name: (commit_log / name).stat().st_mtime_ns for name in aged}
         assert now == aged, f"full files modified after the write position left them: {now} != {aged}"
 

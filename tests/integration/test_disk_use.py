@@ -165,7 +165,7 @@ def test_full_disk_refuses_puts_and_dispatch_resumes(
         reput_pid = service.worker_pid("reput")
         with Producer.attach(service.root) as producer:
             assert producer.send("F", b"first", queue_id=0).ok  # the queue's file and page exist
-            wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= LOG_FILE_SIZE, 10, "reservation")
+            wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= LOG_FILE_SIZE, 60, "reservation")
             wait_until(
                 lambda: service.read(layout.REPUT_FROM_OFFSET) == service.read(layout.WROTE_POSITION),
                 10,

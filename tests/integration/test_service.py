@@ -387,7 +387,7 @@ def test_sync_flush_durability_and_visibility(tmp_path: Path) -> None:
         finally:
             flusher.resume()
         assert producer.send("S", b"after resume", queue_id=0).status is PutMessageStatus.PUT_OK
-        wait_until(lambda: len(consumer.pull("S", 0, 200, 10, timeout_s=1).messages) == 3, 20, "all visible")
+        wait_until(lambda: len(consumer.pull("S", 0, 200, 10, timeout_s=1).messages) == 3, 60, "all visible")
         assert [m.body for m in consumer.pull("S", 0, 200, 10).messages] == [
             b"not durable yet",
             b"batch not durable yet",
@@ -475,12 +475,12 @@ def test_reput_leaves_sched_idle_while_it_is_behind(tmp_path: Path) -> None:
         finally:
             os.kill(reput, signal.SIGCONT)
         assert all(r.status is PutMessageStatus.PUT_OK for r in sent)
-        wait_until(lambda: service.read(layout.REPUT_BEHIND_PASSES) >= 1, 10, "a pass that starts behind")
+        wait_until(lambda: service.read(layout.REPUT_BEHIND_PASSES) >= 1, 60, "a pass that starts behind")
         end = sent[-1].commit_log_offset
-        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) > end, 10, "reput to catch up")
+        wait_until(lambda: service.read(layout.REPUT_FROM_OFFSET) > end, 60, "reput to catch up")
         assert producer.send("Behind", b"close", queue_id=0).ok
         wait_until(
-            lambda: os.sched_getscheduler(reput) == os.SCHED_IDLE, 10, "a pass close behind: SCHED_IDLE"
+            lambda: os.sched_getscheduler(reput) == os.SCHED_IDLE, 60, "a pass close behind: SCHED_IDLE"
         )
         passes = service.read(layout.REPUT_BEHIND_PASSES)
         assert 1 <= passes <= 3, f"{passes} passes started behind"

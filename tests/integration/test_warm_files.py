@@ -70,7 +70,7 @@ def test_without_warming_the_page_cache_is_filled_ahead_and_nothing_written(tmp_
         files = [commit_log / offset_to_file_name(i * size) for i in range(5)]
         wait_until(
             lambda: all(f.exists() and resident_pages(f) == pages for f in files[:3]),
-            10,
+            60,
             "files ahead cached",
         )
         bodies = [b"%06d" % i + bytes(2000) for i in range(1200)]  # ~2.5 files of records
@@ -80,7 +80,7 @@ def test_without_warming_the_page_cache_is_filled_ahead_and_nothing_written(tmp_
         current, ahead = files[wrote // size], files[wrote // size + 1]
         wait_until(
             lambda: ahead.exists() and resident_pages(ahead) == pages,
-            10,
+            60,
             "the next file cached once writes reach its predecessor",
         )
         assert ahead.read_bytes() == bytes(size)
@@ -99,10 +99,10 @@ def test_files_made_ahead_are_warmed_and_locked_until_writes_pass_them(tmp_path:
         allocator = service.worker_pid("allocator")
         commit_log = service.config.commit_log_dir.resolve()
         names = [offset_to_file_name(i * size) for i in range(6)]
-        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= 3 * size, 10, "three files reserved")
+        wait_until(lambda: service.read(layout.ALLOCATED_UNTIL) >= 3 * size, 60, "three files reserved")
         wait_until(  # reserved before they are warmed: a put need not reserve for itself meanwhile
             lambda: locked_kib(allocator, commit_log) == dict.fromkeys(names[:3], size // 1024),
-            10,
+            60,
             "three files warmed and locked",
         )
         bodies = [b"%06d" % i + bytes(2000) for i in range(1200)]  # ~2.5 files of records
@@ -113,7 +113,7 @@ def test_files_made_ahead_are_warmed_and_locked_until_writes_pass_them(tmp_path:
             lambda: (
                 locked_kib(allocator, commit_log) == dict.fromkeys(names[current : current + 3], size // 1024)
             ),
-            10,
+            60,
             "files behind the write position released, the new ones locked",
         )
     with running_service(tmp_path) as service:  # the warmed files hold exactly what was put
