@@ -261,8 +261,9 @@ static Py_ssize_t encode_into(uint8_t *out, const Hosts *h, const uint8_t *topic
     put32(p, (uint32_t)total);
     put32(p + 4, (uint32_t)MESSAGE_MAGIC_CODE);
     put32(p + 8, crc & 0x7FFFFFFFu);
-    put32(p + 12, (uint32_t)queue_id);
-    put32(p + 16, (uint32_t)flag);
+    /* QUEUEID and FLAG as one store, which crc_record_clmul's one load of them is forwarded from */
+    uint64_t qid_flag = __builtin_bswap32((uint32_t)queue_id) | (uint64_t)__builtin_bswap32((uint32_t)flag) << 32;
+    memcpy(p + 12, &qid_flag, 8);
     memset(p + 20, 0, 16); /* QUEUEOFFSET, PHYSICALOFFSET */
     if (keep_body_crc) memcpy(p + POS_QUEUE_OFFSET, &crc, 4); /* crc_body_of reads it back */
     put32(p + 36, (uint32_t)h->sys_flag);
@@ -604,6 +605,13 @@ typedef struct {
     Py_ssize_t head_fixed;
     uint32_t head_const;
     uint32_t head_factor[12];
+    /* this shape's per-send words' factors straight into the record's raw CRC (crc_pairs_for:
+     * head_factor times head_shift, two to a 128-bit lane pair as crc_record_clmul multiplies
+     * them, CRC_PAIR_*), and the constant of all else (0 pairs_ready: not made for this shape) */
+    uint64_t pair_factor[2 * 8];
+    uint32_t shape_const;
+    int pairs_ready;
+    int shape_seen; /* records of this shape prepared by multiplication (crc_prepare) */
 } CrcState;
 
 /* A send's topic and properties ("the rest") with its properties' common shape (`build_props`
@@ -1040,8 +1048,7 @@ static void crc_head_words(uint32_t w[CRC_HEAD_WORDS], const uint8_t *r, Py_ssiz
  * (a header length is the Sender's): each per-send word's factor, and the header's raw CRC with
  * those words (and the body CRC field) 0: read once here, their products taken out. It holds
  * for every record the Sender encodes: its other words are the Sender's, set once. */
-static void crc_head_for(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
-    if (fixed == st->head_fixed) return;
+static __attribute__((noinline, cold)) void crc_head_make(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
     for (int k = 0; k < CRC_HEAD_WORDS; k++)
         st->head_factor[k] = crc_shift_of((uint64_t)(CRC_HEAD_WORD_AT[k] < 0 ? -CRC_HEAD_WORD_AT[k]
                                                                                : fixed - CRC_HEAD_WORD_AT[k]));
@@ -1051,13 +1058,18 @@ static void crc_head_for(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
     memcpy(&field, r + 8, 4); /* 0 as encode_into leaves it; taken out all the same */
     st->head_const = h ^ crc_multiply(field, crc_shift_of((uint64_t)(fixed - 8)));
     st->head_fixed = fixed;
+    st->pairs_ready = 0; /* (a Sender's header length does not change: made once) */
+}
+
+static inline void crc_head_for(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
+    if (__builtin_expect(fixed != st->head_fixed, 0)) crc_head_make(st, r, fixed);
 }
 
 /* What depends on a record's shape alone (`covered` bytes under the CRC, `fixed` of header, a
  * body of `body_len`, or -1: the record read whole), kept in `st` for the next record (a
  * sender's records mostly share one; a new shape costs a few dozen ns of multiplications). */
-static void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len) {
-    if (covered == st->covered && fixed == st->fixed && body_len == st->body_len) return;
+static __attribute__((noinline)) void crc_state_make(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed,
+                                                      Py_ssize_t body_len) {
     st->shift = crc_shift_of((uint64_t)(covered - CRC_WINDOW_END));
     st->ones = crc_multiply(crc_multiply(st->shift, crc_x512), ~0u);
     if (body_len >= 0) {
@@ -1068,6 +1080,13 @@ static void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py
         st->body_ones = crc_multiply(body_x, ~0u);
     }
     st->covered = covered, st->fixed = fixed, st->body_len = body_len;
+    st->pairs_ready = 0, st->shape_seen = 0;
+}
+
+/* (the check inline, the making out of line: the send's CRC code stays a few cache lines) */
+static inline void crc_state_for(CrcState *st, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len) {
+    if (covered != st->covered || fixed != st->fixed || body_len != st->body_len)
+        crc_state_make(st, covered, fixed, body_len);
 }
 
 /* The lock's fields as they will most likely be, written before crc_prepare: the queue's next
@@ -1089,9 +1108,118 @@ static inline uint32_t crc_body_of(const uint8_t *r, const CrcState *st) {
 }
 
 #ifdef RMQ_HAVE_CLMUL
-/* crc_record_encoded by carry-less multiplication, compiled for it as one function (its pass,
- * products and reductions inlined, not calls between differently compiled functions). */
+/* The lane pairs of CrcState.pair_factor: a 64-bit value's two 32-bit words as the register
+ * reads them (little-endian), each times its factor into the record's raw CRC. */
+enum {
+    CRC_PAIR_QUEUE,    /* QUEUEOFFSET (guessed) */
+    CRC_PAIR_PHY,      /* PHYSICALOFFSET (guessed) */
+    CRC_PAIR_TIME,     /* BORNTIMESTAMP and STORETIMESTAMP as one (the store time guessed the born) */
+    CRC_PAIR_STORE,    /* STORETIMESTAMP alone: where it differs from the born time */
+    CRC_PAIR_QID_FLAG, /* QUEUEID and FLAG */
+    CRC_PAIR_BODY,     /* the body's raw CRC (its factor after_shift) and the body CRC field */
+    CRC_PAIR_UNIQ,     /* the UNIQ_KEY's first two changing words (crc_rest_template) */
+    CRC_PAIR_UNIQ2,    /* its third, and 0 */
+    CRC_PAIRS
+};
+
+/* The shape's pair factors and constant (CrcState.pair_factor), once a shape and header are known
+ * (crc_state_for, crc_head_for): each per-send header word's factor times head_shift, so that its
+ * product lands in the record's raw CRC directly, and the words this shape fixes (TOTALSIZE,
+ * BODYLENGTH: `r`'s as encode_into wrote them) with head_const and the initial ~0 in one constant.
+ * Fifteen multiplications (~35 ns), made at a shape's second record (crc_prepare): a shape's
+ * first goes by crc_record_clmul_first, so records whose lengths change every send pay none. */
+static __attribute__((noinline)) void crc_pairs_for(CrcState *st, const uint8_t *r, Py_ssize_t fixed) {
+    uint32_t g[CRC_HEAD_WORDS], total, len; /* CRC_HEAD_WORD_AT's order */
+    for (int k = 0; k < CRC_HEAD_WORDS; k++) g[k] = crc_multiply(st->head_factor[k], st->head_shift);
+    uint64_t *f = st->pair_factor;
+    f[2 * CRC_PAIR_QUEUE] = g[0], f[2 * CRC_PAIR_QUEUE + 1] = g[1];
+    f[2 * CRC_PAIR_PHY] = g[2], f[2 * CRC_PAIR_PHY + 1] = g[3];
+    f[2 * CRC_PAIR_TIME] = g[4] ^ g[6], f[2 * CRC_PAIR_TIME + 1] = g[5] ^ g[7]; /* (a + b) w = a w + b w */
+    f[2 * CRC_PAIR_STORE] = g[6], f[2 * CRC_PAIR_STORE + 1] = g[7];
+    f[2 * CRC_PAIR_QID_FLAG] = g[9], f[2 * CRC_PAIR_QID_FLAG + 1] = g[10];
+    f[2 * CRC_PAIR_BODY] = st->after_shift, f[2 * CRC_PAIR_BODY + 1] = st->field_factor;
+    f[2 * CRC_PAIR_UNIQ] = crc_uniq_factor[0], f[2 * CRC_PAIR_UNIQ + 1] = crc_uniq_factor[1];
+    f[2 * CRC_PAIR_UNIQ2] = crc_uniq_factor[2], f[2 * CRC_PAIR_UNIQ2 + 1] = 0;
+    memcpy(&total, r, 4), memcpy(&len, r + fixed - 4, 4);
+    st->shape_const = crc_multiply(st->head_const, st->head_shift) ^ crc_multiply(total, g[8]) ^
+                      crc_multiply(len, g[11]) ^ st->ones;
+    st->pairs_ready = 1;
+}
+
+/* The rest's raw CRC by a pass (no template for it, or its constant to be made): out of line. */
+__attribute__((target("pclmul,sse4.1,ssse3"), noinline)) static uint32_t crc_rest_pass(const uint8_t *rest,
+                                                                                       Py_ssize_t rest_len) {
+    return rest_len >= 64 ? crc32_clmul_raw(rest, (size_t)rest_len)
+           : rest_len    ? crc32_clmul_raw_short(rest, (size_t)rest_len)
+                         : 0;
+}
+
+/* d's two 32-bit words times the pair factor k's, added into the accumulators lo and hi. */
+#define CRC_PAIR_PRODUCT(lo, hi, d, st, k)                                                               \
+    do {                                                                                                 \
+        __m128i d_ = _mm_cvtepu32_epi64(_mm_cvtsi64_si128((long long)(d)));                              \
+        __m128i f_ = _mm_loadu_si128((const __m128i *)&(st)->pair_factor[2 * (k)]);                       \
+        lo = _mm_xor_si128(lo, _mm_clmulepi64_si128(d_, f_, 0x00));                                      \
+        hi = _mm_xor_si128(hi, _mm_clmulepi64_si128(d_, f_, 0x11));                                      \
+    } while (0)
+
+/* crc_record_encoded by carry-less multiplication, compiled for it as one function. The record's
+ * raw CRC is the shape's constant (crc_pairs_for), the rest's (its template's constant, or a pass)
+ * and the products of the per-send words with their shape's factors: QUEUEOFFSET, PHYSICALOFFSET
+ * and STORETIMESTAMP as guessed (from registers), BORNTIMESTAMP (one product pair with the store
+ * time, which is guessed to be it), QUEUEID with FLAG, the body's raw CRC with the body CRC
+ * field, and with a template the UNIQ_KEY's three changing words: all independent, one
+ * reduction, nothing read that the record's stores have not just forwarded. */
 __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(uint8_t *r, Py_ssize_t covered,
+                                                                                Py_ssize_t fixed, Py_ssize_t body_len,
+                                                                                const int64_t guess[3],
+                                                                                const CrcState *st, CrcTemplate *tpl) {
+    const uint8_t *rest = r + fixed + body_len;
+    Py_ssize_t rest_len = covered - fixed - body_len;
+    uint32_t b = crc_body_of(r, st), field;
+    uint64_t born, qid_flag, store = __builtin_bswap64((uint64_t)guess[2]);
+    memcpy(&born, r + 40, 8), memcpy(&field, r + 8, 4), memcpy(&qid_flag, r + 12, 8); /* each one store's */
+    __m128i lo = _mm_setzero_si128(), hi = _mm_setzero_si128(), lo2 = _mm_setzero_si128(),
+            hi2 = _mm_setzero_si128();
+    CRC_PAIR_PRODUCT(lo, hi, __builtin_bswap64((uint64_t)guess[0]), st, CRC_PAIR_QUEUE);
+    CRC_PAIR_PRODUCT(lo2, hi2, __builtin_bswap64((uint64_t)guess[1]), st, CRC_PAIR_PHY);
+    CRC_PAIR_PRODUCT(lo, hi, born, st, CRC_PAIR_TIME);
+    if (__builtin_expect(born != store, 0)) CRC_PAIR_PRODUCT(lo, hi, born ^ store, st, CRC_PAIR_STORE);
+    CRC_PAIR_PRODUCT(lo2, hi2, qid_flag, st, CRC_PAIR_QID_FLAG);
+    CRC_PAIR_PRODUCT(lo, hi, b | (uint64_t)field << 32, st, CRC_PAIR_BODY);
+    /* the rest: its template's constant and the UNIQ_KEY's changing words' products; else one
+     * pass (and the template's constant from it) */
+    __m128i uniq = _mm_setzero_si128(), uniq2 = _mm_setzero_si128();
+    uint32_t t;
+    if (tpl) {
+        uint64_t id01;
+        uint32_t id2;
+        memcpy(&id01, rest + rest_len - 13, 8), memcpy(&id2, rest + rest_len - 5, 4);
+        CRC_PAIR_PRODUCT(uniq, uniq2, id01, st, CRC_PAIR_UNIQ);
+        uniq = _mm_xor_si128(uniq, _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)id2),
+                                                        _mm_loadu_si128((const __m128i *)&st->pair_factor[2 * CRC_PAIR_UNIQ2]),
+                                                        0x00));
+        uniq = _mm_xor_si128(uniq, uniq2);
+    }
+    if (tpl && tpl->rest_len == rest_len) {
+        t = tpl->rest_const;
+    } else {
+        t = crc_rest_pass(rest, rest_len);
+        if (tpl) {
+            t ^= crc_reduce_product(uniq);
+            tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
+        }
+    }
+    __m128i sum = _mm_xor_si128(_mm_xor_si128(lo, hi), _mm_xor_si128(lo2, hi2));
+    return ~(crc_reduce_product(_mm_xor_si128(sum, uniq)) ^ t ^ st->shape_const);
+}
+#undef CRC_PAIR_PRODUCT
+
+/* A shape's first record (its pair factors not made: crc_prepare makes them at its second, so
+ * that records whose lengths change every send pay no premultiplication): the header's
+ * products with the Sender's factors (head_factor) reduced, then that and the body's, the
+ * field's and the rest's combined with the shape's shifts, a second reduction. */
+__attribute__((target("pclmul,sse4.1,ssse3"), noinline)) static uint32_t crc_record_clmul_first(uint8_t *r, Py_ssize_t covered,
                                                                                 Py_ssize_t fixed, Py_ssize_t body_len,
                                                                                 const int64_t guess[3],
                                                                                 const CrcState *st, CrcTemplate *tpl) {
@@ -1132,9 +1260,7 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
     if (tpl && tpl->rest_len == rest_len) {
         t = tpl->rest_const;
     } else {
-        t = rest_len >= 64 ? crc32_clmul_raw(rest, (size_t)rest_len)
-            : rest_len    ? crc32_clmul_raw_short(rest, (size_t)rest_len)
-                          : 0;
+        t = crc_rest_pass(rest, rest_len);
         if (tpl) {
             t ^= crc_reduce_product(uniq);
             tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
@@ -1147,17 +1273,18 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
         _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)field), _mm_cvtsi32_si128((int)st->field_factor), 0x00));
     return ~(crc_reduce_product(_mm_xor_si128(sum, uniq)) ^ t ^ st->ones);
 }
+
 #endif
 
 /* The CRC of an encoded record's first `covered` bytes (issue 35), nothing of it read twice:
  * the body's CRC-32, computed by encode_into from where the body is before the record's stores
  * (and left for this: keep_body_crc), gives the body's raw CRC b; the rest (topic, properties)
- * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template,
- * summed in the combine's reduction); the header is not read: its raw CRC is the Sender's
- * head_const plus its twelve per-send words, from registers, times their factors (independent
- * products, one reduction: the bytes just stored are not loaded back). The record's raw CRC is raw(header) * x^(8 (len
- * + after)) ^ b * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered
- * - 8)) (0 in head_const): three products, one reduction. Without PCLMULQDQ the guess is
+ * is one pass, or with `tpl` its template's constant plus three products (crc_rest_template);
+ * the header is not read: its raw CRC is the Sender's head_const plus its per-send words, from
+ * registers, times their factors. The record's raw CRC is raw(header) * x^(8 (len + after)) ^ b
+ * * x^(8 after) ^ raw(rest), plus the body CRC field's word times x^(8 (covered - 8)) (0 in
+ * head_const). By multiplication every term is one product with a per-shape factor and all
+ * share one reduction (crc_pairs_for, crc_record_clmul). Without PCLMULQDQ the guess is
  * written, the header read whole and the rest passed over (no template). */
 static uint32_t crc_record_encoded(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, Py_ssize_t body_len,
                                    const int64_t guess[3], const CrcState *st, CrcTemplate *tpl) {
@@ -1199,6 +1326,17 @@ static inline void crc_write_digits(uint8_t *r, Py_ssize_t covered, uint32_t crc
  * writes; crc_guess writes them where the header is read); crc_fill_prepared corrects them
  * under the lock where the guess was wrong. `encoded`: encode_into's record, its body's CRC-32
  * kept (keep_body_crc: crc_record_encoded); else the record is read whole as it is. */
+static __attribute__((noinline)) uint32_t crc_prepare_other(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed,
+                                                             int encoded, Py_ssize_t body_len, const int64_t guess[3],
+                                                             CrcState *st, CrcTemplate *tpl) {
+    crc_state_for(st, covered, fixed, body_len);
+    if (encoded) /* (without PCLMULQDQ) */
+        return crc_record_encoded(r, covered, fixed, body_len, guess, st,
+                                  tpl && covered - fixed - body_len >= 13 ? tpl : NULL);
+    crc_guess(r, guess[0], guess[1], guess[2]); /* the initial ~0 run through `covered` bytes, inverted */
+    return ~(crc_raw(r, covered) ^ st->ones);
+}
+
 static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int encoded, const int64_t guess[3],
                         CrcState *st, CrcTemplate *tpl, CrcPrepared *out) {
     Py_ssize_t body_len = -1;
@@ -1207,19 +1345,21 @@ static void crc_prepare(uint8_t *r, Py_ssize_t covered, Py_ssize_t fixed, int en
         memcpy(&be, r + fixed - 4, 4); /* BODYLENGTH, the header's last field */
         body_len = (Py_ssize_t)__builtin_bswap32(be);
     }
-    crc_state_for(st, covered, fixed, body_len);
-    if (encoded) {
+    uint32_t crc;
 #ifdef RMQ_HAVE_CLMUL
-        if (has_clmul) crc_head_for(st, r, fixed);
+    if (encoded && has_clmul) { /* a send's: the code kept to a few lines, the rest out of line */
+        crc_head_for(st, r, fixed);
+        crc_state_for(st, covered, fixed, body_len);
+        CrcTemplate *t = tpl && covered - fixed - body_len >= 13 ? tpl : NULL;
+        if (__builtin_expect(!st->pairs_ready, 0) && st->shape_seen++ > 0) crc_pairs_for(st, r, fixed);
+        crc = st->pairs_ready ? crc_record_clmul(r, covered, fixed, body_len, guess, st, t)
+                              : crc_record_clmul_first(r, covered, fixed, body_len, guess, st, t);
+    } else
 #endif
-        out->crc = crc_record_encoded(r, covered, fixed, body_len, guess, st,
-                                      tpl && covered - fixed - body_len >= 13 ? tpl : NULL);
-    } else { /* the initial ~0 run through `covered` bytes, inverted at the end */
-        crc_guess(r, guess[0], guess[1], guess[2]);
-        out->crc = ~(crc_raw(r, covered) ^ st->ones);
-    }
+        crc = crc_prepare_other(r, covered, fixed, encoded, body_len, guess, st, tpl);
+    out->crc = crc;
     out->shift = st->shift;
-    crc_write_digits(r, covered, out->crc & 0x7FFFFFFFu);
+    crc_write_digits(r, covered, crc & 0x7FFFFFFFu);
 }
 
 /* The template for the send at hand's rest (s->crc_key), NULL where it has none. The
@@ -1281,7 +1421,8 @@ static inline int64_t get64(const uint8_t *p) {
  * phy_offset, store_ms), as a put does), patches the three fields and fills the digits. With
  * `fixed` (the header's length, its last 4 bytes BODYLENGTH) the record is made as encode_into
  * leaves a send's (keep_body_crc: the body CRC field written, the body's CRC-32 kept in
- * QUEUEOFFSET) and its CRC computed from the header's fields (crc_record_encoded). */
+ * QUEUEOFFSET) and its CRC computed from the header's fields (crc_record_encoded), twice: as a
+ * shape's first record and as its second (by multiplication: two ways, which must agree). */
 static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
     Py_buffer rec;
     Py_ssize_t tail_len;
@@ -1322,8 +1463,18 @@ static PyObject *py_crc_fill_prepared(PyObject *self, PyObject *args) {
         memcpy(r + POS_QUEUE_OFFSET, &crc, 4);
     }
     CrcState st = {0};
-    CrcPrepared pre;
+    CrcPrepared pre, again;
+    uint8_t window[CRC_WINDOW_END]; /* as it was: the table's way writes the guess over the body's CRC */
+    memcpy(window, r, sizeof window);
     crc_prepare(r, covered, fixed, fixed != 0, g, &st, NULL, &pre);
+    /* a second record of the shape: by multiplication, its premultiplied factors (crc_pairs_for) */
+    memcpy(r, window, sizeof window);
+    crc_prepare(r, covered, fixed, fixed != 0, g, &st, NULL, &again);
+    if (again.crc != pre.crc || again.shift != pre.shift) {
+        PyBuffer_Release(&rec);
+        return PyErr_Format(PyExc_AssertionError, "a shape's second record's CRC %08x is not its first's %08x",
+                            again.crc, pre.crc);
+    }
     put64(r + POS_QUEUE_OFFSET, (uint64_t)queue_offset);
     put64(r + POS_PHY_OFFSET, (uint64_t)phy_offset);
     put64(r + POS_STORE_TIMESTAMP, (uint64_t)store_ms);
@@ -1961,6 +2112,16 @@ static inline int fenced(Sender *s, int64_t *w, uint32_t *lock) {
     return 1;
 }
 
+/* The two shared words the whole-record CRC's guess reads before the lock (append_locked: the
+ * write position and the queue's next offset), asked for as soon as the send knows its queue, so
+ * that their lines, which the store's workers and other producers write, arrive while the record
+ * is encoded rather than on the CRC's path. */
+static inline void crc_guess_prefetch(Sender *s, Py_ssize_t next_word) {
+    if (!s->crc_tail_len) return;
+    __builtin_prefetch(&words_of(&s->table)[s->w[W_WROTE]]);
+    __builtin_prefetch(&words_of(&s->queues)[next_word]);
+}
+
 /* The put lock's work for scratch[0, size): `n` records, record i at starts[i] (starts NULL: one
  * record at 0), of the queue whose next offset is queues[next_word]; `encoded`: the records are
  * encode_into's with the body's CRC-32 kept for the whole-record CRC (else read whole:
@@ -2443,6 +2604,7 @@ static PyObject *Sender_send(Sender *s, PyObject *const *args, Py_ssize_t nargs)
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
     if (found < 0) return NULL;
+    if (found) crc_guess_prefetch(s, next_word);
     /* a delayed send's own queue is not put to: it needs only to be one of the topic's */
     if (!found && (props == Py_None || !topic_has_queue(s, topic, queue_id))) Py_RETURN_NONE;
     Py_buffer view;
@@ -2575,6 +2737,7 @@ static PyObject *Sender_send_batch(Sender *s, PyObject *const *args, Py_ssize_t 
     Py_ssize_t next_word;
     int found = find_queue(s, topic, queue_id, &topic_field, &slot, &next_word);
     if (found <= 0) return found < 0 ? NULL : Py_NewRef(Py_None);
+    crc_guess_prefetch(s, next_word);
     int64_t born_ms = real_ns() / 1000000;
     int64_t *uniq = words_of(&s->uniq_state);
     s->why = REF_MONTH;
