@@ -312,7 +312,7 @@ def test_a_stalled_reservation_leaves_full_files_alone(tmp_path: Path) -> None:
     size = MIB
     with running_service(tmp_path, **CLEANER) as service, Producer.attach(service.root) as producer:
         commit_log = service.root / "commitlog"
-        wait_until(lambda: (commit_log / f"{2 * size:020d}").exists(), 20, "the allocator's first files")
+        wait_until(lambda: (commit_log / f"{2 * size:020d}").exists(), 60, "the allocator's first files")
         held = commit_log / f".{3 * size:020d}.tmp{service.worker_pid('allocator')}"
         held.touch()
         previous = signal.signal(signal.SIGIO, signal.SIG_IGN)  # the lease break's signal
