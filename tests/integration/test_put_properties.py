@@ -70,7 +70,7 @@ def test_a_put_lock_held_too_long_answers_os_pagecache_busy(tmp_path: Path) -> N
             busy = producer.send("B", b"refused", queue_id=0)
             assert busy.status is PutMessageStatus.OS_PAGECACHE_BUSY
             assert "osPageCacheBusyTimeOutMills" in busy.reason
-            assert time.monotonic() - started < 1.0, "refused, not queued for the lock (LOCK_TIMEOUT_S 3 s)"
+            assert time.monotonic() - started < 2.5, "refused, not queued for the lock (LOCK_TIMEOUT_S 3 s)"
         finally:
             holder.lock.release()
         assert producer.send("B", b"after", queue_id=0).queue_offset == 1
