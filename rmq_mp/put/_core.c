@@ -1154,6 +1154,20 @@ __attribute__((target("pclmul,sse4.1,ssse3"), noinline)) static uint32_t crc_res
                          : 0;
 }
 
+/* The rest's raw CRC less its UNIQ_KEY's changing words (``uniq``: their products, unreduced):
+ * the template's constant while the rest's length holds, else a pass, made the constant. */
+__attribute__((target("pclmul,sse4.1,ssse3"))) static inline uint32_t crc_rest_const(const uint8_t *rest,
+                                                                                     Py_ssize_t rest_len,
+                                                                                     CrcTemplate *tpl, __m128i uniq) {
+    if (tpl && tpl->rest_len == rest_len) return tpl->rest_const;
+    uint32_t t = crc_rest_pass(rest, rest_len);
+    if (tpl) {
+        t ^= crc_reduce_product(uniq);
+        tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
+    }
+    return t;
+}
+
 /* d's two 32-bit words times the pair factor k's, added into the accumulators lo and hi. */
 #define CRC_PAIR_PRODUCT(lo, hi, d, st, k)                                                               \
     do {                                                                                                 \
@@ -1190,7 +1204,6 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
     /* the rest: its template's constant and the UNIQ_KEY's changing words' products; else one
      * pass (and the template's constant from it) */
     __m128i uniq = _mm_setzero_si128(), uniq2 = _mm_setzero_si128();
-    uint32_t t;
     if (tpl) {
         uint64_t id01;
         uint32_t id2;
@@ -1201,15 +1214,7 @@ __attribute__((target("pclmul,sse4.1,ssse3"))) static uint32_t crc_record_clmul(
                                                         0x00));
         uniq = _mm_xor_si128(uniq, uniq2);
     }
-    if (tpl && tpl->rest_len == rest_len) {
-        t = tpl->rest_const;
-    } else {
-        t = crc_rest_pass(rest, rest_len);
-        if (tpl) {
-            t ^= crc_reduce_product(uniq);
-            tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
-        }
-    }
+    uint32_t t = crc_rest_const(rest, rest_len, tpl, uniq);
     __m128i sum = _mm_xor_si128(_mm_xor_si128(lo, hi), _mm_xor_si128(lo2, hi2));
     return ~(crc_reduce_product(_mm_xor_si128(sum, uniq)) ^ t ^ st->shape_const);
 }
@@ -1249,7 +1254,6 @@ __attribute__((target("pclmul,sse4.1,ssse3"), noinline)) static uint32_t crc_rec
     /* the rest: its template's constant and the UNIQ_KEY's changing words' products, summed with
      * the combine's (crc_rest_template); else one pass (and the template's constant from it) */
     __m128i uniq = _mm_setzero_si128();
-    uint32_t t;
     if (tpl) {
         uint32_t id[3];
         memcpy(id, rest + rest_len - 13, 12);
@@ -1257,15 +1261,7 @@ __attribute__((target("pclmul,sse4.1,ssse3"), noinline)) static uint32_t crc_rec
             uniq = _mm_xor_si128(uniq, _mm_clmulepi64_si128(_mm_cvtsi32_si128((int)id[k]),
                                                             _mm_cvtsi32_si128((int)crc_uniq_factor[k]), 0x00));
     }
-    if (tpl && tpl->rest_len == rest_len) {
-        t = tpl->rest_const;
-    } else {
-        t = crc_rest_pass(rest, rest_len);
-        if (tpl) {
-            t ^= crc_reduce_product(uniq);
-            tpl->rest_const = t, tpl->rest_len = rest_len, tpl->made += 1;
-        }
-    }
+    uint32_t t = crc_rest_const(rest, rest_len, tpl, uniq);
     memcpy(&field, r + 8, 4); /* the field's bytes as the register reads them (0 in head_const) */
     __m128i sum = _mm_xor_si128(
         _mm_xor_si128(_mm_clmulepi64_si128(_mm_cvtsi32_si128((int)h), _mm_cvtsi32_si128((int)st->head_shift), 0x00),
