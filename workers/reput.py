@@ -253,8 +253,8 @@ class ReputService(ServiceLoop):
         set-up (0.12 ms with the compiled scan) and then 0.2-2 us a record, one record
         (`Dispatcher.dispatch`) about 25-35 us. With the compiled scan, a pass expected to hold
         fewer than `SCAN_ROWS_CAP` records (its bytes over the last passes' mean record size)
-        goes as Python lists (`_dispatch_rows`: a pass of 12 SYNC sends 75 us of CPU instead of
-        230-260 as a batch, `python -m bench.dispatch --pass-records 12`), up to the first record
+        goes as Python lists (`_dispatch_rows`: a pass of 12 SYNC sends 75-90 us of CPU instead of
+        230-270 as a batch, `python -m bench.dispatch --pass-records 12`), up to the first record
         the compiled scan hands back; otherwise one expected to hold fewer than
         `small_pass_records` goes one by one, up to that many; the rest (or a bigger pass whole)
         in batches. Light load,
