@@ -10,6 +10,11 @@ every batch run left the per-record run's bytes (the figure is void otherwise). 
   keys      the same plus TAGS and two KEYS words
   mixed     RocketMQ-fixture-like variety: 4 topics (one non-ASCII), random tags, 0-3 KEYS,
             UNIQ_KEY on half, extra properties, bodies of 0-2 KiB, 3% transactions
+  sync      bench.sync_group's sends: TagA, one KEYS word, UNIQ_KEY, 4 producers over 8 queues
+
+``--pass-records K`` measures reput's small passes instead: the log dispatched K records a
+pass, as a batch each and as `RecordRows` (`CommitLog.scan_rows`, `Dispatcher.dispatch_rows`),
+alternating, the CPU a pass of every run, files checked against the per-record dispatch's.
 """
 
 from __future__ import annotations
@@ -95,10 +100,31 @@ def mixed_messages(count: int, rng: random.Random) -> Iterator[m.Message]:
         )
 
 
+def sync_messages(count: int, rng: random.Random) -> Iterator[m.Message]:
+    """bench.sync_group's sends (`bench.shapes.rocketmq_sends`): TagA, one KEYS word, UNIQ_KEY,
+    4 producers each sending to the 8 queues in turn, interleaved."""
+    body = rng.randbytes(128)
+    uniq = m.UniqueIdGenerator()
+    for i in range(count):
+        producer, sent = i % 4, i // 4
+        yield m.Message(
+            topic="BenchTopic",
+            body=body,
+            queue_id=(sent + producer) & 7,
+            properties={
+                m.PROPERTY_TAGS: "TagA",
+                m.PROPERTY_KEYS: f"key-{sent}",
+                m.PROPERTY_UNIQ_CLIENT_MESSAGE_ID_KEYIDX: uniq.next_id(),
+            },
+            born_timestamp=1_790_000_000_000 + i // 10,
+        )
+
+
 WORKLOADS: dict[str, Callable[[int, random.Random], Iterator[m.Message]]] = {
     "producer": producer_messages,
     "keys": keyed_messages,
     "mixed": mixed_messages,
+    "sync": sync_messages,
 }
 
 
@@ -165,6 +191,78 @@ def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[i
     return records, elapsed
 
 
+def dispatch_passes(
+    log_dir: Path, end: int, out: Path, pass_records: int, *, rows: bool
+) -> tuple[int, float]:
+    """Dispatch the log as reput's passes of ``pass_records`` records: each a batch
+    (`iter_batches`, `dispatch_batch`) or, with ``rows``, `CommitLog.scan_rows` and
+    `Dispatcher.dispatch_rows` (a batch step where they decline); returns (passes, CPU seconds
+    of the passes)."""
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    reporter = Reporter()
+    commit_log = CommitLog(log_dir, COMMIT_LOG_FILE_BYTES, writable=False, reporter=reporter)
+    commit_log.load()
+    starts = [phy for phy, _req in commit_log.iter_dispatch(0, check_crc=False, end_offset=end)] + [end]
+    queues = ConsumeQueueTable(out / "consumequeue", CQ_FILE_BYTES, writable=True, reporter=reporter)
+    index = IndexService(out / "index", HASH_SLOTS, INDEX_ENTRIES, writable=True, reporter=reporter)
+    dispatcher = Dispatcher(queues.find, index, StoreCheckpoint(out / "checkpoint", writable=True))
+    passes = 0
+    try:
+        started = time.process_time()
+        for first in range(0, len(starts) - 1, pass_records):
+            offset, stop = starts[first], starts[min(first + pass_records, len(starts) - 1)]
+            while offset < stop:
+                small = commit_log.scan_rows(offset, stop, pass_records) if rows else None
+                if small is not None and dispatcher.dispatch_rows(small) is not None:
+                    offset = small.stop
+                    continue
+                step = next(
+                    commit_log.iter_batches(
+                        offset, check_crc=False, end_offset=stop, max_records=pass_records
+                    )
+                )
+                dispatcher.dispatch_batch(step.batch)
+                offset = step.next_offset
+            passes += 1
+        elapsed = time.process_time() - started
+    finally:
+        queues.close()
+        index.close()
+        commit_log.close()
+    return passes, elapsed
+
+
+def run_passes(workloads: list[str], records: int, pass_records: int, tmp: Path, seed: int = 7) -> None:
+    """Batch and row passes alternating, BATCH_RUNS each, every run's CPU a pass printed; each
+    run's files checked against the per-record dispatch's."""
+    print(f"passes of {pass_records} records, CPU a pass (us), runs alternating batch / rows:")
+    for name in workloads:
+        log_dir = tmp / name / "commitlog"
+        count, end = write_log(log_dir, WORKLOADS[name](records, random.Random(seed)))
+        dispatch_once(log_dir, end, tmp / name / "per-record", batch=False)
+        reference = tree_digest(tmp / name / "per-record")
+        figures: dict[str, list[float]] = {"batch": [], "rows": []}
+        for _run in range(BATCH_RUNS):
+            for path in figures:
+                passes, seconds = dispatch_passes(
+                    log_dir, end, tmp / name / path, pass_records, rows=path == "rows"
+                )
+                if tree_digest(tmp / name / path) != reference:
+                    raise AssertionError(
+                        f"{name}: {path} passes and per-record dispatch wrote different files"
+                    )
+                figures[path].append(seconds / passes * 1e6)
+        ratios = [b / r for b, r in zip(figures["batch"], figures["rows"], strict=True)]
+        print(
+            f"{name:<10}{count:>8} records: batch {' '.join(f'{v:.0f}' for v in figures['batch'])}, "
+            f"rows {' '.join(f'{v:.0f}' for v in figures['rows'])} us a pass "
+            f"(batch / rows {' '.join(f'{v:.2f}' for v in ratios)}); files identical",
+            flush=True,
+        )
+        shutil.rmtree(tmp / name)
+
+
 def tree_digest(root: Path) -> dict[str, Any]:
     """sha256 of every queue file, and of the index files in name (creation) order."""
     queues = {
@@ -216,9 +314,17 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--workload", action="append", choices=sorted(WORKLOADS), help="default: all")
     parser.add_argument("--records", type=int, default=400_000)
+    parser.add_argument(
+        "--pass-records",
+        type=int,
+        help="instead: reput's small passes of this many records, batch vs rows (CPU a pass)",
+    )
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="rmq-bench-dispatch-") as tmp:
-        run(args.workload or list(WORKLOADS), args.records, Path(tmp))
+        if args.pass_records:
+            run_passes(args.workload or list(WORKLOADS), args.records, args.pass_records, Path(tmp))
+        else:
+            run(args.workload or list(WORKLOADS), args.records, Path(tmp))
     return 0
 
 

@@ -5,7 +5,7 @@ after 500 each, tags TagA, one key as a list, 8 queues, 1 GiB files, pool off), 
 on fresh stores, each printed with its msgs/s, the send latency (p99 of the worst producer, as
 bench.shapes prints it, and p50/p99 over every send) and what a group commit holds over the timed window: sends and
 bytes per fsync (the store's put and flush counters), the wall time per fsync, and the CPU each
-process used (flusher, reput, allocator, the producers together). ``--gather-us`` sets `syncFlushGatherMaxUs` (repeated: the values alternate run by
+process used (flusher, reput, allocator, the producers together), and reput's sends and CPU a pass. ``--gather-us`` sets `syncFlushGatherMaxUs` (repeated: the values alternate run by
 run, for a same-machine A/B; 0 is RocketMQ's flush-at-once). ``--settle`` starts timing
 only once the allocator is idle (its files warmed: steady state); without it the window may
 overlap the warming of the first 3 GiB, as bench.shapes' row does. With two ``--gather-us``
@@ -31,6 +31,8 @@ from bench.store import CTX
 from shm import layout
 
 ROLES = ("flusher", "reput", "allocator")
+REPUT_PASSES = layout.worker_field("reput", "work_count")
+"""Reput's passes (`ServiceLoop`'s work count): sends a pass and CPU a pass beside CPU a send."""
 
 
 def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
@@ -87,10 +89,11 @@ def one_run(
         start.wait()
         table = service.table()
         try:
-            before = [table.get(f) for f in (layout.PUT_COUNT, layout.FLUSH_COUNT, layout.FLUSHED_POSITION)]
+            counted = (layout.PUT_COUNT, layout.FLUSH_COUNT, layout.FLUSHED_POSITION, REPUT_PASSES)
+            before = [table.get(f) for f in counted]
             cpu_before = _cpu_s(pids)
             results = [out.get(timeout=600) for _ in procs]
-            after = [table.get(f) for f in (layout.PUT_COUNT, layout.FLUSH_COUNT, layout.FLUSHED_POSITION)]
+            after = [table.get(f) for f in counted]
             cpu_after = _cpu_s(pids)
         finally:
             table.close()
@@ -98,7 +101,8 @@ def one_run(
             p.join(60)
             assert p.exitcode == 0, f"producer exited {p.exitcode}"
     wall_s = max(r[2] for r in results)
-    sends, fsyncs, flushed_bytes = (a - b for a, b in zip(after, before, strict=True))
+    sends, fsyncs, flushed_bytes, passes = (a - b for a, b in zip(after, before, strict=True))
+    reput_cpu_s = cpu_after["reput"] - cpu_before["reput"]
     pooled = np.concatenate([r[3] for r in results])
     return {
         "msgs_s": sum(r[0] for r in results) / wall_s,
@@ -111,6 +115,8 @@ def one_run(
         "us_per_fsync": wall_s * 1e6 / max(fsyncs, 1),
         "cpu_us_per_send": {r: (cpu_after[r] - cpu_before[r]) * 1e6 / max(sends, 1) for r in pids},
         "cpu_cores": {r: (cpu_after[r] - cpu_before[r]) / wall_s for r in pids},
+        "sends_per_pass": sends / max(passes, 1),
+        "reput_us_per_pass": reput_cpu_s * 1e6 / max(passes, 1),
     }
 
 
@@ -147,7 +153,8 @@ def main(argv: list[str] | None = None) -> int:
                 f"p99 {r['p99_us']:.0f} us (the worst producer's; all sends: p50 {r['pooled_p50_us']:.0f}, "
                 f"p99 {r['pooled_p99_us']:.0f}), failures {r['failures']}; "
                 f"{r['sends_per_fsync']:.2f} sends / {r['bytes_per_fsync']:.0f} B per fsync, "
-                f"{r['us_per_fsync']:.0f} us per fsync; CPU per send: {cpu}",
+                f"{r['us_per_fsync']:.0f} us per fsync; CPU per send: {cpu}; reput: "
+                f"{r['sends_per_pass']:.1f} sends and {r['reput_us_per_pass']:.0f} us of CPU a pass",
                 flush=True,
             )
     if len(gathers) == 2:

@@ -2,8 +2,8 @@
 
 Mirrors ReputMessageService and FlushConsumeQueueService (docs/format.md §7.7, §7.8). The only
 writer of ConsumeQueue and index files while the store runs, through the library's `Dispatcher`
-(the code recovery uses): a pass's first records one by one, a backlog in batches
-(`Dispatcher.dispatch_batch`). Reads up to what consumers may see, `PointerTable.readable_end`:
+(the code recovery uses): a small pass's records as Python lists (`Dispatcher.dispatch_rows`),
+a backlog in batches (`Dispatcher.dispatch_batch`). Reads up to what consumers may see, `PointerTable.readable_end`:
 FLUSHED under SYNC_FLUSH, COMMITTED with the pool, WROTE otherwise. Writes REPUT_FROM_OFFSET, the per-queue dispatched
 offset and last store time in the queue-offset table, and the logics/index checkpoint
 timestamps; every `flushIntervalConsumeQueue` ms flushes the queues with
@@ -55,6 +55,7 @@ from rmq_mp.format import native, topic_marker
 from rmq_mp.format.message import SCHEDULE_TOPIC, is_dispatchable
 from rmq_mp.format.queue_entry import CQ_STORE_UNIT_SIZE
 from rmq_mp.store.checkpoint import StoreCheckpoint
+from rmq_mp.store.commit_log import SCAN_ROWS_CAP
 from rmq_mp.store.consume_queue import ConsumeQueue, ConsumeQueueTable
 from rmq_mp.store.dispatch import INDEX_KEY, Dispatcher, DispatchFault
 from rmq_mp.store.index_service import IndexService
@@ -250,9 +251,13 @@ class ReputService(ServiceLoop):
 
         A batch (`CommitLog.iter_batches`, `Dispatcher.dispatch_batch`) costs about 0.6 ms of
         set-up (0.12 ms with the compiled scan) and then 0.2-2 us a record, one record
-        (`Dispatcher.dispatch`) about 25-35 us: a pass expected to hold fewer than
-        `small_pass_records` (its bytes over the last passes' mean record size) goes one by
-        one, up to that many, and the rest (or a bigger pass whole) in batches. Light load,
+        (`Dispatcher.dispatch`) about 25-35 us. With the compiled scan, a pass expected to hold
+        fewer than `SCAN_ROWS_CAP` records (its bytes over the last passes' mean record size)
+        goes as Python lists (`_dispatch_rows`: a pass of 12 SYNC sends 75-90 us of CPU instead of
+        230-270 as a batch, `python -m bench.dispatch --pass-records 12`), up to the first record
+        the compiled scan hands back; otherwise one expected to hold fewer than
+        `small_pass_records` goes one by one, up to that many; the rest (or a bigger pass whole)
+        in batches. Light load,
         where consumers wait on reput, is a record or two a pass; a backlog, or a paced pass
         under SYNC_FLUSH, many. Both write the same bytes. A
         queue's DISPATCHED and LAST_STORE_TS are published after its entries are written. A
@@ -267,7 +272,9 @@ class ReputService(ServiceLoop):
         touched: set[int] = set()
         dispatched, stopped = 0, False
         small = self.small_pass_records
-        if end - offset < small * self.record_bytes:
+        if native.scan.active and end - offset < SCAN_ROWS_CAP * self.record_bytes:
+            offset, dispatched = self._dispatch_rows(offset, end, limit, touched)
+        if not dispatched and end - offset < small * self.record_bytes:
             offset, dispatched, stopped = self._dispatch_records(offset, end, min(limit, small), touched)
         if not stopped and offset < end and dispatched < limit:
             offset, batched = self._dispatch_batches(offset, end, limit - dispatched, touched)
@@ -504,6 +511,21 @@ class ReputService(ServiceLoop):
             queues.set(slot, qo.DISPATCHED, queue_offset + 1)
             queues.set(slot, qo.LAST_STORE_TS, store_timestamp)
             touched.add(slot)
+
+    def _dispatch_rows(self, offset: int, end: int, limit: int, touched: set[int]) -> tuple[int, int]:
+        """Up to ``limit`` records (and `SCAN_ROWS_CAP`) as Python lists (`CommitLog.scan_rows`,
+        `Dispatcher.dispatch_rows`): a pass's fixed cost without the batch's arrays. (next
+        offset, records); none taken where those decline (anything unusual in the span: the
+        caller's other paths decide on it)."""
+        rows = self.store.commit_log.scan_rows(offset, end, limit)
+        if rows is None:
+            return offset, 0
+        progress = self.dispatcher.dispatch_rows(rows)
+        if progress is None:
+            return offset, 0
+        for queue in progress:
+            self._publish(queue.topic, queue.queue_id, queue.queue_offset, queue.store_timestamp, touched)
+        return rows.stop, len(rows)
 
     def _dispatch_records(
         self, offset: int, end: int, limit: int, touched: set[int]

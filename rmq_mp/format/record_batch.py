@@ -411,6 +411,80 @@ class _NativeScan:
         return index
 
 
+@dataclass(frozen=True, slots=True)
+class RecordRows:
+    """A few records as Python lists, one per `RecordBatch` column (``topic_index`` into
+    ``topics``; ``key_record`` and ``key_hash`` as there): what a small dispatch pass reads,
+    without the arrays a batch builds (each numpy call costs microseconds, a pass of ~14
+    records under SYNC_FLUSH made ~100 of them). ``stop``: the log offset after the last."""
+
+    topics: list[str]
+    topic_index: list[int]
+    phy_offset: list[int]
+    size: list[int]
+    queue_id: list[int]
+    queue_offset: list[int]
+    sys_flag: list[int]
+    store_timestamp: list[int]
+    tags_code: list[int]
+    key_record: list[int]
+    key_hash: list[int]
+    stop: int
+
+    def __len__(self) -> int:
+        return len(self.phy_offset)
+
+
+class RowScanner:
+    """The compiled scan (rmq_mp/format/_scan.c) of up to ``cap`` common records into
+    `RecordRows`, for a caller that scans small spans again and again (reput's passes): its
+    column arrays and topic list are kept from scan to scan. It stops before anything the
+    compiled scan hands back (an unusual record, a blank, a damaged one): the caller reads from
+    there with `scan_segment`, which decides on it exactly as before."""
+
+    def __init__(self, cap: int, delay_level_ms: Sequence[int]) -> None:
+        self.cap = cap
+        self.level_ms = _level_tuple(delay_level_ms)
+        self.cols = np.empty((len(NATIVE_COLUMNS), cap), dtype=np.int64)
+        self.keys = np.empty((2, 2 * cap + MAX_KEYS_PER_RECORD), dtype=np.int64)
+        self.topics: list[str] = []
+        self.topic_ids: dict[bytes, int] = {}
+
+    def scan(
+        self, buf: Any, pos: int, limit: int, file_from_offset: int, max_records: int
+    ) -> RecordRows | None:
+        """The records of ``buf[pos:limit]`` up to the first the compiled scan hands back, at
+        most ``max_records`` and ``cap`` (``stop`` says where they end); None when there are
+        none or the compiled scan is off."""
+        compiled = native.scan.active
+        if compiled is None:
+            return None
+        n, p, key_count, _why = compiled.scan(
+            buf, pos, limit, min(max_records, self.cap), False, self.topic_ids, self.topics, self.cols, 0, self.keys, 0,
+            self.level_ms,
+        )  # fmt: skip
+        if n == 0:
+            return None
+        position, size, queue_id, queue_offset, sys_flag, store_ts, tags_code, topic_index = self.cols[
+            :, :n
+        ].tolist()
+        key_record, key_hash = self.keys[:, :key_count].tolist()
+        return RecordRows(
+            topics=self.topics,
+            topic_index=topic_index,
+            phy_offset=[file_from_offset + q for q in position],
+            size=size,
+            queue_id=queue_id,
+            queue_offset=queue_offset,
+            sys_flag=sys_flag,
+            store_timestamp=store_ts,
+            tags_code=tags_code,
+            key_record=key_record,
+            key_hash=key_hash,
+            stop=file_from_offset + p,
+        )
+
+
 def _level_tuple(delay_level_ms: Sequence[int]) -> tuple[int, ...]:
     """``delay_level_ms`` as a tuple (the default's made once, not per scan)."""
     if delay_level_ms is record.DEFAULT_DELAY_LEVEL_MS:

@@ -24,6 +24,8 @@ from rmq_mp.store.mapped_file_queue import MappedFileQueue
 from rmq_mp.store.reporter import Reporter
 
 BATCH_RECORDS = 65_536
+SCAN_ROWS_CAP = 64
+"""Records `scan_rows` reads at most (its kept columns' size)."""
 """Records per `iter_batches` step by default: enough to amortise numpy's fixed cost per call,
 few enough that a step's columns stay a few MiB."""
 
@@ -53,6 +55,7 @@ class CommitLog:
         self.mapped_file_size = mapped_file_size
         self.reporter = reporter
         self.delay_level_ms = delay_level_ms or record.DEFAULT_DELAY_LEVEL_MS
+        self._row_scanner: record_batch.RowScanner | None = None
 
     def load(self) -> None:
         self.mfq.load()
@@ -345,6 +348,20 @@ class CommitLog:
             if tail is not None and not tail.success:
                 return
             offset = next_offset
+
+    def scan_rows(self, offset: int, end: int, max_records: int) -> record_batch.RecordRows | None:
+        """The first step of `iter_batches` as `RecordRows`, for a small span (reput's small
+        passes): the records from ``offset`` on, up to ``end``, ``max_records``, `SCAN_ROWS_CAP`,
+        the file's end or the first record the compiled scan does not read itself (``stop``:
+        where they end). None, nothing decided, when that leaves none (a blank or an unusual
+        record at ``offset``) or there is no compiled scan: `iter_batches` reads on from there."""
+        span = self._span(offset, end)
+        if not isinstance(span, tuple):
+            return None
+        if self._row_scanner is None:
+            self._row_scanner = record_batch.RowScanner(SCAN_ROWS_CAP, self.delay_level_ms)
+        mf, pos, limit = span
+        return self._row_scanner.scan(mf.buf, pos, limit, mf.file_from_offset, max_records)
 
     def flush(self) -> bool:
         return self.mfq.flush()

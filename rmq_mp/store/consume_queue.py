@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -39,6 +39,24 @@ log = logging.getLogger(__name__)
 
 
 _HUGE = 1 << 62
+
+
+def _entries(phy_offset: np.ndarray, size: np.ndarray, tags_code: np.ndarray) -> bytes:
+    """ConsumeQueue entries of these columns, packed."""
+    entries = np.empty(len(phy_offset), dtype=CQ_ENTRY_DTYPE)
+    entries["phy"] = phy_offset
+    entries["size"] = size
+    entries["tags"] = tags_code
+    return entries.tobytes()
+
+
+def _one_run(phy_offset: list[int], size: list[int], queue_offset: list[int]) -> bool:
+    """Each entry at the next queue offset, each record ending above the one before."""
+    return all(
+        queue_offset[k] - queue_offset[k - 1] == 1
+        and phy_offset[k] + size[k] > phy_offset[k - 1] + size[k - 1]
+        for k in range(1, len(phy_offset))
+    )
 
 
 def _first_above(values: np.ndarray, start: int, bound: int) -> int:
@@ -385,7 +403,9 @@ class ConsumeQueue:
             later = breaks[np.searchsorted(breaks, i) :]
             run_end = int(later[0]) + 1 if len(later) else n
             if self._continues_at(int(ends[i]), int(queue_offset[i])):
-                if not self._append_run(phy_offset[i:run_end], size[i:run_end], tags_code[i:run_end]):
+                if not self._append_run(
+                    _entries(phy_offset[i:run_end], size[i:run_end], tags_code[i:run_end]), ends[i:run_end]
+                ):
                     return False
                 i = run_end
                 continue
@@ -408,13 +428,64 @@ class ConsumeQueue:
         current = last.file_from_offset + last.wrote_position if last is not None else 0
         return queue_offset * CQ_STORE_UNIT_SIZE == current and (last is not None or queue_offset == 0)
 
-    def _append_run(self, phy_offset: np.ndarray, size: np.ndarray, tags_code: np.ndarray) -> bool:
-        """Append entries that continue the queue, one copy per file."""
-        entries = np.empty(len(phy_offset), dtype=CQ_ENTRY_DTYPE)
-        entries["phy"] = phy_offset
-        entries["size"] = size
-        entries["tags"] = tags_code
-        data = entries.tobytes()
+    def put_position_rows(
+        self, *, phy_offset: list[int], size: list[int], tags_code: list[int], queue_offset: list[int]
+    ) -> bool:
+        """`put_position_infos` of a few entries as Python ints (reput's small passes: numpy's
+        per-call cost was most of the work there), with the same result byte for byte: a run
+        that continues the queue is written as one block, anything else entry by entry."""
+        n = len(phy_offset)
+        last = self.mfq.last_file()
+        if (
+            last is not None
+            and phy_offset[0] + size[0] > self.max_physic_offset
+            and queue_offset[0] * CQ_STORE_UNIT_SIZE == last.file_from_offset + last.wrote_position
+            and last.wrote_position + n * CQ_STORE_UNIT_SIZE <= last.file_size
+            and (n == 1 or _one_run(phy_offset, size, queue_offset))
+            and min(phy_offset) >= 0
+            and max(phy_offset) < _HUGE
+        ):  # the common case (a pass of a few records over many queues): entries that continue
+            # the queue in its last file, which `_append_run` would write as this one block
+            if last.append(b"".join(map(CQ_ENTRY.pack, phy_offset, size, tags_code))) < 0:
+                return False
+            self.max_physic_offset = phy_offset[-1] + size[-1]
+            return True
+        if max(phy_offset) >= _HUGE or -min(phy_offset) >= _HUGE:
+            return all(
+                self.put_message_position_info(phy_offset=p, size=s, tags_code=t, queue_offset=q)
+                for p, s, t, q in zip(phy_offset, size, tags_code, queue_offset, strict=True)
+            )
+        ends = [p + s for p, s in zip(phy_offset, size, strict=True)]
+        i = 0
+        while i < n:
+            if ends[i] <= self.max_physic_offset:
+                i += 1  # a duplicate: skipped as is
+                continue
+            run_end = i + 1
+            while (
+                run_end < n
+                and queue_offset[run_end] - queue_offset[run_end - 1] == 1
+                and ends[run_end] > ends[run_end - 1]
+            ):
+                run_end += 1
+            if self._continues_at(ends[i], queue_offset[i]):
+                data = b"".join(
+                    map(CQ_ENTRY.pack, phy_offset[i:run_end], size[i:run_end], tags_code[i:run_end])
+                )
+                if not self._append_run(data, ends[i:run_end]):
+                    return False
+                i = run_end
+                continue
+            if not self.put_message_position_info(
+                phy_offset=phy_offset[i], size=size[i], tags_code=tags_code[i], queue_offset=queue_offset[i]
+            ):
+                return False
+            i += 1
+        return True
+
+    def _append_run(self, data: bytes, ends: Sequence[int] | np.ndarray) -> bool:
+        """Append entries that continue the queue (``data``, packed; ``ends``: each entry's
+        record end), one copy per file."""
         done = 0
         while done < len(data):
             last = self.mfq.last_file()
@@ -428,9 +499,7 @@ class ConsumeQueue:
             if mf.append(data[done : done + take]) < 0:
                 return False
             done += take
-            self.max_physic_offset = int(phy_offset[done // CQ_STORE_UNIT_SIZE - 1]) + int(
-                size[done // CQ_STORE_UNIT_SIZE - 1]
-            )
+            self.max_physic_offset = int(ends[done // CQ_STORE_UNIT_SIZE - 1])
         return True
 
     def _fill_holes(self, current: int, expect: int, phy_offset: int) -> MappedFile | None:

@@ -29,7 +29,7 @@ from rmq_mp.errors import StoreError
 from rmq_mp.format import topic_marker
 from rmq_mp.format.message import TRANSACTION_COMMIT_TYPE, TRANSACTION_ROLLBACK_TYPE, is_dispatchable
 from rmq_mp.format.record import DispatchRequest
-from rmq_mp.format.record_batch import RecordBatch
+from rmq_mp.format.record_batch import RecordBatch, RecordRows
 from rmq_mp.store.checkpoint import StoreCheckpoint
 from rmq_mp.store.consume_queue import ConsumeQueue
 from rmq_mp.store.index_service import IndexService
@@ -187,6 +187,66 @@ class Dispatcher:
         self.dispatched += n
         return progress
 
+    def dispatch_rows(self, rows: RecordRows) -> list[QueueProgress] | None:
+        """`dispatch_batch` of a few records as Python lists (reput's small passes), with the
+        same bytes, faults and result; None, nothing done, when they hold a deleteTopic marker
+        (the caller dispatches them as a batch)."""
+        topics = rows.topics
+        if self.on_marker is not None and topic_marker.TOPIC in topics:
+            marker = topics.index(topic_marker.TOPIC)
+            if marker in rows.topic_index:
+                return None
+        groups: dict[tuple[int, int], list[int]] = {}
+        for row, (sys_flag, topic_index, queue_id) in enumerate(
+            zip(rows.sys_flag, rows.topic_index, rows.queue_id, strict=True)
+        ):
+            transaction = sys_flag & TRANSACTION_ROLLBACK_TYPE
+            if transaction == 0 or transaction == TRANSACTION_COMMIT_TYPE:
+                group = groups.get((topic_index, queue_id))
+                if group is None:
+                    groups[(topic_index, queue_id)] = [row]
+                else:
+                    group.append(row)
+        progress: list[QueueProgress] = []
+        quarantined, dropped = self.quarantined, self.dropped
+        phy, size, store_timestamp = rows.phy_offset, rows.size, rows.store_timestamp
+        last_row = -1
+        for (topic_index, queue_id), group in sorted(groups.items(), key=_queue_order):
+            topic = topics[topic_index]
+            if dropped and topic in dropped:
+                group = [r for r in group if phy[r] >= dropped[topic]]
+                if not group:
+                    continue
+            last_row = max(last_row, group[-1])
+            if quarantined and (topic, queue_id) in quarantined:
+                continue
+            try:
+                cq = self.find_consume_queue(topic, queue_id)
+                if not cq.put_position_rows(
+                    phy_offset=[phy[r] for r in group],
+                    size=[size[r] for r in group],
+                    tags_code=[rows.tags_code[r] for r in group],
+                    queue_offset=[rows.queue_offset[r] for r in group],
+                ):
+                    raise StoreError(f"consume queue {topic}/{queue_id} cannot be written")
+            except Exception as exc:
+                first, last = group[0], group[-1]
+                self._fault(
+                    (topic, queue_id), phy[first], phy[last] + size[last], store_timestamp[first], exc
+                )
+                continue
+            last = group[-1]
+            progress.append(QueueProgress(topic, queue_id, rows.queue_offset[last], store_timestamp[last]))
+        if last_row >= 0:
+            self.checkpoint.logics_msg_timestamp = store_timestamp[last_row]
+        if self.index_service is not None and INDEX_KEY not in quarantined:
+            try:
+                self.index_service.build_index_rows(rows)
+            except Exception as exc:
+                self._fault(INDEX_KEY, phy[0], phy[-1] + size[-1], store_timestamp[0], exc)
+        self.dispatched += len(rows)
+        return progress
+
     def dispatch_queue(self, batch: RecordBatch, topic: str, queue_id: int) -> QueueProgress | None:
         """The records of ``batch`` that go to one queue, and nothing else (catching up a
         quarantined queue); its last record, None when it has none. Raises what the queue raises."""
@@ -232,3 +292,9 @@ class Dispatcher:
             raise StoreError(f"consume queue {topic}/{queue_id} cannot be written")
         last = int(group[-1])
         return QueueProgress(topic, queue_id, int(batch.queue_offset[last]), int(batch.store_timestamp[last]))
+
+
+def _queue_order(item: tuple[tuple[int, int], list[int]]) -> tuple[int, int]:
+    """The order `_queue_groups` takes queues in (its radix key's, queue ids as unsigned)."""
+    (topic_index, queue_id), _rows = item
+    return topic_index, queue_id & 0xFFFFFFFF

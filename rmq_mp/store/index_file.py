@@ -16,8 +16,10 @@ never a SIGBUS; an index holding a few keys costs its slot area and a page or so
 
 from __future__ import annotations
 
+import math
 import mmap
 import os
+from array import array
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,6 +43,14 @@ from rmq_mp.store.mapped_file import close_mapping, reservation_end, reserve_blo
 from rmq_mp.store.reporter import Reporter
 
 _INT_MAX = 0x7FFFFFFF
+
+
+def _time_diff(store_timestamp: int, begin_timestamp: int) -> int:
+    """An entry's seconds after the file's begin time, as `put_hashes` computes it in numpy
+    (float64 division, truncated, clipped to [0, INT_MAX]; 0 before the file has a begin)."""
+    if begin_timestamp <= 0:
+        return 0
+    return int(min(max(math.trunc((store_timestamp - begin_timestamp) / 1000.0), 0), _INT_MAX))
 
 
 class IndexFile:
@@ -234,15 +244,75 @@ class IndexFile:
             new_slots = self._put_entries(key_hash, phy_offset, time_diff, first)
             if new_slots < 0:
                 return self._put_one_by_one(key_hash, phy_offset, store_timestamp)
+        self._count_put(
+            first,
+            count,
+            new_slots,
+            int(phy_offset[0]),
+            int(store_timestamp[0]),
+            int(phy_offset[-1]),
+            int(store_timestamp[-1]),
+        )
+        return count
+
+    def put_hash_rows(self, key_hash: list[int], phy_offset: list[int], store_timestamp: list[int]) -> int:
+        """`put_hashes` of a few keys as Python ints (reput's small passes, where numpy's
+        per-call cost was most of the work), the same bytes: the time differences as Python
+        floats (numpy's float64 arithmetic), then the compiled entry writes; without them, or
+        with timestamps near int64's range, `put_hashes` itself."""
+        compiled = native.index.active
+        count = min(self.index_num - self.index_count, len(key_hash))
+        if count <= 0:
+            return 0
+        key_hash, phy_offset, store_timestamp = key_hash[:count], phy_offset[:count], store_timestamp[:count]
+        first = self.index_count
+        begin = self.begin_timestamp if first > 1 else store_timestamp[0]
+        if (
+            compiled is None
+            or max(abs(begin), abs(self.begin_timestamp), max(store_timestamp), -min(store_timestamp))
+            >= 1 << 61
+        ):
+            return self.put_hashes(
+                np.array(key_hash, dtype=np.int64),
+                np.array(phy_offset, dtype=np.int64),
+                np.array(store_timestamp, dtype=np.int64),
+            )
+        self._reserve_entries(self._entry_pos(first + count))
+        time_diff = [_time_diff(store_timestamp[0], self.begin_timestamp)]
+        if begin > 0:  # `_time_diff` inline: a call a key was a fifth of the index's work here
+            time_diff += [
+                int(min(max(math.trunc((t - begin) / 1000.0), 0), _INT_MAX)) for t in store_timestamp[1:]
+            ]
+        else:
+            time_diff += [0] * (count - 1)
+        new_slots = compiled.put_entries(
+            self._mm, INDEX_HEADER_SIZE, self.hash_slot_num, self._entry_pos(0), INDEX_ENTRY_SIZE, first,
+            array("q", key_hash), array("q", phy_offset), array("q", time_diff),
+        )  # fmt: skip
+        self._count_put(
+            first, count, new_slots, phy_offset[0], store_timestamp[0], phy_offset[-1], store_timestamp[-1]
+        )
+        return count
+
+    def _count_put(
+        self,
+        first: int,
+        count: int,
+        new_slots: int,
+        first_phy: int,
+        first_ts: int,
+        last_phy: int,
+        last_ts: int,
+    ) -> None:
+        """The header after ``count`` keys were put from entry ``first``."""
         if first <= 1:
-            self.begin_phy_offset = int(phy_offset[0])
-            self.begin_timestamp = int(store_timestamp[0])
+            self.begin_phy_offset = first_phy
+            self.begin_timestamp = first_ts
         self.hash_slot_count += new_slots
         self.index_count += count
-        self.end_phy_offset = int(phy_offset[-1])
-        self.end_timestamp = int(store_timestamp[-1])
+        self.end_phy_offset = last_phy
+        self.end_timestamp = last_ts
         self._write_header()
-        return count
 
     def _put_entries(
         self, key_hash: np.ndarray, phy_offset: np.ndarray, time_diff: np.ndarray, first: int

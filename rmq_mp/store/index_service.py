@@ -22,7 +22,7 @@ from rmq_mp.format.index_layout import INDEX_HEADER_SIZE, header_end_phy_offset,
 from rmq_mp.format.message import TRANSACTION_ROLLBACK_TYPE, index_key_hash, transaction_type
 from rmq_mp.format.message import index_keys as m_index_keys
 from rmq_mp.format.record import DispatchRequest
-from rmq_mp.format.record_batch import RecordBatch
+from rmq_mp.format.record_batch import RecordBatch, RecordRows
 from rmq_mp.store.index_file import IndexFile
 from rmq_mp.store.reporter import Reporter
 
@@ -268,6 +268,48 @@ class IndexService:
                 if current.is_full():
                     raise AssertionError("a fresh index file must accept a key")
             i = run_end
+
+    def build_index_rows(self, rows: RecordRows) -> None:
+        """`build_index_batch` of a few records as Python lists (reput's small passes), with the
+        same bytes. Their offsets rise (one scan of the log), so they are one run: the keys of
+        records below the index's end are skipped, those of the record at its end go alone, and
+        the rest with `IndexFile.put_hash_rows`, a new file whenever one fills."""
+        key_record, key_hash = rows.key_record, rows.key_hash
+        if not key_record:
+            return
+        phy, timestamp, sys_flag = rows.phy_offset, rows.store_timestamp, rows.sys_flag
+        if any(flag & TRANSACTION_ROLLBACK_TYPE == TRANSACTION_ROLLBACK_TYPE for flag in sys_flag):
+            kept = [
+                k
+                for k, row in enumerate(key_record)
+                if sys_flag[row] & TRANSACTION_ROLLBACK_TYPE != TRANSACTION_ROLLBACK_TYPE
+            ]
+            key_record, key_hash = [key_record[k] for k in kept], [key_hash[k] for k in kept]
+        n = len(key_record)
+        current = self.last_file()
+        end = current.end_phy_offset
+        k = 0
+        while k < n and phy[key_record[k]] < end:
+            k += 1  # already indexed: skipped as one record would be
+        if k < n and phy[key_record[k]] == end and self._holders_of_end(current):
+            row, first = key_record[k], k
+            while k < n and key_record[k] == row:
+                k += 1
+            self.build_index_hashes(phy[row], timestamp[row], key_hash[first:k])
+            current = self.last_file()
+        if k >= n:
+            return
+        hashes = key_hash[k:]
+        key_phy = [phy[row] for row in key_record[k:]]
+        key_timestamp = [timestamp[row] for row in key_record[k:]]
+        done, stop = 0, len(hashes)
+        while True:
+            done += current.put_hash_rows(hashes[done:], key_phy[done:], key_timestamp[done:])
+            if done >= stop:
+                break
+            current = self._new_file()
+            if current.is_full():
+                raise AssertionError("a fresh index file must accept a key")
 
     def query_offset(self, key: str, max_num: int, begin: int, end: int) -> list[int]:
         """Candidate phy offsets for a full key (``topic#key``), newest first (`queryOffset`)."""

@@ -115,6 +115,8 @@ class Target:
         )
         self.checkpoint = StoreCheckpoint(root / "checkpoint", writable=True)
         self.dispatcher = Dispatcher(self.queues.find, self.index, self.checkpoint)
+        self.row_records = 0
+        """Records `rows` dispatched as `RecordRows` (the rest: in batch steps)."""
 
     def per_record(self, start: int = 0, end: int | None = None) -> int:
         count = 0
@@ -131,6 +133,32 @@ class Target:
         ):
             self.dispatcher.dispatch_batch(step.batch)
             count += len(step.batch)
+        return count
+
+    def rows(self, start: int = 0, end: int | None = None, pass_records: int = 12) -> int:
+        """As reput's small passes: `CommitLog.scan_rows` and `Dispatcher.dispatch_rows` a few
+        records at a time, one `iter_batches` step where those decline (a file's end, anything
+        the compiled scan hands back, numpy alone)."""
+        end = end or self.end
+        count, offset = 0, start
+        while offset < end:
+            rows = self.commit_log.scan_rows(offset, end, pass_records)
+            if rows is not None and self.dispatcher.dispatch_rows(rows) is not None:
+                self.row_records += len(rows)
+                count += len(rows)
+                offset = rows.stop
+                continue
+            step = next(
+                self.commit_log.iter_batches(
+                    offset, check_crc=False, end_offset=end, max_records=pass_records
+                ),
+                None,
+            )
+            if step is None or step.next_offset <= offset:
+                break
+            self.dispatcher.dispatch_batch(step.batch)
+            count += len(step.batch)
+            offset = step.next_offset
         return count
 
     def close(self) -> dict[str, object]:
@@ -158,8 +186,10 @@ def digest(root: Path) -> dict[str, object]:
 
 
 def both_ways(
-    tmp: Path, log_dir: Path, sizes: Sizes, end: int, batch_records: int = 65536
+    tmp: Path, log_dir: Path, sizes: Sizes, end: int, batch_records: int = 65536, rows_expected: bool = False
 ) -> dict[str, object]:
+    """Per record, in batches, and as reput's small passes (`Target.rows`): the same bytes.
+    ``rows_expected``: most records went as `RecordRows` (with the compiled scan)."""
     one = Target(tmp / "per-record", log_dir, sizes, end)
     counted = one.per_record()
     expected = one.close()
@@ -167,6 +197,13 @@ def both_ways(
     assert other.batches(batch_records=batch_records) == counted
     got = other.close()
     assert got == expected
+    small = Target(tmp / "rows", log_dir, sizes, end)
+    assert small.rows(pass_records=min(batch_records, 64)) == counted
+    if native.scan.active is None:
+        assert small.row_records == 0
+    elif rows_expected:  # the compiled scan reads most records itself
+        assert small.row_records > counted // 2
+    assert small.close() == expected
     return got
 
 
@@ -262,7 +299,7 @@ def test_generated_logs(tmp_path: Path, workload: str, batch_records: int) -> No
     }[workload]()
     sizes = Sizes()
     end = write_log(tmp_path / "commitlog", messages, sizes)
-    got = both_ways(tmp_path, tmp_path / "commitlog", sizes, end, batch_records)
+    got = both_ways(tmp_path, tmp_path / "commitlog", sizes, end, batch_records, workload != "fixture-like")
     assert len(list((tmp_path / "commitlog").iterdir())) > 3
     assert len(got["index"]) > 3  # type: ignore[arg-type]
     assert max(len(list(p.iterdir())) for p in (tmp_path / "batch" / "consumequeue").glob("*/*")) > 1
@@ -325,15 +362,17 @@ def test_redispatch_over_a_dispatched_range_changes_nothing(tmp_path: Path) -> N
     middle = 3 * sizes.commit_log
     ranges = [(0, middle + 5000), (0, None), (middle, None), (0, None)]
     results = []
-    for name in ("per-record", "batch"):
+    for name in ("per-record", "batch", "rows"):
         target = Target(tmp_path / name, tmp_path / "commitlog", sizes, end)
         for start, stop in ranges:
             if name == "per-record":
                 target.per_record(start, stop)
-            else:
+            elif name == "batch":
                 target.batches(start, stop, batch_records=97)
+            else:
+                target.rows(start, stop, pass_records=13)
         results.append(target.close())
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     once = Target(tmp_path / "once", tmp_path / "commitlog", sizes, end)
     once.batches()
     assert once.close() == results[1]
@@ -346,11 +385,11 @@ def test_queues_first_written_above_offset_zero_are_prefilled(tmp_path: Path) ->
     end = write_log(tmp_path / "commitlog", producer_messages(2500), sizes)
     start = 2 * sizes.commit_log
     results = []
-    for name in ("per-record", "batch"):
+    for name in ("per-record", "batch", "rows"):
         target = Target(tmp_path / name, tmp_path / "commitlog", sizes, end)
-        target.per_record(start) if name == "per-record" else target.batches(start)
+        {"per-record": target.per_record, "batch": target.batches, "rows": target.rows}[name](start)
         results.append(target.close())
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
     first_entries = [
         struct.unpack(">qiq", sorted(queue.iterdir())[0].read_bytes()[:20])
         for queue in (tmp_path / "batch" / "consumequeue" / "BenchTopic").iterdir()
@@ -367,7 +406,7 @@ def test_record_partly_indexed_before_a_crash_gets_only_its_missing_keys(tmp_pat
     messages[150].sys_flag = 0
     end = write_log(tmp_path / "commitlog", messages, sizes)
     results = []
-    for name in ("per-record", "batch"):
+    for name in ("per-record", "batch", "rows"):
         target = Target(tmp_path / name, tmp_path / "commitlog", sizes, end)
         reqs = [
             req
@@ -382,7 +421,9 @@ def test_record_partly_indexed_before_a_crash_gets_only_its_missing_keys(tmp_pat
         index_file = target.index.last_file()
         assert index_file.put_key(f"{victim.topic}#U150", victim.phy_offset, victim.store_timestamp)
         assert index_file.put_key(f"{victim.topic}#a", victim.phy_offset, victim.store_timestamp)
-        target.per_record(victim.phy_offset) if name == "per-record" else target.batches(victim.phy_offset)
+        {"per-record": target.per_record, "batch": target.batches, "rows": target.rows}[name](
+            victim.phy_offset
+        )
         keys = [
             k for f in target.index.files for k in f.select_phy_offsets(f"{victim.topic}#b", 10, 0, 1 << 62)
         ]
@@ -391,7 +432,7 @@ def test_record_partly_indexed_before_a_crash_gets_only_its_missing_keys(tmp_pat
             k for f in target.index.files for k in f.select_phy_offsets(f"{victim.topic}#a", 10, 0, 1 << 62)
         ].count(victim.phy_offset) == 1
         results.append(target.close())
-    assert results[0] == results[1]
+    assert results[0] == results[1] == results[2]
 
 
 def test_put_hashes_matches_put_hash_with_a_stray_slot(tmp_path: Path) -> None:
@@ -422,10 +463,50 @@ def test_put_hashes_matches_put_hash_with_a_stray_slot(tmp_path: Path) -> None:
     assert files[0] == files[1]
 
 
+def test_put_hash_rows_matches_put_hashes(tmp_path: Path) -> None:
+    """Reput's small passes put keys as Python ints: the same bytes as the numpy block put, in
+    chunks of any size, with store times before the file's begin (clipped to 0), far after it
+    (clipped to INT_MAX seconds), and a file that fills mid-chunk."""
+    rnd = random.Random(5)
+    count = 150
+    hashes = [rnd.randrange(2**31) for _ in range(count)]
+    phys = [i * 100 for i in range(count)]
+    base = 1_795_345_092_000
+    stamps = [
+        base + rnd.choice([-5_000, 0, 999, 1_000, 1_001, 7_777, 3_000_000_000_000]) for _ in range(count)
+    ]
+    files: list[bytes] = []
+    taken: list[int] = []
+    for name in ("block", "rows"):
+        path = tmp_path / name
+        index = IndexFile(path, 16, 100, writable=True, reporter=Reporter(), create=True)
+        done = 0
+        while done < count:
+            step = rnd.randint(1, 13) if name == "rows" else 7
+            if name == "rows":
+                n = index.put_hash_rows(
+                    hashes[done : done + step], phys[done : done + step], stamps[done : done + step]
+                )
+            else:
+                n = index.put_hashes(
+                    np.array(hashes[done : done + step], dtype=np.int64),
+                    np.array(phys[done : done + step], dtype=np.int64),
+                    np.array(stamps[done : done + step], dtype=np.int64),
+                )
+            if n == 0:
+                break
+            done += n
+        taken.append(done)
+        index.close()
+        files.append(path.read_bytes())
+    assert taken == [99, 99]  # the file holds 99 keys (entry 0 is never used)
+    assert files[0] == files[1]
+
+
 # ------------------------------------------------------------------------------ isolation
 
 
-@pytest.mark.parametrize("path", ["per-record", "batches"])
+@pytest.mark.parametrize("path", ["per-record", "batches", "rows"])
 @pytest.mark.parametrize("target", ["queue", "index"])
 def test_isolating_dispatch_quarantines_what_fails_and_catches_it_up(
     tmp_path: Path, path: str, target: str
@@ -444,7 +525,7 @@ def test_isolating_dispatch_quarantines_what_fails_and_catches_it_up(
     blocker = faulty.root / "consumequeue" / "Orders" / "1" if target == "queue" else faulty.root / "index"
     blocker.parent.mkdir(parents=True, exist_ok=True)
     blocker.write_text("in the way")
-    assert (faulty.per_record() if path == "per-record" else faulty.batches()) > 0
+    assert {"per-record": faulty.per_record, "batches": faulty.batches, "rows": faulty.rows}[path]() > 0
     faults = faulty.dispatcher.take_faults()
     key = ("Orders", 1) if target == "queue" else INDEX_KEY
     assert [(f.key, type(f.error)) for f in faults] == [(key, FileExistsError)]
