@@ -285,6 +285,8 @@ class IndexService:
                 if sys_flag[row] & TRANSACTION_ROLLBACK_TYPE != TRANSACTION_ROLLBACK_TYPE
             ]
             key_record, key_hash = [key_record[k] for k in kept], [key_hash[k] for k in kept]
+            if not key_record:  # ROLLBACK records' keys alone: no index file made for them
+                return
         n = len(key_record)
         current = self.last_file()
         end = current.end_phy_offset

@@ -351,6 +351,16 @@ def test_any_messages(
     shutil.rmtree(tmp)
 
 
+def test_a_small_pass_whose_only_keys_are_rollback_records_makes_no_index_file(tmp_path: Path) -> None:
+    """Found by test_any_messages: a small pass (rows) with keys only on ROLLBACK records made an
+    empty index file where per record and in batches none is made (they are not indexed)."""
+    keyed = m.Message(topic="T", body=b"", properties={"KEYS": "k1"}, sys_flag=m.TRANSACTION_ROLLBACK_TYPE)
+    messages = [m.Message(topic="T", body=b""), m.Message(topic="T", body=b""), keyed]
+    sizes = Sizes(commit_log=16 * 1024, queue=20 * 20, hash_slots=16, index_entries=30)
+    end = write_log(tmp_path / "commitlog", messages, sizes)
+    assert both_ways(tmp_path, tmp_path / "commitlog", sizes, end, 1)["index"] == []
+
+
 # ------------------------------------------------------------------------------ re-dispatch
 
 
