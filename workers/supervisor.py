@@ -48,7 +48,7 @@ from rmq_mp.paths import StorePaths
 from rmq_mp.put import native
 from rmq_mp.put.fence import fence_start
 from rmq_mp.store import ha_log
-from rmq_mp.store.mapped_file import offset_to_file_name
+from rmq_mp.store.mapped_file import offset_to_file_name, orphaned_temp_files
 from rmq_mp.store.message_store import MessageStore
 from rmq_mp.store.schedule import SCHEDULE_TOPIC, queue_id_of
 from rmq_mp.tools.monitoring import OpsMonitor
@@ -736,11 +736,19 @@ class Supervisor:
 
     def _remove_unused_files(self, wrote: int) -> None:
         """Files the allocator made ahead that no put reached (AllocateMappedFileService's
-        shutdown destroys them too); recovery would remove them anyway."""
+        shutdown destroys them too), and the temporaries of a segment creation a kill cut short
+        (an allocator, reput or producer killed while the store ran): recovery would remove both
+        anyway, but a stopped store is read by other tools too, RocketMQ among them."""
         directory = Path(self.config.commit_log_dir)
         for path in sorted(directory.glob("[0-9]" * 20)):
             if int(path.name) >= wrote:
                 path.unlink()
+        for root in (directory, self.config.consume_queue_dir):
+            for stale in orphaned_temp_files(root) if root.is_dir() else []:
+                log.warning(
+                    "removed %s: the temporary of a segment creation its process did not finish", stale
+                )
+                stale.unlink(missing_ok=True)
 
     def _stop_worker(self, handle: WorkerHandle) -> bool:
         assert self.shm is not None

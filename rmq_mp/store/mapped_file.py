@@ -62,6 +62,32 @@ def offset_to_file_name(offset: int) -> str:
     return f"{offset:020d}"
 
 
+TEMP_SUFFIX = ".tmp"
+"""`MappedFile.prepare` sizes a segment as ``.<name>.tmp<pid>`` before linking it into place."""
+
+
+def orphaned_temp_files(directory: Path) -> list[Path]:
+    """The `MappedFile.prepare` temporaries under ``directory`` whose creator is gone (killed
+    between its create and its unlink). Left in a store, they stop RocketMQ loading it (it takes
+    every name in a segment directory for an offset); a live creator's is left to it."""
+    orphans = []
+    for path in directory.rglob(f".*{TEMP_SUFFIX}*"):
+        pid = path.name.rpartition(TEMP_SUFFIX)[2]
+        if pid.isdigit() and not _process_alive(int(pid)):
+            orphans.append(path)
+    return orphans
+
+
+def _process_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def close_mapping(mm: mmap.mmap) -> bool:
     """Close ``mm``; True if closed. One still exported (a numpy array or memoryview of it
     alive: an exception in flight holds the frames that made them) is left to the garbage
@@ -123,7 +149,7 @@ class MappedFile:
         it short. True if this call created it. Its blocks are reserved by whoever writes it."""
         if path.exists():
             return False
-        tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
+        tmp = path.with_name(f".{path.name}{TEMP_SUFFIX}{os.getpid()}")
         fd = os.open(tmp, os.O_RDWR | os.O_CREAT | os.O_TRUNC, file_modes.file_mode())
         try:
             os.ftruncate(fd, file_size)

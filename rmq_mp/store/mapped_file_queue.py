@@ -14,7 +14,7 @@ from pathlib import Path
 
 from rmq_mp import file_modes
 from rmq_mp.errors import CorruptFileError
-from rmq_mp.store.mapped_file import OS_PAGE_SIZE, MappedFile, offset_to_file_name
+from rmq_mp.store.mapped_file import OS_PAGE_SIZE, TEMP_SUFFIX, MappedFile, offset_to_file_name
 from rmq_mp.store.mapping_pool import MappingPool, PooledMappedFile
 from rmq_mp.store.reporter import Reporter
 
@@ -57,7 +57,7 @@ class MappedFileQueue:
         if names is None and not self.store_dir.is_dir():
             return
         if self.writable:
-            for stale in self.store_dir.glob(".*.tmp*"):  # a segment creation cut short by a crash
+            for stale in self.store_dir.glob(f".*{TEMP_SUFFIX}*"):  # a segment creation cut short by a crash
                 self.reporter.report(
                     "stale-temp-file-removed",
                     str(stale),

@@ -723,6 +723,38 @@ def test_restarted_store_continues_where_it_stopped(tmp_path: Path) -> None:
             assert consumer.pull("R", 0, 0, 1).messages[0].body == b"first 0"
 
 
+def test_a_clean_stop_removes_the_temporaries_of_killed_segment_creators(tmp_path: Path) -> None:
+    """An allocator (or reput, or a producer) killed inside `MappedFile.prepare` leaves its
+    ``.<name>.tmp<pid>``; the supervisor restarts it and the store goes on, and a clean stop
+    must not leave the file for the next reader (RocketMQ takes every name in a segment
+    directory for an offset; the kill matrix's independent decoder failed on one in CI). A live
+    process's temporary is its own to finish."""
+    gone = subprocess.run(
+        [sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True
+    )
+    dead_pid = int(gone.stdout)
+    with running_service(tmp_path) as service, Producer.attach(service.root) as producer:
+        assert producer.send("Tmp", b"x", queue_id=0).ok
+        wait_until(
+            lambda: (service.root / "consumequeue" / "Tmp" / "0").is_dir(), 30, "the queue's directory"
+        )
+        orphans = [
+            service.root / "commitlog" / f".{3 * 2**20:020d}.tmp{dead_pid}",
+            service.root / "consumequeue" / "Tmp" / "0" / f".{20_000:020d}.tmp{dead_pid}",
+        ]
+        live = service.root / "commitlog" / f".{4 * 2**20:020d}.tmp{os.getpid()}"
+        for path in [*orphans, live]:
+            path.write_bytes(b"")
+        assert service.stop() == 0
+    assert not any(path.exists() for path in orphans)
+    assert live.exists()
+    assert (
+        service.log.read_text().count("the temporary of a segment creation its process did not finish") == 2
+    )
+    live.unlink()
+    assert independent_records(service.root / "commitlog", service.config.mapped_file_size_commit_log)
+
+
 def test_daemon_start_then_stop(tmp_path: Path) -> None:
     from tests.service import write_conf
 
