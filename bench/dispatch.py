@@ -20,6 +20,7 @@ alternating, the CPU a pass of every run, files checked against the per-record d
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import random
 import shutil
@@ -154,9 +155,10 @@ def write_log(log_dir: Path, messages: Iterator[m.Message]) -> tuple[int, int]:
     return count, end
 
 
-def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[int, float]:
-    """Dispatch the log up to ``end`` into fresh queue and index directories under ``out``;
-    returns (records, seconds)."""
+@contextlib.contextmanager
+def dispatch_target(log_dir: Path, out: Path) -> Iterator[tuple[CommitLog, Dispatcher]]:
+    """The log at ``log_dir`` read-only, and a dispatcher into fresh queue and index
+    directories under ``out``; all closed after."""
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     reporter = Reporter()
@@ -164,9 +166,19 @@ def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[i
     commit_log.load()
     queues = ConsumeQueueTable(out / "consumequeue", CQ_FILE_BYTES, writable=True, reporter=reporter)
     index = IndexService(out / "index", HASH_SLOTS, INDEX_ENTRIES, writable=True, reporter=reporter)
-    dispatcher = Dispatcher(queues.find, index, StoreCheckpoint(out / "checkpoint", writable=True))
-    records = 0
     try:
+        yield commit_log, Dispatcher(queues.find, index, StoreCheckpoint(out / "checkpoint", writable=True))
+    finally:
+        queues.close()
+        index.close()
+        commit_log.close()
+
+
+def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[int, float]:
+    """Dispatch the log up to ``end`` into fresh queue and index directories under ``out``;
+    returns (records, seconds)."""
+    records = 0
+    with dispatch_target(log_dir, out) as (commit_log, dispatcher):
         started = time.perf_counter()
         if batch:
             for step in commit_log.iter_batches(
@@ -184,10 +196,6 @@ def dispatch_once(log_dir: Path, end: int, out: Path, *, batch: bool) -> tuple[i
                     dispatcher.dispatch(req)
                     records += 1
         elapsed = time.perf_counter() - started
-    finally:
-        queues.close()
-        index.close()
-        commit_log.close()
     return records, elapsed
 
 
@@ -198,17 +206,9 @@ def dispatch_passes(
     (`iter_batches`, `dispatch_batch`) or, with ``rows``, `CommitLog.scan_rows` and
     `Dispatcher.dispatch_rows` (a batch step where they decline); returns (passes, CPU seconds
     of the passes)."""
-    shutil.rmtree(out, ignore_errors=True)
-    out.mkdir(parents=True)
-    reporter = Reporter()
-    commit_log = CommitLog(log_dir, COMMIT_LOG_FILE_BYTES, writable=False, reporter=reporter)
-    commit_log.load()
-    starts = [phy for phy, _req in commit_log.iter_dispatch(0, check_crc=False, end_offset=end)] + [end]
-    queues = ConsumeQueueTable(out / "consumequeue", CQ_FILE_BYTES, writable=True, reporter=reporter)
-    index = IndexService(out / "index", HASH_SLOTS, INDEX_ENTRIES, writable=True, reporter=reporter)
-    dispatcher = Dispatcher(queues.find, index, StoreCheckpoint(out / "checkpoint", writable=True))
     passes = 0
-    try:
+    with dispatch_target(log_dir, out) as (commit_log, dispatcher):
+        starts = [phy for phy, _req in commit_log.iter_dispatch(0, check_crc=False, end_offset=end)] + [end]
         started = time.process_time()
         for first in range(0, len(starts) - 1, pass_records):
             offset, stop = starts[first], starts[min(first + pass_records, len(starts) - 1)]
@@ -226,10 +226,6 @@ def dispatch_passes(
                 offset = step.next_offset
             passes += 1
         elapsed = time.process_time() - started
-    finally:
-        queues.close()
-        index.close()
-        commit_log.close()
     return passes, elapsed
 
 
