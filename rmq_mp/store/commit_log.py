@@ -24,10 +24,10 @@ from rmq_mp.store.mapped_file_queue import MappedFileQueue
 from rmq_mp.store.reporter import Reporter
 
 BATCH_RECORDS = 65_536
-SCAN_ROWS_CAP = 64
-"""Records `scan_rows` reads at most (its kept columns' size)."""
 """Records per `iter_batches` step by default: enough to amortise numpy's fixed cost per call,
 few enough that a step's columns stay a few MiB."""
+SCAN_ROWS_CAP = 64
+"""Records `scan_rows` reads at most (its kept columns' size)."""
 
 
 @dataclass(frozen=True, slots=True)

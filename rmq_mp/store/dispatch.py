@@ -200,13 +200,8 @@ class Dispatcher:
         for row, (sys_flag, topic_index, queue_id) in enumerate(
             zip(rows.sys_flag, rows.topic_index, rows.queue_id, strict=True)
         ):
-            transaction = sys_flag & TRANSACTION_ROLLBACK_TYPE
-            if transaction == 0 or transaction == TRANSACTION_COMMIT_TYPE:
-                group = groups.get((topic_index, queue_id))
-                if group is None:
-                    groups[(topic_index, queue_id)] = [row]
-                else:
-                    group.append(row)
+            if is_dispatchable(sys_flag):
+                groups.setdefault((topic_index, queue_id), []).append(row)
         progress: list[QueueProgress] = []
         quarantined, dropped = self.quarantined, self.dropped
         phy, size, store_timestamp = rows.phy_offset, rows.size, rows.store_timestamp
