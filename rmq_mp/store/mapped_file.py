@@ -26,6 +26,7 @@ import numpy as np
 
 from rmq_mp import file_modes
 from rmq_mp.errors import FileChangedError
+from shm.pointer_table import pid_alive
 from shm.segment import lock_in_memory
 
 OS_PAGE_SIZE = 4096
@@ -73,19 +74,9 @@ def orphaned_temp_files(directory: Path) -> list[Path]:
     orphans = []
     for path in directory.rglob(f".*{TEMP_SUFFIX}*"):
         pid = path.name.rpartition(TEMP_SUFFIX)[2]
-        if pid.isdigit() and not _process_alive(int(pid)):
+        if pid.isdigit() and not pid_alive(int(pid)):  # a zombie is gone too: killed, not reaped yet
             orphans.append(path)
     return orphans
-
-
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def close_mapping(mm: mmap.mmap) -> bool:
