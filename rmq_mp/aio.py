@@ -64,7 +64,7 @@ class AsyncProducer:
         return self
 
     async def send(
-        self, topic: str, body: bytes, *, tags: str | None = None, keys: str | Sequence[str] | None = None,
+        self, topic: str, body: m.Body, *, tags: str | None = None, keys: str | Sequence[str] | None = None,
         properties: Mapping[str, str] | None = None, queue_id: int | None = None, flag: int = 0,
     ) -> SendResult:  # fmt: skip
         """`Producer.send`; a SYNC_FLUSH send resolves once flushed."""

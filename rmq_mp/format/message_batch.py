@@ -47,7 +47,7 @@ class MessageBatch:
     entry (a key, a list of keys, or None) per body."""
 
     topic: str
-    bodies: Sequence[bytes]
+    bodies: Sequence[m.Body]
     queue_id: int | None = None
     tags: str | None = None
     keys: Sequence[str | Sequence[str] | None] | None = None

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -117,12 +117,12 @@ def checked_batch(batch: MessageBatch) -> MessageBatch:
 _BYTES_TYPES = (bytes, bytearray)
 
 
-def bodies_as_bytes(bodies: Sequence[bytes]) -> Sequence[bytes]:
+def bodies_as_bytes(bodies: Sequence[m.Body]) -> Sequence[bytes]:
     """``bodies`` itself when every one is bytes or a bytearray, else a list of their bytes
     (a memoryview's ``len`` counts items, not bytes); `InvalidArgumentTypeError` for one that
     is no buffer at all."""
     if all(type(body) in _BYTES_TYPES for body in bodies):
-        return bodies
+        return cast("Sequence[bytes]", bodies)
     return [v.body_bytes(body, "MessageBatch body") for body in bodies]
 
 
@@ -403,7 +403,7 @@ class SendEncoder:
         return encode_uniform(
             self.encoder,
             topic_field,
-            batch.bodies,
+            cast("Sequence[bytes]", batch.bodies),  # another buffer fails it: `batch` retries with bytes
             queue_id=queue_id,
             flag=batch.flag,
             born_timestamp=born_ms,

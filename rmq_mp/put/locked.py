@@ -41,7 +41,7 @@ class ThreadSafeProducer:
     def send(
         self,
         topic: str,
-        body: bytes,
+        body: m.Body,
         *,
         tags: str | None = None,
         keys: str | Sequence[str] | None = None,

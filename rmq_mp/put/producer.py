@@ -423,7 +423,7 @@ class Producer:
     def send(
         self,
         topic: str,
-        body: bytes,
+        body: m.Body,
         *,
         tags: str | None = None,
         keys: str | Sequence[str] | None = None,
@@ -446,7 +446,7 @@ class Producer:
     def _send(
         self,
         topic: str,
-        body: bytes,
+        body: m.Body,
         tags: str | None,
         keys: str | Sequence[str] | None,
         properties: Mapping[str, str] | None,

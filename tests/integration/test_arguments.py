@@ -308,10 +308,10 @@ def test_buffers_are_stored_as_their_bytes(tmp_path: Path) -> None:
         Producer.attach(service.root) as producer,
         Consumer.attach(service.root, "g") as consumer,
     ):
-        # Buffers other than bytes are outside the declared ``bytes``; how they are stored is the point.
-        assert producer.send("Buf", wide[0], queue_id=0).ok  # type: ignore[arg-type]
-        assert producer.send_batch(MessageBatch("Buf", wide, queue_id=0)).ok  # type: ignore[arg-type]
-        assert producer.send_batch(MessageBatch("Buf", [wide[0], b"xyz"], queue_id=0)).ok  # type: ignore[list-item]
+        # Any buffer is a body (`Body`, which type checkers take too); how they are stored is the point.
+        assert producer.send("Buf", wide[0], queue_id=0).ok
+        assert producer.send_batch(MessageBatch("Buf", wide, queue_id=0)).ok
+        assert producer.send_batch(MessageBatch("Buf", [wide[0], b"xyz"], queue_id=0)).ok
         assert producer.send_batch([dict(topic="Buf", body=wide[1], queue_id=0)]).ok
         expected = [bytes(wide[0]), bytes(wide[0]), bytes(wide[1]), bytes(wide[0]), b"xyz", bytes(wide[1])]
         wait_until(lambda: len(consumer.pull("Buf", 0, 0).messages) == 6, 10, "six dispatched")
