@@ -5,7 +5,9 @@ after 500 each, tags TagA, one key as a list, 8 queues, 1 GiB files, pool off), 
 on fresh stores, each printed with its msgs/s, the send latency (p99 of the worst producer, as
 bench.shapes prints it, and p50/p99 over every send) and what a group commit holds over the timed window: sends and
 bytes per fsync (the store's put and flush counters), the wall time per fsync, and the CPU each
-process used (flusher, reput, allocator, the producers together), and reput's sends and CPU a pass. ``--gather-us`` sets `syncFlushGatherMaxUs` (repeated: the values alternate run by
+process used (flusher, reput, the producers together; the allocator's is counted, not printed), of
+it the system time, and the voluntary + involuntary context switches, each a send, and reput's sends
+and CPU a pass. ``--gather-us`` sets `syncFlushGatherMaxUs` (repeated: the values alternate run by
 run, for a same-machine A/B; 0 is RocketMQ's flush-at-once). ``--settle`` starts timing
 only once the allocator is idle (its files warmed: steady state); without it the window may
 overlap the warming of the first 3 GiB, as bench.shapes' row does. With two ``--gather-us``
@@ -35,17 +37,26 @@ REPUT_PASSES = layout.worker_field("reput", "work_count")
 """Reput's passes (`ServiceLoop`'s work count): sends a pass and CPU a pass beside CPU a send."""
 
 
-def _cpu_s(pids: dict[str, list[int]]) -> dict[str, float]:
-    used: dict[str, float] = {}
+def _cpu_s(pids: dict[str, list[int]]) -> dict[str, tuple[float, float, int, int]]:
+    """Each role's (user s, system s, voluntary, involuntary context switches), its processes
+    summed: a SYNC put's CPU is mostly its sleeps and wakes, which show as system time and
+    voluntary switches."""
+    used: dict[str, tuple[float, float, int, int]] = {}
     for role, group in pids.items():
-        total = 0.0
+        user = system = 0.0
+        vol = invol = 0
         for pid in group:
             try:
-                t = psutil.Process(pid).cpu_times()
+                proc = psutil.Process(pid)
+                t = proc.cpu_times()
+                switches = proc.num_ctx_switches()
             except psutil.NoSuchProcess:
                 continue
-            total += t.user + t.system
-        used[role] = total
+            user += t.user
+            system += t.system
+            vol += switches.voluntary
+            invol += switches.involuntary
+        used[role] = (user, system, vol, invol)
     return used
 
 
@@ -102,7 +113,8 @@ def one_run(
             assert p.exitcode == 0, f"producer exited {p.exitcode}"
     wall_s = max(r[2] for r in results)
     sends, fsyncs, flushed_bytes, passes = (a - b for a, b in zip(after, before, strict=True))
-    reput_cpu_s = cpu_after["reput"] - cpu_before["reput"]
+    delta = {r: [a - b for a, b in zip(cpu_after[r], cpu_before[r], strict=True)] for r in pids}
+    reput_cpu_s = delta["reput"][0] + delta["reput"][1]
     pooled = np.concatenate([r[3] for r in results])
     return {
         "msgs_s": sum(r[0] for r in results) / wall_s,
@@ -113,8 +125,10 @@ def one_run(
         "sends_per_fsync": sends / max(fsyncs, 1),
         "bytes_per_fsync": flushed_bytes / max(fsyncs, 1),
         "us_per_fsync": wall_s * 1e6 / max(fsyncs, 1),
-        "cpu_us_per_send": {r: (cpu_after[r] - cpu_before[r]) * 1e6 / max(sends, 1) for r in pids},
-        "cpu_cores": {r: (cpu_after[r] - cpu_before[r]) / wall_s for r in pids},
+        "cpu_us_per_send": {r: (d[0] + d[1]) * 1e6 / max(sends, 1) for r, d in delta.items()},
+        "sys_us_per_send": {r: d[1] * 1e6 / max(sends, 1) for r, d in delta.items()},
+        "switches_per_send": {r: (d[2] / max(sends, 1), d[3] / max(sends, 1)) for r, d in delta.items()},
+        "cpu_cores": {r: (d[0] + d[1]) / wall_s for r, d in delta.items()},
         "sends_per_pass": sends / max(passes, 1),
         "reput_us_per_pass": reput_cpu_s * 1e6 / max(passes, 1),
     }
@@ -144,8 +158,11 @@ def main(argv: list[str] | None = None) -> int:
             r = one_run(Path(tmp), run, args.producers, args.messages, args.file_mib, args.settle, gather_us)
             runs.append(r)
             cpu = " ".join(
-                f"{role} {r['cpu_us_per_send'][role]:.0f} us ({r['cpu_cores'][role]:.2f} cores)"
+                f"{role} {r['cpu_us_per_send'][role]:.0f} us (sys {r['sys_us_per_send'][role]:.0f}, "
+                f"{r['cpu_cores'][role]:.2f} cores, {r['switches_per_send'][role][0]:.2f} + "
+                f"{r['switches_per_send'][role][1]:.2f} switches)"
                 for role in r["cpu_cores"]
+                if role != "allocator"
             )
             print(
                 f"gather {gather_us:>3} us, SYNC {args.producers} producers: {r['msgs_s'] / 1e3:.1f}k msgs/s "
