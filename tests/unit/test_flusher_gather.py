@@ -1,107 +1,118 @@
-"""The flusher's gather (workers/flusher.py `FlusherService.gather`) watches for its group for up
-to GATHER_SPIN_S before it arms FLUSH_GATHER_TICKET and sleeps: a group back within the watch is
-flushed with no post and no sleep, and one that is not is still woken by the last request it
-waits for (the ticket armed before the sleep, or its put would not post and the gather would
-sleep out its bound). The gather runs in this process on stand-ins for the table, the ring and
-the wakeup, each put landing where the case says; tests/crash/test_sync_group.py and
-tests/integration/test_flush_request_start.py run it live."""
+"""The flusher's gather (workers/flusher.py `FlusherService.gather`) and the producers' side of
+its wake (rmq_mp/put/flush_wait.py `FlushRequests.request`, `wake_gather`), in real shared
+memory and semaphores: the gather watches for its group for up to GATHER_SPIN_S, then arms
+FLUSH_GATHER_TICKET and sleeps, and the last request of its group must end that sleep (a wake
+lost here costs every SYNC put the gather's whole bound, not a timeout, so no live test would
+fail on it). A group that never comes back (its producers died) ends the gather at its bound.
+
+The flusher is the real class on a store's real shared memory (`StoreShm.create`, attached as
+the flusher and as a producer), built without the worker process around it: the gather's
+fields set as its last pass leaves them. The group's puts come from a producer thread."""
 
 from __future__ import annotations
 
+import os
+import threading
 import time
-from types import SimpleNamespace
+from collections.abc import Iterator
+from pathlib import Path
 
+import pytest
+
+from rmq_mp.put.flush_wait import FlushRequests
 from shm import layout
+from shm.layout import Role
+from shm.names import ShmNames
+from shm.store_shm import ShmSizes, StoreShm
 from workers.flusher import GATHER_SPIN_S, FlusherService
 
 GROUP = 4
-SINCE = 100
-"""FLUSH_REQUEST_SEQ when the last pass woke its group."""
+BOUND_S = 30.0
+"""The gather's bound here: long, so that only the last request's post ends it early."""
 
 
-class Table:
-    """The words the gather reads and writes, with every FLUSH_GATHER_TICKET store kept."""
+class _Store:
+    """What `gather` reads of its store: the shared memory."""
 
-    def __init__(self) -> None:
-        self.words = {layout.FLUSH_REQUEST_SEQ.index: SINCE, layout.FLUSH_GATHER_TICKET.index: 0}
-        self.armed: list[int] = []
-
-    def get(self, field: layout.Field) -> int:
-        return self.words[field.index]
-
-    def set(self, field: layout.Field, value: int) -> None:
-        if field is layout.FLUSH_GATHER_TICKET:
-            self.armed.append(value)
-        self.words[field.index] = value
-
-    def publish(self) -> None:
-        """The woken producers put again: their tickets are taken."""
-        self.words[layout.FLUSH_REQUEST_SEQ.index] = SINCE + GROUP
+    def __init__(self, shm: StoreShm) -> None:
+        self.shm = shm
 
 
-class Ring:
-    """`oldest_started_ns`: the gather's first look at the ring; the group lands just after it
-    when ``lands_after_look``."""
-
-    def __init__(self, table: Table, lands_after_look: bool) -> None:
-        self.table = table
-        self.lands_after_look = lands_after_look
-
-    def oldest_started_ns(self, after_ticket: int, last_ticket: int) -> int:
-        if self.lands_after_look:
-            self.table.publish()
-        return 0
-
-
-class Wakeup:
-    """The flusher's wakeup: a sleep ends with the last request's post, which comes with the
-    group's puts when the ticket it names is armed, and not at all otherwise (the sleep would
-    last its bound)."""
-
-    def __init__(self, table: Table) -> None:
-        self.table = table
-        self.sleeps: list[float] = []
-
-    def sleep(self, timeout_s: float) -> None:
-        self.sleeps.append(timeout_s)
-        if self.table.get(layout.FLUSH_GATHER_TICKET) == SINCE + GROUP:
-            self.table.publish()
+@pytest.fixture
+def shm(tmp_path: Path) -> Iterator[tuple[StoreShm, StoreShm]]:
+    names = ShmNames.for_store(str(tmp_path))
+    sizes = ShmSizes(
+        pool_buffers=0, pool_buffer_size=0, flush_ring=16, waiters=2, queues=4, groups=4, delay_levels=1
+    )
+    created = StoreShm.create(names, sizes)
+    flusher, producer = StoreShm.attach(names, Role.FLUSHER), StoreShm.attach(names, Role.PRODUCER)
+    try:
+        yield flusher, producer
+    finally:
+        for one in (producer, flusher, created):
+            one.close()
+        StoreShm.unlink_all(names)
+        assert names.leftovers() == []
 
 
-def gathering_flusher(lands_after_look: bool) -> tuple[FlusherService, Table, Wakeup]:
-    """A flusher whose last pass woke GROUP producers just now, gathering for at most 500 us."""
-    table = Table()
-    wakeup = Wakeup(table)
+def gathering_flusher(shm: StoreShm, gather_max_s: float) -> FlusherService:
+    """A flusher whose last pass has just woken GROUP producers (tickets up to the current
+    FLUSH_REQUEST_SEQ answered), gathering for at most ``gather_max_s``."""
     flusher = FlusherService.__new__(FlusherService)
-    state = {
-        "table": table,
-        "store": SimpleNamespace(shm=SimpleNamespace(ring=Ring(table, lands_after_look))),
-        "wakeup": wakeup,
-        "woken": GROUP,
-        "woken_after_ticket": SINCE,
-        "woken_at_ns": time.monotonic_ns(),
-        "left_open": 0,
-        "gather_group_max": 2 * GROUP,
-        "gather_max_s": 500e-6,
-        "pass_s": 1.0,
-        "answered_through": SINCE,
-    }
-    vars(flusher).update(state)
-    return flusher, table, wakeup
+    since = shm.table.get(layout.FLUSH_REQUEST_SEQ)
+    vars(flusher).update(
+        table=shm.table,
+        store=_Store(shm),
+        wakeup=shm.wakeup("flusher"),
+        woken=GROUP,
+        woken_after_ticket=since,
+        woken_at_ns=time.monotonic_ns(),
+        left_open=0,
+        gather_group_max=2 * GROUP,
+        gather_max_s=gather_max_s,
+        pass_s=gather_max_s,
+        answered_through=since,
+    )
+    return flusher
 
 
-def test_a_group_back_within_the_watch_is_flushed_without_arming_or_sleeping() -> None:
-    flusher, table, wakeup = gathering_flusher(lands_after_look=True)
+def put_group_once_armed(producer: StoreShm, failures: list[str]) -> None:
+    """The woken group's puts, as a producer makes them (a ticket each under the put lock, then
+    `wake_gather` after it), once the gather has armed its ticket."""
+    deadline = time.monotonic() + BOUND_S
+    while producer.table.get(layout.FLUSH_GATHER_TICKET) == 0:  # the gather arming, shared state
+        if time.monotonic() > deadline:
+            failures.append("the gather never armed FLUSH_GATHER_TICKET")
+            return
+        os.sched_yield()
+    requests = FlushRequests(producer, producer.table.words(layout.FLUSH_REQUEST_SEQ), 60_000, os.getpid())
+    flusher_wakeup = producer.wakeup("flusher")
+    for i in range(GROUP):  # one producer here: the put lock, which `request` needs, is uncontended
+        requests.request(1000 + i, int(time.time() * 1000))
+        requests.wake_gather(flusher_wakeup)
+
+
+def test_a_group_back_after_the_watch_wakes_the_sleeping_gather(shm: tuple[StoreShm, StoreShm]) -> None:
+    flusher_shm, producer_shm = shm
+    flusher = gathering_flusher(flusher_shm, BOUND_S)
+    since = flusher.woken_after_ticket
+    failures: list[str] = []
+    thread = threading.Thread(target=put_group_once_armed, args=(producer_shm, failures))
+    thread.start()
+    began = time.monotonic()
     flusher.gather()
-    assert table.get(layout.FLUSH_REQUEST_SEQ) == SINCE + GROUP
-    assert wakeup.sleeps == [], "slept although the group was back"
-    assert table.armed == [0], "armed the ticket: the last put would post a wake nobody waits for"
+    took_s = time.monotonic() - began
+    thread.join(BOUND_S)
+    assert not failures, failures
+    assert flusher_shm.table.get(layout.FLUSH_REQUEST_SEQ) - since == GROUP, (
+        "the gather ended before its group"
+    )
+    assert took_s < BOUND_S / 2, f"the group's last request did not end the sleep ({took_s:.1f} s)"
+    assert flusher_shm.table.get(layout.FLUSH_GATHER_TICKET) == 0, "the ticket stays armed after the gather"
 
 
-def test_a_group_not_back_after_the_watch_is_woken_by_its_last_request() -> None:
-    flusher, table, wakeup = gathering_flusher(lands_after_look=False)
+def test_a_group_that_never_comes_back_ends_the_gather_at_its_bound(shm: tuple[StoreShm, StoreShm]) -> None:
+    flusher_shm, _ = shm
+    flusher = gathering_flusher(flusher_shm, 20 * GATHER_SPIN_S)
     flusher.gather()
-    assert table.get(layout.FLUSH_REQUEST_SEQ) == SINCE + GROUP, "the gather ended before its group"
-    assert len(wakeup.sleeps) == 1
-    assert table.armed == [SINCE + GROUP, 0], "the sleep was not armed for the last request"
-    assert wakeup.sleeps[0] <= 500e-6 - GATHER_SPIN_S, "slept without watching first"
+    assert flusher_shm.table.get(layout.FLUSH_GATHER_TICKET) == 0, "the ticket stays armed after the gather"
