@@ -26,7 +26,7 @@ class StoreLockedError(StoreError):
 class CorruptFileError(StoreError):
     """A store file cannot be used as it is and recovery must not guess: a CommitLog or
     ConsumeQueue file that is not the last one has the wrong size, or a name that is not an
-    offset."""
+    offset; or a running store's file a read needs is gone (deleted under it)."""
 
 
 class CorruptRecordError(StoreError):

@@ -35,6 +35,7 @@ from rmq_mp.client.rebalance import REBALANCE_INTERVAL_MS, MessageModel, Rebalan
 from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.config.store_config import BrokerRole
 from rmq_mp.errors import (
+    CorruptFileError,
     InvalidArgumentError,
     InvalidArgumentTypeError,
     ShmAttachError,
@@ -513,11 +514,15 @@ class Consumer:
                     self._consumed[slot] = self._consumed.get(slot, 0) + len(result.messages)
                     self._publish_consumed(wait=False)
                 return result
-            except FileNotFoundError:
+            except FileNotFoundError as exc:
                 # The cleaner deleted a queue or log file between our reading the minimum offsets
                 # and mapping it: read the new minimum and try again.
                 if attempt == READ_ATTEMPTS - 1:
-                    raise
+                    raise CorruptFileError(
+                        f"{exc.filename}: missing, though the store says queue {topic}/{queue_id} holds "
+                        f"[{min_offset}, {max_offset}) (deleted while the store runs?); a restart "
+                        "rebuilds the queue from the commit log"
+                    ) from exc
         raise AssertionError("unreachable")
 
     def _publish_consumed(self, *, wait: bool) -> None:

@@ -18,7 +18,7 @@ import pytest
 
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.config.store_config import MessageStoreConfig
-from rmq_mp.errors import BodyCrcError, CorruptRecordError
+from rmq_mp.errors import BodyCrcError, CorruptFileError, CorruptRecordError
 from rmq_mp.format.message import Message, MessageExt
 from rmq_mp.format.queue_entry import CQ_ENTRY, CQ_STORE_UNIT_SIZE
 from rmq_mp.outcomes import GetMessageResult, GetMessageStatus
@@ -288,6 +288,35 @@ def test_a_running_store_skips_damage_for_every_consumer_and_counts_it(tmp_path:
             assert consumer.reporter.findings == [], "reported once per process: by the first consumer"
         assert service.read(layout.READ_SKIPPED_RECORDS) == 2
         assert collect_status(service.config)["counters"]["read_skipped_records"] == 2
+
+
+def test_a_queue_file_deleted_under_a_running_store_is_a_typed_error_naming_it(tmp_path: Path) -> None:
+    """A queue file removed while the store runs (an operator's rm, a damaged disk), one the
+    consumer has not mapped yet: its pull raises CorruptFileError naming the file and what the
+    store says the queue holds, not a bare FileNotFoundError; the other queue reads on, and a
+    restart rebuilds the queue from the commit log."""
+    conf = write_conf(tmp_path / "store.conf", tmp_path / "store", **SETTINGS)
+    config = MessageStoreConfig.from_file(conf)
+    written = write_store(config)
+    want = {q: expected(written, q, without=set()) for q in range(QUEUES)}
+    second = (
+        Path(config.store_path_root_dir)
+        / "consumequeue"
+        / TOPIC
+        / "0"
+        / offset_to_file_name(100 * CQ_STORE_UNIT_SIZE)
+    )
+    with running_service(tmp_path, "store", **SETTINGS) as service:
+        second.unlink()
+        with Consumer.attach(service.names.base, "gone") as consumer:
+            with pytest.raises(CorruptFileError, match=f"{second}: missing, though the store says queue"):
+                consumer.pull(TOPIC, 0, 150)
+            assert served(drain(consumer.pull, 1)) == want[1]
+    with (
+        running_service(tmp_path, "store", **SETTINGS) as service,
+        Consumer.attach(service.names.base, "gone") as consumer,
+    ):
+        assert served(drain(consumer.pull, 0)) == want[0]
 
 
 def damage_for_spark(config: MessageStoreConfig, written: list[Written]) -> dict[int, set[int]]:
