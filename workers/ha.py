@@ -1,18 +1,18 @@
 """The ha worker: RocketMQ 4.9.8's master/slave replication (`store/ha`), one process per store.
 
-Master (ASYNC_MASTER or SYNC_MASTER with haListenPort set; RocketMQ's HAService, AcceptSocketService
-and HAConnection): listens on haListenAddress:haListenPort, refuses peers outside haAllowedSlaves
-(logged, closed before a byte), and serves any number of slaves on one select loop. A connection
-sends nothing until the slave's first 8-byte report: 0 starts it at the file holding the master's
-end, anything else at that offset. It then sends frames (`rmq_mp.format.ha_frame`) of at most
-haTransferBatchSize committed commit-log bytes, never crossing a file, and a heartbeat frame after
-haSendHeartbeatInterval without a write. Each later report is the slave's acknowledged end:
-published per connection slot and as the best over all of them (HA_ACKED_OFFSET, never
-decreasing), what a SYNC_MASTER put waits for. Unlike 4.9.8, a first report beyond the master's
-end is not counted as an acknowledgement (a stranger could make a SYNC_MASTER answer PUT_OK);
-a later report beyond the end closes the connection (#3015), and so does haHousekeepingInterval
-of silence. A slave that needs bytes the cleaner has deleted is shown (CONN_BEHIND_MIN_OFFSET) and
-logged, and gets heartbeats only: never a silent gap.
+Master (ASYNC_MASTER or SYNC_MASTER with haListenPort set; RocketMQ's HAService,
+AcceptSocketService and HAConnection): listens on haListenAddress:haListenPort, refuses peers
+outside haAllowedSlaves and past `ha_listen.MAX_PEERS` connections (logged, closed before a byte),
+and serves the rest on one poll loop. A connection sends nothing until the slave's first 8-byte
+report: 0 starts it at the file holding the master's end, anything else at that offset. It then
+sends frames (`rmq_mp.format.ha_frame`) of at most haTransferBatchSize committed commit-log bytes,
+never crossing a file, and a heartbeat frame after haSendHeartbeatInterval without a write. Each
+later report is the slave's acknowledged end: published per connection slot and as the best over
+all of them (HA_ACKED_OFFSET, never decreasing), what a SYNC_MASTER put waits for. Unlike 4.9.8, a
+first report beyond the master's end is not counted as an acknowledgement (a stranger could make a
+SYNC_MASTER answer PUT_OK); a later report beyond the end closes the connection (#3015), and so
+does haHousekeepingInterval of silence. A slave that needs bytes the cleaner has deleted is shown
+(CONN_BEHIND_MIN_OFFSET) and logged, and gets heartbeats only: never a silent gap.
 
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
 once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every read
@@ -35,7 +35,6 @@ import contextlib
 import ipaddress
 import logging
 import os
-import select
 import socket
 import sys
 import time
@@ -195,19 +194,20 @@ class HaMaster(ServiceLoop):
         timeout = IDLE_SEND_POLL_S if caught_up else PASS_S
         if self._requests_open():
             timeout = min(timeout, WAITING_PUT_POLL_S)
-        readable, _, _ = select.select(
-            [self.listener, self.poked, *(c.sock for c in conns)], waiting, [], timeout
-        )
-        if self.poked in readable:
+        readable, _ = ha_listen.ready([self.listener, self.poked, *(c.sock for c in conns)], waiting, timeout)
+        if self.poked.fileno() in readable:
             self._drain_pokes()
-        if self.listener in readable:
+        if self.listener.fileno() in readable:
             self._accept()
         now_s = time.monotonic()
         for conn in conns:
             if conn.sock.fileno() in self.connections:
                 try:
-                    if conn.sock in readable:
+                    if conn.sock.fileno() in readable:
                         self._read(conn, now_s)
+                        if conn.sock.fileno() not in self.connections:
+                            continue  # its slave hung up: nothing more to send (a send on the
+                            # closed socket closed it twice: two lines, a drop counted)
                     self._send(conn, now_s)
                     self._housekeep(conn, now_s)
                 except (OSError, HaProtocolError) as exc:
@@ -244,7 +244,9 @@ class HaMaster(ServiceLoop):
     # -- connections
 
     def _accept(self) -> None:
-        for sock, address, peer in ha_listen.accept_allowed(self.listener, self.allowed, "ha", self._refused):
+        for sock, address, peer in ha_listen.accept_allowed(
+            self.listener, self.allowed, "ha", self._refused, len(self.connections)
+        ):
             slot = next((s for s in range(layout.HA_CONN_SLOTS) if s not in self._slots_used()), -1)
             now_s = time.monotonic()
             conn = _Connection(sock, peer, slot, heard_at=now_s, wrote_at=now_s)
@@ -478,7 +480,7 @@ class HaSlave(ServiceLoop):
             self._connect()
             return
         try:
-            readable, _, _ = select.select([self.sock], [self.sock] if self.unsent else [], [], PASS_S)
+            readable, _ = ha_listen.ready([self.sock], [self.sock] if self.unsent else [], PASS_S)
             if readable:
                 self._receive()
             if time.monotonic() - self.heard_at > self.housekeeping_s:  # HAClient's housekeeping
