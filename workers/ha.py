@@ -19,12 +19,13 @@ once (RocketMQ waits one heartbeat interval first; the master cannot tell) and a
 that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
 frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient.
 It writes each frame at exactly its own end (a non-empty slave receiving any other offset closes
-and reconnects) and so is the one writer of
-the log on a slave: the bytes go into the files first, HA_SLAVE_RECEIVED_END (what it reports)
-next, and WROTE_POSITION (what flusher and reput see) only up to the last whole record below it,
-so no reader ever meets a record cut by a frame. It reads one frame at a time (back-pressure:
-nothing is buffered beyond a frame and one read), and reconnects with backoff after a refusal, a
-cut or a bad frame. Restarted, it resumes from its recovered end (the last intact record).
+and reconnects) and so is the one writer of the log on a slave: the bytes go into the files first,
+HA_SLAVE_RECEIVED_END (what it reports) next, and WROTE_POSITION (what flusher and reput see) only
+up to the last whole record below it, so no reader ever meets a record cut by a frame; bytes where
+no record can start are refused (zeroed, the received end moved back to the last whole record, the
+connection closed). It reads one frame at a time (back-pressure: nothing is buffered beyond a frame
+and one read), and reconnects with backoff after a refusal, a cut or a bad frame. Restarted, it
+resumes from its recovered end (the last intact record).
 
 Both exit with the supervisor (`ServiceLoop.stopping`): a dead or fenced master stops serving.
 """
@@ -92,6 +93,7 @@ set-up costs what a few dozen one-record decodes do)."""
 QUEUE_ROWS = 4096
 """Queues one compiled `queue_ends` walk reports at most (a walk meeting more stops there)."""
 _MARKER_TOPIC = topic_marker.TOPIC.encode("ascii")
+_RECORD_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
 
 
 def _unsent(buffers: list[bytes | memoryview], sent: int) -> bytes:
@@ -637,9 +639,17 @@ class HaSlave(ServiceLoop):
         every record was a cache miss, perf), and publishes once. Runs of whole records are
         walked by `_walk` or read by `record_batch.scan_segment` (the compiled scan reput and
         recovery use: one record at a time in Python was 80% of the slave's time, cProfile);
-        a file's tail, a record cut by the received end and a bad record one at a time."""
+        a file's tail, a record cut by the received end and a bad record one at a time.
+
+        Bytes where no record can start (a magic no record has, a size past its file, a whole
+        record's length that does not parse) are refused: what came before them is published,
+        they and everything received after are dropped (`_drop_received_from`), and
+        `HaProtocolError` says why (the connection closes; the next asks from the last whole
+        record). Left, they stopped WROTE_POSITION for good while the received end, reported as
+        acknowledged, went on over whatever the master sent, and logged a line every read."""
         pos = self.walked
         queue_ends, queue_starts = self.walked_ends, self.walked_starts
+        refused = ""
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -657,6 +667,12 @@ class HaSlave(ServiceLoop):
                     break
                 pos = file_end
                 continue
+            if magic not in _RECORD_MAGICS or total > file_end - pos:
+                refused = (
+                    f"no record at {pos} of the master's bytes: TOTALSIZE {total}, "
+                    f"MAGICCODE {magic & 0xFFFFFFFF:#010x}"
+                )
+                break
             if pos + max(total, 8) > self.received_end:
                 break
             limit = min(self.received_end, file_end) - mf.file_from_offset
@@ -687,7 +703,7 @@ class HaSlave(ServiceLoop):
                 continue
             found = record.check_record(mf.buf, at, at + total, check_crc=False)
             if not found.success or found.size != total:
-                log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
+                refused = f"no whole record at {pos} of the master's bytes: {found.reason}"
                 break
             key = (found.topic, found.queue_id)
             if key not in queue_ends:
@@ -697,7 +713,7 @@ class HaSlave(ServiceLoop):
                 self._restart_deleted(mf.buf, at, total, queue_ends, queue_starts)
             pos += total
         self.walked = pos
-        if publish and pos != self.wrote:
+        if (publish or refused) and pos != self.wrote:
             self._learn_queues(queue_ends, queue_starts)
             queue_ends.clear()
             queue_starts.clear()
@@ -705,6 +721,23 @@ class HaSlave(ServiceLoop):
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
+        if refused:
+            self._drop_received_from(pos)
+            raise HaProtocolError(refused)
+
+    def _drop_received_from(self, offset: int) -> None:
+        """Zero the received bytes from ``offset`` (where no record starts) to the received end,
+        and move that end back to it: the log ends at its last whole record again, as a restart's
+        recovery would leave it, and no later write or reader meets the refused bytes."""
+        at = offset
+        while at < self.received_end:
+            mf = self.store.commit_log.file_at(at)
+            start = at - mf.file_from_offset
+            stop = min(self.received_end - mf.file_from_offset, self.file_size)
+            mf.fill(start, bytes(stop - start))
+            at = mf.file_from_offset + stop
+        self.received_end = offset
+        self.table.set(layout.HA_SLAVE_RECEIVED_END, offset)
 
     def _walk(
         self,
