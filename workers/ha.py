@@ -281,9 +281,9 @@ class HaMaster(ServiceLoop):
         if conn.slot >= 0:
             self._clear_slot(conn.slot)
         self.table.set(layout.HA_CONNECTIONS, len(self.connections))  # before the drop is counted
-        if why:
-            self.table.add(layout.HA_DROPPED, 1)
         log.info("ha: slave %s closed%s", conn.peer, f": {why}" if why else "")
+        if why:  # counted after its line: whoever sees the count finds the line
+            self.table.add(layout.HA_DROPPED, 1)
 
     # -- reports
 
@@ -294,7 +294,9 @@ class HaMaster(ServiceLoop):
             return
         conn.heard_at = now_s
         self._slot_set(conn, "last_heard_ms", now_ms())
-        for offset in conn.reports.feed(data):
+        # The first report says where to start; of the rest of a read only the highest counts
+        # (HAConnection reads the last whole one).
+        for offset in conn.reports.feed_latest(data, first=conn.next_offset < 0):
             self._report(conn, offset)
 
     def _report(self, conn: _Connection, offset: int) -> None:

@@ -73,8 +73,8 @@ def accept_allowed(
             served += 1
             yield sock, address, name
             continue
-        refused()
         log.warning("%s: refused %s: %s", what, name, why)
+        refused()  # counted after its line: whoever sees the count finds the line
         sock.close()
 
 
