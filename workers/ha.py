@@ -597,6 +597,8 @@ class HaSlave(ServiceLoop):
         file_start = start - start % self.file_size
         if start + len(data) > file_start + self.file_size:
             raise HaProtocolError(f"frame of {len(data)} bytes at {start} crosses a file")
+        if start + len(data) > ha_frame.JAVA_LONG_MAX:  # no report could say it was received
+            raise HaProtocolError(f"frame of {len(data)} bytes at {start} ends past the largest offset")
         if end == 0 and start != 0 and self.wrote != start:
             ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
             self.wrote = self.walked = start

@@ -217,3 +217,26 @@ def test_a_record_cut_by_a_hang_up_is_never_readable_and_resumes(
     wait_until(lambda: slave.read(layout.WROTE_POSITION) == starts[12], 20, "the whole records readable")
     assert_true_so_far(slave, true_log)
     honest(master, slave, true_log)
+
+
+def test_a_first_frame_ending_past_the_largest_offset_is_refused(
+    liar: tuple[Master, RunningService], true_log: bytes
+) -> None:
+    """An empty slave takes a first frame at any file start (RocketMQ's slave does: its log then
+    begins there), but not one whose end no report can carry (a Java long): it would hold a log
+    it can never acknowledge, every report failing. Nothing is written; an honest master is then
+    followed from 0."""
+    master, slave = liar
+    last_file = ha_frame.JAVA_LONG_MAX // FILE_BYTES * FILE_BYTES
+    blank = struct.pack(">ii", FILE_BYTES - len(true_log), record.BLANK_MAGIC_CODE)
+    data = true_log + blank + bytes(FILE_BYTES - len(true_log) - len(blank))
+    conn, first = master.session()
+    assert first == 0
+    conn.sendall(frame(last_file, data))
+    refused(conn)
+    line = f"frame of {FILE_BYTES} bytes at {last_file} ends past the largest offset"
+    wait_until(lambda: len(ha_lines(slave, line)) == 1, 20, f"the refusal: {line}")
+    assert slave.read(layout.MIN_OFFSET) == 0
+    assert slave.read(layout.HA_SLAVE_RECEIVED_END) == 0
+    honest(master, slave, true_log)
+    assert slave.read(layout.worker_field("ha", "restarts")) == 0
