@@ -82,7 +82,7 @@ def store(tmp_path: Path) -> Iterator[RunningService]:
 def _read_back(service: RunningService, stored: list[tuple[str, int, int, bytes]]) -> None:
     with Consumer.attach(service.names.base, "readback") as consumer:
         for topic, queue_id, queue_offset, body in stored:
-            result = consumer.pull(topic, queue_id, queue_offset, 1)
+            result = consumer.pull(topic, queue_id, queue_offset, 1, timeout_s=20)  # until reput has it
             assert result.status is GetMessageStatus.FOUND, (topic, queue_id, queue_offset, result)
             assert result.messages[0].body == body
 
@@ -156,4 +156,4 @@ def test_hostile_pull_arguments_are_typed_refusals(store: RunningService) -> Non
             assert isinstance(result.status, GetMessageStatus)
 
         pull()
-        assert consumer.pull("Pulled", 0, 0, 1).status is GetMessageStatus.FOUND
+        assert consumer.pull("Pulled", 0, 0, 1, timeout_s=20).status is GetMessageStatus.FOUND
