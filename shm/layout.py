@@ -336,7 +336,9 @@ HA_ACKED_OFFSET = _f(
     doc="highest commit-log end any slave acknowledged (RocketMQ's push2SlaveMaxOffset); never decreases",
 )
 HA_CONNECTIONS = _f("ha_connections", 402, Role.HA, doc="slave connections open now")
-HA_REFUSED_PEERS = _f("ha_refused_peers", 403, Role.HA, doc="connections refused by haAllowedSlaves")
+HA_REFUSED_PEERS = _f(
+    "ha_refused_peers", 403, Role.HA, doc="connections refused: outside haAllowedSlaves, or past 32 at once"
+)
 HA_SLAVE_RECEIVED_END = _f(
     "ha_slave_received_end",
     404,
@@ -436,7 +438,7 @@ HA_META_LISTEN_PORT = _f(
 HA_META_CONNECTIONS = _f("ha_meta_connections", 481, Role.HA, doc="metadata connections open (master)")
 HA_META_REFUSED = _f(
     "ha_meta_refused", 482, Role.HA,
-    doc="metadata peers refused: outside haAllowedSlaves, or a malformed or oversized message (either side)",
+    doc="metadata peers refused: outside haAllowedSlaves, past 32 at once, or a malformed or oversized message (either side)",
 )  # fmt: skip
 HA_META_SENT = _f("ha_meta_sent", 483, Role.HA, doc="MASTER: metadata snapshots sent")
 HA_META_APPLIED = _f("ha_meta_applied", 484, Role.HA, doc="SLAVE: metadata snapshots applied")

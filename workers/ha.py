@@ -1,30 +1,31 @@
 """The ha worker: RocketMQ 4.9.8's master/slave replication (`store/ha`), one process per store.
 
-Master (ASYNC_MASTER or SYNC_MASTER with haListenPort set; RocketMQ's HAService, AcceptSocketService
-and HAConnection): listens on haListenAddress:haListenPort, refuses peers outside haAllowedSlaves
-(logged, closed before a byte), and serves any number of slaves on one select loop. A connection
-sends nothing until the slave's first 8-byte report: 0 starts it at the file holding the master's
-end, anything else at that offset. It then sends frames (`rmq_mp.format.ha_frame`) of at most
-haTransferBatchSize committed commit-log bytes, never crossing a file, and a heartbeat frame after
-haSendHeartbeatInterval without a write. Each later report is the slave's acknowledged end:
-published per connection slot and as the best over all of them (HA_ACKED_OFFSET, never
-decreasing), what a SYNC_MASTER put waits for. Unlike 4.9.8, a first report beyond the master's
-end is not counted as an acknowledgement (a stranger could make a SYNC_MASTER answer PUT_OK);
-a later report beyond the end closes the connection (#3015), and so does haHousekeepingInterval
-of silence. A slave that needs bytes the cleaner has deleted is shown (CONN_BEHIND_MIN_OFFSET) and
-logged, and gets heartbeats only: never a silent gap.
+Master (ASYNC_MASTER or SYNC_MASTER with haListenPort set; RocketMQ's HAService,
+AcceptSocketService and HAConnection): listens on haListenAddress:haListenPort, refuses peers
+outside haAllowedSlaves and past `ha_listen.MAX_PEERS` connections (logged, closed before a byte),
+and serves the rest on one poll loop. A connection sends nothing until the slave's first 8-byte
+report: 0 starts it at the file holding the master's end, anything else at that offset. It then
+sends frames (`rmq_mp.format.ha_frame`) of at most haTransferBatchSize committed commit-log bytes,
+never crossing a file, and a heartbeat frame after haSendHeartbeatInterval without a write. Each
+later report is the slave's acknowledged end: published per connection slot and as the best over
+all of them (HA_ACKED_OFFSET, never decreasing), what a SYNC_MASTER put waits for. Unlike 4.9.8, a
+first report beyond the master's end is not counted as an acknowledgement (a stranger could make a
+SYNC_MASTER answer PUT_OK); a later report beyond the end closes the connection (#3015), and so
+does haHousekeepingInterval of silence. A slave that needs bytes the cleaner has deleted is shown
+(CONN_BEHIND_MIN_OFFSET) and logged, and gets heartbeats only: never a silent gap.
 
 Slave (brokerRole=SLAVE with haMasterAddress; RocketMQ's HAClient): connects, reports its end at
 once (RocketMQ waits one heartbeat interval first; the master cannot tell) and after every read
 that moved it, and every haSendHeartbeatInterval; a master silent for haHousekeepingInterval (no
 frame, not even a heartbeat: a stalled or half-open link) is closed and reconnected, as HAClient.
 It writes each frame at exactly its own end (a non-empty slave receiving any other offset closes
-and reconnects) and so is the one writer of
-the log on a slave: the bytes go into the files first, HA_SLAVE_RECEIVED_END (what it reports)
-next, and WROTE_POSITION (what flusher and reput see) only up to the last whole record below it,
-so no reader ever meets a record cut by a frame. It reads one frame at a time (back-pressure:
-nothing is buffered beyond a frame and one read), and reconnects with backoff after a refusal, a
-cut or a bad frame. Restarted, it resumes from its recovered end (the last intact record).
+and reconnects) and so is the one writer of the log on a slave: the bytes go into the files first,
+HA_SLAVE_RECEIVED_END (what it reports) next, and WROTE_POSITION (what flusher and reput see) only
+up to the last whole record below it, so no reader ever meets a record cut by a frame; bytes where
+no record can start are refused (zeroed, the received end moved back to the last whole record, the
+connection closed). It reads one frame at a time (back-pressure: nothing is buffered beyond a frame
+and one read), and reconnects with backoff after a refusal, a cut or a bad frame. Restarted, it
+resumes from its recovered end (the last intact record).
 
 Both exit with the supervisor (`ServiceLoop.stopping`): a dead or fenced master stops serving.
 """
@@ -35,7 +36,6 @@ import contextlib
 import ipaddress
 import logging
 import os
-import select
 import socket
 import sys
 import time
@@ -93,6 +93,7 @@ set-up costs what a few dozen one-record decodes do)."""
 QUEUE_ROWS = 4096
 """Queues one compiled `queue_ends` walk reports at most (a walk meeting more stops there)."""
 _MARKER_TOPIC = topic_marker.TOPIC.encode("ascii")
+_RECORD_MAGICS = (record.MESSAGE_MAGIC_CODE, record.MESSAGE_MAGIC_CODE_V2)
 
 
 def _unsent(buffers: list[bytes | memoryview], sent: int) -> bytes:
@@ -195,19 +196,20 @@ class HaMaster(ServiceLoop):
         timeout = IDLE_SEND_POLL_S if caught_up else PASS_S
         if self._requests_open():
             timeout = min(timeout, WAITING_PUT_POLL_S)
-        readable, _, _ = select.select(
-            [self.listener, self.poked, *(c.sock for c in conns)], waiting, [], timeout
-        )
-        if self.poked in readable:
+        readable, _ = ha_listen.ready([self.listener, self.poked, *(c.sock for c in conns)], waiting, timeout)
+        if self.poked.fileno() in readable:
             self._drain_pokes()
-        if self.listener in readable:
+        if self.listener.fileno() in readable:
             self._accept()
         now_s = time.monotonic()
         for conn in conns:
             if conn.sock.fileno() in self.connections:
                 try:
-                    if conn.sock in readable:
+                    if conn.sock.fileno() in readable:
                         self._read(conn, now_s)
+                        if conn.sock.fileno() not in self.connections:
+                            continue  # its slave hung up: nothing more to send (a send on the
+                            # closed socket closed it twice: two lines, a drop counted)
                     self._send(conn, now_s)
                     self._housekeep(conn, now_s)
                 except (OSError, HaProtocolError) as exc:
@@ -244,7 +246,9 @@ class HaMaster(ServiceLoop):
     # -- connections
 
     def _accept(self) -> None:
-        for sock, address, peer in ha_listen.accept_allowed(self.listener, self.allowed, "ha", self._refused):
+        for sock, address, peer in ha_listen.accept_allowed(
+            self.listener, self.allowed, "ha", self._refused, len(self.connections)
+        ):
             slot = next((s for s in range(layout.HA_CONN_SLOTS) if s not in self._slots_used()), -1)
             now_s = time.monotonic()
             conn = _Connection(sock, peer, slot, heard_at=now_s, wrote_at=now_s)
@@ -277,9 +281,9 @@ class HaMaster(ServiceLoop):
         if conn.slot >= 0:
             self._clear_slot(conn.slot)
         self.table.set(layout.HA_CONNECTIONS, len(self.connections))  # before the drop is counted
-        if why:
-            self.table.add(layout.HA_DROPPED, 1)
         log.info("ha: slave %s closed%s", conn.peer, f": {why}" if why else "")
+        if why:  # counted after its line: whoever sees the count finds the line
+            self.table.add(layout.HA_DROPPED, 1)
 
     # -- reports
 
@@ -290,7 +294,9 @@ class HaMaster(ServiceLoop):
             return
         conn.heard_at = now_s
         self._slot_set(conn, "last_heard_ms", now_ms())
-        for offset in conn.reports.feed(data):
+        # The first report says where to start; of the rest of a read only the highest counts
+        # (HAConnection reads the last whole one).
+        for offset in conn.reports.feed_latest(data, first=conn.next_offset < 0):
             self._report(conn, offset)
 
     def _report(self, conn: _Connection, offset: int) -> None:
@@ -478,7 +484,7 @@ class HaSlave(ServiceLoop):
             self._connect()
             return
         try:
-            readable, _, _ = select.select([self.sock], [self.sock] if self.unsent else [], [], PASS_S)
+            readable, _ = ha_listen.ready([self.sock], [self.sock] if self.unsent else [], PASS_S)
             if readable:
                 self._receive()
             if time.monotonic() - self.heard_at > self.housekeeping_s:  # HAClient's housekeeping
@@ -591,6 +597,8 @@ class HaSlave(ServiceLoop):
         file_start = start - start % self.file_size
         if start + len(data) > file_start + self.file_size:
             raise HaProtocolError(f"frame of {len(data)} bytes at {start} crosses a file")
+        if start + len(data) > ha_frame.JAVA_LONG_MAX:  # no report could say it was received
+            raise HaProtocolError(f"frame of {len(data)} bytes at {start} ends past the largest offset")
         if end == 0 and start != 0 and self.wrote != start:
             ha_start.start_empty_log_at(self.store, start)  # RocketMQ's slave: the log begins there
             self.wrote = self.walked = start
@@ -635,9 +643,17 @@ class HaSlave(ServiceLoop):
         every record was a cache miss, perf), and publishes once. Runs of whole records are
         walked by `_walk` or read by `record_batch.scan_segment` (the compiled scan reput and
         recovery use: one record at a time in Python was 80% of the slave's time, cProfile);
-        a file's tail, a record cut by the received end and a bad record one at a time."""
+        a file's tail, a record cut by the received end and a bad record one at a time.
+
+        Bytes where no record can start (a magic no record has, a size past its file, a whole
+        record's length that does not parse) are refused: what came before them is published,
+        they and everything received after are dropped (`_drop_received_from`), and
+        `HaProtocolError` says why (the connection closes; the next asks from the last whole
+        record). Left, they stopped WROTE_POSITION for good while the received end, reported as
+        acknowledged, went on over whatever the master sent, and logged a line every read."""
         pos = self.walked
         queue_ends, queue_starts = self.walked_ends, self.walked_starts
+        refused = ""
         while pos < self.received_end:
             mf = self.store.commit_log.file_at(pos)
             at = pos - mf.file_from_offset
@@ -655,6 +671,12 @@ class HaSlave(ServiceLoop):
                     break
                 pos = file_end
                 continue
+            if magic not in _RECORD_MAGICS or total > file_end - pos:
+                refused = (
+                    f"no record at {pos} of the master's bytes: TOTALSIZE {total}, "
+                    f"MAGICCODE {magic & 0xFFFFFFFF:#010x}"
+                )
+                break
             if pos + max(total, 8) > self.received_end:
                 break
             limit = min(self.received_end, file_end) - mf.file_from_offset
@@ -685,7 +707,7 @@ class HaSlave(ServiceLoop):
                 continue
             found = record.check_record(mf.buf, at, at + total, check_crc=False)
             if not found.success or found.size != total:
-                log.error("ha: no whole record at %d of the master's bytes: %s", pos, found.reason)
+                refused = f"no whole record at {pos} of the master's bytes: {found.reason}"
                 break
             key = (found.topic, found.queue_id)
             if key not in queue_ends:
@@ -695,7 +717,7 @@ class HaSlave(ServiceLoop):
                 self._restart_deleted(mf.buf, at, total, queue_ends, queue_starts)
             pos += total
         self.walked = pos
-        if publish and pos != self.wrote:
+        if (publish or refused) and pos != self.wrote:
             self._learn_queues(queue_ends, queue_starts)
             queue_ends.clear()
             queue_starts.clear()
@@ -703,6 +725,23 @@ class HaSlave(ServiceLoop):
             self.table.set(layout.WROTE_POSITION, pos)
             self.store.shm.wake("flusher")
             self.store.shm.wake("reput")
+        if refused:
+            self._drop_received_from(pos)
+            raise HaProtocolError(refused)
+
+    def _drop_received_from(self, offset: int) -> None:
+        """Zero the received bytes from ``offset`` (where no record starts) to the received end,
+        and move that end back to it: the log ends at its last whole record again, as a restart's
+        recovery would leave it, and no later write or reader meets the refused bytes."""
+        at = offset
+        while at < self.received_end:
+            mf = self.store.commit_log.file_at(at)
+            start = at - mf.file_from_offset
+            stop = min(self.received_end - mf.file_from_offset, self.file_size)
+            mf.fill(start, bytes(stop - start))
+            at = mf.file_from_offset + stop
+        self.received_end = offset
+        self.table.set(layout.HA_SLAVE_RECEIVED_END, offset)
 
     def _walk(
         self,

@@ -32,7 +32,6 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
-import select
 import socket
 import threading
 import time
@@ -163,8 +162,8 @@ class MetaServer(MetaChannel):
     def step(self) -> None:
         socks = [p.sock for p in self.peers.values()]
         writing = [p.sock for p in self.peers.values() if p.out]
-        readable, _writable, _ = select.select([self.listener, *socks], writing, [], SNAPSHOT_POLL_S / 2)
-        if self.listener in readable:
+        readable, _writable = ha_listen.ready([self.listener, *socks], writing, SNAPSHOT_POLL_S / 2)
+        if self.listener.fileno() in readable:
             self._accept()
         now_s = time.monotonic()
         if now_s >= self.build_at and any(p.hello for p in self.peers.values()):
@@ -174,7 +173,7 @@ class MetaServer(MetaChannel):
             self.build_at = time.monotonic() + max(SNAPSHOT_POLL_S, 10 * (time.monotonic() - now_s))
         for peer in list(self.peers.values()):
             try:
-                if peer.sock in readable:
+                if peer.sock.fileno() in readable:
                     self._read(peer)
                 if peer.hello and self.content and not peer.out:
                     self._send_due(peer, now_s)
@@ -211,7 +210,7 @@ class MetaServer(MetaChannel):
 
     def _accept(self) -> None:
         for sock, _address, name in ha_listen.accept_allowed(
-            self.listener, self.allowed, "ha-meta", self._refused
+            self.listener, self.allowed, "ha-meta", self._refused, len(self.peers)
         ):
             self.peers[sock.fileno()] = _Peer(sock, name, time.monotonic())
             log.info("ha-meta: slave %s connected", name)
@@ -319,7 +318,7 @@ class MetaFollower(MetaChannel):
             self._connect()
             return
         try:
-            readable, _, _ = select.select([self.sock], [], [], SNAPSHOT_POLL_S)
+            readable, _ = ha_listen.ready([self.sock], [], SNAPSHOT_POLL_S)
             if not readable:
                 return
             data = self.sock.recv(min(READ_BYTES, max(self.reader.needed(), 1)))

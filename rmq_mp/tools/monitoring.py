@@ -140,7 +140,11 @@ def _replication_metrics(r: dict[str, Any]) -> Iterator[Metric]:
         "rmq_ha_acked_offset_bytes", "Highest commit-log end any slave acknowledged", r["acked_offset"]
     )
     yield _gauge("rmq_ha_connections", "Slave connections open", r["connection_count"])
-    yield _counter("rmq_ha_refused_peers", "HA connections refused by haAllowedSlaves", r["refused_peers"])
+    yield _counter(
+        "rmq_ha_refused_peers",
+        "HA connections refused: outside haAllowedSlaves, or past 32 at once",
+        r["refused_peers"],
+    )
     yield _counter("rmq_ha_dropped", "HA connections closed for silence or a bad report", r["dropped"])
     yield _gauge(
         "rmq_ha_slaves_behind_min_offset",

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import itertools
 import struct
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from rmq_mp.errors import HaProtocolError
 from rmq_mp.format import ha_frame
@@ -116,3 +119,30 @@ def test_frame_buffer_refuses_a_frame_over_its_size() -> None:
     space[:12] = ha_frame.encode_header(0, 32769)
     with pytest.raises(HaProtocolError, match="over the 32768 accepted"):
         buffer.filled(12)
+
+
+@settings(max_examples=200, deadline=None)
+@given(
+    reports=st.lists(st.integers(-(1 << 63), (1 << 63) - 1), max_size=40),
+    cuts=st.lists(st.integers(0, 8 * 40), max_size=6),
+)
+def test_the_latest_reports_are_the_readers(reports: list[int], cuts: list[int]) -> None:
+    """`feed_latest` (the master's: the first report, then the highest of each read's rest)
+    against `feed`, over any cut of the stream: the same values kept, the same refusal."""
+    raw = b"".join(struct.pack(">q", v) for v in reports)
+    bounds = sorted({0, len(raw), *(c for c in cuts if c <= len(raw))})
+    whole, latest = ha_frame.ReportReader(), ha_frame.ReportReader()
+    first = True
+    for start, stop in itertools.pairwise(bounds):
+        chunk = raw[start:stop]
+        try:
+            expected = whole.feed(chunk)
+        except HaProtocolError:
+            with pytest.raises(HaProtocolError):
+                latest.feed_latest(chunk, first)
+            return
+        got = latest.feed_latest(chunk, first)
+        if first and expected:
+            assert got[0] == expected.pop(0)
+            got, first = got[1:], False
+        assert got == ([max(expected)] if expected else [])
