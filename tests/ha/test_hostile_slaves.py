@@ -123,7 +123,10 @@ def test_hostile_report_streams_are_closed_with_one_line_each(tmp_path: Path) ->
     pid = master.worker_pid("ha")
     end = put(master, 100)
     wait_caught_up(slave, end)
-    acked = master.read(layout.HA_ACKED_OFFSET)
+    # The slave's report of its end comes after its log reaches it (and a loaded machine can
+    # time a SYNC put out before it): the master's ack settles at the end, then must not move.
+    wait_until(lambda: master.read(layout.HA_ACKED_OFFSET) == end, 30, "the master to see the ack")
+    acked = end
     closed = 0
     for _name, stream in HOSTILE_STREAMS.items():
         for chunk_bytes in (len(stream), 1):
