@@ -587,7 +587,9 @@ def test_idle_store_uses_little_cpu(tmp_path: Path) -> None:
         for role in ("allocator", "flusher", "reput"):  # start-up work done: each in its idle loop
             worker_passes(service, role)
         idle = store_cpu_fraction(service, 3.0)
-        assert idle < 0.02, f"idle store used {idle:.1%} of a core"
+        # The scheduler's run time (schedstat): ~1.0% of a core on a quiet machine, 2.1% once in a
+        # CI pass beside 3 workers' tests (each wakeup costs more there); a loop that spins is 10x.
+        assert idle < 0.05, f"idle store used {idle:.1%} of a core"
 
 
 def test_send_statuses_a_user_can_act_on(tmp_path: Path) -> None:
