@@ -12,7 +12,10 @@ Two mechanisms, so that no file is missed, whoever writes it:
   rmq-spark, a library `MessageStore`), and a child process inherits it, so files created by code
   that names no mode (logs, ``config/*.json``, a worker written later) get the store's modes too.
 * The store's own ``os.open``/``mkdir`` calls pass `file_mode()` / `dir_mode()`, and the shared
-  memory `shm_mode()`, so those stay private even in a process whose umask is looser.
+  memory `shm_mode()`, so those stay private even in a process whose umask is looser. What a
+  client process writes into the store (a broadcasting consumer's progress, a Spark executor's
+  rebuilt queues) goes through `make_dirs` / `create_private`, which set the modes outright:
+  such a process keeps the user's umask.
 
 `looser_than` lists what in a store directory is more open than configured, for the one line the
 supervisor logs at start and ``run.py status`` shows: a store written before (0644) is reported,
@@ -79,6 +82,37 @@ def inherited() -> str:
 def current() -> str:
     """The access `apply` last set in this process."""
     return _access
+
+
+def make_dirs(path: Path, root: Path) -> None:
+    """``path`` and every missing directory between it and ``root`` (which must exist), each
+    `dir_mode()` whatever this process's umask. ``Path.mkdir(mode, parents=True)`` gives the
+    mode to the last directory only and the umask's to its parents: a client process (a
+    broadcasting consumer, a Spark executor) made ``broadcastOffsets/<clientId>`` 0755 under a
+    0700 store."""
+    missing: list[Path] = []
+    at = path
+    while at != root and not at.is_dir():
+        missing.append(at)
+        at = at.parent
+    for directory in reversed(missing):
+        try:
+            os.mkdir(directory, dir_mode())
+        except FileExistsError:
+            continue  # another process's, or a file in the way: what follows raises on it
+        os.chmod(directory, dir_mode())  # the umask may have taken group bits storeGroupAccess gives
+
+
+def create_private(path: Path) -> int:
+    """``path`` opened for writing, created or emptied, with `file_mode()` whatever this process's
+    umask or the mode a file left there had: a descriptor the caller closes."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, file_mode())
+    try:
+        os.fchmod(fd, file_mode())
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
 
 
 def looser_than(root: str | os.PathLike[str], access: str) -> tuple[int, list[str]]:

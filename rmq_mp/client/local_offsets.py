@@ -42,6 +42,7 @@ def check_client_id(client_id: object) -> str:
 
 class LocalFileOffsetStore:
     def __init__(self, store_root: Path, client_id: str, group: str) -> None:
+        self.store_root = store_root
         self.path = store_root / "broadcastOffsets" / client_id / group / "offsets.json"
         self.table: dict[str, dict[int, int]] = {}
 
@@ -68,11 +69,11 @@ class LocalFileOffsetStore:
 
     def persist(self) -> None:
         """Write the whole table atomically (tmp, rename)."""
-        self.path.parent.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
+        file_modes.make_dirs(self.path.parent, self.store_root)  # a client's umask is not the store's
         data = {
             "offsetTable": {t: {str(q): o for q, o in sorted(qs.items())} for t, qs in self.table.items()}
         }
         tmp = self.path.with_name(self.path.name + ".tmp")
-        with open(tmp, "w", encoding="utf-8") as f:
+        with open(file_modes.create_private(tmp), "w", encoding="utf-8") as f:
             json.dump(data, f, sort_keys=True)
         os.replace(tmp, self.path)

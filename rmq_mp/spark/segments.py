@@ -224,7 +224,7 @@ def rebuild_segment(
     finally:
         buf.close()
     for path, writes in by_file.items():
-        path.parent.mkdir(mode=file_modes.dir_mode(), parents=True, exist_ok=True)
+        file_modes.make_dirs(path.parent, Path(target_root))  # an executor's umask is not the store's
         fd = os.open(path, os.O_RDWR | os.O_CREAT, file_modes.file_mode())
         try:
             if os.fstat(fd).st_size < cq_file_size:

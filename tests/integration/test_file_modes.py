@@ -13,7 +13,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from rmq_mp.client.consumer import Consumer
+from rmq_mp.client.consumer import Consumer, MessageModel
 from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.integration.test_cleaner import ALWAYS, CLEANER, age_files, write_files
@@ -56,7 +56,8 @@ def worker_umasks(service: RunningService) -> dict[str, str]:
 
 def test_every_file_of_a_store_that_ran_every_feature_is_owner_only(tmp_path: Path) -> None:
     """Files rolled by the allocator, queues and index by reput, a delayed message delivered by
-    the scheduler, files deleted by the cleaner, offsets committed and persisted, a clean stop:
+    the scheduler, files deleted by the cleaner, offsets committed and persisted (a broadcasting
+    member's by its own process, whose umask is the user's), a clean stop:
     all 0700/0600, and so is every shared object; each process's umask is 077, so a file written
     with no explicit mode (or by a worker added later) is private too."""
     old_umask = os.umask(0o022)  # the test's own (a usual shell's): the store must not depend on it
@@ -70,6 +71,12 @@ def test_every_file_of_a_store_that_ran_every_feature_is_owner_only(tmp_path: Pa
             assert producer.send("Late", b"later", properties={"DELAY": "1"}, queue_id=0).ok
             wait_until(lambda: bool(consumer.pull("Late", 0, 0, timeout_s=0.2).messages), 30, "delivery")
             consumer.commit({("Late", 0): 1})
+            with Consumer.attach(
+                service.root, "b", message_model=MessageModel.BROADCASTING, client_id="own"
+            ) as broadcasting:  # its progress is written by this process, under the test's umask
+                broadcasting.subscribe("Late")
+                wait_until(lambda: bool(broadcasting.poll(timeout_s=0.2)), 30, "broadcast read")
+                broadcasting.commit()
             write_files(service, producer, 4)
             age_files(service, 0, 2)
             size = service.config.mapped_file_size_commit_log
@@ -87,6 +94,7 @@ def test_every_file_of_a_store_that_ran_every_feature_is_owner_only(tmp_path: Pa
             assert expected in kinds
         assert any(k.startswith("config/consumerOffset.json") for k in kinds)
         assert any(k.startswith("config/delayOffset.json") for k in kinds)
+        assert "broadcastOffsets/own/b/offsets.json" in kinds
         assert any(k.startswith("consumequeue/SCHEDULE_TOPIC_XXXX/") for k in kinds)
         assert any(k.startswith("index/") and k != "index" for k in kinds)
         stopped = wrong_modes(service.root, 0o700, 0o600)

@@ -83,3 +83,25 @@ def test_a_library_message_store_is_private_under_a_loose_umask(tmp_path: Path) 
     assert len(found) > 5
     wrong = {p: f"{m:04o}" for p, m in found.items() if m != (0o700 if Path(p).is_dir() else 0o600)}
     assert wrong == {}
+
+
+def test_make_dirs_and_create_private_ignore_a_clients_umask(tmp_path: Path) -> None:
+    """A client process (a broadcasting consumer, a Spark executor) keeps the user's umask: the
+    directories it makes under the store and the files it writes there get the store's modes,
+    every level of them, and a file left with a looser mode is narrowed when rewritten."""
+    for access, umask in (("none", 0o022), ("write", 0o022), ("read", 0o000)):
+        file_modes.apply(access)
+        os.umask(umask)
+        root = tmp_path / access
+        root.mkdir()
+        deep = root / "a" / "b" / "c"
+        file_modes.make_dirs(deep, root)
+        file_modes.make_dirs(deep, root)  # there already: nothing to do
+        left = deep / "f"
+        left.touch()
+        os.chmod(left, 0o666)
+        os.close(file_modes.create_private(left))
+        got = {str(p.relative_to(root)): stat.S_IMODE(p.stat().st_mode) for p in root.rglob("*")}
+        dirs, files = file_modes.dir_mode(access), file_modes.file_mode(access)
+        assert got == {"a": dirs, "a/b": dirs, "a/b/c": dirs, "a/b/c/f": files}, access
+        assert stat.S_IMODE(root.stat().st_mode) == 0o777 & ~umask  # the root is not its to change
