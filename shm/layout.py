@@ -543,7 +543,7 @@ REPUT_BEHIND_PASSES = _f(
     doc="reputSyncFlushSchedIdle: passes that started IDLE_BACKLOG_BYTES behind and so left SCHED_IDLE",
 )  # fmt: skip
 
-# Slot 216: the flusher's gather under SYNC_FLUSH (workers/flusher.py `gather`).
+# Slot 216: the flusher's gather under SYNC_FLUSH (workers/flusher.py `GroupGather`).
 FLUSH_GATHER_TICKET = _f(
     "flush_gather_ticket", 216, Role.FLUSHER,
     doc="while the flusher gathers, the flush-request ticket whose producer posts its wakeup (the "

@@ -1,6 +1,6 @@
 """A SYNC flush request carries when its send began (the ring slot's ``started_ns``,
 CLOCK_MONOTONIC, taken before the put lock): the flusher's gather bounds a request's wait by its
-age from there (workers/flusher.py `gather`). Each send path writes it, the compiled core's
+age from there (workers/flusher.py `GroupGather.wait`). Each send path writes it, the compiled core's
 `send`, `send_batch` and `send_batch` of keyword dicts, and the Python reference's, to the
 slot its ticket names, between the call's start and its return. And the gather is woken once:
 by the put whose ticket it waits for last (FLUSH_GATHER_TICKET), from either path."""

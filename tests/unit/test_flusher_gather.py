@@ -1,13 +1,13 @@
-"""The flusher's gather (workers/flusher.py `FlusherService.gather`) and the producers' side of
+"""The flusher's gather (workers/flusher.py `GroupGather.wait`) and the producers' side of
 its wake (rmq_mp/put/flush_wait.py `FlushRequests.request`, `wake_gather`), in real shared
 memory and semaphores: the gather watches for its group for up to GATHER_SPIN_S, then arms
 FLUSH_GATHER_TICKET and sleeps, and the last request of its group must end that sleep (a wake
 lost here costs every SYNC put the gather's whole bound, not a timeout, so no live test would
 fail on it). A group that never comes back (its producers died) ends the gather at its bound.
 
-The flusher is the real class on a store's real shared memory (`StoreShm.create`, attached as
-the flusher and as a producer), built without the worker process around it: the gather's
-fields set as its last pass leaves them. The group's puts come from a producer thread."""
+The gather is the flusher's own `GroupGather` on a store's real shared memory (`StoreShm.create`,
+attached as the flusher and as a producer), without the worker process around it, as its last
+pass leaves it. The group's puts come from a producer thread."""
 
 from __future__ import annotations
 
@@ -24,18 +24,11 @@ from shm import layout
 from shm.layout import Role
 from shm.names import ShmNames
 from shm.store_shm import ShmSizes, StoreShm
-from workers.flusher import GATHER_SPIN_S, FlusherService
+from workers.flusher import GATHER_SPIN_S, GroupGather
 
 GROUP = 4
 BOUND_S = 30.0
 """The gather's bound here: long, so that only the last request's post ends it early."""
-
-
-class _Store:
-    """What `gather` reads of its store: the shared memory."""
-
-    def __init__(self, shm: StoreShm) -> None:
-        self.shm = shm
 
 
 @pytest.fixture
@@ -55,25 +48,13 @@ def shm(tmp_path: Path) -> Iterator[tuple[StoreShm, StoreShm]]:
         assert names.leftovers() == []
 
 
-def gathering_flusher(shm: StoreShm, gather_max_s: float) -> FlusherService:
-    """A flusher whose last pass has just woken GROUP producers (tickets up to the current
-    FLUSH_REQUEST_SEQ answered), gathering for at most ``gather_max_s``."""
-    flusher = FlusherService.__new__(FlusherService)
-    since = shm.table.get(layout.FLUSH_REQUEST_SEQ)
-    vars(flusher).update(
-        table=shm.table,
-        store=_Store(shm),
-        wakeup=shm.wakeup("flusher"),
-        woken=GROUP,
-        woken_after_ticket=since,
-        woken_at_ns=time.monotonic_ns(),
-        left_open=0,
-        gather_group_max=2 * GROUP,
-        gather_max_s=gather_max_s,
-        pass_s=gather_max_s,
-        answered_through=since,
-    )
-    return flusher
+def last_pass_gather(shm: StoreShm, gather_max_s: float) -> GroupGather:
+    """The flusher's gather as its last pass leaves it: GROUP producers just woken (tickets up to
+    the current FLUSH_REQUEST_SEQ answered), gathering for at most ``gather_max_s``."""
+    gather = GroupGather(shm, gather_max_s, group_max=2 * GROUP)
+    gather.woke(GROUP, shm.table.get(layout.FLUSH_REQUEST_SEQ), left_open=0)
+    gather.passed(gather_max_s)
+    return gather
 
 
 def put_group_once_armed(producer: StoreShm, failures: list[str]) -> None:
@@ -94,13 +75,13 @@ def put_group_once_armed(producer: StoreShm, failures: list[str]) -> None:
 
 def test_a_group_back_after_the_watch_wakes_the_sleeping_gather(shm: tuple[StoreShm, StoreShm]) -> None:
     flusher_shm, producer_shm = shm
-    flusher = gathering_flusher(flusher_shm, BOUND_S)
-    since = flusher.woken_after_ticket
+    gather = last_pass_gather(flusher_shm, BOUND_S)
+    since = gather.woken_after_ticket
     failures: list[str] = []
     thread = threading.Thread(target=put_group_once_armed, args=(producer_shm, failures))
     thread.start()
     began = time.monotonic()
-    flusher.gather()
+    gather.wait(since)
     took_s = time.monotonic() - began
     thread.join(BOUND_S)
     assert not failures, failures
@@ -113,6 +94,6 @@ def test_a_group_back_after_the_watch_wakes_the_sleeping_gather(shm: tuple[Store
 
 def test_a_group_that_never_comes_back_ends_the_gather_at_its_bound(shm: tuple[StoreShm, StoreShm]) -> None:
     flusher_shm, _ = shm
-    flusher = gathering_flusher(flusher_shm, 20 * GATHER_SPIN_S)
-    flusher.gather()
+    gather = last_pass_gather(flusher_shm, 20 * GATHER_SPIN_S)
+    gather.wait(gather.woken_after_ticket)
     assert flusher_shm.table.get(layout.FLUSH_GATHER_TICKET) == 0, "the ticket stays armed after the gather"
