@@ -153,7 +153,7 @@ class ServiceModel(RuleBasedStateMachine):
 
 
 ServiceModel.TestCase.settings = settings(
-    max_examples=4,
+    max_examples=int(os.environ.get("RMQ_SERVICE_MODEL_EXAMPLES", "4")),  # more for a soak
     stateful_step_count=25,
     deadline=None,
     suppress_health_check=list(HealthCheck),

@@ -11,6 +11,7 @@ answered PUT_OK in-process, so its bytes are in the page cache the next open rea
 
 from __future__ import annotations
 
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -154,7 +155,7 @@ class StoreModel(RuleBasedStateMachine):
 
 
 StoreModel.TestCase.settings = settings(
-    max_examples=60,
+    max_examples=int(os.environ.get("RMQ_STORE_MODEL_EXAMPLES", "60")),  # more for a soak
     stateful_step_count=60,
     deadline=None,
     suppress_health_check=[HealthCheck.too_slow],
