@@ -113,7 +113,16 @@ class Scenario:
 class Producers:
     """ha_producer processes against one store; their answers read back from their files."""
 
-    def __init__(self, store: RunningService, out: Path, scenario: Scenario, first: int, count: int, n: int):
+    def __init__(
+        self,
+        store: RunningService,
+        out: Path,
+        scenario: Scenario,
+        first: int,
+        count: int,
+        n: int,
+        hold: bool = False,
+    ):
         self.scenario, self.first = scenario, first
         self.outs = [out / f"producer{first + i}.jsonl" for i in range(n)]
         big, small = str(scenario.big_permille), str(scenario.small_max)
@@ -130,6 +139,7 @@ class Producers:
                     str(path),
                     big,
                     small,
+                    "1" if hold else "0",
                 ],
                 cwd=ROOT,
             )
@@ -282,16 +292,16 @@ def test_sync_master_killed_then_failover_and_return(tmp_path: Path, seed: int) 
         slave = start_slave(tmp_path, relay.port, **settings, haListenPort="0")  # a master once promoted
         wait_until(lambda: master.read(layout.HA_CONNECTIONS) == 1, 20, "the slave to connect")
         store = RunningStore.attach(master.names.base, Role.CONSUMER)
-        load = Producers(master, tmp_path, scenario, 0, 1_000_000, scenario.producers)
+        load = Producers(master, tmp_path, scenario, 0, 1_000_000, scenario.producers, hold=True)
         try:
-            _acked_grows(master, unit * rng.randint(1, 4), "at first")
+            _acked_grows(master, unit * rng.randint(2, 10), "at first")
             for fault in scenario.faults:
                 slave = _fault(tmp_path, fault, master, slave, relay, store, settings)
                 _acked_grows(master, unit * rng.randint(1, 3), f"after {fault}")
             if scenario.moment == "roll":
                 _wait_roll(master, scenario.file_bytes, rng.randint(1, 3))
             elif scenario.moment == "acked":
-                _acked_grows(master, unit * rng.randint(1, 4), "before the kill")
+                _acked_grows(master, unit * rng.randint(2, 10), "before the kill")
             else:
                 _link_fault(relay, scenario.moment, master, store)
             alive = load.answers()  # answered while the master lived: RocketMQ's SYNC_MASTER answers
@@ -318,6 +328,8 @@ def test_sync_master_killed_then_failover_and_return(tmp_path: Path, seed: int) 
     _check_served(slave, put_ok, scenario)
     assert_same_log(master, slave, slave_end)
     old_ok = _positions(put_ok)
+    master_end = max(ack["phy"] for _, ack in old_answers if ack["status"] in STORED)
+    big_ok = sum(1 for _, ack in put_ok if ack["body_bytes"] >= 1 << 20)
 
     # Failover: the slave promoted, producers move to it.
     assert promote(slave, "--role", scenario.promoted_role) == 0
@@ -374,7 +386,8 @@ def test_sync_master_killed_then_failover_and_return(tmp_path: Path, seed: int) 
     assert promoted.stop() == 0
     assert_same_log(promoted, old, end)
     print(
-        f"seed {seed}: answers {dict(statuses)}; all {len(put_ok)} PUT_OK on the slave at their offsets; "
+        f"seed {seed}: answers {dict(statuses)}; all {len(put_ok)} PUT_OK ({big_ok} of 1 MiB or more) on the "
+        f"slave at their offsets, killed in file {master_end // scenario.file_bytes}; "
         f"promoted {scenario.promoted_role}, {len(stored_after)} stored after; "
         + ("the old master forked, set aside and rejoined" if forked else "the old master rejoined")
     )
