@@ -489,7 +489,7 @@ class HaSlave(ServiceLoop):
                 self._receive()
             if time.monotonic() - self.heard_at > self.housekeeping_s:  # HAClient's housekeeping
                 raise HaProtocolError(f"master silent for {self.housekeeping_s:g} s (haHousekeepingInterval)")
-            if time.monotonic() - self.reported_at >= self.heartbeat_s:
+            if time.monotonic() - self.reported_at >= self.heartbeat_s and not self._probe_unanswered():
                 self._report()
             self._flush_reports()
         except (OSError, HaProtocolError) as exc:
@@ -856,6 +856,12 @@ class HaSlave(ServiceLoop):
         )
         self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_VERIFYING)
 
+    def _probe_unanswered(self) -> bool:
+        """A probe the master has not answered yet: its first report is where the probe asks, and
+        a master whose log ends below that closes a connection that reports it again (#3015)
+        before its heartbeat says it has nothing there, so the probe would never be answered."""
+        return self.check is not None and self.check.pos == self.check.start
+
     def _report_offset(self) -> int:
         return self.check.pos if self.check is not None else self.received_end
 
@@ -879,6 +885,7 @@ class HaSlave(ServiceLoop):
             return outcome.tail
         if verdict is ha_fork.Verdict.NEXT_PROBE:
             self.probe += 1
+            self.failures = 0  # an answer, not a failure: the next probe connects at once
             if outcome.differs:
                 self._unconfirmed_from(outcome.offset)
             raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")

@@ -181,10 +181,23 @@ class MappedFileQueue:
     def ensure_file(self, file_offset: int) -> MappedFile:
         """The segment starting at ``file_offset`` (mapping it, and any missing before it)."""
         mf = self.find_mapped_file_by_offset(file_offset)
-        if mf is None:
-            self.ensure_range(self.files[0].file_from_offset if self.files else file_offset, file_offset)
-            mf = self.files[-1]
-        return mf
+        if mf is not None:
+            return mf
+        if self.files and file_offset < self.files[0].file_from_offset:
+            # Below this view's first segment (a slave comparing its log with a master's from an
+            # older file): map it and those up to the first in front, leaving what is mapped open
+            # (views of it may be in use). ensure_range maps only forward: this once returned the
+            # last segment for it, so the fork check compared the wrong file's bytes.
+            size = self.mapped_file_size
+            first = file_offset - file_offset % size
+            front = [
+                self._open(self.store_dir / offset_to_file_name(offset), size, writable=self.writable)
+                for offset in range(first, self.files[0].file_from_offset, size)
+            ]
+            self.files[:0] = front
+            return front[0]
+        self.ensure_range(self.files[0].file_from_offset if self.files else file_offset, file_offset)
+        return self.files[-1]
 
     def drop_files_before(self, offset: int) -> None:
         """Unmap segments wholly below ``offset`` (deleted by the cleaner in another process)."""

@@ -31,3 +31,24 @@ def test_flush_waits_for_least_pages_unless_the_file_is_full(tmp_path: Path) -> 
     assert mfq.flushed_where == size + 10
     for mf in mfq.files:
         mf.close()
+
+
+def test_ensure_file_below_the_first_mapped_segment_maps_that_segment(tmp_path: Path) -> None:
+    """A view mapped from a later file (a slave's ha worker maps its log's tail) asked for an
+    older file maps it in front, and keeps what it had mapped: it once returned the last
+    segment, so a returning old master compared the wrong file's bytes with its new master's."""
+    size = OS_PAGE_SIZE
+    writer = MappedFileQueue(tmp_path, size, writable=True, reporter=Reporter())
+    for i in range(4):
+        writer.ensure_file(i * size).fill(0, bytes([i + 1]) * size)
+    view = MappedFileQueue(tmp_path, size, writable=False, reporter=Reporter())
+    view.ensure_range(3 * size, 3 * size)
+    tail = view.files[-1]
+    got = view.ensure_file(size)
+    assert got.file_from_offset == size
+    assert bytes(got.buf[:4]) == b"\x02" * 4
+    assert [mf.file_from_offset for mf in view.files] == [size, 2 * size, 3 * size]
+    assert view.files[-1] is tail
+    assert view.find_mapped_file_by_offset(2 * size + 5) is view.files[1]
+    for mf in [*writer.files, *view.files]:
+        mf.close()
