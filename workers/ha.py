@@ -824,10 +824,12 @@ class HaSlave(ServiceLoop):
 
     def _fork_start(self) -> None:
         """No probe yet; a fork found by an earlier run and not yet cut keeps this one halted."""
-        self.check: ha_fork.ForkCheck | None = None
+        self.check: ha_fork.ForkCheck | ha_fork.Locate | None = None
         self.last_record = ha_fork.LastRecord(self.store.commit_log, self.file_size)
         self.probe = 0
         """Which of `ha_fork.probe_starts` the next connection asks from."""
+        self.locate: bool | None = False
+        """The next connection locates the master's end (`ha_fork.Locate`); None: this walk did."""
         cut = fork.pending_cut(self.store.paths.root)
         self.halted = cut is not None
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
@@ -846,15 +848,22 @@ class HaSlave(ServiceLoop):
         self.check = None
         if not self.received_end:
             return
-        first = max(self.table.get(layout.MIN_OFFSET), 0)
-        starts = ha_fork.probe_starts(
-            self.store.commit_log, first, self.wrote, self.file_size, self.last_record
-        )
+        self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_VERIFYING)
+        if self.locate:
+            self.check = ha_fork.Locate()
+            return
+        first, starts = self._probe_starts()
         start = starts[min(self.probe, len(starts) - 1)]
         self.check = ha_fork.ForkCheck(
             self.store.commit_log, start, self.received_end, self.file_size, last=start <= first
         )
-        self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_VERIFYING)
+
+    def _probe_starts(self) -> tuple[int, list[int]]:
+        """This log's first byte, and where its probes ask from (`ha_fork.probe_starts`)."""
+        first = max(self.table.get(layout.MIN_OFFSET), 0)
+        return first, ha_fork.probe_starts(
+            self.store.commit_log, first, self.wrote, self.file_size, self.last_record
+        )
 
     def _probe_unanswered(self) -> bool:
         """A probe the master has not answered yet: its first report is where the probe asks, and
@@ -879,7 +888,7 @@ class HaSlave(ServiceLoop):
                 outcome.offset,
             )
             self.check = None
-            self.probe = 0
+            self.probe, self.locate = 0, False
             self._confirmed(outcome.offset)
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
             return outcome.tail
@@ -888,7 +897,15 @@ class HaSlave(ServiceLoop):
             self.failures = 0  # an answer, not a failure: the next probe connects at once
             if outcome.differs:
                 self._unconfirmed_from(outcome.offset)
+            if outcome.nothing and self.locate is False and len(self._probe_starts()[1]) - self.probe > 2:
+                self.locate = True
+                raise HaProtocolError(f"{outcome.why}: asking where the master's log ends next")
             raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
+        if verdict is ha_fork.Verdict.LOCATED:
+            starts = self._probe_starts()[1]
+            self.probe = max(self.probe, ha_fork.first_below(starts, outcome.offset, self.file_size))
+            self.failures, self.locate = 0, None
+            raise HaProtocolError(f"{outcome.why}: comparing from {starts[self.probe]} next")
         self._halt(outcome)
         return None
 
@@ -939,7 +956,7 @@ class HaSlave(ServiceLoop):
 
     def _halt(self, outcome: ha_fork.Outcome) -> None:
         """FORKED: set the slave's own bytes aside and stop; REFUSED: stop, saying where."""
-        assert self.check is not None
+        assert isinstance(self.check, ha_fork.ForkCheck)  # a Locate's answer is LOCATED only
         end, master = self.check.end, f"{self.master[0]}:{self.master[1]}"
         self.check = None
         self.halted = True

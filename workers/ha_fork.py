@@ -22,7 +22,9 @@ own physical offset and store time):
   at it), and nothing there means the slave cannot decide: it refuses, with one line naming X,
   and stays refusing (REFUSED).
 
-Each probe is one connection (a master takes only the first report as where to start).
+Each probe is one connection (a master takes only the first report as where to start). When a
+probe finds nothing at all and more than two file starts are left below it, the next connection
+is a `Locate` (a report of 0), whose answer skips the probes above the master's end.
 """
 
 from __future__ import annotations
@@ -42,6 +44,7 @@ class Verdict(enum.Enum):
     FORKED = "forked"
     NEXT_PROBE = "next probe"
     REFUSED = "refused"
+    LOCATED = "located"
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,6 +58,9 @@ class Outcome:
     differs: bool = False
     """NEXT_PROBE: the master holds other bytes at `offset` (not merely nothing): this slave's log
     is not its master's from there, whatever it was confirmed as."""
+    nothing: bool = False
+    """NEXT_PROBE: the master had nothing at all at `offset` (its log ends at or below it, or
+    begins above it)."""
 
 
 _PENDING = Outcome(Verdict.PENDING)
@@ -155,7 +161,7 @@ class ForkCheck:
             raise HaProtocolError(f"frame at {frame.phy_offset} while comparing from {self.pos}")
         if not frame.data:  # a heartbeat: the master has nothing past pos now
             if self.pos == self.start:
-                return self._below(f"the master has nothing at {self.start}")
+                return self._below(f"the master has nothing at {self.start}", nothing=True)
             return self._forked(self.pos, f"the master's log ends at {self.pos}", differs=False)
         n = min(len(frame.data), self.end - self.pos)
         mf = self.log.file_at(self.pos)
@@ -181,7 +187,33 @@ class ForkCheck:
             return self._below(f"{why}, in the record at {self.start}", differs=differs)
         return Outcome(Verdict.FORKED, boundary, why=why)
 
-    def _below(self, why: str, *, differs: bool = False) -> Outcome:
+    def _below(self, why: str, *, differs: bool = False, nothing: bool = False) -> Outcome:
         if self.last:
             return Outcome(Verdict.REFUSED, self.start, why=why)
-        return Outcome(Verdict.NEXT_PROBE, self.start, why=why, differs=differs)
+        return Outcome(Verdict.NEXT_PROBE, self.start, why=why, differs=differs, nothing=nothing)
+
+
+class Locate:
+    """Not a probe: a report of 0, which any master answers as an empty slave's, from the start
+    of the file holding its end. Its first frame's offset says where the master's log ends to
+    within a file, in one connection; walking down from a slave many files ahead took a
+    connection and a master's heartbeat interval (5 s by default) a file. `Outcome.offset` of
+    LOCATED: the master holds bytes below it (a probe asked from below it finds something,
+    unless the master's cleaner took it)."""
+
+    start = pos = 0
+
+    def feed(self, frame: ha_frame.Frame) -> Outcome:
+        below = frame.phy_offset + (1 if frame.data else 0)  # a heartbeat: nothing at its offset
+        return Outcome(Verdict.LOCATED, below, why=f"the master's log ends in its file at {frame.phy_offset}")
+
+
+def first_below(starts: list[int], below: int, file_size: int) -> int:
+    """The index in ``starts`` (`probe_starts`, latest first) of the first start under ``below``,
+    the last (the log's first byte) when none is; byte 0 not before the second record that
+    `probe_starts` puts ahead of it (a report of 0 is answered from the master's last file,
+    which may have rolled past file 0 since)."""
+    index = next((i for i, start in enumerate(starts) if start < below), len(starts) - 1)
+    if starts[index] == 0 and index > 0 and 0 < starts[index - 1] < file_size:
+        index -= 1
+    return index

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import os
 import random
+import re
 import signal
 import subprocess
 import sys
@@ -410,7 +411,14 @@ def test_a_slave_files_ahead_of_its_master_finds_the_fork(tmp_path: Path) -> Non
     assert b.stop() == 0
     b = start_slave(tmp_path, a.read(layout.HA_LISTEN_PORT), "b", **hb)
     wait_until(lambda: _now(b, layout.FORK_RESTARTS) == 1, 60, "b to find the fork and restart itself")
-    assert f"its bytes [{shared}, {b_end}) are not the master's" in (b.root / "logs" / "ha.log").read_text()
+    ha_log = (b.root / "logs" / "ha.log").read_text()
+    assert f"its bytes [{shared}, {b_end}) are not the master's" in ha_log
+    # One connection for the probe of its last record, one to locate a's end (a report of 0,
+    # answered from a's last file), one from a record there: not one a file of the five ahead.
+    [walker] = re.findall(r"ha\[(\d+)\][^\n]*forks from its master's", ha_log)
+    reports = re.findall(rf"ha\[{walker}\][^\n]*connected to master [^\n]*, reporting (\d+)", ha_log)
+    assert "0" in reports, reports
+    assert len(reports) <= 4, reports
     end = put(a, 50)
     wait_caught_up(b, end)
     assert b.stop() == 0

@@ -185,3 +185,20 @@ def test_a_first_record_that_differs_at_the_slaves_first_byte_shares_nothing(
     # cannot be asked for, so the slave cannot tell (the cleaner outran it, test_cleaner_gap).
     refused = ForkCheck(slave, 0, ours[-1], size, last=True).feed(ha_frame.Frame(size, b"x"))
     assert (refused.verdict, refused.offset) == (Verdict.REFUSED, 0)
+
+
+def test_a_locate_skips_the_probes_above_the_masters_end() -> None:
+    """A `Locate` (a report of 0) learns the file holding the master's end from its first frame:
+    data there means a probe from any start up to that file's start finds some, a heartbeat
+    means only starts below it do. Byte 0 is never chosen before the second record."""
+    size = 1000
+    starts = [5321, 5000, 4000, 3000, 2000, 1000, 123, 0]  # probe_starts' shape, latest first
+    locate = ha_fork.Locate()
+    data = locate.feed(ha_frame.Frame(3000, b"x"))
+    assert (data.verdict, data.offset) == (ha_fork.Verdict.LOCATED, 3001)
+    assert starts[ha_fork.first_below(starts, data.offset, size)] == 3000
+    heartbeat = ha_fork.Locate().feed(ha_frame.Frame(3000, b""))
+    assert starts[ha_fork.first_below(starts, heartbeat.offset, size)] == 2000
+    assert starts[ha_fork.first_below(starts, 1, size)] == 123  # the master's end in file 0
+    assert ha_fork.first_below([5321, 5000, 0], 1, size) == 2  # no second record listed: byte 0
+    assert starts[ha_fork.first_below(starts, 10_000, size)] == 5321
