@@ -290,6 +290,21 @@ class Consumer:
         ):
             self._reattach()
 
+    def _raise_if_stopped(self, exc: ShmAttachError) -> None:
+        """An attach inside a call that failed because the store stopped (or its supervisor died)
+        after the call's `_check_running`: `StoreNotRunningError`, as that check would have
+        raised, so that a caller riding restarts waits it out. Anything else is left to raise."""
+        table = self.store.table
+        if isinstance(exc, StoreNotRunningError) or (
+            table.get(layout.STATE) == layout.RUNNING
+            and pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+        ):
+            return
+        raise StoreNotRunningError(
+            f"store {self.store.names.base} stopped during this call ({exc}); this consumer attaches "
+            f"again by itself at a call once the store runs again"
+        ) from exc
+
     def _reattach(self) -> None:
         """The store stopped or its supervisor died: attach to a newer start of it under the
         same shm name, keeping subscriptions and their next offsets (`StoreNotRunningError`
@@ -950,7 +965,11 @@ class Consumer:
         while True:
             self._check_running()
             batch: list[MessageExt] = []
-            pairs = self._polled_queues()
+            try:
+                pairs = self._polled_queues()
+            except ShmAttachError as exc:  # a semaphore of the group's members gone with the store
+                self._raise_if_stopped(exc)
+                raise
             start = self._rr % len(pairs) if pairs else 0
             for sub, queue_id in pairs[start:] + pairs[:start]:
                 if (sub.topic, queue_id) in self._paused:
