@@ -281,12 +281,19 @@ class Consumer:
 
     def _check_running(self) -> None:
         """At every call that reads or commits: the store this consumer is attached to still
-        runs (one word read, and a clock read), or a newer start of it is attached to in its
-        place (`_reattach`)."""
+        runs (two word reads, and a clock read), or a newer start of it is attached to in its
+        place (`_reattach`). A start whose supervisor was killed keeps saying RUNNING, with a
+        heartbeat that looks fresh for SUPERVISOR_STALE_MS; the next start (or `run.py stop`)
+        fences it first (rmq_mp/put/fence.py), so a commit made after that is the next start's,
+        not lost with the dead one's memory."""
         table = self.store.table
-        if table.get(layout.STATE) != layout.RUNNING or (
-            now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
-            and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+        if (
+            table.get(layout.STATE) != layout.RUNNING
+            or table.get(layout.FENCE) != layout.FENCE_OPEN  # ended by a stop or a start over it
+            or (
+                now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
+                and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+            )
         ):
             self._reattach()
 

@@ -17,6 +17,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
 import pytest
 
 from rmq_mp.config.offsets import ConsumerOffsetManager
@@ -29,7 +30,10 @@ from shm.store_shm import StoreShm
 from tests.service import (
     ROOT,
     RunningService,
+    cleanup_started,
     running_service,
+    start_service,
+    wait_processes_gone,
     wait_until,
 )
 
@@ -361,3 +365,31 @@ def test_a_store_stopping_inside_a_poll_is_store_not_running(tmp_path: Path, mon
             monkeypatch.setattr(Rebalance, "join", stop_then_join)
             with pytest.raises(StoreNotRunningError, match="stopped"):
                 b.poll(0)
+
+
+def test_a_commit_after_a_killed_store_started_again_goes_to_the_new_start(tmp_path: Path) -> None:
+    """A consumer attached when the supervisor and workers were killed -9 and the store started
+    again: its next commit is the new start's (found by tests/integration/test_consumer_model.py:
+    the dead start's heartbeat looks fresh for SUPERVISOR_STALE_MS, so a commit made in those
+    3 s, a clean leave's last one too, went into the dead start's memory and was lost). The new
+    start fences the dead one first, and a consumer takes a fenced start for a stopped one."""
+    from rmq_mp.client.consumer import Consumer
+
+    service = start_service(tmp_path, defaultTopicQueueNums=str(QUEUES))
+    try:
+        produce(service, QUEUES)
+        with Consumer.attach(service.names.base, GROUP, client_id="a") as a:
+            a.subscribe(TOPIC)
+            assert len(a.poll(0, 64)) == QUEUES
+            pids = [service.process.pid, *(p.pid for p in psutil.Process(service.process.pid).children())]
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            service.process.wait(30)
+            wait_processes_gone(pids)
+            service = start_service(tmp_path, defaultTopicQueueNums=str(QUEUES))
+            a.commit({(TOPIC, 0): 1})
+            with Consumer.attach(service.names.base, GROUP, client_id="reader") as reader:  # no join
+                assert reader.committed_offset(TOPIC, 0) == 1, "the commit went to the dead start"
+    finally:
+        assert service.stop() == 0
+        cleanup_started()
