@@ -281,14 +281,36 @@ class Consumer:
 
     def _check_running(self) -> None:
         """At every call that reads or commits: the store this consumer is attached to still
-        runs (one word read, and a clock read), or a newer start of it is attached to in its
-        place (`_reattach`)."""
+        runs (two word reads, and a clock read), or a newer start of it is attached to in its
+        place (`_reattach`). A start whose supervisor was killed keeps saying RUNNING, with a
+        heartbeat that looks fresh for SUPERVISOR_STALE_MS; the next start (or `run.py stop`)
+        fences it first (rmq_mp/put/fence.py), so a commit made after that is the next start's,
+        not lost with the dead one's memory."""
         table = self.store.table
-        if table.get(layout.STATE) != layout.RUNNING or (
-            now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
-            and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+        if (
+            table.get(layout.STATE) != layout.RUNNING
+            or table.get(layout.FENCE) != layout.FENCE_OPEN  # ended by a stop or a start over it
+            or (
+                now_ms() - table.get(layout.SUPERVISOR_HEARTBEAT_MS) > SUPERVISOR_STALE_MS
+                and not pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+            )
         ):
             self._reattach()
+
+    def _raise_if_stopped(self, exc: ShmAttachError) -> None:
+        """An attach inside a call that failed because the store stopped (or its supervisor died)
+        after the call's `_check_running`: `StoreNotRunningError`, as that check would have
+        raised, so that a caller riding restarts waits it out. Anything else is left to raise."""
+        table = self.store.table
+        if isinstance(exc, StoreNotRunningError) or (
+            table.get(layout.STATE) == layout.RUNNING
+            and pid_alive(table.get(layout.SUPERVISOR_PID), table.get(layout.SUPERVISOR_START_MS))
+        ):
+            return
+        raise StoreNotRunningError(
+            f"store {self.store.names.base} stopped during this call ({exc}); this consumer attaches "
+            f"again by itself at a call once the store runs again"
+        ) from exc
 
     def _reattach(self) -> None:
         """The store stopped or its supervisor died: attach to a newer start of it under the
@@ -950,7 +972,11 @@ class Consumer:
         while True:
             self._check_running()
             batch: list[MessageExt] = []
-            pairs = self._polled_queues()
+            try:
+                pairs = self._polled_queues()
+            except ShmAttachError as exc:  # a semaphore of the group's members gone with the store
+                self._raise_if_stopped(exc)
+                raise
             start = self._rr % len(pairs) if pairs else 0
             for sub, queue_id in pairs[start:] + pairs[:start]:
                 if (sub.topic, queue_id) in self._paused:

@@ -17,6 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import psutil
+import pytest
+
 from rmq_mp.config.offsets import ConsumerOffsetManager
 from rmq_mp.put.producer import Producer
 from shm import members as mb
@@ -24,7 +27,15 @@ from shm import queue_offsets as qo
 from shm.layout import Role
 from shm.pointer_table import pid_alive, pid_alive_since
 from shm.store_shm import StoreShm
-from tests.service import ROOT, RunningService, running_service, wait_until
+from tests.service import (
+    ROOT,
+    RunningService,
+    cleanup_started,
+    running_service,
+    start_service,
+    wait_processes_gone,
+    wait_until,
+)
 
 TOPIC, GROUP, QUEUES = "GroupT", "G1", 16
 INTERVAL_MS = 500
@@ -325,3 +336,60 @@ def test_a_member_learns_it_lost_a_queue_and_its_late_commit_is_ignored(tmp_path
             assert sorted(m.queue_id for m in a.poll(1, 64)) == list(range(8)), "8..15 committed by b"
             assert a.assignment() == {TOPIC: list(range(QUEUES))}, "b closed: a holds every queue again"
             assert changes[-1] == (TOPIC, [], list(range(8, QUEUES)))
+
+
+def test_a_store_stopping_inside_a_poll_is_store_not_running(tmp_path: Path, monkeypatch: Any) -> None:
+    """The store stops after a poll's running check and before its first rebalance (found by
+    tests/integration/test_consumer_model.py: a member riding restarts died of it): joining posts
+    the other members' waiter semaphores, gone with the store. The poll must say the store is not
+    running, which a consumer riding restarts waits out, not raise a bare ShmAttachError."""
+    from rmq_mp.client.consumer import Consumer
+    from rmq_mp.client.rebalance import Rebalance
+    from rmq_mp.errors import StoreNotRunningError
+
+    with group(tmp_path) as (service, _members):
+        produce(service, QUEUES)
+        with (
+            Consumer.attach(service.names.base, GROUP, client_id="a") as a,
+            Consumer.attach(service.names.base, GROUP, client_id="b") as b,
+        ):
+            a.subscribe(TOPIC)
+            a.poll(0)  # a is a member: b's join posts its waiter
+            b.subscribe(TOPIC)
+            join = Rebalance.join
+
+            def stop_then_join(rebalance: Rebalance) -> None:
+                assert service.stop() == 0  # every semaphore of the store unlinked
+                join(rebalance)
+
+            monkeypatch.setattr(Rebalance, "join", stop_then_join)
+            with pytest.raises(StoreNotRunningError, match="stopped"):
+                b.poll(0)
+
+
+def test_a_commit_after_a_killed_store_started_again_goes_to_the_new_start(tmp_path: Path) -> None:
+    """A consumer attached when the supervisor and workers were killed -9 and the store started
+    again: its next commit is the new start's (found by tests/integration/test_consumer_model.py:
+    the dead start's heartbeat looks fresh for SUPERVISOR_STALE_MS, so a commit made in those
+    3 s, a clean leave's last one too, went into the dead start's memory and was lost). The new
+    start fences the dead one first, and a consumer takes a fenced start for a stopped one."""
+    from rmq_mp.client.consumer import Consumer
+
+    service = start_service(tmp_path, defaultTopicQueueNums=str(QUEUES))
+    try:
+        produce(service, QUEUES)
+        with Consumer.attach(service.names.base, GROUP, client_id="a") as a:
+            a.subscribe(TOPIC)
+            assert len(a.poll(0, 64)) == QUEUES
+            pids = [service.process.pid, *(p.pid for p in psutil.Process(service.process.pid).children())]
+            for pid in pids:
+                os.kill(pid, signal.SIGKILL)
+            service.process.wait(30)
+            wait_processes_gone(pids)
+            service = start_service(tmp_path, defaultTopicQueueNums=str(QUEUES))
+            a.commit({(TOPIC, 0): 1})
+            with Consumer.attach(service.names.base, GROUP, client_id="reader") as reader:  # no join
+                assert reader.committed_offset(TOPIC, 0) == 1, "the commit went to the dead start"
+    finally:
+        assert service.stop() == 0
+        cleanup_started()
