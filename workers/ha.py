@@ -558,20 +558,28 @@ class HaSlave(ServiceLoop):
         before the file), write each whole frame, then move WROTE_POSITION and report once."""
         assert self.sock is not None
         moved = False
-        for _ in range(RECEIVE_READS):
-            try:
-                n = self.sock.recv_into(self.frames.space())
-            except BlockingIOError:
-                break
-            if not n:
-                raise HaProtocolError("the master closed the connection")
-            self.heard_at = time.monotonic()
-            try:
-                for frame in self.frames.filled(n):
-                    moved |= self._apply(frame)
-            finally:  # before the next read reuses the buffer, and before any disconnect
-                self._write_pending()
-            self._advance_wrote(publish=False)  # while the bytes just written are in the cache
+        try:
+            for _ in range(RECEIVE_READS):
+                try:
+                    n = self.sock.recv_into(self.frames.space())
+                except BlockingIOError:
+                    break
+                if not n:
+                    raise HaProtocolError("the master closed the connection")
+                self.heard_at = time.monotonic()
+                try:
+                    for frame in self.frames.filled(n):
+                        moved |= self._apply(frame)
+                finally:  # before the next read reuses the buffer, and before any disconnect
+                    self._write_pending()
+                self._advance_wrote(publish=False)  # while the bytes just written are in the cache
+        except (OSError, HaProtocolError):
+            # The records an earlier read of this receive brought, readable before the connection
+            # goes: a master killed -9 just after its last frame is read as that frame and the
+            # close together, and they stayed walked but unpublished until another master came.
+            if self.walked != self.wrote:
+                self._advance_wrote()
+            raise
         self.table.set(layout.HA_SLAVE_LAST_HEARD_MS, now_ms())
         if moved:  # the report first: a SYNC_MASTER put waits for it, not for this slave's reput
             self._report()

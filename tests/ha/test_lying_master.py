@@ -240,3 +240,22 @@ def test_a_first_frame_ending_past_the_largest_offset_is_refused(
     assert slave.read(layout.HA_SLAVE_RECEIVED_END) == 0
     honest(master, slave, true_log)
     assert slave.read(layout.worker_field("ha", "restarts")) == 0
+
+
+def test_records_sent_just_before_a_hang_up_are_readable(
+    liar: tuple[Master, RunningService], true_log: bytes
+) -> None:
+    """The master's last frame and its close read in one receive (a master killed -9 right after
+    it sent): the whole records of that frame are readable on the slave at once. They were
+    walked but not published, the read of the close raising first, so WROTE_POSITION stayed
+    below HA_SLAVE_RECEIVED_END until another master connected (test_sync_master's kill -9 of
+    a SYNC_MASTER's tree timed out on them twice in 12 runs)."""
+    master, slave = liar
+    starts = record_starts(true_log)
+    conn, first = master.session()
+    conn.sendall(frame(first, true_log[: starts[20]]))
+    conn.close()  # the close's FIN behind the frame: one receive reads both
+    wait_until(lambda: slave.read(layout.HA_SLAVE_RECEIVED_END) == starts[20], 20, "the frame received")
+    wait_until(lambda: slave.read(layout.WROTE_POSITION) == starts[20], 20, "its records readable")
+    assert_true_so_far(slave, true_log)
+    honest(master, slave, true_log)
