@@ -3,7 +3,10 @@ bench/service.py, and what only tests need (producer processes, acknowledgements
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import signal
 import subprocess
 import sys
 import threading
@@ -64,6 +67,20 @@ def wait_processes_gone(pids: Collection[int], timeout_s: float = 15) -> None:
         timeout_s,
         "workers to exit",
     )
+
+
+def kill_tree(service: RunningService, timeout_s: float = 30) -> None:
+    """SIGKILL the supervisor and every worker at once (a machine's crash, as the store sees it;
+    a stopped process too), and wait until none of them runs."""
+    pids = [
+        service.process.pid,
+        *(p.pid for p in psutil.Process(service.process.pid).children(recursive=True)),
+    ]
+    for pid in pids:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    service.process.wait(timeout_s)
+    wait_processes_gone(pids, timeout_s)
 
 
 def start_producers(

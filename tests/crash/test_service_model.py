@@ -17,7 +17,6 @@ import signal
 import tempfile
 from pathlib import Path
 
-import psutil
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, precondition, rule
@@ -27,7 +26,13 @@ from rmq_mp.format.message_batch import MessageBatch
 from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.put.producer import Producer
 from shm.roles import ROLES
-from tests.service import RunningService, cleanup_started, start_service, wait_processes_gone, wait_until
+from tests.service import (
+    RunningService,
+    cleanup_started,
+    kill_tree,
+    start_service,
+    wait_until,
+)
 
 TOPICS = {"Model": 2, "Модель": 1}
 SETTINGS = {
@@ -134,16 +139,7 @@ class ServiceModel(RuleBasedStateMachine):
     def kill_everything(self) -> None:
         """SIGKILL the supervisor and every worker at once, then the start a user would do; the
         clients stay attached (their sends meanwhile are refused, then go to the new start)."""
-        service = self.running
-        pids = [
-            service.process.pid,
-            *(p.pid for p in psutil.Process(service.process.pid).children(recursive=True)),
-        ]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        service.process.wait(30)
-        wait_processes_gone(pids)
+        kill_tree(self.running)
         self.service = start_service(self.tmp, **SETTINGS)
 
     @rule()

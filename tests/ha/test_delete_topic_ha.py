@@ -34,9 +34,9 @@ from rmq_mp.tools import admin
 from shm import layout
 from tests.ha.pair import assert_same_log, wait_caught_up
 from tests.ha.test_meta import commit, committed, follow, start_pair
-from tests.ha.test_promote import kill_tree, promote
+from tests.ha.test_promote import promote
 from tests.integration.test_delete_topic import persisted_offsets, read_all, send
-from tests.service import RunningService, wait_until
+from tests.service import RunningService, kill_tree, wait_until
 
 T = "Gone"
 CRASH_POINTS = ("reput-marker", "reput", "finish", "whole")

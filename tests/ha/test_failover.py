@@ -38,9 +38,9 @@ from shm import queue_offsets as qo
 from shm import schedule_offsets as so
 from tests.ha.pair import assert_same_log, start_master, start_slave, wait_caught_up
 from tests.ha.test_meta import META, follow
-from tests.ha.test_promote import kill_tree, promote
+from tests.ha.test_promote import promote
 from tests.load import TOPICS, message_for
-from tests.service import acknowledged, start_producers, wait_until
+from tests.service import acknowledged, kill_tree, start_producers, wait_until
 
 GROUP = "failover_group"
 DELAY_TOPIC = "Delayed"

@@ -12,8 +12,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import psutil
-
 from rmq_mp.client.consumer import Consumer
 from rmq_mp.outcomes import GetMessageStatus
 from rmq_mp.spark.store_files import queue_ranges, resolve_store
@@ -22,7 +20,7 @@ from shm import layout
 from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.relay import Relay
 from tests.ha.test_fork import HB, _admin, _bodies, _read, _served
-from tests.service import ROOT, RunningService, wait_until
+from tests.service import ROOT, RunningService, kill_tree, wait_until
 
 TOPICS = ("HaTopic", "OnlyB", "OnlyA")
 
@@ -45,13 +43,6 @@ def _written_apart(tmp_path: Path) -> tuple[RunningService, int, int]:
     assert group.returncode == 0, group.stderr  # group G at queue offset 0 of each HaTopic queue
     assert b.stop() == 0
     return a, shared, a_end
-
-
-def _kill_tree(service: RunningService) -> None:
-    tree = psutil.Process(service.process.pid)
-    for proc in [tree, *tree.children(recursive=True)]:
-        proc.kill()
-    service.process.wait(10)
 
 
 def _lines(done: subprocess.CompletedProcess[str]) -> list[dict[str, object]]:
@@ -198,7 +189,7 @@ def test_a_kill_before_the_cut_was_recorded_keeps_the_window_at_the_fork(tmp_pat
         wait_until(lambda: b.read(layout.HA_SLAVE_STATE) == layout.SLAVE_REFUSED, 60, "B to find the fork")
         assert b.read(layout.FORK_READ_END) == shared
         assert not (b.root / fork.PENDING_CUT).exists()
-        _kill_tree(b)
+        kill_tree(b)
         (b.root / fork.DIVERGED_DIR).unlink()
         assert ha_log.stopped_read_end(b.root) == shared
         _assert_stopped_window(b.root, shared)
@@ -233,7 +224,7 @@ def test_a_confirmed_slave_keeps_serving_with_its_master_down(tmp_path: Path) ->
     end = put(a, 700, body_bytes=300)
     wait_caught_up(b, end)
     theirs = _bodies(a, "HaTopic")
-    _kill_tree(a)
+    kill_tree(a)
     assert b.read(layout.FORK_READ_END) == -1
     assert _bodies(b, "HaTopic") == theirs
     assert b.stop() == 0

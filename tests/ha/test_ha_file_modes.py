@@ -15,9 +15,9 @@ from rmq_mp.put.producer import Producer
 from shm import layout
 from tests.ha.pair import put, wait_caught_up
 from tests.ha.test_meta import commit, start_pair
-from tests.ha.test_promote import kill_tree, promote
+from tests.ha.test_promote import promote
 from tests.integration.test_file_modes import shm_modes, wrong_modes
-from tests.service import wait_until
+from tests.service import kill_tree, wait_until
 
 
 def test_a_replicated_and_promoted_pair_is_owner_only(tmp_path: Path) -> None:

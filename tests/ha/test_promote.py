@@ -5,13 +5,11 @@ at once, the group resumes where it committed on the master, the role survives a
 from __future__ import annotations
 
 import json
-import signal
 import socket
 import subprocess
 import sys
 from pathlib import Path
 
-import psutil
 import pytest
 
 from rmq_mp.client.consumer import Consumer
@@ -24,16 +22,7 @@ from shm import layout
 from shm import schedule_offsets as so
 from tests.ha.pair import assert_same_log, put, start_master, start_slave, wait_caught_up
 from tests.ha.test_meta import META, commit, committed, follow, start_pair
-from tests.service import ROOT, RunningService, start_service, wait_until
-
-
-def kill_tree(service: RunningService) -> None:
-    tree = psutil.Process(service.process.pid)
-    procs = [tree, *tree.children(recursive=True)]
-    for proc in procs:
-        proc.send_signal(signal.SIGKILL)
-    service.process.wait(10)
-    psutil.wait_procs(procs, timeout=10)
+from tests.service import ROOT, RunningService, kill_tree, start_service, wait_until
 
 
 def promote(service: RunningService, *extra: str) -> int:

@@ -49,7 +49,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
-import psutil
 from hypothesis import HealthCheck, Phase, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
@@ -68,8 +67,8 @@ from tests.service import (
     ROOT,
     RunningService,
     cleanup_started,
+    kill_tree,
     start_service,
-    wait_processes_gone,
     wait_until,
 )
 
@@ -417,16 +416,7 @@ class ConsumerModel(RuleBasedStateMachine):
         self._restart(start_s, killed)
 
     def _kill_store(self) -> None:
-        service = self.running
-        pids = [
-            service.process.pid,
-            *(p.pid for p in psutil.Process(service.process.pid).children(recursive=True)),
-        ]
-        for pid in pids:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        service.process.wait(30)
-        wait_processes_gone(pids)
+        kill_tree(self.running)
 
     def _restart(self, start_s: float, killed: bool) -> None:
         """Start the store again, its group offsets checked against the last start's."""
