@@ -69,6 +69,18 @@ def wait_processes_gone(pids: Collection[int], timeout_s: float = 15) -> None:
     )
 
 
+def json_lines(path: Path) -> list[dict[str, Any]]:
+    """The JSON lines a client process wrote to ``path`` (none yet: none), up to a torn last line
+    (the process was killed inside its write)."""
+    found = []
+    for line in path.read_text().splitlines() if path.exists() else []:
+        try:
+            found.append(json.loads(line))
+        except json.JSONDecodeError:
+            break
+    return found
+
+
 def kill_tree(service: RunningService, timeout_s: float = 30) -> None:
     """SIGKILL the supervisor and every worker at once (a machine's crash, as the store sees it;
     a stopped process too), and wait until none of them runs."""

@@ -48,14 +48,13 @@ from shm.roles import ROLES
 from tests.chaos_clients import FAIL_EVERY, body_of
 from tests.crash.test_fence import (
     MODES,
-    _lines,
     armed_run_py,
     check_acknowledged,
     kill_supervisor,
     stored_records,
 )
 from tests.integration.test_round_trip import independent_records
-from tests.service import ROOT, acknowledged, start_producers, start_service, wait_until
+from tests.service import ROOT, acknowledged, json_lines, start_producers, start_service, wait_until
 
 SECONDS = float(os.environ.get("RMQ_CHAOS_SECONDS", "20"))
 RUNS = int(os.environ.get("RMQ_CHAOS_SEEDS", "1"))
@@ -195,7 +194,7 @@ class Soak:
         self.expired_below = below
 
     def run(self, seconds: float) -> None:
-        wait_until(lambda: len(_lines(self.chaos_out)) > 20, 90, "the chaos producer at work")
+        wait_until(lambda: len(json_lines(self.chaos_out)) > 20, 90, "the chaos producer at work")
         start = time.monotonic()
         deadline, expire_at = start + seconds, start + EXPIRE_EVERY_S
         while time.monotonic() < deadline:
@@ -211,12 +210,12 @@ class Soak:
         for proc in (*self.loaders, self.chaos):
             proc.kill()
             proc.wait(30)
-        chaos = self.kept(_lines(self.chaos_out))
+        chaos = self.kept(json_lines(self.chaos_out))
         failing = {a["n"] for a in chaos if a["t"] == "PushT" and a["n"] % FAIL_EVERY == 0}
         pushed_ok = {a["n"] for a in chaos if a["t"] == "PushT"} - failing
 
         def pushed_all() -> bool:
-            seen = {int(p["b"].rsplit("-", 1)[1]) for p in _lines(self.push_out)}
+            seen = {int(p["b"].rsplit("-", 1)[1]) for p in json_lines(self.push_out)}
             return pushed_ok <= seen
 
         wait_until(pushed_all, 120, "the push consumer through every PushT message")
@@ -269,8 +268,8 @@ def _check(soak: Soak) -> None:
     for r in records:
         by_body.setdefault(r["body"], []).append(r)
     scheduled = {r["body"]: r for r in records if r["topic"] == "SCHEDULE_TOPIC_XXXX"}
-    kept = {(a["t"], a["n"]) for a in soak.kept(_lines(soak.chaos_out))}
-    for a in _lines(soak.chaos_out):
+    kept = {(a["t"], a["n"]) for a in soak.kept(json_lines(soak.chaos_out))}
+    for a in json_lines(soak.chaos_out):
         if a["s"] != "PUT_OK":
             continue
         expired = (a["t"], a["n"]) not in kept  # checked only if still there
@@ -299,7 +298,7 @@ def _check(soak: Soak) -> None:
             )
     read: dict[int, int] = {}
     for out in soak.group_outs:
-        for e in _lines(out):
+        for e in json_lines(out):
             if e["e"] == "read":
                 rec = by_slot.get(("GroupT", e["q"], e["o"]))
                 if rec is None and e["o"] < first_kept.get(e["q"], 0):
@@ -316,8 +315,8 @@ def _check(soak: Soak) -> None:
         assert committed <= ends.get(int(q), 0), f"GroupT queue {q}: committed {committed} past its end"
         read_end = max(read.get(int(q), -1) + 1, first_kept.get(int(q), 0))
         assert committed <= read_end, f"GroupT queue {q}: committed {committed}, read {read}"
-    chaos_phy = {body_of(a["t"], a["n"]): a["phy"] for a in _lines(soak.chaos_out) if a["s"] == "PUT_OK"}
-    for b in (p["b"].encode() for p in _lines(soak.push_out)):
+    chaos_phy = {body_of(a["t"], a["n"]): a["phy"] for a in json_lines(soak.chaos_out) if a["s"] == "PUT_OK"}
+    for b in (p["b"].encode() for p in json_lines(soak.push_out)):
         assert b in by_body or chaos_phy.get(b, 0) < soak.expired_below, f"the push consumer consumed {b!r}"
 
 

@@ -13,7 +13,6 @@ with no queue offset served by two messages. Every flush mode, the pool on and o
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import signal
 import subprocess
@@ -38,6 +37,7 @@ from tests.service import (
     RunningService,
     acknowledged,
     drain_every_queue,
+    json_lines,
     reference_put_path,
     running_service,
     start_producers,
@@ -295,16 +295,6 @@ TEXT_PRODUCER = (
 """Sends text messages (the consumers decode bodies) to GroupT and PushT until killed."""
 
 
-def _lines(path: Path) -> list[dict[str, Any]]:
-    out = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            out.append(json.loads(line))
-        except json.JSONDecodeError:  # a torn last line of a killed writer
-            break
-    return out
-
-
 def _text_lines(path: Path) -> list[str]:
     return path.read_text().splitlines() if path.exists() else []
 
@@ -363,7 +353,7 @@ def test_supervisor_killed_with_every_kind_of_client_attached(
         wait_until(
             lambda: (
                 len(acknowledged(load_out)) > 200
-                and any(e["e"] == "read" for e in _lines(group_out))
+                and any(e["e"] == "read" for e in json_lines(group_out))
                 and len(_text_lines(push_out)) > 10
             ),
             90,
@@ -376,13 +366,13 @@ def test_supervisor_killed_with_every_kind_of_client_attached(
             assert stop.returncode == 1, out_text + err_text
         service = start_service(tmp_path, **MODES[mode])
         wait_processes_gone(workers)
-        marks = (len(_lines(text_out)), len(_lines(group_out)), len(_text_lines(push_out)))
+        marks = (len(json_lines(text_out)), len(json_lines(group_out)), len(_text_lines(push_out)))
         behind = ["the producer", "the group member", "the push consumer"]
 
         def every_client_at_work() -> bool:
             at_work = (
-                any(a["s"] == "PUT_OK" for a in _lines(text_out)[marks[0] :]),
-                any(e["e"] == "read" for e in _lines(group_out)[marks[1] :]),
+                any(a["s"] == "PUT_OK" for a in json_lines(text_out)[marks[0] :]),
+                any(e["e"] == "read" for e in json_lines(group_out)[marks[1] :]),
                 len(_text_lines(push_out)) > marks[2],
             )
             behind[:] = [
@@ -414,12 +404,12 @@ def test_supervisor_killed_with_every_kind_of_client_attached(
     check_acknowledged(service, acknowledged(load_out))
     records = independent_records(service.root / "commitlog", service.config.mapped_file_size_commit_log)
     by_slot = {(r["topic"], r["queue_id"], r["queue_offset"]): r for r in records}
-    for a in _lines(text_out):
+    for a in json_lines(text_out):
         if a["s"] == "PUT_OK":
             rec = by_slot.get((a["t"], a["q"], a["o"]))
             assert rec is not None, f"acknowledged {a} lost"
             assert (rec["body"], rec["phy"]) == (f"{a['t']}-{a['n']}".encode(), a["phy"]), a
-    for e in _lines(group_out):
+    for e in json_lines(group_out):
         if e["e"] == "read":
             rec = by_slot.get(("GroupT", e["q"], e["o"]))
             assert rec is not None, f"read {e}, not stored"

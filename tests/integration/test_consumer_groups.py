@@ -31,6 +31,7 @@ from tests.service import (
     ROOT,
     RunningService,
     cleanup_started,
+    json_lines,
     running_service,
     start_service,
     wait_processes_gone,
@@ -81,14 +82,7 @@ class Members:
         return self.tmp_path / f"{client_id}.jsonl"
 
     def events(self, client_id: str) -> list[dict[str, Any]]:
-        found = []
-        path = self.out(client_id)
-        for line in path.read_text().splitlines() if path.exists() else []:
-            try:
-                found.append(json.loads(line))
-            except json.JSONDecodeError:  # a torn last line of a killed member
-                break
-        return found
+        return json_lines(self.out(client_id))
 
     def reads(self, client_id: str) -> list[dict[str, Any]]:
         return [e for e in self.events(client_id) if e["e"] == "read"]

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import json
 import os
 import shutil
 import signal
@@ -67,6 +66,7 @@ from tests.service import (
     ROOT,
     RunningService,
     cleanup_started,
+    json_lines,
     kill_tree,
     start_service,
     wait_until,
@@ -110,16 +110,6 @@ def _step(fn: F) -> F:
             raise
 
     return run  # type: ignore[return-value]
-
-
-def _events(path: Path) -> list[dict[str, Any]]:
-    found = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            found.append(json.loads(line))
-        except json.JSONDecodeError:  # the torn last line of a killed member
-            break
-    return found
 
 
 def _persisted(root: Path, group: str) -> dict[int, int]:
@@ -380,13 +370,13 @@ class ConsumerModel(RuleBasedStateMachine):
                 seen = {
                     (e["q"], e["o"])
                     for run, _k in self.broadcast_runs
-                    for e in _events(run)
+                    for e in json_lines(run)
                     if e["e"] == "read"
                 }
                 wait_until(
                     lambda: (
                         proc.poll() is not None
-                        or any(e["e"] == "read" for e in _events(out))
+                        or any(e["e"] == "read" for e in json_lines(out))
                         or (seen >= set(self.sent) and self._joined(proc.pid, BROADCAST_GROUP))
                     ),
                     WAIT_S,
@@ -467,14 +457,14 @@ class ConsumerModel(RuleBasedStateMachine):
         self._check_broadcasting()
 
     def _group_read_all(self) -> bool:
-        read = {(e["q"], e["o"]) for mb in self.members for e in _events(mb.out) if e["e"] == "read"}
+        read = {(e["q"], e["o"]) for mb in self.members for e in json_lines(mb.out) if e["e"] == "read"}
         return read >= set(self.sent)
 
     def _check_group(self) -> None:
         """Replay every member's reads and commits with the restarts, in time order."""
         timeline: list[tuple[float, int, str, Any]] = []
         for mb in self.members:
-            for e in _events(mb.out):
+            for e in json_lines(mb.out):
                 if e["e"] in ("read", "commit", "assign"):
                     timeline.append((e["t"], 1, mb.client_id, e))
         for down in self.downs:
@@ -485,7 +475,7 @@ class ConsumerModel(RuleBasedStateMachine):
         reads: dict[tuple[int, int], tuple[float, str]] = {}
         released: dict[str, list[tuple[float, set[int]]]] = defaultdict(list)
         for mb in self.members:
-            for e in _events(mb.out):
+            for e in json_lines(mb.out):
                 if e["e"] == "assign":
                     released[mb.client_id].append((e["t"], set(e["queues"])))
         for t, _order, client, e in timeline:
@@ -563,7 +553,7 @@ class ConsumerModel(RuleBasedStateMachine):
         """Read by a run killed -9 after its last commit: may be read again."""
         for out, killed in self.broadcast_runs:
             run_reads: list[tuple[int, int]] = []
-            for e in _events(out):
+            for e in json_lines(out):
                 if e["e"] == "read":
                     key = (e["q"], e["o"])
                     assert self.sent.get(key) == e["b"], (key, e["b"])
