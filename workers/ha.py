@@ -836,8 +836,10 @@ class HaSlave(ServiceLoop):
         self.last_record = ha_fork.LastRecord(self.store.commit_log, self.file_size)
         self.probe = 0
         """Which of `ha_fork.probe_starts` the next connection asks from."""
-        self.locate: bool | None = False
-        """The next connection locates the master's end (`ha_fork.Locate`); None: this walk did."""
+        self.locate = False
+        """The next connection locates the master's end (`ha_fork.Locate`)."""
+        self.located = False
+        """This walk down the probes has located it once: it does not again."""
         cut = fork.pending_cut(self.store.paths.root)
         self.halted = cut is not None
         self.table.set(layout.HA_SLAVE_FORK_OFFSET, cut.fork_offset if cut else -1)
@@ -896,7 +898,7 @@ class HaSlave(ServiceLoop):
                 outcome.offset,
             )
             self.check = None
-            self.probe, self.locate = 0, False
+            self.probe, self.located = 0, False
             self._confirmed(outcome.offset)
             self.table.set(layout.HA_SLAVE_STATE, layout.SLAVE_CONNECTED)
             return outcome.tail
@@ -905,14 +907,14 @@ class HaSlave(ServiceLoop):
             self.failures = 0  # an answer, not a failure: the next probe connects at once
             if outcome.differs:
                 self._unconfirmed_from(outcome.offset)
-            if outcome.nothing and self.locate is False and len(self._probe_starts()[1]) - self.probe > 2:
+            if outcome.nothing and not self.located and len(self._probe_starts()[1]) - self.probe > 2:
                 self.locate = True
                 raise HaProtocolError(f"{outcome.why}: asking where the master's log ends next")
             raise HaProtocolError(f"{outcome.why}: comparing from an earlier record next")
         if verdict is ha_fork.Verdict.LOCATED:
             starts = self._probe_starts()[1]
             self.probe = max(self.probe, ha_fork.first_below(starts, outcome.offset, self.file_size))
-            self.failures, self.locate = 0, None
+            self.failures, self.locate, self.located = 0, False, True
             raise HaProtocolError(f"{outcome.why}: comparing from {starts[self.probe]} next")
         self._halt(outcome)
         return None
